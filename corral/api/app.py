@@ -1,0 +1,30 @@
+"""Builds the FastAPI application around a running server state."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from corral import __version__
+from corral.api.deps import ServerState
+from corral.api.routes import cluster, jobs
+
+
+def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_controller:
+            state.controller.start()
+        try:
+            yield
+        finally:
+            if manage_controller:
+                state.controller.stop()
+
+    app = FastAPI(title="corral", version=__version__, lifespan=lifespan,
+                  description="Gang-scheduled AI job groups: submit, watch, cancel.")
+    app.state.corral = state
+    app.include_router(jobs.router)
+    app.include_router(cluster.router)
+    return app

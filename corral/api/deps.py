@@ -1,0 +1,50 @@
+"""Injected dependencies of the routes: the server's runtime objects, a DB session per
+request, the clock and the current user."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Header, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.control.controller import Controller
+from corral.pool import NodeSpec
+from corral.settings import Settings
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    nodes: list[NodeSpec]
+    controller: Controller
+    clock: Callable[[], float] = field(default=time.time)
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.corral
+
+
+def get_session(state: Annotated[ServerState, Depends(get_state)]) -> Iterator[Session]:
+    with state.sessions() as session:
+        yield session
+
+
+def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callable[[], float]:
+    return state.clock
+
+
+def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
+    # The embedded server listens on loopback only, where the caller is this machine's user.
+    return (x_corral_user or getpass.getuser())[:64]
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+SessionDep = Annotated[Session, Depends(get_session)]
+ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
+UserDep = Annotated[str, Depends(get_user)]

@@ -1,0 +1,125 @@
+"""Job routes: submit, list, get, cancel, events and logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
+from corral.api.schemas import CancelResponse, EventOut, JobOut, SubmitRequest, SubmitResponse
+from corral.control.controller import node_views, pending_request
+from corral.runtime.logs import LogTail, follow
+from corral.scheduler.placement import why_infeasible
+from corral.spec import SpecError, load_job
+from corral.states import JobState
+from corral.store import repository
+from corral.store.tables import Job
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _job_or_404(session, ident: str) -> Job:
+    job = repository.find_job(session, ident)
+    if job is None:
+        raise HTTPException(404, f"no job {ident!r}")
+    return job
+
+
+@router.post("", status_code=201, response_model=SubmitResponse,
+             responses={422: {"description": "The spec is invalid or can never run on this pool"}})
+def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    source = body.source or "<spec>"
+    default_name = Path(source).stem if body.source else None
+    try:
+        loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
+                          base_dir=body.base_dir)
+    except SpecError as exc:
+        return JSONResponse(status_code=422, content={"detail": {
+            "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
+    spec = loaded.spec
+    # Like Slurm, refuse at submission what no node of the pool could ever run.
+    probe = pending_request(_unsaved_job(spec))
+    reason = why_infeasible(node_views(state.nodes), probe)
+    if reason is not None:
+        return JSONResponse(status_code=422, content={"detail": {
+            "message": f"{source} can never run on this pool", "errors": [
+                {"document": "job", "field": "resources", "line": None, "message": reason}]}})
+    job = repository.create_job(session, spec, user, clock())
+    session.commit()
+    state.controller.notify()
+    return SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+
+
+def _unsaved_job(spec) -> Job:
+    from corral.store.tables import Task
+
+    job = Job(id=0, submitted_at=0.0, user="")
+    job.tasks = [Task(name=t.name, num_nodes=t.num_nodes, gpus=t.resources.gpus, cpus=t.resources.cpus,
+                      memory=t.resources.memory, gpu_type=t.resources.gpu_type) for t in spec.tasks]
+    return job
+
+
+@router.get("", response_model=list[JobOut])
+def list_jobs(session: SessionDep, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
+              user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000):
+    states = [s.upper() for s in state or []]
+    unknown = [s for s in states if s not in JobState.__members__]
+    if unknown:
+        raise HTTPException(422, f"unknown state(s) {unknown}; valid: {', '.join(JobState.__members__)}")
+    jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit)
+    return [JobOut.of(j) for j in jobs]
+
+
+@router.get("/{job}", response_model=JobOut)
+def get_job(job: str, session: SessionDep):
+    return JobOut.of(_job_or_404(session, job))
+
+
+@router.post("/{job}/cancel", response_model=CancelResponse)
+def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    found = _job_or_404(session, job)
+    changed = repository.request_cancel(session, found, clock(), user)
+    session.commit()
+    state.controller.notify()
+    return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+
+
+@router.get("/{job}/events", response_model=list[EventOut])
+def events(job: str, session: SessionDep):
+    found = _job_or_404(session, job)
+    return [EventOut.of(e) for e in repository.job_events(session, found.id)]
+
+
+@router.get("/{job}/logs", response_class=StreamingResponse,
+            responses={200: {"content": {"text/plain": {}}, "description": "Log lines"}})
+async def logs(job: str, state: StateDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
+               prefix: bool | None = None):
+    def lookup():
+        with state.sessions() as session:
+            found = _job_or_404(session, job)
+            return found.id, [(r.label, r.task, r.rank) for r in found.replicas]
+
+    job_id, labels = await run_in_threadpool(lookup)
+    logs_dir = state.settings.logs_dir / str(job_id)
+    files = {label: logs_dir / f"{label}.log" for label, _, _ in labels}
+    if replica is not None:
+        if replica not in files:
+            raise HTTPException(404, f"job {job_id} has no replica {replica!r}; it has {', '.join(files)}")
+        files = {replica: files[replica]}
+    tail = LogTail(files, prefix=len(files) > 1 if prefix is None else prefix)
+
+    async def ended() -> bool:
+        def check():
+            with state.sessions() as session:
+                found = repository.load_job(session, job_id)
+                return found is None or JobState(found.state).terminal
+
+        return await run_in_threadpool(check)
+
+    if not follow_logs:
+        return StreamingResponse(iter([b"".join(tail.read(final=True))]), media_type="text/plain")
+    return StreamingResponse(follow(tail, ended), media_type="text/plain")

@@ -1,0 +1,139 @@
+"""Request and response shapes of the HTTP API. Separate from the ORM tables on purpose:
+the wire format is a contract, the tables are an implementation."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, Field
+
+from corral.store.tables import Event, Job, Replica, Task
+
+
+def ts(value: float | None) -> datetime | None:
+    return datetime.fromtimestamp(value, tz=timezone.utc) if value is not None else None
+
+
+class SubmitRequest(BaseModel):
+    yaml: str = Field(description="The task or job-group YAML, as written")
+    source: str | None = Field(default=None, description="File name, used in error messages and as default name")
+    base_dir: str | None = Field(default=None, description="Directory relative workdirs are resolved against")
+    name: str | None = Field(default=None, description="Overrides the job name (--name)")
+    env: dict[str, str] = Field(default_factory=dict, description="Overrides task envs (--env K=V)")
+
+
+class SpecIssueOut(BaseModel):
+    document: str
+    field: str
+    line: int | None
+    message: str
+
+
+class ReplicaOut(BaseModel):
+    rank: int
+    state: str
+    hostname: str
+    node: str | None
+    pid: int | None
+    gpus: list[int]
+    exit_code: int | None
+    restarts: int
+    started_at: datetime | None
+    ended_at: datetime | None
+    log_path: str | None
+
+
+class TaskOut(BaseModel):
+    name: str
+    primary: bool
+    num_nodes: int
+    gpus: int
+    gpu_type: str | None
+    cpus: float
+    memory: float
+    termination_delay: float
+    replicas: list[ReplicaOut]
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    user: str
+    state: str
+    reason: str
+    message: str | None
+    exit_code: int | None
+    group: bool
+    gpus: int
+    submitted_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    cancel_requested: bool
+    tasks: list[TaskOut]
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        by_task: dict[str, list[Replica]] = {}
+        for replica in job.replicas:
+            by_task.setdefault(replica.task, []).append(replica)
+        return cls(id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
+                   exit_code=job.exit_code, group=job.is_group, gpus=sum(t.gpus * t.num_nodes for t in job.tasks),
+                   submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
+                   cancel_requested=job.cancel_requested_at is not None,
+                   tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+
+
+def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
+    return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
+                   gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
+                   termination_delay=task.termination_delay,
+                   replicas=[ReplicaOut(rank=r.rank, state=r.state, hostname=f"{r.task}-{r.rank}.{job.name}",
+                                        node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code,
+                                        restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at),
+                                        log_path=r.log_path) for r in replicas])
+
+
+class SubmitResponse(BaseModel):
+    job: JobOut
+    warnings: list[str]
+
+
+class EventOut(BaseModel):
+    ts: datetime
+    subject: str
+    from_state: str | None
+    to_state: str | None
+    cause: str
+    message: str | None
+
+    @classmethod
+    def of(cls, event: Event) -> EventOut:
+        return cls(ts=ts(event.ts), subject=event.subject, from_state=event.from_state, to_state=event.to_state,
+                   cause=event.cause, message=event.message)
+
+
+class NodeOut(BaseModel):
+    name: str
+    gpus: int
+    gpu_type: str | None
+    cpus: float
+    memory: float
+    labels: dict[str, str]
+    free_gpus: list[int]
+    free_cpus: float
+    free_memory: float
+
+
+class CancelResponse(BaseModel):
+    id: int
+    cancelled: bool
+    state: str
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    database: str
+    pid: int
+    nodes: int
+    cycles: int

@@ -1,0 +1,277 @@
+"""The ``corral`` command. It talks only to the API (starting an embedded local server on
+first use) and prints Rich tables, or JSON with ``--json`` for scripts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from corral.cli import daemon
+from corral.client import Client, CorralError
+from corral.settings import Settings
+from corral.spec.quantity import format_duration
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _client() -> Client:
+    return daemon.connect(Settings.from_env())
+
+
+def _fail(exc: CorralError, source: str | None = None) -> None:
+    err.print(f"[red]error:[/red] {exc.message}", markup=True)
+    for issue in exc.errors:
+        where = f"{source or ''}:{issue['line']}: " if issue.get("line") else ""
+        field = f"{issue['field']}: " if issue.get("field") else ""
+        err.print(f"  {where}{issue['document']}: {field}{issue['message']}", markup=False)
+    sys.exit(2 if exc.status in (400, 404, 422) or exc.errors else 1)
+
+
+def _age(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    then = datetime.fromisoformat(iso)
+    return format_duration((datetime.now(timezone.utc) - then).total_seconds())
+
+
+def _print_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+def _tasks_summary(job: dict) -> str:
+    return " ".join(f"{t['name']}:{t['num_nodes']}" for t in job["tasks"])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="corral")
+def cli() -> None:
+    """corral: gang-scheduled AI job groups on this machine and beyond."""
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-d", "--detach", is_flag=True, help="Print the job id and return at once.")
+@click.option("--name", help="Override the job name.")
+@click.option("--env", "envs", multiple=True, metavar="K=V", help="Add or override an environment variable of every task.")
+def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...]) -> None:
+    """Submit FILE (a task or job-group YAML) and stream its logs until it ends."""
+    env = {}
+    for item in envs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not K=V", param_hint="--env")
+        env[key] = value
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    client = _client()
+    try:
+        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=name, env=env)
+    except CorralError as exc:
+        _fail(exc, str(file))
+    for warning in result["warnings"]:
+        err.print(f"[yellow]warning:[/yellow] {warning}")
+    job = result["job"]
+    if detach:
+        click.echo(job["id"])
+        return
+    err.print(f"Job {job['id']} ({job['name']}) submitted: {_tasks_summary(job)}. "
+              f"Ctrl-C detaches; the job keeps running.")
+    try:
+        for chunk in client.logs(job["id"], follow=True, prefix=True):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+        final = client.job(job["id"])
+    except KeyboardInterrupt:
+        err.print(f"\nDetached from job {job['id']}; it keeps running. Follow it again with: "
+                  f"corral logs {job['id']} -f")
+        sys.exit(130)
+    except CorralError as exc:
+        _fail(exc)
+    style = "green" if final["state"] == "SUCCEEDED" else "red"
+    extra = f" (exit code {final['exit_code']})" if final["exit_code"] not in (None, 0) else ""
+    err.print(f"Job {final['id']} ({final['name']}) [{style}]{final['state']}[/{style}]{extra}"
+              + (f": {final['message']}" if final.get("message") and final["state"] != "SUCCEEDED" else ""))
+    sys.exit(0 if final["state"] == "SUCCEEDED" else 1)
+
+
+@cli.command()
+@click.option("-a", "--all", "show_all", is_flag=True, help="Include ended jobs.")
+@click.option("-u", "--user", help="Only this user's jobs.")
+@click.option("--json", "as_json", is_flag=True)
+def queue(show_all: bool, user: str | None, as_json: bool) -> None:
+    """List jobs (pending and running; ended ones with --all)."""
+    try:
+        jobs = _client().jobs(all=show_all, user=user)
+    except CorralError as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(jobs)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("ID", "NAME", "USER", "STATE", "REASON", "TASKS", "GPUS", "AGE"):
+        table.add_column(col, no_wrap=True)
+    for job in jobs:
+        table.add_row(str(job["id"]), job["name"], job["user"], job["state"], job["reason"], _tasks_summary(job),
+                      str(job["gpus"]), _age(job["submitted_at"]))
+    out.print(table)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+def status(job: str, as_json: bool) -> None:
+    """Show one job, its tasks and every replica."""
+    try:
+        data = _client().job(job)
+    except CorralError as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(data)
+        return
+    out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
+              f"reason={data['reason']}  exit_code={data['exit_code']}")
+    if data.get("message"):
+        out.print(f"  {data['message']}", markup=False)
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("REPLICA", "ROLE", "STATE", "NODE", "PID", "GPUS", "EXIT", "RESTARTS", "HOSTNAME"):
+        table.add_column(col, no_wrap=True)
+    for task in data["tasks"]:
+        for r in task["replicas"]:
+            table.add_row(f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"],
+                          r["node"] or "-", str(r["pid"] or "-"), ",".join(map(str, r["gpus"])) or "-",
+                          "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["restarts"]), r["hostname"])
+    out.print(table)
+
+
+@cli.command()
+@click.argument("job")
+@click.argument("replica", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming until the job ends.")
+def logs(job: str, replica: str | None, follow: bool) -> None:
+    """Print the logs of a job (every replica, prefixed) or of one REPLICA (e.g. trainer-0)."""
+    try:
+        for chunk in _client().logs(job, replica=replica, follow=follow):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    except CorralError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, required=True)
+def cancel(jobs: tuple[str, ...]) -> None:
+    """Cancel jobs: every replica gets SIGTERM, then SIGKILL after its grace period."""
+    client = _client()
+    failed = False
+    for ident in jobs:
+        try:
+            result = client.cancel(ident)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            failed = True
+            continue
+        verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
+        out.print(f"Job {result['id']}: {verb}")
+    sys.exit(1 if failed else 0)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def nodes(as_json: bool) -> None:
+    """List the node pool and what is free on each node."""
+    try:
+        data = _client().nodes()
+    except CorralError as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("NODE", "GPUS", "TYPE", "FREE GPUS", "CPUS", "FREE CPUS", "MEMORY", "FREE MEM", "LABELS"):
+        table.add_column(col, no_wrap=True)
+    for n in data:
+        table.add_row(n["name"], str(n["gpus"]), n["gpu_type"] or "-", ",".join(map(str, n["free_gpus"])) or "-",
+                      f"{n['cpus']:g}", f"{n['free_cpus']:g}", f"{n['memory']:g}G", f"{n['free_memory']:g}G",
+                      ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-")
+    out.print(table)
+
+
+@cli.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+def events(job: str, as_json: bool) -> None:
+    """Tell a job's story: every state transition with its time and cause."""
+    try:
+        data = _client().events(job)
+    except CorralError as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("TIME", "SUBJECT", "TRANSITION", "CAUSE", "MESSAGE"):
+        table.add_column(col, no_wrap=col != "MESSAGE")
+    for e in data:
+        when = datetime.fromisoformat(e["ts"]).astimezone().strftime("%H:%M:%S.%f")[:-3]
+        transition = f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else ""
+        table.add_row(when, e["subject"], transition, e["cause"], e["message"] or "")
+    out.print(table)
+
+
+@cli.group()
+def server() -> None:
+    """Manage the embedded local server."""
+
+
+@server.command("start")
+def server_start() -> None:
+    """Start the local server in the background (idempotent)."""
+    settings = Settings.from_env()
+    try:
+        info = daemon.start(settings)
+    except CorralError as exc:
+        _fail(exc)
+    out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home})")
+
+
+@server.command("stop")
+def server_stop() -> None:
+    """Stop the local server; running replicas keep running and are adopted at the next start."""
+    stopped = daemon.stop(Settings.from_env())
+    out.print("corral server stopped" if stopped else "no corral server was running")
+
+
+@server.command("status")
+@click.option("--json", "as_json", is_flag=True)
+def server_status(as_json: bool) -> None:
+    """Say whether the local server runs, where, and on which database."""
+    settings = Settings.from_env()
+    info = daemon.running(settings)
+    if as_json:
+        _print_json({"running": bool(info), **(info or {}), "home": str(settings.home)})
+    elif info:
+        out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home}, db {info['db']})")
+    else:
+        out.print(f"no corral server is running for {settings.home}")
+    sys.exit(0 if info else 1)
+
+
+def main() -> None:
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Job-group lifecycle as pure decisions: given a job's tasks and replicas and the time,
+say which replicas to stop, which termination deadlines to set and whether the job ends.
+No I/O here; the controller carries the decisions out and records each with its cause.
+
+Rules (SkyPilot job-group semantics, with the delay persisted):
+  * primaries drive completion; a plain job's one task is its own primary;
+  * every primary replica succeeded → each auxiliary stops after its termination delay,
+    then the job SUCCEEDS (or FAILS if an auxiliary had failed on its own);
+  * a primary replica failed → every other replica stops at once, the job FAILS;
+  * an auxiliary failing on its own does not stop the primaries, but the job ends FAILED;
+  * cancel → every replica stops with its grace period, the job is CANCELLED."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corral.states import JobState, ReplicaState
+
+
+@dataclass(frozen=True)
+class TaskView:
+    name: str
+    primary: bool
+    termination_delay: float
+    termination_deadline: float | None
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    id: int
+    task: str
+    rank: int
+    state: ReplicaState
+    exit_code: int | None
+    stopping: bool  # corral already asked it to stop
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: int
+    state: JobState
+    cancel_requested: bool
+    tasks: tuple[TaskView, ...]
+    replicas: tuple[ReplicaView, ...]
+
+
+@dataclass(frozen=True)
+class StopReplica:
+    replica_id: int
+    cause: str
+
+
+@dataclass(frozen=True)
+class SetDeadline:
+    task: str
+    deadline: float
+
+
+@dataclass(frozen=True)
+class EndJob:
+    state: JobState
+    exit_code: int | None
+    cause: str
+    message: str | None = None
+
+
+@dataclass
+class Decisions:
+    stops: list[StopReplica] = field(default_factory=list)
+    deadlines: list[SetDeadline] = field(default_factory=list)
+    end: EndJob | None = None
+    wake_at: float | None = None  # when to look at this job again without any event
+
+
+def evaluate(job: JobView, now: float) -> Decisions:
+    out = Decisions()
+    if job.state.terminal or job.state == JobState.PENDING:
+        return out
+    live = [r for r in job.replicas if not r.state.terminal]
+    primary_tasks = {t.name for t in job.tasks if t.primary}
+
+    if job.cancel_requested:
+        _stop(out, live, "cancel")
+        if not live:
+            out.end = EndJob(JobState.CANCELLED, None, "cancel", "cancelled by request")
+        return out
+
+    failed_primary = next((r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED), None)
+    if failed_primary is not None:
+        _stop(out, live, "primary_failed")
+        if not live:
+            out.end = EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
+                             f"primary replica {failed_primary.task}-{failed_primary.rank} failed "
+                             f"(exit code {failed_primary.exit_code})")
+        return out
+
+    primaries = [r for r in job.replicas if r.task in primary_tasks]
+    if primaries and all(r.state == ReplicaState.SUCCEEDED for r in primaries):
+        for task in job.tasks:
+            if task.primary:
+                continue
+            task_live = [r for r in live if r.task == task.name]
+            if not task_live:
+                continue
+            deadline = task.termination_deadline
+            if deadline is None:
+                deadline = now + task.termination_delay
+                out.deadlines.append(SetDeadline(task.name, deadline))
+            if now >= deadline:
+                _stop(out, task_live, "termination_delay")
+            else:
+                out.wake_at = deadline if out.wake_at is None else min(out.wake_at, deadline)
+        if not live:
+            failed_aux = next((r for r in job.replicas if r.state == ReplicaState.FAILED), None)
+            if failed_aux is not None:
+                out.end = EndJob(JobState.FAILED, failed_aux.exit_code, "auxiliary_failed",
+                                 f"auxiliary replica {failed_aux.task}-{failed_aux.rank} failed "
+                                 f"(exit code {failed_aux.exit_code})")
+            else:
+                out.end = EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded")
+    return out
+
+
+def _stop(out: Decisions, replicas: list[ReplicaView], cause: str) -> None:
+    out.stops.extend(StopReplica(r.id, cause) for r in replicas if not r.stopping)

@@ -1,0 +1,121 @@
+"""The node pool: nodes declared in ``config.yaml`` (``nodes:``), or else this one machine
+with its real CPUs, memory and the GPUs ``nvidia-smi`` reports. Virtual nodes let tests and
+laptops declare GPUs that do not exist; the same code binds real ones by index."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from corral.spec.loader import SpecError, SpecIssue, _dotted, _message
+from corral.spec.models import NAME_RE
+from corral.spec.source import SourceError, load_documents
+
+
+class NodeSpec(BaseModel):
+    """One node as the scheduler sees it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    gpus: int = Field(default=0, ge=0, le=1024)
+    gpu_type: str | None = None
+    cpus: float = Field(default=1.0, gt=0)
+    memory: float = Field(default=1.0, ge=0, description="GB")
+    labels: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.fullmatch(value):
+            raise ValueError("a node name uses letters, digits, '-' and '_'")
+        return value
+
+
+class NodeEntry(NodeSpec):
+    """A ``nodes:`` entry; ``count`` declares ``name-0 … name-{count-1}``."""
+
+    count: int | None = Field(default=None, ge=1, le=10_000)
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="allow")  # other sections belong to other layers
+
+    nodes: list[NodeEntry] | None = None
+
+
+def load_pool(config_path: Path) -> list[NodeSpec]:
+    if not config_path.exists():
+        return [local_machine()]
+    text = config_path.read_text()
+    source = str(config_path)
+    try:
+        docs = load_documents(text)
+    except SourceError as exc:
+        raise SpecError([SpecIssue("config", "", exc.line, exc.message)], source) from None
+    if not docs or docs[0].data is None:
+        return [local_machine()]
+    doc = docs[0]
+    try:
+        config = PoolConfig.model_validate(doc.data)
+    except ValidationError as exc:
+        raise SpecError([SpecIssue("config", _dotted(tuple(e["loc"])), doc.line_of(tuple(e["loc"])),
+                                   _message(NodeEntry if "nodes" in e["loc"] else PoolConfig, tuple(e["loc"])[2:]
+                                            if "nodes" in e["loc"] else tuple(e["loc"]), e))
+                         for e in exc.errors()], source) from None
+    if not config.nodes:
+        return [local_machine()]
+    nodes: list[NodeSpec] = []
+    for entry in config.nodes:
+        base = entry.model_dump(exclude={"count"})
+        if entry.count is None:
+            nodes.append(NodeSpec(**base))
+        else:
+            nodes.extend(NodeSpec(**{**base, "name": f"{entry.name}-{i}"}) for i in range(entry.count))
+    names = [n.name for n in nodes]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SpecError([SpecIssue("config", "nodes", doc.line_of(("nodes",)),
+                                   f"node names must be unique; repeated: {', '.join(dupes)}")], source)
+    return nodes
+
+
+def local_machine() -> NodeSpec:
+    gpus, gpu_type = _nvidia_gpus()
+    return NodeSpec(name=_hostname(), gpus=gpus, gpu_type=gpu_type, cpus=float(psutil.cpu_count() or 1),
+                    memory=round(psutil.virtual_memory().total / 2**30, 1))
+
+
+def _hostname() -> str:
+    name = socket.gethostname().split(".")[0]
+    return name if NAME_RE.fullmatch(name) else "localhost"
+
+
+def _nvidia_gpus() -> tuple[int, str | None]:
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return 0, None
+    try:
+        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0, None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    if not names:
+        return 0, None
+    # "NVIDIA H100 80GB HBM3" -> "H100", the form users write in accelerators
+    words = [w for w in names[0].replace("NVIDIA", "").split() if any(c.isdigit() for c in w)]
+    return len(names), (words[0] if words else names[0].split()[-1])

@@ -1,0 +1,77 @@
+"""The environment a replica sees: corral's own variables, the SkyPilot and Slurm names
+existing scripts already read, the rank-0 rendezvous of its task, and its GPUs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplicaContext:
+    job_id: int
+    job_name: str
+    is_group: bool
+    task: str
+    rank: int
+    num_replicas: int
+    node: str
+    node_ips: tuple[str, ...]  # one per replica of the task, by rank
+    addr: str
+    gpus: tuple[int, ...]
+    gpus_per_replica: int
+    cpus: float
+    master_port: int
+    checkpoint_dir: str
+    restart_count: int
+    user: str
+    task_envs: tuple[tuple[str, str], ...] = ()
+
+
+def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
+    hostname = f"{ctx.task}-{ctx.rank}.{ctx.job_name}"
+    node_ips = "\n".join(ctx.node_ips)
+    gpu_list = ",".join(str(g) for g in ctx.gpus)
+    env = dict(base)
+    env.update({
+        "CORRAL_JOB_ID": str(ctx.job_id),
+        "CORRAL_JOB_NAME": ctx.job_name,
+        "CORRAL_TASK": ctx.task,
+        "CORRAL_REPLICA": str(ctx.rank),
+        "CORRAL_NUM_REPLICAS": str(ctx.num_replicas),
+        "CORRAL_NODE_IPS": node_ips,
+        "CORRAL_HOSTNAME": hostname,
+        "CORRAL_ADDR": ctx.addr,
+        "CORRAL_NODE": ctx.node,
+        "CORRAL_CHECKPOINT_DIR": ctx.checkpoint_dir,
+        "CORRAL_RESTART_COUNT": str(ctx.restart_count),
+        "CORRAL_USER": ctx.user,
+        "MASTER_ADDR": ctx.node_ips[0] if ctx.node_ips else ctx.addr,
+        "MASTER_PORT": str(ctx.master_port),
+        "WORLD_SIZE": str(ctx.num_replicas),
+        "RANK": str(ctx.rank),
+        # An empty CUDA_VISIBLE_DEVICES hides every GPU, which is what a GPU-less replica needs.
+        "CUDA_VISIBLE_DEVICES": gpu_list,
+        "SKYPILOT_NODE_RANK": str(ctx.rank),
+        "SKYPILOT_NODE_IPS": node_ips,
+        "SKYPILOT_NUM_NODES": str(ctx.num_replicas),
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(ctx.gpus_per_replica),
+        "SKYPILOT_TASK_ID": f"corral-{ctx.job_id}-{ctx.task}",
+        "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": ctx.job_name, "num_nodes": ctx.num_replicas,
+                                             "provider_name": "corral-local"}),
+        "SLURM_JOB_ID": str(ctx.job_id),
+        "SLURM_JOB_NAME": ctx.job_name,
+        "SLURM_PROCID": str(ctx.rank),
+        "SLURM_NODEID": str(ctx.rank),
+        "SLURM_NTASKS": str(ctx.num_replicas),
+        "SLURM_JOB_NUM_NODES": str(ctx.num_replicas),
+        "SLURM_LOCALID": "0",
+        "SLURM_RESTART_COUNT": str(ctx.restart_count),
+        "SLURM_JOB_GPUS": gpu_list,
+        "SLURM_CPUS_PER_TASK": str(max(1, int(ctx.cpus))),
+    })
+    if ctx.is_group:
+        env["CORRAL_JOBGROUP_NAME"] = ctx.job_name
+        env["SKYPILOT_JOBGROUP_NAME"] = ctx.job_name
+    env.update(dict(ctx.task_envs))
+    return env

@@ -1,0 +1,58 @@
+"""Reading replica logs: whole, or followed until the job ends, with every line prefixed by
+its replica (``trainer-0 | ``) when several replicas are shown together."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+CHUNK = 1 << 16
+
+
+class LogTail:
+    """Incremental reader of a set of log files that may not exist yet."""
+
+    def __init__(self, files: dict[str, Path], prefix: bool):
+        self.files = files
+        self.prefix = prefix
+        self.offsets: dict[str, int] = {label: 0 for label in files}
+        self.partial: dict[str, bytes] = {label: b"" for label in files}
+        self.width = max((len(label) for label in files), default=0)
+
+    def read(self, final: bool = False) -> list[bytes]:
+        out: list[bytes] = []
+        for label, path in self.files.items():
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.offsets[label])
+                    data = fh.read(CHUNK * 16)
+            except FileNotFoundError:
+                continue
+            self.offsets[label] += len(data)
+            data = self.partial[label] + data
+            lines = data.split(b"\n")
+            self.partial[label] = lines.pop()
+            if final and self.partial[label]:
+                lines.append(self.partial[label])
+                self.partial[label] = b""
+            head = f"{label.ljust(self.width)} | ".encode() if self.prefix else b""
+            out.extend(head + line + b"\n" for line in lines)
+        return out
+
+
+async def follow(tail: LogTail, ended: Callable[[], Awaitable[bool]], interval: float = 0.1) -> AsyncIterator[bytes]:
+    """Yield new lines until ``ended()`` says the job is over and everything is drained."""
+    checks = 0
+    while True:
+        lines = tail.read()
+        if lines:
+            yield b"".join(lines)
+            continue
+        checks += 1
+        if checks % 3 == 1 and await ended():
+            rest = tail.read(final=True)
+            if rest:
+                yield b"".join(rest)
+            return
+        await asyncio.sleep(interval)

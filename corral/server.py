@@ -1,0 +1,81 @@
+"""The corral server process: store + control loop + HTTP API in one process.
+
+``python -m corral.server`` serves on loopback (``CORRAL_PORT``, default: a free port),
+writes ``CORRAL_HOME/server.json`` with its URL and pid, and holds a lock so only one server
+runs per ``CORRAL_HOME``. Stopping it leaves replicas running; the next start adopts them."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+
+import uvicorn
+
+from corral.api.app import create_app
+from corral.api.deps import ServerState
+from corral.control.controller import Controller
+from corral.pool import load_pool
+from corral.settings import Settings
+from corral.store.database import make_engine, migrate, session_factory
+
+log = logging.getLogger("corral.server")
+
+
+def build_state(settings: Settings, clock=time.time) -> ServerState:
+    settings.ensure_dirs()
+    nodes = load_pool(settings.config_path)
+    engine = make_engine(settings.db_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    controller = Controller(settings, sessions, nodes, clock=clock)
+    return ServerState(settings=settings, sessions=sessions, nodes=nodes, controller=controller, clock=clock)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = Settings.from_env()
+    settings.ensure_dirs()
+    lock = open(settings.home / "server.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"another corral server already serves {settings.home}", file=sys.stderr)
+        return 3
+    host = os.environ.get("CORRAL_HOST", "127.0.0.1")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        # Serving beyond loopback needs authentication, which this server does not have yet.
+        print(f"refusing to listen on {host}: corral serves on loopback only", file=sys.stderr)
+        return 2
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(os.environ.get("CORRAL_PORT", "0"))))
+    port = sock.getsockname()[1]
+    state = build_state(settings)
+    app = create_app(state)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    info = {"url": f"http://{host}:{port}", "pid": os.getpid(), "home": str(settings.home),
+            "db": settings.db_url.split("://", 1)[0], "started_at": time.time()}
+    tmp = settings.server_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(settings.server_file)
+    log.info("corral server %s on %s (db %s, %d node(s))", os.getpid(), info["url"], info["db"], len(state.nodes))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        try:
+            if json.loads(settings.server_file.read_text()).get("pid") == os.getpid():
+                settings.server_file.unlink()
+        except (OSError, ValueError):
+            pass
+        log.info("corral server %s stopped", os.getpid())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

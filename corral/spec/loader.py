@@ -1,0 +1,237 @@
+"""Turns the text of a task file or a job group file into a ``JobSpec``, or a ``SpecError``
+listing every problem with its document, field, line and, for typos, the nearest key."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from corral.spec.models import NAME_RE, GroupHeader, JobSpec, Resources, TaskSpec
+from corral.spec.source import Document, SourceError, load_documents
+
+
+
+@dataclass(frozen=True)
+class SpecIssue:
+    document: str
+    field: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        field = f"{self.field}: " if self.field else ""
+        return f"{where}{self.document}: {field}{self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"document": self.document, "field": self.field, "line": self.line, "message": self.message}
+
+
+class SpecError(ValueError):
+    def __init__(self, issues: list[SpecIssue], source: str = "<spec>"):
+        self.issues = issues
+        self.source = source
+        self.issues.sort(key=lambda i: (i.line or 0))
+        super().__init__("\n".join(f"{source}:{i.line}: {i.document}: {i.field + ': ' if i.field else ''}{i.message}"
+                                   if i.line else f"{source}: {i}" for i in self.issues))
+
+
+@dataclass(frozen=True)
+class LoadedJob:
+    spec: JobSpec
+    warnings: list[str]
+
+
+def load_job(text: str, *, source: str = "<spec>", default_name: str | None = None,
+             name: str | None = None, env: dict[str, str] | None = None,
+             base_dir: str | None = None) -> LoadedJob:
+    """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
+    with ``base_dir`` a relative ``workdir`` is resolved against it and must exist."""
+    try:
+        docs = [d for d in load_documents(text) if d.data is not None]
+    except SourceError as exc:
+        raise SpecError([SpecIssue("file", "", exc.line, exc.message)], source) from None
+    if not docs:
+        raise SpecError([SpecIssue("file", "", None, "the file holds no task")], source)
+    issues: list[SpecIssue] = []
+    warnings: list[str] = []
+    for doc in docs:
+        if not isinstance(doc.data, dict):
+            issues.append(SpecIssue(_doc_label(doc, len(docs)), "", doc.line,
+                                    "expected a mapping of fields (key: value)"))
+    if issues:
+        raise SpecError(issues, source)
+
+    if len(docs) == 1 and "execution" not in docs[0].data:
+        header = None
+        task_docs = docs
+    else:
+        header, task_docs = docs[0], docs[1:]
+        if "execution" not in header.data:
+            raise SpecError([SpecIssue("header (document 1)", "execution", header.line,
+                                       "a multi-document file is a job group: its first document "
+                                       "needs 'execution: parallel'")], source)
+    tasks: list[TaskSpec] = []
+    for doc in task_docs:
+        ctx: dict[str, Any] = {"warnings": []}
+        task = _validate(TaskSpec, doc, _doc_label(doc, len(docs)), issues, ctx)
+        warnings += [f"{_doc_label(doc, len(docs))}: {w}" for w in ctx["warnings"]]
+        if task is not None:
+            tasks.append(task)
+
+    if header is None:
+        job_name = name or (tasks[0].name if tasks and tasks[0].name else None) or _safe_name(default_name)
+        if tasks and tasks[0].name is None:
+            tasks[0] = tasks[0].model_copy(update={"name": job_name})
+        if issues:
+            raise SpecError(issues, source)
+        spec = JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=(job_name,),
+                       termination_delay={job_name: 0.0}, group=False)
+    else:
+        spec = _group(header, task_docs, tasks, issues, warnings, name, default_name, source)
+    spec = _apply_env(spec, env or {}, docs, issues, source)
+    if base_dir is not None:
+        spec = _resolve_workdirs(spec, Path(base_dir), docs, source)
+    return LoadedJob(spec, warnings)
+
+
+def _task_doc(docs: list[Document], task: TaskSpec) -> Document:
+    return next((d for d in docs if isinstance(d.data, dict) and d.data.get("name") == task.name), docs[-1])
+
+
+def _resolve_workdirs(spec: JobSpec, base: Path, docs: list[Document], source: str) -> JobSpec:
+    issues, tasks = [], []
+    for task in spec.tasks:
+        if task.workdir is not None:
+            path = (base / Path(task.workdir).expanduser()).resolve()
+            if not path.is_dir():
+                doc = _task_doc(docs, task)
+                issues.append(SpecIssue(f"task {task.name!r}", "workdir", doc.line_of(("workdir",)),
+                                        f"{path} is not a directory"))
+            task = task.model_copy(update={"workdir": str(path)})
+        tasks.append(task)
+    if issues:
+        raise SpecError(issues, source)
+    return spec.model_copy(update={"tasks": tuple(tasks)})
+
+
+def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], issues: list[SpecIssue],
+           warnings: list[str], name: str | None, default_name: str | None, source: str) -> JobSpec:
+    label = "header (document 1)"
+    head = _validate(GroupHeader, header, label, issues, {})
+    if head is not None:
+        for key in sorted(set(header.data) - set(GroupHeader.model_fields)):
+            hint = _suggest(key, set(GroupHeader.model_fields))
+            warnings.append(f"{label}: unknown key {key!r} ignored (line {header.line_of((key,))}){hint}")
+    if len(task_docs) < 2:
+        issues.append(SpecIssue(label, "execution", header.line_of(("execution",)),
+                                "a job group needs at least two task documents"))
+    seen: dict[str, Document] = {}
+    for doc, task in zip(task_docs, tasks):
+        if task.name is None:
+            issues.append(SpecIssue(_doc_label(doc, 0), "name", doc.line, "every task of a job group needs a name"))
+        elif task.name in seen:
+            issues.append(SpecIssue(_doc_label(doc, 0), "name", doc.line_of(("name",)),
+                                    f"task name {task.name!r} is used twice (also document {seen[task.name].index + 1})"))
+        else:
+            seen[task.name] = doc
+    if issues or head is None:
+        raise SpecError(issues, source)
+    names = [t.name for t in tasks]
+    primaries = head.primary_tasks or names
+    for i, primary in enumerate(head.primary_tasks or []):
+        if primary not in names:
+            issues.append(SpecIssue(label, f"primary_tasks[{i}]", header.line_of(("primary_tasks", i)),
+                                    f"no task is named {primary!r}{_suggest(primary, set(names))}"))
+    delay = head.termination_delay
+    delays: dict[str, float]
+    if isinstance(delay, dict):
+        for key in delay:
+            if key != "default" and key not in names:
+                issues.append(SpecIssue(label, f"termination_delay.{key}", header.line_of(("termination_delay", key)),
+                                        f"no task is named {key!r}{_suggest(key, set(names) | {'default'})}"))
+        default = delay.get("default", 0.0)
+        delays = {n: delay.get(n, default) for n in names}
+    else:
+        delays = {n: float(delay or 0.0) for n in names}
+    if issues:
+        raise SpecError(issues, source)
+    job_name = name or head.name or _safe_name(default_name)
+    return JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=tuple(primaries),
+                   termination_delay=delays, group=True)
+
+
+def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues: list[SpecIssue],
+               source: str) -> JobSpec:
+    """``--env K=V`` overrides every task's envs; a declared env left without a value is an error."""
+    tasks = []
+    for task in spec.tasks:
+        merged = {k: env.get(k, v) for k, v in task.envs.items()} | {k: v for k, v in env.items()}
+        for key, value in merged.items():
+            if value is None:
+                doc = _task_doc(docs, task)
+                issues.append(SpecIssue(f"task {task.name!r}", f"envs.{key}", doc.line_of(("envs", key)),
+                                        f"has no value; pass one with --env {key}=VALUE"))
+        tasks.append(task.model_copy(update={"envs": merged}))
+    if issues:
+        raise SpecError(issues, source)
+    return spec.model_copy(update={"tasks": tuple(tasks)})
+
+
+def _validate(model: type[BaseModel], doc: Document, label: str, issues: list[SpecIssue],
+              ctx: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(doc.data, context=ctx)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            issues.append(SpecIssue(label, _dotted(loc), doc.line_of(loc), _message(model, loc, err)))
+        return None
+
+
+def _message(model: type[BaseModel], loc: tuple, err: dict[str, Any]) -> str:
+    if err["type"] == "extra_forbidden" and loc:
+        owner = model
+        for part in loc[:-1]:
+            field = owner.model_fields.get(part) if isinstance(part, str) else None
+            owner = field.annotation if field is not None and isinstance(field.annotation, type) and \
+                issubclass(field.annotation, BaseModel) else owner
+        known = set(owner.model_fields)
+        if owner is Resources:
+            from corral.spec.models import IGNORED_RESOURCE_FIELDS
+            known |= IGNORED_RESOURCE_FIELDS
+        return f"unknown field{_suggest(str(loc[-1]), known)}"
+    msg = err["msg"]
+    return msg.removeprefix("Value error, ")
+
+
+def _suggest(word: str, choices: set[str]) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _doc_label(doc: Document, total: int) -> str:
+    name = doc.data.get("name") if isinstance(doc.data, dict) else None
+    if total == 1:
+        return f"task {name!r}" if isinstance(name, str) else "task"
+    return f"task {name!r} (document {doc.index + 1})" if isinstance(name, str) else f"document {doc.index + 1}"
+
+
+def _safe_name(name: str | None) -> str:
+    if name:
+        cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-_")[:63]
+        if NAME_RE.fullmatch(cleaned):
+            return cleaned
+    return "job"

@@ -1,0 +1,185 @@
+"""The validated, frozen shape of what users submit: a job of one or more tasks.
+
+Field names follow SkyPilot's task and Job Group YAML so existing files work unchanged;
+fields that only make sense on a cloud are accepted and reported as ignored warnings."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+# Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
+IGNORED_RESOURCE_FIELDS = frozenset({
+    "cloud", "region", "zone", "instance_type", "use_spot", "disk_size", "disk_tier", "image_id",
+    "infra", "job_recovery", "labels", "any_of", "ordered", "accelerator_args", "network_tier",
+    "autostop", "spot_recovery", "volumes",
+})
+IGNORED_TASK_FIELDS = frozenset({"file_mounts", "config", "volumes", "event_callback"})
+
+DEFAULT_CPUS = 0.1  # a task that asks for nothing still fits five to a 2-core laptop
+DEFAULT_GRACE_S = 10.0
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _warn(info: ValidationInfo, message: str) -> None:
+    if info.context is not None:
+        info.context.setdefault("warnings", []).append(message)
+
+
+def _drop_ignored(data: Any, ignored: frozenset[str], where: str, info: ValidationInfo) -> Any:
+    if isinstance(data, dict):
+        for key in sorted(ignored & data.keys()):
+            _warn(info, f"{where}{key} is ignored on corral's infra")
+        data = {k: v for k, v in data.items() if k not in ignored}
+    return data
+
+
+def _accelerators(value: Any) -> tuple[str | None, int]:
+    return parse_accelerators(value)
+
+
+class Resources(BaseModel):
+    """Per-replica resources."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerators: Annotated[tuple[str | None, int], BeforeValidator(_accelerators)] = (None, 0)
+    cpus: Annotated[float, BeforeValidator(parse_cpus)] = DEFAULT_CPUS
+    memory: Annotated[float, BeforeValidator(parse_memory)] = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        return _drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
+
+    @property
+    def gpu_type(self) -> str | None:
+        return self.accelerators[0]
+
+    @property
+    def gpus(self) -> int:
+        return self.accelerators[1]
+
+
+def _env_value(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    raise ValueError("an environment value must be a string, a number or a boolean")
+
+
+EnvMap = dict[str, Annotated[str | None, BeforeValidator(_env_value)]]
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str | None = None
+    num_nodes: int = Field(default=1, ge=1, le=4096)
+    resources: Resources = Resources()
+    envs: EnvMap = {}
+    secrets: EnvMap = {}
+    setup: str | None = None
+    run: str | None = None
+    workdir: str | None = None
+    grace_period: Duration = DEFAULT_GRACE_S
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and data.get("resources") is None and "resources" in data:
+            data = {k: v for k, v in data.items() if k != "resources"}
+        return _drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not NAME_RE.fullmatch(value):
+            raise ValueError("a name uses letters, digits, '-' and '_', starts with a letter or digit, "
+                             "and is at most 63 characters")
+        return value
+
+    @field_validator("envs", "secrets")
+    @classmethod
+    def _env_names(cls, value: dict[str, str | None]) -> dict[str, str | None]:
+        for key in value:
+            if not ENV_NAME_RE.fullmatch(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+        return value
+
+    @field_validator("setup", "run", mode="before")
+    @classmethod
+    def _script(cls, value: Any) -> Any:
+        if isinstance(value, list):  # a list of commands, one per line
+            if not all(isinstance(v, str) for v in value):
+                raise ValueError("a list of commands must hold only strings")
+            return "\n".join(value)
+        return value
+
+    @property
+    def environment(self) -> dict[str, str | None]:
+        return {**self.envs, **self.secrets}
+
+
+def _delays(value: Any) -> float | dict[str, float] | None:
+    """``30s`` for every auxiliary, or ``{default: 30s, rollout: 1m}`` per task."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            try:
+                out[str(key)] = parse_duration(item)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        return out
+    return parse_duration(value)
+
+
+class GroupHeader(BaseModel):
+    """The first document of a job group file."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str | None = None
+    execution: Literal["parallel"]
+    primary_tasks: list[str] | None = None
+    termination_delay: Annotated[float | dict[str, float] | None, BeforeValidator(_delays)] = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        return TaskSpec._name(value)
+
+
+class JobSpec(BaseModel):
+    """A whole submission, normalised: named tasks, primaries and per-task delays."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    tasks: tuple[TaskSpec, ...]
+    primary_tasks: tuple[str, ...]
+    termination_delay: dict[str, float]  # per task name; every task present
+    group: bool = False
+
+    def task(self, name: str) -> TaskSpec:
+        for task in self.tasks:
+            if task.name == name:
+                return task
+        raise KeyError(name)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(t.num_nodes * t.resources.gpus for t in self.tasks)

@@ -1,0 +1,73 @@
+"""Job and replica states and the transitions allowed between them. Every layer speaks
+these enums; the control loop refuses any transition not in these tables."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class JobState(str, Enum):
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_JOB_STATES
+
+
+TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
+ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
+
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                                 JobState.PREEMPTED}),
+    JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
+}
+
+
+class ReplicaState(str, Enum):
+    PENDING = "PENDING"
+    STARTING = "STARTING"  # placed; process being launched
+    RUNNING = "RUNNING"
+    RESTARTING = "RESTARTING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"  # stopped by corral (cancel, group termination)
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_REPLICA_STATES
+
+
+TERMINAL_REPLICA_STATES = frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED, ReplicaState.KILLED})
+
+REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
+    ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.KILLED}),
+    ReplicaState.STARTING: frozenset({ReplicaState.RUNNING, ReplicaState.FAILED, ReplicaState.KILLED,
+                                      ReplicaState.SUCCEEDED}),
+    ReplicaState.RUNNING: frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED, ReplicaState.KILLED,
+                                     ReplicaState.RESTARTING}),
+    ReplicaState.RESTARTING: frozenset({ReplicaState.STARTING, ReplicaState.KILLED}),
+}
+
+
+class TransitionError(RuntimeError):
+    pass
+
+
+def check_job_transition(old: JobState, new: JobState) -> None:
+    if new not in JOB_TRANSITIONS.get(old, frozenset()):
+        raise TransitionError(f"job cannot go from {old.value} to {new.value}")
+
+
+def check_replica_transition(old: ReplicaState, new: ReplicaState) -> None:
+    if new not in REPLICA_TRANSITIONS.get(old, frozenset()):
+        raise TransitionError(f"replica cannot go from {old.value} to {new.value}")

@@ -1,0 +1,113 @@
+"""ORM tables (SQLAlchemy 2). Times are UNIX seconds as floats so the pure core and a fake
+clock use the same numbers; the API turns them into ISO timestamps.
+
+Desired and observed state are separate columns: ``cancel_requested_at`` and
+``stop_requested_at``/``kill_at`` say what corral wants; ``state``, ``pid`` and ``exit_code``
+say what was observed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(63), index=True)
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(String(64), default="None")
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    is_group: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cancel_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+
+    tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
+                                             cascade="all, delete-orphan")
+    replicas: Mapped[list[Replica]] = relationship(back_populates="job", order_by=lambda: (Replica.task_position, Replica.rank),
+                                                   cascade="all, delete-orphan")
+
+    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+
+
+class Task(Base):
+    __tablename__ = "tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(63))
+    primary: Mapped[bool] = mapped_column(Boolean)
+    num_nodes: Mapped[int] = mapped_column(Integer)
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    cpus: Mapped[float] = mapped_column(Float)
+    memory: Mapped[float] = mapped_column(Float, default=0.0)
+    grace_period: Mapped[float] = mapped_column(Float)
+    termination_delay: Mapped[float] = mapped_column(Float, default=0.0)
+    # Set when the last primary succeeded; persisted so a server restart does not reset it.
+    termination_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="tasks")
+
+    __table_args__ = (UniqueConstraint("job_id", "name"),)
+
+
+class Replica(Base):
+    __tablename__ = "replicas"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    task: Mapped[str] = mapped_column(String(63))
+    task_position: Mapped[int] = mapped_column(Integer)
+    rank: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    node: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    gpus: Mapped[list[int]] = mapped_column(JSON, default=list)
+    cpus: Mapped[float] = mapped_column(Float, default=0.0)
+    memory: Mapped[float] = mapped_column(Float, default=0.0)
+    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    pid_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    stop_cause: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    kill_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="replicas")
+
+    __table_args__ = (UniqueConstraint("job_id", "task", "rank"),)
+
+    @property
+    def label(self) -> str:
+        return f"{self.task}-{self.rank}"
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    ts: Mapped[float] = mapped_column(Float)
+    subject: Mapped[str] = mapped_column(String(140))  # "job" or a replica label
+    from_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cause: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
