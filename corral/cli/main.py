@@ -18,8 +18,10 @@ from corral.client import Client, CorralError
 from corral.settings import Settings
 from corral.spec.quantity import format_duration
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Scripts and pipes get wide tables instead of Rich's 80-column guess.
+_WIDTH = None if sys.stdout.isatty() else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
 
 
 def _client() -> Client:
