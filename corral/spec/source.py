@@ -57,6 +57,8 @@ def load_documents(text: str) -> list[Document]:
             docs.append(Document(len(docs), data, node.start_mark.line + 1, lines))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        if exc.context_mark is not None and "stream end" in (exc.problem or ""):
+            mark = exc.context_mark  # an unclosed bracket: point where it opened
         line = mark.line + 1 if mark else None
         raise SourceError(f"invalid YAML: {exc.problem or exc.context}", line) from None
     except yaml.YAMLError as exc:

@@ -1,0 +1,223 @@
+"""The HTTP API over a real control loop and real local processes (SQLite, and PostgreSQL
+when CORRAL_TEST_DB_URL is set)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import wait_for
+
+
+def submit(client, text: str, **extra) -> dict:
+    response = client.post("/v1/jobs", json={"yaml": text, **extra})
+    assert response.status_code == 201, response.text
+    return response.json()["job"]
+
+
+def wait_state(client, job_id: int, *states: str, timeout: float = 20.0) -> dict:
+    def check():
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        return job if job["state"] in states else None
+
+    return wait_for(check, timeout)
+
+
+def test_openapi_and_health(server) -> None:
+    spec = server.get("/openapi.json").json()
+    for path in ("/v1/jobs", "/v1/jobs/{job}", "/v1/jobs/{job}/cancel", "/v1/jobs/{job}/logs",
+                 "/v1/jobs/{job}/events", "/v1/nodes", "/v1/health"):
+        assert path in spec["paths"], path
+    health = server.get("/v1/health").json()
+    assert health["status"] == "ok" and health["nodes"] == 2
+
+
+def test_invalid_spec_is_rejected_with_field_and_line_and_nothing_is_stored(server) -> None:
+    response = server.post("/v1/jobs", json={"yaml": "name: t\nresources:\n  acelerators: H100:1\n",
+                                             "source": "bad.yaml"})
+    assert response.status_code == 422
+    (issue,) = response.json()["detail"]["errors"]
+    assert issue["field"] == "resources.acelerators" and issue["line"] == 3
+    assert "accelerators" in issue["message"]
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+
+
+def test_request_no_node_could_ever_satisfy_is_rejected(server) -> None:
+    for text, words in [("resources: {accelerators: H100:8}\n", "8 GPUs"),
+                        ("resources: {accelerators: B200:1}\n", "GPU type B200"),
+                        ("resources: {memory: 512}\n", "memory"),
+                        ("num_nodes: 3\nresources: {accelerators: H100:4}\n", "needs 12 GPUs")]:
+        response = server.post("/v1/jobs", json={"yaml": text})
+        assert response.status_code == 422, text
+        assert words in response.json()["detail"]["errors"][0]["message"]
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+
+
+def test_job_group_runs_with_environment_and_gpus(server, tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    out.mkdir()
+    text = f"""
+name: grp
+execution: parallel
+primary_tasks: [trainer]
+termination_delay: 0s
+---
+name: trainer
+num_nodes: 2
+resources: {{accelerators: H100:2}}
+envs: {{GREETING: hi}}
+run: env | grep -E '^(CORRAL|SKYPILOT|CUDA|MASTER|GREETING)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA
+---
+name: helper
+run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA; sleep 60
+"""
+    job = submit(server, text)
+    assert job["state"] == "PENDING" and job["user"] == "alice"
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED")
+    assert done["state"] == "SUCCEEDED" and done["exit_code"] == 0
+    envs = {p.name: dict(line.split("=", 1) for line in p.read_text().splitlines()) for p in out.iterdir()}
+    t0, t1, helper = envs["trainer-0"], envs["trainer-1"], envs["helper-0"]
+    assert t0["CORRAL_HOSTNAME"] == "trainer-0.grp" and t1["CORRAL_REPLICA"] == "1"
+    assert t0["CORRAL_NUM_REPLICAS"] == "2" and t0["SKYPILOT_NUM_NODES"] == "2"
+    assert t0["SKYPILOT_JOBGROUP_NAME"] == "grp" == t0["CORRAL_JOBGROUP_NAME"]
+    assert t0["SKYPILOT_NUM_GPUS_PER_NODE"] == "2" and t0["GREETING"] == "hi"
+    assert t0["MASTER_PORT"] == t1["MASTER_PORT"] and t0["MASTER_ADDR"] == "127.0.0.1"
+    assert t0["CORRAL_JOB_ID"] == str(job["id"])
+    assert helper["CUDA_VISIBLE_DEVICES"] == ""
+    gpus0 = set(t0["CUDA_VISIBLE_DEVICES"].split(","))
+    gpus1 = set(t1["CUDA_VISIBLE_DEVICES"].split(","))
+    assert len(gpus0) == len(gpus1) == 2
+    replicas = {(t["name"], r["rank"]): r for t in done["tasks"] for r in t["replicas"]}
+    assert replicas[("helper", 0)]["state"] == "KILLED"
+    for (task, rank), r in replicas.items():
+        if task == "trainer":
+            assert set(map(str, r["gpus"])) == set(envs[f"trainer-{rank}"]["CUDA_VISIBLE_DEVICES"].split(","))
+    if replicas[("trainer", 0)]["node"] == replicas[("trainer", 1)]["node"]:
+        assert not gpus0 & gpus1
+    causes = [(e["subject"], e["to_state"], e["cause"]) for e in server.get(f"/v1/jobs/{job['id']}/events").json()]
+    assert ("job", "PENDING", "submitted") in causes and ("job", "SUCCEEDED", "primaries_succeeded") in causes
+    assert ("helper-0", "KILLED", "termination_delay") in causes
+
+
+def test_concurrent_replicas_never_share_a_gpu(server, tmp_path: Path) -> None:
+    ids = [submit(server, f"name: g{i}\nresources: {{accelerators: 1}}\n"
+                          f"run: echo $CUDA_VISIBLE_DEVICES@$CORRAL_NODE > {tmp_path}/{i}; sleep 1.5\n")["id"]
+           for i in range(10)]
+    time.sleep(0.8)
+    running = [j for j in server.get("/v1/jobs").json() if j["state"] == "RUNNING"]
+    assert len(running) == 8  # 2 nodes x 4 GPUs, one GPU each
+    pending = [j for j in server.get("/v1/jobs").json() if j["state"] == "PENDING"]
+    assert [j["reason"] for j in pending] == ["Resources", "Priority"]
+    seen = {(tmp_path / str(i)).read_text().strip() for i in range(10) if (tmp_path / str(i)).exists()}
+    assert len(seen) == 8
+    nodes = server.get("/v1/nodes").json()
+    assert all(n["free_gpus"] == [] for n in nodes)
+    for job_id in ids:
+        assert wait_state(server, job_id, "SUCCEEDED", "FAILED")["state"] == "SUCCEEDED"
+    assert all(len(n["free_gpus"]) == 4 for n in server.get("/v1/nodes").json())
+
+
+def test_primary_failure_stops_auxiliaries_at_once(server) -> None:
+    job = submit(server, """
+name: pf
+execution: parallel
+primary_tasks: [main]
+termination_delay: 60s
+---
+name: main
+run: sleep 0.3; exit 7
+---
+name: side
+run: sleep 60
+""")
+    start = time.monotonic()
+    done = wait_state(server, job["id"], "FAILED", "SUCCEEDED")
+    assert done["state"] == "FAILED" and done["exit_code"] == 7
+    assert time.monotonic() - start < 5  # not the 60 s termination delay
+    side = done["tasks"][1]["replicas"][0]
+    assert side["state"] == "KILLED"
+
+
+def test_auxiliary_failure_lets_primaries_finish_but_fails_the_job(server, tmp_path: Path) -> None:
+    marker = tmp_path / "primary-finished"
+    job = submit(server, f"""
+name: af
+execution: parallel
+primary_tasks: [main]
+---
+name: main
+run: sleep 1; touch {marker}
+---
+name: side
+run: exit 5
+""")
+    done = wait_state(server, job["id"], "FAILED", "SUCCEEDED")
+    assert marker.exists()
+    assert done["state"] == "FAILED" and done["exit_code"] == 5
+    assert [t["replicas"][0]["state"] for t in done["tasks"]] == ["SUCCEEDED", "FAILED"]
+
+
+def test_cancel_sends_sigterm_then_sigkill_after_grace(server, tmp_path: Path) -> None:
+    got = tmp_path / "got-term"
+    job = submit(server, f"""
+name: stubborn
+grace_period: 1s
+run: |
+  trap 'echo term > {got}' TERM
+  while true; do sleep 0.1; done
+""")
+    wait_state(server, job["id"], "RUNNING")
+    time.sleep(0.3)
+    started = time.monotonic()
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
+    done = wait_state(server, job["id"], "CANCELLED")
+    elapsed = time.monotonic() - started
+    assert got.read_text().strip() == "term"  # the process saw SIGTERM first
+    assert 0.9 <= elapsed < 5, elapsed  # and was killed after the 1 s grace
+    replica = done["tasks"][0]["replicas"][0]
+    assert replica["state"] == "KILLED" and replica["exit_code"] == 137
+    causes = [e["cause"] for e in server.get(f"/v1/jobs/{job['id']}/events").json()]
+    assert "killed" in causes and "cancel_requested" in causes
+
+
+def test_cancel_pending_job(server) -> None:
+    blocker = submit(server, "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
+    waiting = submit(server, "resources: {accelerators: H100:1}\nrun: echo never\n")
+    wait_state(server, blocker["id"], "RUNNING")
+    assert wait_state(server, waiting["id"], "PENDING")["reason"] in ("Resources", "None")
+    server.post(f"/v1/jobs/{waiting['id']}/cancel")
+    done = wait_state(server, waiting["id"], "CANCELLED")
+    assert done["tasks"][0]["replicas"][0]["pid"] is None
+    server.post(f"/v1/jobs/{blocker['id']}/cancel")
+    wait_state(server, blocker["id"], "CANCELLED")
+
+
+def test_logs_whole_and_followed(server) -> None:
+    job = submit(server, """
+name: talk
+execution: parallel
+---
+name: a
+run: for i in 1 2 3; do echo a$i; sleep 0.1; done
+---
+name: b
+run: echo b1
+""")
+    with server.stream("GET", f"/v1/jobs/{job['id']}/logs", params={"follow": True}) as response:
+        text = b"".join(response.iter_raw()).decode()
+    assert "a-0 | a1" in text and "a-0 | a3" in text and "b-0 | b1" in text
+    one = server.get(f"/v1/jobs/{job['id']}/logs", params={"replica": "a-0"}).text
+    assert one == "a1\na2\na3\n"
+    assert server.get(f"/v1/jobs/{job['id']}/logs", params={"replica": "zz-0"}).status_code == 404
+
+
+def test_list_filters_and_unknown_job(server) -> None:
+    job = submit(server, "name: quick\nrun: 'true'\n")
+    wait_state(server, job["id"], "SUCCEEDED")
+    assert server.get("/v1/jobs").json() == []
+    assert [j["id"] for j in server.get("/v1/jobs", params={"all": True}).json()] == [job["id"]]
+    assert [j["id"] for j in server.get("/v1/jobs", params={"state": "succeeded"}).json()] == [job["id"]]
+    assert server.get("/v1/jobs", params={"state": "bogus"}).status_code == 422
+    assert server.get("/v1/jobs", params={"all": True, "user": "bob"}).json() == []
+    assert server.get("/v1/jobs/quick").json()["id"] == job["id"]
+    assert server.get("/v1/jobs/999").status_code == 404
