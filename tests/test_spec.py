@@ -123,3 +123,8 @@ def test_quantities() -> None:
     for bad in ("H100:x", ["H100", "A100"], {"H100": 1, "A100": 1}, "H100:-1"):
         with pytest.raises(ValueError):
             parse_accelerators(bad)
+
+
+def test_renamed_plain_job_keeps_its_task_primary() -> None:
+    spec = load_job("name: orig\nrun: echo\n", name="renamed").spec
+    assert spec.name == "renamed" and spec.tasks[0].name == "orig" and spec.primary_tasks == ("orig",)

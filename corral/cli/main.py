@@ -16,7 +16,6 @@ from rich.table import Table
 from corral.cli import daemon
 from corral.client import Client, CorralError
 from corral.settings import Settings
-from corral.spec.quantity import format_duration
 
 # Scripts and pipes get wide tables instead of Rich's 80-column guess.
 _WIDTH = None if sys.stdout.isatty() else 200
@@ -40,8 +39,14 @@ def _fail(exc: CorralError, source: str | None = None) -> None:
 def _age(iso: str | None) -> str:
     if not iso:
         return "-"
-    then = datetime.fromisoformat(iso)
-    return format_duration((datetime.now(timezone.utc) - then).total_seconds())
+    seconds = int((datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds())
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
 def _print_json(data: object) -> None:

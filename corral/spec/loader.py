@@ -90,8 +90,9 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
             tasks[0] = tasks[0].model_copy(update={"name": job_name})
         if issues:
             raise SpecError(issues, source)
-        spec = JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=(job_name,),
-                       termination_delay={job_name: 0.0}, group=False)
+        task_name = tasks[0].name or job_name
+        spec = JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=(task_name,),
+                       termination_delay={task_name: 0.0}, group=False)
     else:
         spec = _group(header, task_docs, tasks, issues, warnings, name, default_name, source)
     spec = _apply_env(spec, env or {}, docs, issues, source)

@@ -140,14 +140,3 @@ def _gpu_count(count: object, original: object) -> int:
     if count < 0:
         raise ValueError(f"the GPU count in {original!r} must be >= 0")
     return int(count)
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    if seconds < 86400:
-        return f"{seconds // 3600}h{(seconds % 3600) // 60:02d}m"
-    return f"{seconds // 86400}d{(seconds % 86400) // 3600:02d}h"

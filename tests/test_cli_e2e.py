@@ -1,0 +1,192 @@
+"""End-to-end through the real `corral` command: an embedded server started on first use,
+real replica processes, and a server stop/start while jobs run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from conftest import kill_leftovers, wait_for
+
+
+@pytest.fixture
+def corral(corral_home: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_HOME"] = str(corral_home)
+
+    def run(*args: str, check: bool | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if check:
+            assert proc.returncode == 0, proc.stderr + proc.stdout
+        return proc
+
+    run.env = env
+    run.home = corral_home
+    yield run
+    run("server", "stop")
+    kill_leftovers(corral_home)
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def status(corral, job: str) -> dict:
+    return json.loads(corral("status", job, "--json", check=True).stdout)
+
+
+def test_launch_streams_prefixed_logs_and_exit_code(corral, tmp_path: Path) -> None:
+    ok = corral("launch", str(write(tmp_path, "ok.yaml", "name: hello\nnum_nodes: 2\nrun: echo rank $CORRAL_REPLICA\n")))
+    assert ok.returncode == 0, ok.stderr
+    assert "hello-0 | rank 0" in ok.stdout and "hello-1 | rank 1" in ok.stdout
+    assert "SUCCEEDED" in ok.stderr
+    bad = corral("launch", str(write(tmp_path, "bad.yaml", "name: sad\nrun: echo oops; exit 3\n")))
+    assert bad.returncode == 1 and "sad-0 | oops" in bad.stdout and "exit code 3" in bad.stderr
+    data = status(corral, "sad")
+    assert data["state"] == "FAILED" and data["exit_code"] == 3
+    for key in ("id", "name", "user", "state", "reason", "exit_code", "submitted_at", "started_at", "ended_at"):
+        assert key in data
+    replica = data["tasks"][0]["replicas"][0]
+    for key in ("rank", "state", "hostname", "node", "pid", "gpus", "exit_code", "restarts"):
+        assert key in replica
+    assert data["tasks"][0]["primary"] is True and data["tasks"][0]["num_nodes"] == 1
+
+
+def test_detach_name_and_env_overrides(corral, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    spec = write(tmp_path, "t.yaml", f"name: orig\nenvs: {{WHO: nobody}}\nrun: echo $WHO $EXTRA > {out}\n")
+    proc = corral("launch", "-d", "--name", "renamed", "--env", "WHO=alice", "--env", "EXTRA=1", str(spec), check=True)
+    job_id = proc.stdout.strip()
+    assert job_id.isdigit()
+    wait_for(lambda: status(corral, job_id)["state"] == "SUCCEEDED")
+    assert status(corral, job_id)["name"] == "renamed"
+    assert out.read_text().strip() == "alice 1"
+    assert corral("launch", "--env", "NOEQUALS", str(spec)).returncode == 2
+
+
+def test_invalid_file_reports_file_line_and_field(corral, tmp_path: Path) -> None:
+    spec = write(tmp_path, "typo.yaml", "name: t\nresources:\n  acelerators: H100:1\nrun: echo\n")
+    proc = corral("launch", str(spec))
+    assert proc.returncode == 2
+    assert f"{spec}:3:" in proc.stderr and "resources.acelerators" in proc.stderr and "accelerators" in proc.stderr
+    assert json.loads(corral("queue", "--all", "--json", check=True).stdout) == []
+    missing = corral("launch", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and "nope.yaml" in missing.stderr
+
+
+def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:
+    long = write(tmp_path, "long.yaml", "name: sleeper\nresources: {accelerators: H100:4}\nrun: sleep 60\n")
+    ids = [corral("launch", "-d", str(long), check=True).stdout.strip() for _ in range(3)]
+    wait_for(lambda: status(corral, ids[1])["state"] == "RUNNING")
+    table = corral("queue", check=True).stdout
+    assert "ID" in table and "REASON" in table and "sleeper" in table and "Resources" in table
+    queued = json.loads(corral("queue", "--json", check=True).stdout)
+    assert [(j["state"], j["reason"]) for j in queued] == [("RUNNING", "None"), ("RUNNING", "None"),
+                                                          ("PENDING", "Resources")]
+    nodes = json.loads(corral("nodes", "--json", check=True).stdout)
+    assert [n["name"] for n in nodes] == ["gpu-0", "gpu-1"] and all(n["free_gpus"] == [] for n in nodes)
+    assert "gpu-0" in corral("nodes", check=True).stdout
+    cancelled = corral("cancel", *ids, check=True).stdout
+    assert cancelled.count("cancelling") == 3
+    for job_id in ids:
+        wait_for(lambda: status(corral, job_id)["state"] == "CANCELLED")
+    events = json.loads(corral("events", ids[0], "--json", check=True).stdout)
+    assert [e["cause"] for e in events][:2] == ["submitted", "scheduled"]
+    assert events[-1]["to_state"] == "CANCELLED"
+    assert "cancel_requested" in corral("events", ids[0], check=True).stdout
+    assert corral("cancel", "424242").returncode == 1
+
+
+def test_termination_delay_is_honoured(corral, tmp_path: Path) -> None:
+    spec = write(tmp_path, "g.yaml", """
+name: delayed
+execution: parallel
+primary_tasks: [main]
+termination_delay: {default: 0s, slow: 2s}
+---
+name: main
+run: sleep 0.5
+---
+name: slow
+run: sleep 60
+---
+name: fast
+run: sleep 60
+""")
+    proc = corral("launch", str(spec))
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads(corral("events", "delayed", "--json", check=True).stdout)
+
+    def at(subject: str, to_state: str) -> float:
+        e = next(e for e in events if e["subject"] == subject and e["to_state"] == to_state)
+        return datetime.fromisoformat(e["ts"]).timestamp()
+
+    primary_done = at("main-0", "SUCCEEDED")
+    assert 1.8 <= at("slow-0", "KILLED") - primary_done <= 3.0
+    assert at("fast-0", "KILLED") - primary_done <= 1.0
+
+
+def test_ctrl_c_detaches_and_the_job_keeps_running(corral, tmp_path: Path) -> None:
+    spec = write(tmp_path, "s.yaml", "name: detachme\nrun: echo started; sleep 3; echo finished\n")
+    proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "launch", str(spec)], env=corral.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "detachme-0 | started"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130 and "corral logs" in stderr and "keeps running" in stderr
+    assert status(corral, "detachme")["state"] == "RUNNING"
+    wait_for(lambda: status(corral, "detachme")["state"] == "SUCCEEDED", timeout=10)
+    assert corral("logs", "detachme", check=True).stdout == "started\nfinished\n"
+
+
+def test_server_restart_adopts_running_replicas_and_loses_nothing(corral, tmp_path: Path) -> None:
+    starts, release, go = tmp_path / "starts", tmp_path / "release", tmp_path / "go"
+    long = write(tmp_path, "long.yaml", f"""
+name: survivor
+resources: {{accelerators: H100:4}}
+num_nodes: 2
+run: |
+  echo $CORRAL_REPLICA >> {starts}
+  while [ ! -f {release} ]; do sleep 0.05; done
+  echo done $CORRAL_REPLICA
+""")
+    short = write(tmp_path, "short.yaml", f"name: shortlived\nrun: while [ ! -f {go} ]; do sleep 0.05; done; exit 6\n")
+    queued = write(tmp_path, "queued.yaml", "name: waiter\nresources: {accelerators: H100:1}\nrun: echo waited\n")
+    survivor = corral("launch", "-d", str(long), check=True).stdout.strip()
+    shortlived = corral("launch", "-d", str(short), check=True).stdout.strip()
+    waiter = corral("launch", "-d", str(queued), check=True).stdout.strip()
+    wait_for(lambda: status(corral, survivor)["state"] == "RUNNING" and status(corral, shortlived)["state"] == "RUNNING")
+    before = status(corral, survivor)
+    assert status(corral, waiter)["state"] == "PENDING"
+    assert "stopped" in corral("server", "stop", check=True).stdout
+    assert corral("server", "status").returncode == 1
+    go.touch()  # shortlived exits while no server runs
+    time.sleep(0.5)
+    assert "corral server" in corral("server", "start", check=True).stdout
+    after = status(corral, survivor)
+    assert after["state"] == "RUNNING"
+    assert [r["pid"] for r in after["tasks"][0]["replicas"]] == [r["pid"] for r in before["tasks"][0]["replicas"]]
+    wait_for(lambda: status(corral, shortlived)["state"] == "FAILED")
+    assert status(corral, shortlived)["exit_code"] == 6  # recorded though it exited while the server was down
+    assert status(corral, waiter)["state"] == "PENDING"  # still queued, not lost
+    release.touch()
+    wait_for(lambda: status(corral, survivor)["state"] == "SUCCEEDED", timeout=20)
+    wait_for(lambda: status(corral, waiter)["state"] == "SUCCEEDED", timeout=20)
+    assert sorted(starts.read_text().split()) == ["0", "1"]  # no replica started twice
+    assert corral("logs", survivor, "survivor-1", check=True).stdout == "done 1\n"
+    causes = [e["cause"] for e in json.loads(corral("events", survivor, "--json", check=True).stdout)]
+    assert causes.count("adopted") == 2
+    history = json.loads(corral("queue", "--all", "--json", check=True).stdout)
+    assert {j["name"]: j["state"] for j in history} == {"survivor": "SUCCEEDED", "shortlived": "FAILED",
+                                                        "waiter": "SUCCEEDED"}
