@@ -51,10 +51,15 @@ def main() -> int:
         # Serving beyond loopback needs authentication, which this server does not have yet.
         print(f"refusing to listen on {host}: corral serves on loopback only", file=sys.stderr)
         return 2
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on such sockets, and without
+    # it every keep-alive request stalls ~40 ms on delayed ACKs.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(os.environ.get("CORRAL_PORT", "0"))))
     port = sock.getsockname()[1]
+    # API threads and the control loop share one GIL; short switch intervals keep a busy
+    # control cycle from adding 5 ms stalls to every thread hop of an HTTP request.
+    sys.setswitchinterval(0.0005)
     state = build_state(settings)
     app = create_app(state)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)

@@ -15,6 +15,8 @@ class Settings:
     db_url: str
     server_url: str | None = None
     poll_interval_s: float = 0.5  # safety net; the loop is woken by events first
+    rescan_interval_s: float = 1.0  # how often the loop re-reads pending jobs and cancels
+    min_cycle_interval_s: float = 0.005  # bursts of events within this window share a cycle
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod

@@ -3,18 +3,19 @@
 One thread owns every state change. It sleeps until something happens (a submission, a
 cancel, a replica exit, a deadline) and then runs one coalesced cycle:
 
-  1. ingest    — newly pending jobs join the in-memory queue;
+  1. ingest    — newly pending jobs are loaded (in bulk) into memory;
   2. exits     — replica exits reported by the executor are recorded, resources freed;
-  3. cancels   — cancel requests stop pending jobs at once and active ones with grace;
+  3. cancels   — cancel requests end pending jobs at once and stop active ones with grace;
   4. lifecycle — jobs touched by 1–3 or by a due timer are evaluated (pure) and the
                  decisions applied: stop replicas, set termination deadlines, end jobs;
   5. schedule  — ``schedule(snapshot, now, policy)`` gives a plan; each start is re-checked
-                 against free resources and committed with a compare-and-swap on the job's
-                 state (PENDING → STARTING), then its replicas are launched.
+                 against free resources and claimed with a compare-and-swap on the job's
+                 state (PENDING → STARTING); the claims are committed, then replicas launch.
 
-Replicas are launched only after the STARTING row is committed, and only once: recovery
-adopts processes by pid *and* start time (or finds them by their launch key in /proc)
-before it ever launches a STARTING replica again."""
+State lives in memory (``records``) and every change is written through a ``Journal`` that
+is flushed and committed at the end of each phase. Replicas are launched only after their
+STARTING rows are committed, and only once: recovery adopts processes by pid *and* start
+time (or finds them by their launch key in /proc) before it launches a STARTING replica."""
 
 from __future__ import annotations
 
@@ -33,26 +34,20 @@ import psutil
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from corral.control.lifecycle import JobView, ReplicaView, TaskView, evaluate
+from corral.control.journal import Journal
+from corral.control.lifecycle import evaluate
+from corral.control.records import JobRec, ReplicaRec, load_records, record_of
 from corral.executors.base import Handle, Launch
-from corral.executors.local import LocalExecutor
+from corral.executors.local import EXIT_FILE, LocalExecutor
 from corral.pool import NodeSpec
 from corral.runtime.environment import ReplicaContext, replica_env
-from corral.scheduler import Allocation, NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
+from corral.scheduler import Allocation, NodeView, Policy, Snapshot, schedule
 from corral.scheduler.placement import FreePool
 from corral.settings import Settings
 from corral.states import JobState, ReplicaState, check_job_transition, check_replica_transition
-from corral.store.repository import add_event, load_job
-from corral.store.tables import Job, Replica
+from corral.store.tables import Job
 
 log = logging.getLogger("corral.control")
-
-LIVE_REPLICA_STATES = (ReplicaState.STARTING.value, ReplicaState.RUNNING.value)
-
-
-def pending_request(job: Job) -> PendingJob:
-    return PendingJob(job.id, tuple(TaskRequest(t.name, t.num_nodes, t.gpus, t.cpus, t.memory, t.gpu_type)
-                                    for t in job.tasks), job.submitted_at, job.user)
 
 
 def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
@@ -68,30 +63,38 @@ def free_port() -> int:
 
 class Controller:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], nodes: list[NodeSpec],
-                 clock: Callable[[], float] = time.time, policy: Policy = Policy()):
+                 clock: Callable[[], float] = time.time, policy: Policy = Policy(),
+                 write_lock: threading.RLock | None = None):
         self.settings = settings
         self.sessions = sessions
         self.nodes = nodes
         self.views = node_views(nodes)
         self.clock = clock
         self.policy = policy
+        # One writer at a time in this process: waiting on a Python lock wakes at once, where
+        # SQLite's busy handler would sleep in 1–100 ms steps.
+        self.write_lock = write_lock or threading.RLock()
         self.executor = LocalExecutor(self._on_exit)
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_"))}
-        self._exits: deque[tuple[Handle, int | None]] = deque()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._pending: dict[int, PendingJob] = {}
+        self.journal = Journal()
+        self.pending: dict[int, JobRec] = {}  # queue order = id order
+        self.active: dict[int, JobRec] = {}  # STARTING or RUNNING
         self._reasons: dict[int, str] = {}
-        self._allocs: dict[int, Allocation] = {}  # replica id -> allocation held
-        self._handles: dict[int, Handle] = {}  # replica id -> running process
-        self._by_key: dict[str, int] = {}  # launch key -> replica id
+        self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
+        self._handles: dict[int, Handle] = {}  # replica id -> its process
+        self._by_key: dict[str, tuple[int, int]] = {}  # launch key -> (job id, replica id)
+        self._exits: deque[tuple[Handle, int | None]] = deque()
+        self._inbox: deque[tuple[str, object]] = deque()  # from API threads: new jobs, cancels
+        self._next_rescan = 0.0
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
         self.cycles = 0
 
-    # -- lifecycle of the loop ----------------------------------------------------------
+    # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="corral-control", daemon=True)
@@ -108,64 +111,102 @@ class Controller:
     def notify(self) -> None:
         self._wake.set()
 
+    def submitted(self, job: Job) -> None:
+        """Hand a just-committed job to the loop (saves it a query); the periodic rescan of
+        the store would find it anyway."""
+        self._inbox.append(("submitted", record_of(job)))
+        self._wake.set()
+
+    def cancel_requested(self, job_id: int) -> None:
+        self._inbox.append(("cancel", job_id))
+        self._wake.set()
+
     def _loop(self) -> None:
+        last = 0.0
         while not self._stopping.is_set():
-            now = self.clock()
             timeout = self.settings.poll_interval_s
             if self._timers:
-                timeout = max(0.0, min(timeout, self._timers[0][0] - now))
+                timeout = max(0.0, min(timeout, self._timers[0][0] - self.clock()))
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stopping.is_set():
                 break
+            # Coalesce bursts (many submits, many exits) into one cycle instead of one each.
+            pause = last + self.settings.min_cycle_interval_s - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            self._wake.clear()
+            last = time.monotonic()
             try:
                 self.cycle()
             except Exception:  # the loop must outlive one bad cycle; the next one retries
                 log.exception("control cycle failed")
                 time.sleep(0.2)
 
-    def _on_exit(self, handle: Handle, code: int | None) -> None:
+    def _on_exit(self, handle: Handle, code: int | None) -> None:  # executor thread
         self._exits.append((handle, code))
         self._wake.set()
 
-    # -- one cycle ----------------------------------------------------------------------
     def cycle(self) -> None:
         self.cycles += 1
         now = self.clock()
-        with self.sessions() as s:
-            self._ingest(s)
-            self._collect_exits(s, now)
-            self._collect_cancels(s, now)
-            self._fire_timers(now)
+        with self.write_lock, self.sessions() as s:
+            cancels: list[int] = []
+            while self._inbox:
+                kind, item = self._inbox.popleft()
+                if kind == "submitted":
+                    self._enqueue(item)  # type: ignore[arg-type]
+                else:
+                    cancels.append(item)  # type: ignore[arg-type]
+            if time.monotonic() >= self._next_rescan:
+                # The safety net: anything the inbox did not bring (another writer of the
+                # store, ids committed out of order on PostgreSQL) is found here.
+                self._next_rescan = time.monotonic() + self.settings.rescan_interval_s
+                self._ingest(s)
+                cancels += self._requested_cancels(s)
+            self._collect_exits(now)
+            self._collect_cancels(s, cancels, now)
+            while self._timers and self._timers[0][0] <= now:
+                self._dirty.add(heapq.heappop(self._timers)[1])
             for job_id in sorted(self._dirty):
                 self._evaluate(s, job_id, now)
             self._dirty.clear()
-            s.commit()
             self._schedule(s, now)
 
-    def _ingest(self, s: Session) -> None:
-        # All pending ids every cycle (cheap): ids may commit out of order on PostgreSQL.
-        ids = set(s.scalars(select(Job.id).where(Job.state == JobState.PENDING.value,
-                                                 Job.cancel_requested_at.is_(None))).all())
-        for gone in set(self._pending) - ids:
-            self._pending.pop(gone, None)
-        new = sorted(ids - set(self._pending))
-        for chunk in range(0, len(new), 500):
-            for job in s.scalars(select(Job).where(Job.id.in_(new[chunk:chunk + 500]))).all():
-                self._pending[job.id] = pending_request(job)
-                self._reasons[job.id] = job.reason
-        if new:
-            self._pending = dict(sorted(self._pending.items()))
+    def _commit(self, s: Session) -> None:
+        if self.journal:
+            self.journal.flush(s)
+        s.commit()
 
-    def _collect_exits(self, s: Session, now: float) -> None:
+    # -- 1. ingest ----------------------------------------------------------------------
+    def _enqueue(self, job: JobRec) -> None:
+        if job.id in self.pending or job.id in self.active or job.state != JobState.PENDING:
+            return
+        in_order = not self.pending or job.id > next(reversed(self.pending))
+        self.pending[job.id] = job
+        if not in_order:
+            self.pending = dict(sorted(self.pending.items()))
+
+    def _ingest(self, s: Session) -> None:
+        ids = set(s.scalars(select(Job.id).where(Job.state == JobState.PENDING.value,
+                                                 Job.cancel_requested_at.is_(None))))
+        for gone in set(self.pending) - ids:
+            self.pending.pop(gone, None)
+        new = sorted(ids - set(self.pending))
+        for job in load_records(s, new).values() if new else ():
+            self._enqueue(job)
+
+    # -- 2. exits -----------------------------------------------------------------------
+    def _collect_exits(self, now: float) -> None:
         while self._exits:
             handle, code = self._exits.popleft()
-            rid = self._by_key.pop(handle.key, None)
-            if rid is None:
+            job_id, replica_id = self._by_key.pop(handle.key, (None, None))
+            job = self.active.get(job_id)
+            if job is None:
                 continue
-            self._handles.pop(rid, None)
-            replica = s.get(Replica, rid)
-            if replica is None or ReplicaState(replica.state).terminal:
+            self._handles.pop(replica_id, None)
+            replica = next(r for r in job.replicas if r.id == replica_id)
+            if replica.state.terminal:
                 continue
             if replica.stop_requested_at is not None:
                 new, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
@@ -175,259 +216,248 @@ class Controller:
                 new, cause = ReplicaState.FAILED, "exited" if code is not None else "lost"
             message = (f"exit code {code}" if code is not None else
                        "the process ended while corral was down and left no exit code")
-            self._replica_to(s, replica, new, cause, now, message)
-            replica.exit_code = code
-            replica.ended_at = now
-            self._dirty.add(replica.job_id)
+            self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now)
+            self._dirty.add(job.id)
 
-    def _collect_cancels(self, s: Session, now: float) -> None:
-        rows = s.execute(select(Job.id, Job.state).where(Job.cancel_requested_at.is_not(None),
-                                                          Job.state.in_([JobState.PENDING.value,
-                                                                         JobState.STARTING.value,
-                                                                         JobState.RUNNING.value]))).all()
-        for job_id, state in rows:
+    # -- 3. cancels ---------------------------------------------------------------------
+    def _requested_cancels(self, s: Session) -> list[int]:
+        return list(s.scalars(select(Job.id).where(
+            Job.cancel_requested_at.is_not(None),
+            Job.state.in_([JobState.PENDING.value, JobState.STARTING.value, JobState.RUNNING.value]))))
+
+    def _collect_cancels(self, s: Session, job_ids: list[int], now: float) -> None:
+        for job_id in job_ids:
             if job_id in self._cancels_seen:
                 continue
-            self._cancels_seen.add(job_id)
-            if state == JobState.PENDING.value:
-                self._pending.pop(job_id, None)
-                job = load_job(s, job_id)
-                if job is not None and self._cas_job(s, job, JobState.PENDING, JobState.CANCELLED, now, "cancel",
-                                                     "cancelled while pending"):
-                    job.ended_at = now
-                    for replica in job.replicas:
-                        self._replica_to(s, replica, ReplicaState.KILLED, "cancel", now)
-            else:
+            if job_id in self.active:
+                self._cancels_seen.add(job_id)
+                self.active[job_id].cancel_requested = True
                 self._dirty.add(job_id)
+                continue
+            self.pending.pop(job_id, None)
+            job = load_records(s, [job_id]).get(job_id)
+            if job is None or job.state != JobState.PENDING:
+                continue  # not ours yet or already over; the rescan looks again
+            self._cancels_seen.add(job_id)
+            if self._job_to(s, job, JobState.CANCELLED, now, "cancel", "cancelled while pending"):
+                for replica in job.replicas:
+                    self._replica_to(replica, ReplicaState.KILLED, "cancel", now, ended_at=now)
 
-    def _fire_timers(self, now: float) -> None:
-        while self._timers and self._timers[0][0] <= now:
-            _, job_id = heapq.heappop(self._timers)
-            self._dirty.add(job_id)
-
-    def _timer(self, at: float, job_id: int) -> None:
-        heapq.heappush(self._timers, (at, job_id))
-
-    # -- lifecycle decisions --------------------------------------------------------------
+    # -- 4. lifecycle -------------------------------------------------------------------
     def _evaluate(self, s: Session, job_id: int, now: float) -> None:
-        job = load_job(s, job_id)
-        if job is None or JobState(job.state).terminal:
+        job = self.active.get(job_id)
+        if job is None:
             return
         for replica in job.replicas:  # grace periods that ran out
             if replica.kill_at is not None and replica.kill_at <= now and replica.id in self._handles:
                 if self.executor.signal(self._handles[replica.id], signal.SIGKILL):
-                    add_event(s, job.id, now, replica.label, "killed", message="grace period over: SIGKILL")
+                    self.journal.event(job.id, now, replica.label, "killed", message="grace period over: SIGKILL")
                 replica.kill_at = None
-        view = JobView(job.id, JobState(job.state), job.cancel_requested_at is not None,
-                       tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline) for t in job.tasks),
-                       tuple(ReplicaView(r.id, r.task, r.rank, ReplicaState(r.state), r.exit_code,
-                                         r.stop_requested_at is not None) for r in job.replicas))
-        decisions = evaluate(view, now)
-        tasks = {t.name: t for t in job.tasks}
+                self.journal.replica(replica.id, kill_at=None)
+        decisions = evaluate(job.view(), now)
         for d in decisions.deadlines:
-            tasks[d.task].termination_deadline = d.deadline
-            add_event(s, job.id, now, d.task, "termination_delay",
-                      message=f"primaries done; stopping {d.task} in {d.deadline - now:.1f}s")
-        replicas = {r.id: r for r in job.replicas}
+            task = job.task(d.task)
+            task.termination_deadline = d.deadline
+            self.journal.task(task.id, termination_deadline=d.deadline)
+            self.journal.event(job.id, now, d.task, "termination_delay",
+                               message=f"primaries done; stopping {d.task} in {d.deadline - now:.1f}s")
+        by_id = {r.id: r for r in job.replicas}
         for stop in decisions.stops:
-            self._stop_replica(s, job, replicas[stop.replica_id], tasks[replicas[stop.replica_id].task].grace_period,
-                               stop.cause, now)
+            replica = by_id[stop.replica_id]
+            self._stop_replica(job, replica, job.task(replica.task).grace_period, stop.cause, now)
         if decisions.wake_at is not None:
-            self._timer(decisions.wake_at, job.id)
+            heapq.heappush(self._timers, (decisions.wake_at, job.id))
         if decisions.end is not None:
             end = decisions.end
-            if self._cas_job(s, job, JobState(job.state), end.state, now, end.cause, end.message):
-                job.exit_code = end.exit_code
-                job.ended_at = now
-                job.message = end.message
+            if self._job_to(s, job, end.state, now, end.cause, end.message, exit_code=end.exit_code,
+                            message=end.message):
+                self.active.pop(job.id, None)
 
-    def _stop_replica(self, s: Session, job: Job, replica: Replica, grace: float, cause: str, now: float) -> None:
-        replica.stop_requested_at = now
-        replica.stop_cause = cause
+    def _stop_replica(self, job: JobRec, replica: ReplicaRec, grace: float, cause: str, now: float) -> None:
+        replica.stop_requested_at, replica.stop_cause = now, cause
+        self.journal.replica(replica.id, stop_requested_at=now, stop_cause=cause)
         handle = self._handles.get(replica.id)
         if handle is not None and self.executor.signal(handle, signal.SIGTERM):
             replica.kill_at = now + grace
-            self._timer(replica.kill_at, job.id)
-            add_event(s, job.id, now, replica.label, cause, message=f"SIGTERM sent; SIGKILL after {grace:g}s")
+            self.journal.replica(replica.id, kill_at=replica.kill_at)
+            heapq.heappush(self._timers, (replica.kill_at, job.id))
+            self.journal.event(job.id, now, replica.label, cause, message=f"SIGTERM sent; SIGKILL after {grace:g}s")
         elif handle is None:  # nothing runs for it (never launched)
-            self._release(replica.id)
-            self._replica_to(s, replica, ReplicaState.KILLED, cause, now)
-            replica.ended_at = now
+            self._replica_to(replica, ReplicaState.KILLED, cause, now, ended_at=now)
         # else: the process already exited; its exit report is on its way
 
-    # -- scheduling ----------------------------------------------------------------------
+    # -- 5. schedule --------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
         pool = FreePool(self.views)
-        for alloc in list(self._allocs.values()):  # read from API threads too
+        for alloc in list(self._allocs.values()):  # also read from API threads
             pool.assume(alloc)
         nodes = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
                                frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
-        return Snapshot(nodes, tuple(self._pending.values()))
+        return Snapshot(nodes, tuple(job.request for job in list(self.pending.values())))
 
     def _schedule(self, s: Session, now: float) -> None:
-        if not self._pending:
+        if not self.pending:
+            self._commit(s)
             return
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
         pool = FreePool(snapshot.nodes)
+        admitted: list[JobRec] = []
         for start in plan.starts:
-            try:  # the applier re-checks every allocation before it commits anything
+            try:  # the applier re-checks every allocation before it claims anything
                 for alloc in start.allocations:
                     pool.assume(alloc)
             except ValueError:
                 log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
                 continue
-            self._pending.pop(start.job_id, None)
-            self._reasons.pop(start.job_id, None)
-            self._admit(s, start.job_id, start.allocations, now)
+            job = self.pending.pop(start.job_id)
+            self._reasons.pop(job.id, None)
+            if self._admit(s, job, start.allocations, now):
+                admitted.append(job)
         for job_id, reason in plan.reasons.items():
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value
-                s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value)
-                          .values(reason=reason.value))
-        s.commit()
+                self.journal.job(job_id, reason=reason.value)
+        self._commit(s)  # STARTING is durable before any process exists
+        for job in admitted:
+            self._launch(job, [r for r in job.replicas if r.state == ReplicaState.STARTING], now)
+        self._commit(s)
 
-    def _admit(self, s: Session, job_id: int, allocations: tuple[Allocation, ...], now: float) -> None:
-        job = load_job(s, job_id)
-        if job is None:
-            return
-        result = s.execute(update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value,
-                                             Job.cancel_requested_at.is_(None))
-                           .values(state=JobState.STARTING.value, reason="None", version=Job.version + 1))
-        if result.rowcount != 1:  # cancelled or changed meanwhile: the plan is stale for it
-            s.rollback()
-            return
-        s.refresh(job)
-        add_event(s, job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
-                  f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}")
-        by_slot = {(a.task, a.rank): a for a in allocations}
+    def _admit(self, s: Session, job: JobRec, allocations: tuple[Allocation, ...], now: float) -> bool:
+        claimed = s.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+                                              Job.cancel_requested_at.is_(None))
+                            .values(state=JobState.STARTING.value, reason="None", version=Job.version + 1))
+        if claimed.rowcount != 1:  # cancelled or changed meanwhile: the plan is stale for it
+            return False
+        job.state = JobState.STARTING
+        self.active[job.id] = job
+        self.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
+                           f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}")
         for task in job.tasks:
             task.master_port = free_port()
+            self.journal.task(task.id, master_port=task.master_port)
+        by_slot = {(a.task, a.rank): a for a in allocations}
         for replica in job.replicas:
             alloc = by_slot[(replica.task, replica.rank)]
-            replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, list(alloc.gpus), alloc.cpus, alloc.memory
-            self._replica_to(s, replica, ReplicaState.STARTING, "scheduled", now)
+            replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
             self._allocs[replica.id] = alloc
-        s.commit()  # STARTING is durable before any process exists
-        self._launch(s, job, [r for r in job.replicas], now)
+            self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
+                             gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory)
+        return True
 
-    def _launch(self, s: Session, job: Job, replicas: list[Replica], now: float) -> None:
-        tasks = {t.name: t for t in job.tasks}
-        spec_tasks = {t["name"]: t for t in job.spec["tasks"]}
+    def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
         for replica in replicas:
-            task, spec = tasks[replica.task], spec_tasks[replica.task]
-            launch = self._launch_for(job, task, spec, replica)
+            launch = self._launch_for(job, replica)
             try:
                 handle = self.executor.start(launch)
             except OSError as exc:
-                self._release(replica.id)
-                self._replica_to(s, replica, ReplicaState.FAILED, "launch_failed", now, str(exc))
-                replica.ended_at = now
+                self._replica_to(replica, ReplicaState.FAILED, "launch_failed", now, str(exc), ended_at=now)
                 self._dirty.add(job.id)
                 continue
-            self._track(replica.id, handle)
+            self._track(job, replica, handle)
             replica.pid, replica.pid_started_at = handle.pid, handle.started_at
-            replica.started_at = now
-            replica.log_path = str(launch.log_path)
-            self._replica_to(s, replica, ReplicaState.RUNNING, "launched", now, f"pid {handle.pid} on {replica.node}")
+            self._replica_to(replica, ReplicaState.RUNNING, "launched", now, f"pid {handle.pid} on {replica.node}",
+                             pid=handle.pid, pid_started_at=handle.started_at, started_at=now,
+                             log_path=str(launch.log_path))
             self.executor.watch(handle)
-        if job.state == JobState.STARTING.value and \
-                all(r.state != ReplicaState.STARTING.value for r in job.replicas):
-            self._cas_job(s, job, JobState.STARTING, JobState.RUNNING, now, "launched")
-            job.started_at = now
-        s.commit()
+        if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
+            job.state = JobState.RUNNING
+            self.journal.job(job.id, state=JobState.RUNNING.value, started_at=now)
+            self.journal.event(job.id, now, "job", "launched", JobState.STARTING.value, JobState.RUNNING.value)
         self._wake.set()  # launch failures and instant exits are handled next cycle
 
-    def _launch_for(self, job: Job, task, spec: dict, replica: Replica) -> Launch:
-        key = f"{job.id}.{replica.task}.{replica.rank}.r{replica.restarts}"
+    def _launch_for(self, job: JobRec, replica: ReplicaRec) -> Launch:
+        task = job.task(replica.task)
         checkpoint = self.settings.checkpoints_dir / str(job.id) / replica.task
         checkpoint.mkdir(parents=True, exist_ok=True)
+        envs = {**task.spec.get("envs", {}), **task.spec.get("secrets", {})}
         ctx = ReplicaContext(
             job_id=job.id, job_name=job.name, is_group=job.is_group, task=replica.task, rank=replica.rank,
             num_replicas=task.num_nodes, node=replica.node or "", node_ips=("127.0.0.1",) * task.num_nodes,
-            addr="127.0.0.1", gpus=tuple(replica.gpus), gpus_per_replica=task.gpus, cpus=task.cpus,
+            addr="127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
-            user=job.user, task_envs=tuple(sorted({**spec.get("envs", {}), **spec.get("secrets", {})}.items())))
+            user=job.user, task_envs=tuple(sorted(envs.items())))
         env = replica_env(self.base_env, ctx)
-        env["CORRAL_LAUNCH_KEY"] = key
-        return Launch(key=key, run_dir=self._run_dir(job.id, replica), log_path=self._log_path(job.id, replica),
-                      setup=spec.get("setup"), run=spec.get("run"), env=env, cwd=spec.get("workdir"))
+        env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        return Launch(key=replica.launch_key, run_dir=self._run_dir(replica), log_path=self._log_path(replica),
+                      setup=task.spec.get("setup"), run=task.spec.get("run"), env=env, cwd=task.spec.get("workdir"))
 
-    def _run_dir(self, job_id: int, replica: Replica) -> Path:
-        return self.settings.runs_dir / str(job_id) / f"{replica.task}-{replica.rank}"
+    def _run_dir(self, replica: ReplicaRec) -> Path:
+        return self.settings.runs_dir / str(replica.job_id) / replica.label
 
-    def _log_path(self, job_id: int, replica: Replica) -> Path:
-        return self.settings.logs_dir / str(job_id) / f"{replica.task}-{replica.rank}.log"
+    def _log_path(self, replica: ReplicaRec) -> Path:
+        return self.settings.logs_dir / str(replica.job_id) / f"{replica.label}.log"
 
-    # -- recovery -------------------------------------------------------------------------
+    # -- recovery -----------------------------------------------------------------------
     def recover(self) -> None:
         """Rebuild memory from the store after a (re)start: adopt live replicas, record exits
         that happened while the server was down, launch STARTING replicas that never ran."""
         now = self.clock()
-        with self.sessions() as s:
-            jobs = s.scalars(select(Job.id).where(Job.state.in_([JobState.STARTING.value,
-                                                                  JobState.RUNNING.value]))).all()
-            for job_id in jobs:
-                job = load_job(s, job_id)
-                unlaunched = []
+        with self.write_lock, self.sessions() as s:
+            ids = list(s.scalars(select(Job.id).where(Job.state.in_([JobState.STARTING.value,
+                                                                      JobState.RUNNING.value]))))
+            self.active = load_records(s, ids)
+            unlaunched: dict[int, list[ReplicaRec]] = {}
+            to_watch: list[Handle] = []
+            for job in self.active.values():
+                self._dirty.add(job.id)
                 for replica in job.replicas:
-                    if replica.state not in LIVE_REPLICA_STATES or replica.node is None:
+                    if replica.state not in (ReplicaState.STARTING, ReplicaState.RUNNING) or replica.node is None:
                         continue
-                    self._allocs[replica.id] = Allocation(replica.task, replica.rank, replica.node,
-                                                          tuple(replica.gpus), replica.cpus, replica.memory)
-                    key = f"{job.id}.{replica.task}.{replica.rank}.r{replica.restarts}"
+                    self._allocs[replica.id] = replica.allocation()
                     if replica.pid is None:
-                        found = find_launched(key)
-                        if found is None and not (self._run_dir(job.id, replica) / "exit_code").exists():
-                            unlaunched.append(replica)
+                        found = find_launched(replica.launch_key)
+                        if found is None and not (self._run_dir(replica) / EXIT_FILE).exists():
+                            unlaunched.setdefault(job.id, []).append(replica)
                             continue
                         replica.pid, replica.pid_started_at = found or (0, 0.0)
-                        self._replica_to(s, replica, ReplicaState.RUNNING, "adopted", now)
+                        self._replica_to(replica, ReplicaState.RUNNING, "adopted", now, pid=replica.pid,
+                                         pid_started_at=replica.pid_started_at)
                     if replica.kill_at is not None:
-                        self._timer(replica.kill_at, job.id)
-                    handle = Handle(key, replica.pid, replica.pid_started_at or 0.0, self._run_dir(job.id, replica))
-                    self._track(replica.id, handle)
-                    add_event(s, job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
-                self._dirty.add(job.id)
-                s.commit()
-                for replica in self._handles_of(job):
-                    self.executor.watch(replica)
-                if unlaunched:
-                    self._launch(s, job, unlaunched, now)
+                        heapq.heappush(self._timers, (replica.kill_at, job.id))
+                    handle = Handle(replica.launch_key, replica.pid, replica.pid_started_at or 0.0,
+                                    self._run_dir(replica))
+                    self._track(job, replica, handle)
+                    to_watch.append(handle)
+                    self.journal.event(job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
+            self._commit(s)
+            for handle in to_watch:
+                self.executor.watch(handle)  # an exit while we were down is reported at once
+            for job_id, replicas in unlaunched.items():
+                self._launch(self.active[job_id], replicas, now)
+            self._commit(s)
         self._wake.set()
 
-    def _handles_of(self, job: Job) -> list[Handle]:
-        return [self._handles[r.id] for r in job.replicas if r.id in self._handles]
+    # -- state changes ------------------------------------------------------------------
+    def _track(self, job: JobRec, replica: ReplicaRec, handle: Handle) -> None:
+        self._handles[replica.id] = handle
+        self._by_key[handle.key] = (job.id, replica.id)
 
-    # -- small helpers ---------------------------------------------------------------------
-    def _track(self, replica_id: int, handle: Handle) -> None:
-        self._handles[replica_id] = handle
-        self._by_key[handle.key] = replica_id
-
-    def _release(self, replica_id: int) -> None:
-        self._allocs.pop(replica_id, None)
-
-    def _replica_to(self, s: Session, replica: Replica, new: ReplicaState, cause: str, now: float,
-                    message: str | None = None) -> None:
-        old = ReplicaState(replica.state)
-        if old == new:
-            return
+    def _replica_to(self, replica: ReplicaRec, new: ReplicaState, cause: str, now: float,
+                    message: str | None = None, **columns: object) -> None:
+        old = replica.state
         check_replica_transition(old, new)
-        replica.state = new.value
+        replica.state = new
+        if "exit_code" in columns:
+            replica.exit_code = columns["exit_code"]  # type: ignore[assignment]
         if new.terminal:
-            self._release(replica.id)
-        add_event(s, replica.job_id, now, replica.label, cause, old.value, new.value, message)
+            self._allocs.pop(replica.id, None)
+        self.journal.replica(replica.id, state=new.value, **columns)
+        self.journal.event(replica.job_id, now, replica.label, cause, old.value, new.value, message)
 
-    def _cas_job(self, s: Session, job: Job, old: JobState, new: JobState, now: float, cause: str,
-                 message: str | None = None) -> bool:
+    def _job_to(self, s: Session, job: JobRec, new: JobState, now: float, cause: str, event_message: str | None,
+                **columns: object) -> bool:
+        """Compare-and-swap a job's state; False if the store no longer holds the state we know."""
+        old = job.state
         check_job_transition(old, new)
-        result = s.execute(update(Job).where(Job.id == job.id, Job.state == old.value)
-                           .values(state=new.value, version=Job.version + 1,
-                                   reason="None" if new != JobState.PENDING else job.reason))
+        values = {"state": new.value, "version": Job.version + 1, **columns}
+        if new.terminal:
+            values["ended_at"] = now
+        result = s.execute(update(Job).where(Job.id == job.id, Job.state == old.value).values(**values))
         if result.rowcount != 1:
             return False
-        job.state = new.value
-        add_event(s, job.id, now, "job", cause, old.value, new.value, message)
+        job.state = new
+        self.journal.event(job.id, now, "job", cause, old.value, new.value, event_message)
         return True
 
 

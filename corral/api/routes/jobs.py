@@ -11,8 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
 from corral.api.schemas import CancelResponse, EventOut, JobOut, SubmitRequest, SubmitResponse
-from corral.control.controller import node_views, pending_request
+from corral.control.controller import node_views
 from corral.runtime.logs import LogTail, follow
+from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.placement import why_infeasible
 from corral.spec import SpecError, load_job
 from corral.states import JobState
@@ -42,25 +43,18 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
     # Like Slurm, refuse at submission what no node of the pool could ever run.
-    probe = pending_request(_unsaved_job(spec))
+    probe = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
+                                            t.resources.memory, t.resources.gpu_type) for t in spec.tasks))
     reason = why_infeasible(node_views(state.nodes), probe)
     if reason is not None:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this pool", "errors": [
                 {"document": "job", "field": "resources", "line": None, "message": reason}]}})
-    job = repository.create_job(session, spec, user, clock())
-    session.commit()
-    state.controller.notify()
+    with state.controller.write_lock:
+        job = repository.create_job(session, spec, user, clock())
+        session.commit()
+    state.controller.submitted(job)
     return SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
-
-
-def _unsaved_job(spec) -> Job:
-    from corral.store.tables import Task
-
-    job = Job(id=0, submitted_at=0.0, user="")
-    job.tasks = [Task(name=t.name, num_nodes=t.num_nodes, gpus=t.resources.gpus, cpus=t.resources.cpus,
-                      memory=t.resources.memory, gpu_type=t.resources.gpu_type) for t in spec.tasks]
-    return job
 
 
 @router.get("", response_model=list[JobOut])
@@ -82,9 +76,11 @@ def get_job(job: str, session: SessionDep):
 @router.post("/{job}/cancel", response_model=CancelResponse)
 def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     found = _job_or_404(session, job)
-    changed = repository.request_cancel(session, found, clock(), user)
-    session.commit()
-    state.controller.notify()
+    with state.controller.write_lock:
+        changed = repository.request_cancel(session, found, clock(), user)
+        session.commit()
+    if changed:
+        state.controller.cancel_requested(found.id)
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
 
 

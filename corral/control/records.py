@@ -1,0 +1,128 @@
+"""The control loop's in-memory view of the jobs it manages (pending and active), loaded
+from the store in bulk and kept current by the loop itself, the only writer of states.
+Keeping them in memory means a replica exit or a placement costs no query."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from corral.control.lifecycle import JobView, ReplicaView, TaskView
+from corral.scheduler import Allocation, PendingJob, TaskRequest
+from corral.states import JobState, ReplicaState
+from corral.store.tables import Job, Replica, Task
+
+
+@dataclass
+class TaskRec:
+    id: int
+    name: str
+    primary: bool
+    num_nodes: int
+    gpus: int
+    gpu_type: str | None
+    cpus: float
+    memory: float
+    grace_period: float
+    termination_delay: float
+    termination_deadline: float | None
+    master_port: int | None
+    spec: dict  # the task as submitted: setup, run, envs, secrets, workdir
+
+
+@dataclass
+class ReplicaRec:
+    id: int
+    job_id: int
+    task: str
+    rank: int
+    state: ReplicaState
+    node: str | None = None
+    gpus: tuple[int, ...] = ()
+    cpus: float = 0.0
+    memory: float = 0.0
+    pid: int | None = None
+    pid_started_at: float | None = None
+    exit_code: int | None = None
+    restarts: int = 0
+    stop_requested_at: float | None = None
+    stop_cause: str | None = None
+    kill_at: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.task}-{self.rank}"
+
+    @property
+    def launch_key(self) -> str:
+        return f"{self.job_id}.{self.task}.{self.rank}.r{self.restarts}"
+
+    def allocation(self) -> Allocation:
+        return Allocation(self.task, self.rank, self.node or "", self.gpus, self.cpus, self.memory)
+
+
+@dataclass
+class JobRec:
+    id: int
+    name: str
+    user: str
+    is_group: bool
+    state: JobState
+    submitted_at: float
+    cancel_requested: bool
+    tasks: list[TaskRec] = field(default_factory=list)
+    replicas: list[ReplicaRec] = field(default_factory=list)
+
+    def task(self, name: str) -> TaskRec:
+        return next(t for t in self.tasks if t.name == name)
+
+    @cached_property
+    def request(self) -> PendingJob:
+        """What the scheduler sees; fixed while the job waits."""
+        return PendingJob(self.id, tuple(TaskRequest(t.name, t.num_nodes, t.gpus, t.cpus, t.memory, t.gpu_type)
+                                         for t in self.tasks), self.submitted_at, self.user)
+
+    def view(self) -> JobView:
+        return JobView(self.id, self.state, self.cancel_requested,
+                       tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
+                             for t in self.tasks),
+                       tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None)
+                             for r in self.replicas))
+
+
+def record_of(job: Job) -> JobRec:
+    """The record of a job just created (its tasks and replicas are loaded)."""
+    specs = {t["name"]: t for t in job.spec["tasks"]}
+    rec = JobRec(job.id, job.name, job.user, job.is_group, JobState(job.state), job.submitted_at,
+                 job.cancel_requested_at is not None)
+    rec.tasks = [TaskRec(t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
+                         t.termination_delay, t.termination_deadline, t.master_port, specs[t.name]) for t in job.tasks]
+    rec.replicas = [ReplicaRec(r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), restarts=r.restarts)
+                    for r in job.replicas]
+    return rec
+
+
+def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
+    """Three queries for any number of jobs."""
+    out: dict[int, JobRec] = {}
+    specs: dict[int, dict[str, dict]] = {}
+    for start in range(0, len(job_ids), 500):
+        chunk = job_ids[start:start + 500]
+        for j in session.execute(select(Job.id, Job.name, Job.user, Job.is_group, Job.state, Job.submitted_at,
+                                        Job.cancel_requested_at, Job.spec).where(Job.id.in_(chunk))):
+            specs[j.id] = {t["name"]: t for t in j.spec["tasks"]}
+            out[j.id] = JobRec(j.id, j.name, j.user, j.is_group, JobState(j.state), j.submitted_at,
+                               j.cancel_requested_at is not None)
+        for t in session.scalars(select(Task).where(Task.job_id.in_(chunk)).order_by(Task.job_id, Task.position)):
+            out[t.job_id].tasks.append(TaskRec(
+                t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
+                t.termination_delay, t.termination_deadline, t.master_port, specs[t.job_id][t.name]))
+        for r in session.scalars(select(Replica).where(Replica.job_id.in_(chunk))
+                                 .order_by(Replica.job_id, Replica.task_position, Replica.rank)):
+            out[r.job_id].replicas.append(ReplicaRec(
+                r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), r.node, tuple(r.gpus or ()), r.cpus, r.memory,
+                r.pid, r.pid_started_at, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at))
+    return out
