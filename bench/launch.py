@@ -59,12 +59,13 @@ def wait_file(path: Path, timeout: float = 30.0) -> float:
     raise TimeoutError(path)
 
 
-def wait_idle(client: Client, timeout: float = 600.0) -> float:
+def wait_idle(client: Client, timeout: float = 600.0, poll: float = 0.2) -> float:
+    """Poll like slurm-lab's bench polls squeue (every 0.2 s): is any job left?"""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if not client.jobs():
+        if not client.jobs(limit=1):
             return time.time()
-        time.sleep(0.02)
+        time.sleep(poll)
     raise TimeoutError("jobs left running")
 
 
@@ -81,7 +82,7 @@ def corral_latency(client: Client, work: Path, samples: int, group: bool) -> lis
         t0 = time.time()
         client.submit(text)
         out.append(max(wait_file(f) for f in files) - t0)
-        wait_idle(client)
+        wait_idle(client, poll=0.01)
         time.sleep(0.05)
     return out
 

@@ -57,8 +57,10 @@ class Client:
                                                     "name": name, "env": env or {}})
 
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
-             name: str | None = None) -> list[dict[str, Any]]:
+             name: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"all": all}
+        if limit:
+            params["limit"] = limit
         if states:
             params["state"] = states
         if user:

@@ -16,7 +16,7 @@ class Settings:
     server_url: str | None = None
     poll_interval_s: float = 0.5  # safety net; the loop is woken by events first
     rescan_interval_s: float = 1.0  # how often the loop re-reads pending jobs and cancels
-    min_cycle_interval_s: float = 0.005  # bursts of events within this window share a cycle
+    min_cycle_interval_s: float = 0.04  # a busy loop batches what arrives within this window
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod

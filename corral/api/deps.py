@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import getpass
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -26,20 +26,23 @@ class ServerState:
     clock: Callable[[], float] = field(default=time.time)
 
 
-def get_state(request: Request) -> ServerState:
+# Trivial dependencies are async so FastAPI does not hop to a worker thread for each one.
+async def get_state(request: Request) -> ServerState:
     return request.app.state.corral
 
 
-def get_session(state: Annotated[ServerState, Depends(get_state)]) -> Iterator[Session]:
+async def get_session(state: Annotated[ServerState, Depends(get_state)]) -> AsyncIterator[Session]:
+    # Opening a session does no I/O (the connection is taken on first use, in the route's
+    # worker thread), so this need not cost a thread hop of its own.
     with state.sessions() as session:
         yield session
 
 
-def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callable[[], float]:
+async def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callable[[], float]:
     return state.clock
 
 
-def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
+async def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
     # The embedded server listens on loopback only, where the caller is this machine's user.
     return (x_corral_user or getpass.getuser())[:64]
 

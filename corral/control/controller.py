@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.control.journal import Journal
@@ -48,6 +48,11 @@ from corral.states import JobState, ReplicaState, check_job_transition, check_re
 from corral.store.tables import Job
 
 log = logging.getLogger("corral.control")
+
+_JOBS = Job.__table__
+_CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
+                              _JOBS.c.cancel_requested_at.is_(None))
+          .values(state=JobState.STARTING.value, reason="None", version=_JOBS.c.version + 1).returning(_JOBS.c.id))
 
 
 def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
@@ -239,9 +244,9 @@ class Controller:
             if job is None or job.state != JobState.PENDING:
                 continue  # not ours yet or already over; the rescan looks again
             self._cancels_seen.add(job_id)
-            if self._job_to(s, job, JobState.CANCELLED, now, "cancel", "cancelled while pending"):
-                for replica in job.replicas:
-                    self._replica_to(replica, ReplicaState.KILLED, "cancel", now, ended_at=now)
+            self._job_to(job, JobState.CANCELLED, now, "cancel", "cancelled while pending")
+            for replica in job.replicas:
+                self._replica_to(replica, ReplicaState.KILLED, "cancel", now, ended_at=now)
 
     # -- 4. lifecycle -------------------------------------------------------------------
     def _evaluate(self, s: Session, job_id: int, now: float) -> None:
@@ -269,9 +274,8 @@ class Controller:
             heapq.heappush(self._timers, (decisions.wake_at, job.id))
         if decisions.end is not None:
             end = decisions.end
-            if self._job_to(s, job, end.state, now, end.cause, end.message, exit_code=end.exit_code,
-                            message=end.message):
-                self.active.pop(job.id, None)
+            self._job_to(job, end.state, now, end.cause, end.message, exit_code=end.exit_code, message=end.message)
+            self.active.pop(job.id, None)
 
     def _stop_replica(self, job: JobRec, replica: ReplicaRec, grace: float, cause: str, now: float) -> None:
         replica.stop_requested_at, replica.stop_cause = now, cause
@@ -302,7 +306,7 @@ class Controller:
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
         pool = FreePool(snapshot.nodes)
-        admitted: list[JobRec] = []
+        starts = []
         for start in plan.starts:
             try:  # the applier re-checks every allocation before it claims anything
                 for alloc in start.allocations:
@@ -310,9 +314,14 @@ class Controller:
             except ValueError:
                 log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
                 continue
+            starts.append(start)
+        claimed = self._claim(s, [start.job_id for start in starts])
+        admitted: list[JobRec] = []
+        for start in starts:
             job = self.pending.pop(start.job_id)
             self._reasons.pop(job.id, None)
-            if self._admit(s, job, start.allocations, now):
+            if job.id in claimed:
+                self._admit(job, start.allocations, now)
                 admitted.append(job)
         for job_id, reason in plan.reasons.items():
             if self._reasons.get(job_id) != reason.value:
@@ -323,12 +332,14 @@ class Controller:
             self._launch(job, [r for r in job.replicas if r.state == ReplicaState.STARTING], now)
         self._commit(s)
 
-    def _admit(self, s: Session, job: JobRec, allocations: tuple[Allocation, ...], now: float) -> bool:
-        claimed = s.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
-                                              Job.cancel_requested_at.is_(None))
-                            .values(state=JobState.STARTING.value, reason="None", version=Job.version + 1))
-        if claimed.rowcount != 1:  # cancelled or changed meanwhile: the plan is stale for it
-            return False
+    def _claim(self, s: Session, job_ids: list[int]) -> set[int]:
+        """Compare-and-swap PENDING → STARTING for a whole plan in one statement; a job
+        cancelled (or changed) since the snapshot is not returned and does not start."""
+        if not job_ids:
+            return set()
+        return set(s.connection().execute(_CLAIM, {"ids": job_ids}).scalars())
+
+    def _admit(self, job: JobRec, allocations: tuple[Allocation, ...], now: float) -> None:
         job.state = JobState.STARTING
         self.active[job.id] = job
         self.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
@@ -343,7 +354,6 @@ class Controller:
             self._allocs[replica.id] = alloc
             self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
                              gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory)
-        return True
 
     def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
         for replica in replicas:
@@ -445,20 +455,18 @@ class Controller:
         self.journal.replica(replica.id, state=new.value, **columns)
         self.journal.event(replica.job_id, now, replica.label, cause, old.value, new.value, message)
 
-    def _job_to(self, s: Session, job: JobRec, new: JobState, now: float, cause: str, event_message: str | None,
-                **columns: object) -> bool:
-        """Compare-and-swap a job's state; False if the store no longer holds the state we know."""
+    def _job_to(self, job: JobRec, new: JobState, now: float, cause: str, event_message: str | None,
+                **columns: object) -> None:
+        """Move a job the loop owns (claimed, or pending and never claimed): only this thread
+        writes job states, so the write goes through the journal like any other."""
         old = job.state
         check_job_transition(old, new)
-        values = {"state": new.value, "version": Job.version + 1, **columns}
+        job.state = new
+        values = {"state": new.value, **columns}
         if new.terminal:
             values["ended_at"] = now
-        result = s.execute(update(Job).where(Job.id == job.id, Job.state == old.value).values(**values))
-        if result.rowcount != 1:
-            return False
-        job.state = new
+        self.journal.job(job.id, **values)
         self.journal.event(job.id, now, "job", cause, old.value, new.value, event_message)
-        return True
 
 
 def find_launched(key: str) -> tuple[int, float] | None:

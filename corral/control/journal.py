@@ -13,6 +13,8 @@ from corral.store.tables import Event, Job, Replica, Task
 
 
 class Journal:
+    _statements: dict[tuple[type, frozenset[str]], Any] = {}  # built once per table and column set
+
     def __init__(self) -> None:
         self._rows: dict[type, dict[int, dict[str, Any]]] = {Job: {}, Task: {}, Replica: {}}
         self._events: list[dict[str, Any]] = []
@@ -40,11 +42,19 @@ class Journal:
             for row_id, values in rows.items():
                 by_keys[frozenset(values)].append({"id": row_id, **values})
             for keys, batch in by_keys.items():
-                # Core executemany: one prepared UPDATE for the whole batch.
-                stmt = update(table).where(table.__table__.c.id == bindparam("row_id")) \
-                    .values({k: bindparam(k) for k in keys})
-                session.connection().execute(stmt, [{"row_id": row.pop("id"), **row} for row in batch])
+                session.connection().execute(self._update(table, keys),
+                                             [{"row_id": row.pop("id"), **row} for row in batch])
             rows.clear()
         if self._events:
             session.connection().execute(insert(Event.__table__), self._events)
             self._events = []
+
+    @classmethod
+    def _update(cls, table: type, keys: frozenset[str]) -> Any:
+        """A Core executemany UPDATE by primary key (no ORM bookkeeping on the hot path)."""
+        stmt = cls._statements.get((table, keys))
+        if stmt is None:
+            core = table.__table__  # type: ignore[attr-defined]
+            stmt = update(core).where(core.c.id == bindparam("row_id")).values({k: bindparam(k) for k in keys})
+            cls._statements[(table, keys)] = stmt
+        return stmt

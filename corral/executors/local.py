@@ -22,11 +22,14 @@ from corral.executors.base import ExitCallback, Handle, Launch
 WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 rc=0
-if [ -n "$2" ]; then bash -c "$2"; rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then bash -c "$3"; rc=$?; fi
-printf '%s\n' "$rc" > "$1.tmp" && mv -f "$1.tmp" "$1"
+if [ -n "$2" ]; then (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script"); rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$3" ]; then (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script"); rc=$?; fi
+printf '%s\n' "$rc" > "$1"
 exit "$rc"
 """
+# The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
+# so they see default signal handling and no positional arguments of the wrapper. The exit
+# file is only read once the wrapper has exited, so a plain write is enough.
 
 EXIT_FILE = "exit_code"
 START_TIME_TOLERANCE_S = 0.05

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
@@ -54,7 +54,8 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
         job = repository.create_job(session, spec, user, clock())
         session.commit()
     state.controller.submitted(job)
-    return SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+    return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
 @router.get("", response_model=list[JobOut])
