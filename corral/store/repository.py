@@ -4,6 +4,7 @@ and records requests (cancel); the control loop alone moves states."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import SimpleNamespace
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, selectinload
@@ -28,35 +29,33 @@ def add_event(session: Session, job_id: int, ts: float, subject: str, cause: str
                                                  "from_state": from_state, "to_state": to_state, "message": message})
 
 
-def create_job(session: Session, spec: JobSpec, user: str, now: float) -> Job:
+def create_job(session: Session, spec: JobSpec, user: str, now: float) -> SimpleNamespace:
     """Insert a job with its tasks, replicas and first event in four Core statements (the
-    submit hot path), and return it as a detached ORM object with ids filled in."""
-    job = Job(name=spec.name, user=user, state=JobState.PENDING.value, reason="None", message=None, exit_code=None,
-              spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None,
-              ended_at=None, cancel_requested_at=None, version=0)
+    submit hot path). Returns the rows as plain objects with ids filled in, shaped like the
+    ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care."""
     conn = session.connection()
-    job.id = conn.execute(_INSERT_JOB, _columns(job, _JOBS)).scalar_one()
-    job.tasks = [Task(job_id=job.id, position=position, name=task.name, primary=task.name in spec.primary_tasks,
-                      num_nodes=task.num_nodes, gpus=task.resources.gpus, gpu_type=task.resources.gpu_type,
-                      cpus=task.resources.cpus, memory=task.resources.memory, grace_period=task.grace_period,
-                      termination_delay=spec.termination_delay.get(task.name, 0.0), termination_deadline=None,
-                      master_port=None) for position, task in enumerate(spec.tasks)]
-    job.replicas = [Replica(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
-                            state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0, pid=None,
-                            pid_started_at=None, exit_code=None, restarts=0, started_at=None, ended_at=None,
-                            stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None)
+    job = SimpleNamespace(name=spec.name, user=user, state=JobState.PENDING.value, reason="None", message=None,
+                          exit_code=None, spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now,
+                          started_at=None, ended_at=None, cancel_requested_at=None, version=0)
+    job.id = conn.execute(_INSERT_JOB, vars(job)).scalar_one()
+    job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
+                                 primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,
+                                 gpus=task.resources.gpus, gpu_type=task.resources.gpu_type, cpus=task.resources.cpus,
+                                 memory=task.resources.memory, grace_period=task.grace_period,
+                                 termination_delay=spec.termination_delay.get(task.name, 0.0),
+                                 termination_deadline=None, master_port=None)
+                 for position, task in enumerate(spec.tasks)]
+    job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
+                                    state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
+                                    pid=None, pid_started_at=None, exit_code=None, restarts=0, started_at=None,
+                                    ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None)
                     for t in job.tasks for rank in range(t.num_nodes)]
-    for stmt, table, objects in ((_INSERT_TASKS, _TASKS, job.tasks), (_INSERT_REPLICAS, _REPLICAS, job.replicas)):
-        ids = conn.execute(stmt, [_columns(o, table) for o in objects]).scalars().all()
-        for obj, new_id in zip(objects, ids):
-            obj.id = new_id
+    for stmt, rows in ((_INSERT_TASKS, job.tasks), (_INSERT_REPLICAS, job.replicas)):
+        for row, new_id in zip(rows, conn.execute(stmt, [vars(r) for r in rows]).scalars().all()):
+            row.id = new_id
     add_event(session, job.id, now, "job", "submitted", None, JobState.PENDING.value,
               f"submitted by {user}: {len(spec.tasks)} task(s), {len(job.replicas)} replica(s)")
     return job
-
-
-def _columns(obj: object, table) -> dict:
-    return {c.name: getattr(obj, c.key) for c in table.columns if c.name != "id"}
 
 
 def load_job(session: Session, job_id: int) -> Job | None:
