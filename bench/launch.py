@@ -102,10 +102,10 @@ def cli_latency(env: dict[str, str], work: Path, samples: int) -> list[float]:
 
 
 def corral_throughput(client: Client, n: int) -> dict[str, float]:
-    text = "name: t\nresources: {accelerators: H100:1}\nrun: 'true'\n"
+    text = "resources: {accelerators: H100:1}\nrun: 'true'\n"
     t0 = time.time()
-    for _ in range(n):
-        client.submit(text)
+    for i in range(n):
+        client.submit(text, name=f"t-{i}")
     t_sub = time.time()
     t_done = wait_idle(client)
     return {"submit_per_s": n / (t_sub - t0), "complete_per_s": n / (t_done - t0), "total_s": t_done - t0}

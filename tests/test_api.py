@@ -66,7 +66,9 @@ name: trainer
 num_nodes: 2
 resources: {{accelerators: H100:2}}
 envs: {{GREETING: hi}}
-run: env | grep -E '^(CORRAL|SKYPILOT|CUDA|MASTER|GREETING)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA
+run: |
+  env | grep -E '^(CORRAL|SKYPILOT|CUDA|MASTER|GREETING)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA
+  printf '%s' "$CORRAL_NODE_IPS" | tr '\n' ',' > {out}/../ips-$CORRAL_REPLICA
 ---
 name: helper
 run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA; sleep 60
@@ -81,7 +83,10 @@ run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/$CORRAL_TASK-$CORRAL
     assert t0["CORRAL_NUM_REPLICAS"] == "2" and t0["SKYPILOT_NUM_NODES"] == "2"
     assert t0["SKYPILOT_JOBGROUP_NAME"] == "grp" == t0["CORRAL_JOBGROUP_NAME"]
     assert t0["SKYPILOT_NUM_GPUS_PER_NODE"] == "2" and t0["GREETING"] == "hi"
-    assert t0["MASTER_PORT"] == t1["MASTER_PORT"] and t0["MASTER_ADDR"] == "127.0.0.1"
+    assert t0["MASTER_PORT"] == t1["MASTER_PORT"]
+    assert t0["MASTER_ADDR"] == t1["MASTER_ADDR"] == t0["CORRAL_ADDR"] != t1["CORRAL_ADDR"]
+    ips = (tmp_path / "ips-1").read_text()
+    assert ips == f"{t0['CORRAL_ADDR']},{t1['CORRAL_ADDR']}" == (tmp_path / "ips-0").read_text()
     assert t0["CORRAL_JOB_ID"] == str(job["id"])
     assert helper["CUDA_VISIBLE_DEVICES"] == ""
     gpus0 = set(t0["CUDA_VISIBLE_DEVICES"].split(","))
@@ -181,8 +186,8 @@ run: |
 
 
 def test_cancel_pending_job(server) -> None:
-    blocker = submit(server, "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
-    waiting = submit(server, "resources: {accelerators: H100:1}\nrun: echo never\n")
+    blocker = submit(server, "name: blocker\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
+    waiting = submit(server, "name: waiting\nresources: {accelerators: H100:1}\nrun: echo never\n")
     wait_state(server, blocker["id"], "RUNNING")
     assert wait_state(server, waiting["id"], "PENDING")["reason"] in ("Resources", "None")
     server.post(f"/v1/jobs/{waiting['id']}/cancel")
@@ -209,6 +214,17 @@ run: echo b1
     one = server.get(f"/v1/jobs/{job['id']}/logs", params={"replica": "a-0"}).text
     assert one == "a1\na2\na3\n"
     assert server.get(f"/v1/jobs/{job['id']}/logs", params={"replica": "zz-0"}).status_code == 404
+
+
+def test_active_job_names_are_unique_per_user(server) -> None:
+    first = submit(server, "name: dup\nrun: sleep 30\n")
+    clash = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"})
+    assert clash.status_code == 409 and f"job {first['id']}" in clash.json()["detail"]["message"]
+    other_user = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}, headers={"X-Corral-User": "bob"})
+    assert other_user.status_code == 201
+    server.post(f"/v1/jobs/{first['id']}/cancel")
+    wait_state(server, first["id"], "CANCELLED")
+    assert server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}).status_code == 201
 
 
 def test_list_filters_and_unknown_job(server) -> None:

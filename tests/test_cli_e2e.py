@@ -87,7 +87,7 @@ def test_invalid_file_reports_file_line_and_field(corral, tmp_path: Path) -> Non
 
 def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:
     long = write(tmp_path, "long.yaml", "name: sleeper\nresources: {accelerators: H100:4}\nrun: sleep 60\n")
-    ids = [corral("launch", "-d", str(long), check=True).stdout.strip() for _ in range(3)]
+    ids = [corral("launch", "-d", "--name", f"sleeper{i}", str(long), check=True).stdout.strip() for i in range(3)]
     wait_for(lambda: status(corral, ids[1])["state"] == "RUNNING")
     table = corral("queue", check=True).stdout
     assert "ID" in table and "REASON" in table and "sleeper" in table and "Resources" in table
@@ -190,3 +190,34 @@ run: |
     history = json.loads(corral("queue", "--all", "--json", check=True).stdout)
     assert {j["name"]: j["state"] for j in history} == {"survivor": "SUCCEEDED", "shortlived": "FAILED",
                                                         "waiter": "SUCCEEDED"}
+
+
+def test_server_crash_recovers_and_reports_replicas_lost_while_down(corral, tmp_path: Path) -> None:
+    release = tmp_path / "release"
+    spec = write(tmp_path, "g.yaml", f"""
+name: crashy
+execution: parallel
+primary_tasks: [main]
+---
+name: main
+run: while [ ! -f {release} ]; do sleep 0.05; done
+---
+name: side
+run: sleep 120
+""")
+    job_id = corral("launch", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: status(corral, job_id)["state"] == "RUNNING")
+    side_pid = status(corral, job_id)["tasks"][1]["replicas"][0]["pid"]
+    info = json.loads((corral.home / "server.json").read_text())
+    os.kill(info["pid"], signal.SIGKILL)  # a crash, not a clean stop
+    wait_for(lambda: corral("server", "status").returncode == 1)
+    os.killpg(side_pid, signal.SIGKILL)  # dies while no server runs, leaving no exit code
+    release.touch()
+    wait_for(lambda: status(corral, job_id)["state"] in ("FAILED", "SUCCEEDED"), timeout=20)
+    data = status(corral, job_id)
+    main, side = (t["replicas"][0] for t in data["tasks"])
+    assert main["state"] == "SUCCEEDED" and main["exit_code"] == 0
+    assert side["state"] == "FAILED" and side["exit_code"] is None
+    assert data["state"] == "FAILED"
+    causes = {(e["subject"], e["cause"]) for e in json.loads(corral("events", job_id, "--json", check=True).stdout)}
+    assert ("side-0", "lost") in causes and ("main-0", "adopted") in causes

@@ -32,11 +32,14 @@ class SpecIssueOut(BaseModel):
 class ReplicaOut(BaseModel):
     rank: int
     state: str
+    ready: bool
     hostname: str
+    addr: str | None
     node: str | None
     pid: int | None
     gpus: list[int]
     exit_code: int | None
+    last_exit_code: int | None
     restarts: int
     started_at: datetime | None
     ended_at: datetime | None
@@ -87,9 +90,10 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
                    gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
                    termination_delay=task.termination_delay,
-                   replicas=[ReplicaOut(rank=r.rank, state=r.state, hostname=f"{r.task}-{r.rank}.{job.name}",
+                   replicas=[ReplicaOut(rank=r.rank, state=r.state, ready=bool(r.ready),
+                                        hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
                                         node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code,
-                                        restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at),
+                                        last_exit_code=r.last_exit_code, restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at),
                                         log_path=r.log_path) for r in replicas])
 
 

@@ -33,7 +33,7 @@ def _fail(exc: CorralError, source: str | None = None) -> None:
         where = f"{source or ''}:{issue['line']}: " if issue.get("line") else ""
         field = f"{issue['field']}: " if issue.get("field") else ""
         err.print(f"  {where}{issue['document']}: {field}{issue['message']}", markup=False)
-    sys.exit(2 if exc.status in (400, 404, 422) or exc.errors else 1)
+    sys.exit(2 if exc.status in (400, 404, 409, 422) or exc.errors else 1)
 
 
 def _age(iso: str | None) -> str:

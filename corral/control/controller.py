@@ -36,10 +36,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
+from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec, load_records, record_of
+from corral.control.services import ServicesMixin
 from corral.executors.base import Handle, Launch
 from corral.executors.local import EXIT_FILE, LocalExecutor
 from corral.pool import NodeSpec
+from corral.runtime.discovery import loopback_address
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import Allocation, NodeView, Policy, Snapshot, schedule
 from corral.scheduler.placement import FreePool
@@ -66,7 +69,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Controller:
+class Controller(ServicesMixin):
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], nodes: list[NodeSpec],
                  clock: Callable[[], float] = time.time, policy: Policy = Policy(),
                  write_lock: threading.RLock | None = None):
@@ -94,10 +97,12 @@ class Controller:
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
+        self._ended: dict[int, JobRec] = {}  # ended this cycle (their files are written once more)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        self._init_services()
 
     # -- the loop ------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,6 +116,7 @@ class Controller:
         self._wake.set()
         if self._thread:
             self._thread.join(timeout=10)
+        self.prober.close()
         self.executor.close()
 
     def notify(self) -> None:
@@ -170,13 +176,20 @@ class Controller:
                 self._ingest(s)
                 cancels += self._requested_cancels(s)
             self._collect_exits(now)
+            self._collect_probe_results(now)
             self._collect_cancels(s, cancels, now)
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
-            for job_id in sorted(self._dirty):
-                self._evaluate(s, job_id, now)
-            self._dirty.clear()
+            dirty, self._dirty = self._dirty, set()
+            for job_id in sorted(dirty):
+                self._evaluate(job_id, now)
             self._schedule(s, now)
+            self._commit(s)  # STARTING is durable before any process exists
+            self._launch_ready(now)
+            self._commit(s)
+        self._publish_marked(now)
+        if self._dirty or self._launch_check:  # work found while working: look again at once
+            self._wake.set()
 
     def _commit(self, s: Session) -> None:
         if self.journal:
@@ -210,9 +223,17 @@ class Controller:
             if job is None:
                 continue
             self._handles.pop(replica_id, None)
+            self._forget_probes(handle.key)
             replica = next(r for r in job.replicas if r.id == replica_id)
             if replica.state.terminal:
                 continue
+            self._publish.add(job.id)
+            if startorder.waiting(job):
+                self._launch_check.add(job.id)  # a task may wait for this one to succeed
+            self._dirty.add(job.id)
+            if replica.stop_requested_at is None and self._maybe_restart(job, replica, code, now):
+                continue
+            replica.ready = False
             if replica.stop_requested_at is not None:
                 new, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
             elif code == 0:
@@ -221,8 +242,7 @@ class Controller:
                 new, cause = ReplicaState.FAILED, "exited" if code is not None else "lost"
             message = (f"exit code {code}" if code is not None else
                        "the process ended while corral was down and left no exit code")
-            self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now)
-            self._dirty.add(job.id)
+            self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False)
 
     # -- 3. cancels ---------------------------------------------------------------------
     def _requested_cancels(self, s: Session) -> list[int]:
@@ -249,10 +269,12 @@ class Controller:
                 self._replica_to(replica, ReplicaState.KILLED, "cancel", now, ended_at=now)
 
     # -- 4. lifecycle -------------------------------------------------------------------
-    def _evaluate(self, s: Session, job_id: int, now: float) -> None:
+    def _evaluate(self, job_id: int, now: float) -> None:
         job = self.active.get(job_id)
         if job is None:
             return
+        self._start_due_restarts(job, now)
+        self._fail_blocked(job, now)
         for replica in job.replicas:  # grace periods that ran out
             if replica.kill_at is not None and replica.kill_at <= now and replica.id in self._handles:
                 if self.executor.signal(self._handles[replica.id], signal.SIGKILL):
@@ -268,27 +290,24 @@ class Controller:
                                message=f"primaries done; stopping {d.task} in {d.deadline - now:.1f}s")
         by_id = {r.id: r for r in job.replicas}
         for stop in decisions.stops:
-            replica = by_id[stop.replica_id]
-            self._stop_replica(job, replica, job.task(replica.task).grace_period, stop.cause, now)
+            self._stop_replica(job, by_id[stop.replica_id], stop.cause, now)
         if decisions.wake_at is not None:
             heapq.heappush(self._timers, (decisions.wake_at, job.id))
         if decisions.end is not None:
             end = decisions.end
             self._job_to(job, end.state, now, end.cause, end.message, exit_code=end.exit_code, message=end.message)
-            self.active.pop(job.id, None)
+            self._ended[job.id] = self.active.pop(job.id)
+            self._publish.add(job.id)
 
-    def _stop_replica(self, job: JobRec, replica: ReplicaRec, grace: float, cause: str, now: float) -> None:
+    def _stop_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float) -> None:
         replica.stop_requested_at, replica.stop_cause = now, cause
         self.journal.replica(replica.id, stop_requested_at=now, stop_cause=cause)
-        handle = self._handles.get(replica.id)
-        if handle is not None and self.executor.signal(handle, signal.SIGTERM):
-            replica.kill_at = now + grace
-            self.journal.replica(replica.id, kill_at=replica.kill_at)
-            heapq.heappush(self._timers, (replica.kill_at, job.id))
-            self.journal.event(job.id, now, replica.label, cause, message=f"SIGTERM sent; SIGKILL after {grace:g}s")
-        elif handle is None:  # nothing runs for it (never launched)
-            self._replica_to(replica, ReplicaState.KILLED, cause, now, ended_at=now)
-        # else: the process already exited; its exit report is on its way
+        if self._handles.get(replica.id) is None:  # nothing runs for it (waiting, or between restarts)
+            self._replica_to(replica, ReplicaState.KILLED, cause, now, ended_at=now, ready=False)
+            self._publish.add(job.id)
+        else:
+            self._signal_replica(job, replica, cause, now, "stop requested")
+        # if the signal found the process gone, its exit report is on its way
 
     # -- 5. schedule --------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -301,7 +320,6 @@ class Controller:
 
     def _schedule(self, s: Session, now: float) -> None:
         if not self.pending:
-            self._commit(s)
             return
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
@@ -316,21 +334,15 @@ class Controller:
                 continue
             starts.append(start)
         claimed = self._claim(s, [start.job_id for start in starts])
-        admitted: list[JobRec] = []
         for start in starts:
             job = self.pending.pop(start.job_id)
             self._reasons.pop(job.id, None)
             if job.id in claimed:
                 self._admit(job, start.allocations, now)
-                admitted.append(job)
         for job_id, reason in plan.reasons.items():
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value
                 self.journal.job(job_id, reason=reason.value)
-        self._commit(s)  # STARTING is durable before any process exists
-        for job in admitted:
-            self._launch(job, [r for r in job.replicas if r.state == ReplicaState.STARTING], now)
-        self._commit(s)
 
     def _claim(self, s: Session, job_ids: list[int]) -> set[int]:
         """Compare-and-swap PENDING → STARTING for a whole plan in one statement; a job
@@ -351,9 +363,23 @@ class Controller:
         for replica in job.replicas:
             alloc = by_slot[(replica.task, replica.rank)]
             replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
+            replica.addr = loopback_address(replica.id)
             self._allocs[replica.id] = alloc
             self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
-                             gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory)
+                             gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr)
+        self._launch_check.add(job.id)
+
+    def _launch_ready(self, now: float) -> None:
+        """Launch every placed replica whose start order allows it (after the commit that
+        made its STARTING state durable)."""
+        checks, self._launch_check = self._launch_check, set()
+        for job_id in sorted(checks):
+            job = self.active.get(job_id)
+            replicas = startorder.launchable(job) if job is not None else []
+            if replicas:
+                if not (self._job_dir(job.id) / "hosts").exists():
+                    self._publish_job(job, now)  # peers can be found from the first instant
+                self._launch(job, replicas, now)
 
     def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
         for replica in replicas:
@@ -366,10 +392,16 @@ class Controller:
                 continue
             self._track(job, replica, handle)
             replica.pid, replica.pid_started_at = handle.pid, handle.started_at
-            self._replica_to(replica, ReplicaState.RUNNING, "launched", now, f"pid {handle.pid} on {replica.node}",
+            replica.ready = job.task(replica.task).service.readiness_probe is None
+            self._replica_to(replica, ReplicaState.RUNNING, "launched", now,
+                             f"pid {handle.pid} on {replica.node} at {replica.addr}",
                              pid=handle.pid, pid_started_at=handle.started_at, started_at=now,
-                             log_path=str(launch.log_path))
+                             log_path=str(launch.log_path), ready=replica.ready, kill_at=None)
+            self._watch_probes(job, replica, launch.env, launch.cwd)
             self.executor.watch(handle)
+            self._publish.add(job.id)
+        if startorder.waiting(job):
+            self._launch_check.add(job.id)  # others may wait for these to start
         if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
             job.state = JobState.RUNNING
             self.journal.job(job.id, state=JobState.RUNNING.value, started_at=now)
@@ -383,11 +415,13 @@ class Controller:
         envs = {**task.spec.get("envs", {}), **task.spec.get("secrets", {})}
         ctx = ReplicaContext(
             job_id=job.id, job_name=job.name, is_group=job.is_group, task=replica.task, rank=replica.rank,
-            num_replicas=task.num_nodes, node=replica.node or "", node_ips=("127.0.0.1",) * task.num_nodes,
-            addr="127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
+            num_replicas=task.num_nodes, node=replica.node or "",
+            node_ips=tuple(r.addr or "127.0.0.1" for r in job.replicas_of(replica.task)),
+            addr=replica.addr or "127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
             user=job.user, task_envs=tuple(sorted(envs.items())))
         env = replica_env(self.base_env, ctx)
+        env.update(self._discovery_env(job, replica))
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
         return Launch(key=replica.launch_key, run_dir=self._run_dir(replica), log_path=self._log_path(replica),
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env, cwd=task.spec.get("workdir"))
@@ -400,25 +434,32 @@ class Controller:
 
     # -- recovery -----------------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild memory from the store after a (re)start: adopt live replicas, record exits
-        that happened while the server was down, launch STARTING replicas that never ran."""
+        """Rebuild memory from the store after a (re)start: adopt live replicas (and their
+        probes), record exits that happened while the server was down, re-arm kill and
+        restart deadlines. Replicas placed but never launched are launched by the next
+        cycle once their start order allows, and only after a search for their launch key
+        shows no process was started for them before the crash."""
         now = self.clock()
         with self.write_lock, self.sessions() as s:
             ids = list(s.scalars(select(Job.id).where(Job.state.in_([JobState.STARTING.value,
                                                                       JobState.RUNNING.value]))))
             self.active = load_records(s, ids)
-            unlaunched: dict[int, list[ReplicaRec]] = {}
             to_watch: list[Handle] = []
             for job in self.active.values():
                 self._dirty.add(job.id)
+                self._launch_check.add(job.id)
+                self._publish.add(job.id)
                 for replica in job.replicas:
-                    if replica.state not in (ReplicaState.STARTING, ReplicaState.RUNNING) or replica.node is None:
+                    live = (ReplicaState.STARTING, ReplicaState.RUNNING, ReplicaState.RESTARTING)
+                    if replica.state not in live or replica.node is None:
                         continue
                     self._allocs[replica.id] = replica.allocation()
+                    if replica.state == ReplicaState.RESTARTING:
+                        heapq.heappush(self._timers, (replica.restart_at or now, job.id))
+                        continue
                     if replica.pid is None:
                         found = find_launched(replica.launch_key)
                         if found is None and not (self._run_dir(replica) / EXIT_FILE).exists():
-                            unlaunched.setdefault(job.id, []).append(replica)
                             continue
                         replica.pid, replica.pid_started_at = found or (0, 0.0)
                         self._replica_to(replica, ReplicaState.RUNNING, "adopted", now, pid=replica.pid,
@@ -429,13 +470,12 @@ class Controller:
                                     self._run_dir(replica))
                     self._track(job, replica, handle)
                     to_watch.append(handle)
+                    launch = self._launch_for(job, replica)
+                    self._watch_probes(job, replica, launch.env, launch.cwd)
                     self.journal.event(job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
             self._commit(s)
             for handle in to_watch:
                 self.executor.watch(handle)  # an exit while we were down is reported at once
-            for job_id, replicas in unlaunched.items():
-                self._launch(self.active[job_id], replicas, now)
-            self._commit(s)
         self._wake.set()
 
     # -- state changes ------------------------------------------------------------------

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from corral.control.lifecycle import JobView, ReplicaView, TaskView
 from corral.scheduler import Allocation, PendingJob, TaskRequest
+from corral.spec.models import TaskSpec
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job, Replica, Task
 
@@ -30,7 +31,12 @@ class TaskRec:
     termination_delay: float
     termination_deadline: float | None
     master_port: int | None
-    spec: dict  # the task as submitted: setup, run, envs, secrets, workdir
+    spec: dict  # the task as submitted: setup, run, envs, ports, probes, restart …
+
+    @cached_property
+    def service(self) -> TaskSpec:
+        """The validated service semantics (probes, restart policy, ports, signals)."""
+        return TaskSpec.model_validate(self.spec)
 
 
 @dataclass
@@ -51,6 +57,10 @@ class ReplicaRec:
     stop_requested_at: float | None = None
     stop_cause: str | None = None
     kill_at: float | None = None
+    addr: str | None = None
+    ready: bool = False
+    restart_at: float | None = None
+    last_exit_code: int | None = None
 
     @property
     def label(self) -> str:
@@ -78,6 +88,9 @@ class JobRec:
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
+
+    def replicas_of(self, task: str) -> list[ReplicaRec]:
+        return [r for r in self.replicas if r.task == task]
 
     @cached_property
     def request(self) -> PendingJob:
@@ -124,5 +137,6 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
                                  .order_by(Replica.job_id, Replica.task_position, Replica.rank)):
             out[r.job_id].replicas.append(ReplicaRec(
                 r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), r.node, tuple(r.gpus or ()), r.cpus, r.memory,
-                r.pid, r.pid_started_at, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at))
+                r.pid, r.pid_started_at, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at,
+                r.addr, r.ready, r.restart_at, r.last_exit_code))
     return out

@@ -91,6 +91,9 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         if issues:
             raise SpecError(issues, source)
         task_name = tasks[0].name or job_name
+        if tasks and tasks[0].depends_on:
+            issues.append(SpecIssue(_doc_label(task_docs[0], 1), "depends_on", task_docs[0].line_of(("depends_on",)),
+                                    "a plain job has one task: there is nothing to depend on"))
         spec = JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=(task_name,),
                        termination_delay={task_name: 0.0}, group=False)
     else:
@@ -149,6 +152,7 @@ def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], i
         if primary not in names:
             issues.append(SpecIssue(label, f"primary_tasks[{i}]", header.line_of(("primary_tasks", i)),
                                     f"no task is named {primary!r}{_suggest(primary, set(names))}"))
+    _check_dependencies(task_docs, tasks, names, issues)
     delay = head.termination_delay
     delays: dict[str, float]
     if isinstance(delay, dict):
@@ -165,6 +169,41 @@ def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], i
     job_name = name or head.name or _safe_name(default_name)
     return JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=tuple(primaries),
                    termination_delay=delays, group=True)
+
+
+def _check_dependencies(task_docs: list[Document], tasks: list[TaskSpec], names: list[str],
+                        issues: list[SpecIssue]) -> None:
+    """Every ``depends_on`` names another task of the group, and the order has no cycle."""
+    graph: dict[str, set[str]] = {}
+    for doc, task in zip(task_docs, tasks):
+        graph[task.name] = set()
+        for i, dep in enumerate(task.depends_on):
+            line = doc.line_of(("depends_on", i, "task"))
+            if dep.task == task.name:
+                issues.append(SpecIssue(_doc_label(doc, 0), f"depends_on[{i}].task", line, "a task cannot depend on itself"))
+            elif dep.task not in names:
+                issues.append(SpecIssue(_doc_label(doc, 0), f"depends_on[{i}].task", line,
+                                        f"no task is named {dep.task!r}{_suggest(dep.task, set(names))}"))
+            else:
+                graph[task.name].add(dep.task)
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for nxt in sorted(graph.get(name, ())):
+            if state.get(nxt) == 1:
+                return path + [name, nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [name])):
+                return cycle
+        state[name] = 2
+        return None
+
+    for name in graph:
+        if name not in state and (cycle := visit(name, [])):
+            doc = next(d for d, t in zip(task_docs, tasks) if t.name == cycle[0])
+            issues.append(SpecIssue(_doc_label(doc, 0), "depends_on", doc.line_of(("depends_on",)),
+                                    f"start order has a cycle: {' -> '.join(cycle[cycle.index(cycle[-1]):])}"))
+            return
 
 
 def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues: list[SpecIssue],

@@ -8,9 +8,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
+                      model_validator)
 
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
+from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, SignalName, WarnBeforeTimeout, check_ports,
+                                 resolve_port)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -60,6 +63,11 @@ class Resources(BaseModel):
     def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
         return _drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
 
+    @field_serializer("accelerators")
+    def _dump_accelerators(self, value: tuple[str | None, int]) -> str | int:
+        # Dumped in the written form, so a stored spec validates again unchanged.
+        return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
+
     @property
     def gpu_type(self) -> str | None:
         return self.accelerators[0]
@@ -93,14 +101,47 @@ class TaskSpec(BaseModel):
     setup: str | None = None
     run: str | None = None
     workdir: str | None = None
+    # service semantics (corral/spec/service.py)
+    ports: Ports = {}
+    readiness_probe: Probe | None = None
+    liveness_probe: Probe | None = None
+    depends_on: list[Dependency] = []
+    restart: RestartPolicy = RestartPolicy()
+    stop_signal: SignalName = "SIGTERM"
     grace_period: Duration = DEFAULT_GRACE_S
+    time_limit: Duration | None = None
+    signal_before_timeout: WarnBeforeTimeout | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict) and data.get("resources") is None and "resources" in data:
             data = {k: v for k, v in data.items() if k != "resources"}
+        if isinstance(data, dict) and isinstance(data.get("resources"), dict) and "ports" in data["resources"]:
+            # SkyPilot puts ports under resources; corral reads them from there too.
+            resources = dict(data["resources"])
+            data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
         return _drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: dict[str, int]) -> dict[str, int]:
+        return check_ports(value)
+
+    @field_validator("readiness_probe", "liveness_probe")
+    @classmethod
+    def _probe_port(cls, probe: Probe | None, info: ValidationInfo) -> Probe | None:
+        ref = None if probe is None else probe.tcp if probe.tcp is not None else probe.http.port if probe.http else None
+        if ref is not None:
+            resolve_port(ref, info.data.get("ports") or {})
+        return probe
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError("time_limit must be > 0")
+        return value
 
     @field_validator("name")
     @classmethod

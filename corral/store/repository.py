@@ -48,7 +48,8 @@ def create_job(session: Session, spec: JobSpec, user: str, now: float) -> Simple
     job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
                                     state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
                                     pid=None, pid_started_at=None, exit_code=None, restarts=0, started_at=None,
-                                    ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None)
+                                    ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None,
+                                    addr=None, ready=False, restart_at=None, last_exit_code=None)
                     for t in job.tasks for rank in range(t.num_nodes)]
     for stmt, rows in ((_INSERT_TASKS, job.tasks), (_INSERT_REPLICAS, job.replicas)):
         for row, new_id in zip(rows, conn.execute(stmt, [vars(r) for r in rows]).scalars().all()):
@@ -56,6 +57,11 @@ def create_job(session: Session, spec: JobSpec, user: str, now: float) -> Simple
     add_event(session, job.id, now, "job", "submitted", None, JobState.PENDING.value,
               f"submitted by {user}: {len(spec.tasks)} task(s), {len(job.replicas)} replica(s)")
     return job
+
+
+def active_job_named(session: Session, name: str, user: str) -> int | None:
+    return session.scalars(select(Job.id).where(Job.name == name, Job.user == user, Job.state.not_in(TERMINAL))
+                           .limit(1)).first()
 
 
 def load_job(session: Session, job_id: int) -> Job | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, Boolean, false, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -40,7 +40,7 @@ class Job(Base):
     replicas: Mapped[list[Replica]] = relationship(back_populates="job", order_by=lambda: (Replica.task_position, Replica.rank),
                                                    cascade="all, delete-orphan")
 
-    __table_args__ = (Index("ix_jobs_state_id", "state", "id"),)
+    __table_args__ = (Index("ix_jobs_state_id", "state", "id"), Index("ix_jobs_user_name", "user", "name"))
 
 
 class Task(Base):
@@ -90,6 +90,11 @@ class Replica(Base):
     stop_cause: Mapped[str | None] = mapped_column(String(128), nullable=True)
     kill_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     log_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    addr: Mapped[str | None] = mapped_column(String(45), nullable=True)
+    ready: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # When a replica waiting to restart (RESTARTING) is due; persisted so backoff survives restarts.
+    restart_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)  # of the previous attempt
 
     job: Mapped[Job] = relationship(back_populates="replicas")
 

@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
 from corral.api.schemas import CancelResponse, EventOut, JobOut, SubmitRequest, SubmitResponse
 from corral.control.controller import node_views
+from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.placement import why_infeasible
@@ -50,7 +51,13 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this pool", "errors": [
                 {"document": "job", "field": "resources", "line": None, "message": reason}]}})
-    with state.controller.write_lock:
+    with state.controller.write_lock:  # the name check and the insert are one step
+        clash = repository.active_job_named(session, spec.name, user)
+        if clash is not None:
+            return JSONResponse(status_code=409, content={"detail": {
+                "message": f"you already have an active job named {spec.name!r} (job {clash}); replica names "
+                           f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
+                           f"(--name) or cancel job {clash}", "errors": []}})
         job = repository.create_job(session, spec, user, clock())
         session.commit()
     state.controller.submitted(job)
@@ -83,6 +90,19 @@ def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock:
     if changed:
         state.controller.cancel_requested(found.id)
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+
+
+@router.get("/{job}/endpoints")
+def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
+    """Every replica of every task with rank, name, address, ports, state and readiness:
+    the same document as the job's CORRAL_PEERS_FILE."""
+    found = _job_or_404(session, job)
+    specs = {t["name"]: t for t in found.spec["tasks"]}
+    tasks = [{"name": t.name, "ports": specs[t.name].get("ports") or {},
+              "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
+                            "restarts": r.restarts} for r in found.replicas if r.task == t.name]}
+             for t in found.tasks]
+    return peers_document(found.id, found.name, tasks, clock())
 
 
 @router.get("/{job}/events", response_model=list[EventOut])

@@ -1,0 +1,149 @@
+"""The service half of the control loop (mixed into ``Controller``): what makes a job group
+more than a batch job. Readiness and liveness probes, per-replica restarts with backoff
+that keep the name, address and GPUs, start ordering by ``depends_on``, and the discovery
+files peers read. Kept apart from the scheduling half so each stays readable; both run on
+the loop's one thread and share its records and journal."""
+
+from __future__ import annotations
+
+import heapq
+import os
+from collections import deque
+from pathlib import Path
+
+from corral.control import startorder
+from corral.control.records import JobRec, ReplicaRec
+from corral.runtime.discovery import RESOLVER_DIR, peers_document, write_discovery
+from corral.runtime.probes import Prober, ProbeTarget
+from corral.spec.service import signal_number
+from corral.states import ReplicaState
+
+
+class ServicesMixin:
+    def _init_services(self) -> None:
+        self.prober = Prober(self._on_probe)
+        self._probe_results: deque[tuple[ProbeTarget, bool, str]] = deque()
+        self._probe_streaks: dict[tuple[str, str], tuple[int, int]] = {}  # (key, kind) -> (oks, fails) in a row
+        self._publish: set[int] = set()  # jobs whose discovery files are stale
+        self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
+
+    def _on_probe(self, target: ProbeTarget, ok: bool, detail: str) -> None:  # prober threads
+        self._probe_results.append((target, ok, detail))
+        self._wake.set()
+
+    # -- discovery ------------------------------------------------------------------------
+    def _job_dir(self, job_id: int) -> Path:
+        return self.settings.runs_dir / str(job_id)
+
+    def _publish_job(self, job: JobRec, now: float) -> None:
+        tasks = [{"name": t.name, "ports": t.service.ports,
+                  "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state.value, "ready": r.ready,
+                                "restarts": r.restarts} for r in job.replicas_of(t.name)]} for t in job.tasks]
+        write_discovery(self._job_dir(job.id), peers_document(job.id, job.name, tasks, now))
+
+    def _publish_marked(self, now: float) -> None:
+        for job_id in sorted(self._publish):
+            job = self.active.get(job_id) or self._ended.get(job_id)
+            if job is not None:
+                self._publish_job(job, now)
+        self._publish.clear()
+        self._ended.clear()
+
+    def _discovery_env(self, job: JobRec, replica: ReplicaRec) -> dict[str, str]:
+        directory = self._job_dir(job.id)
+        env = {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json")}
+        for name, port in job.task(replica.task).service.ports.items():
+            env[f"CORRAL_PORT_{name.upper()}"] = str(port)
+        path = self.base_env.get("PYTHONPATH")
+        env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
+        return env
+
+    # -- probes ---------------------------------------------------------------------------
+    def _watch_probes(self, job: JobRec, replica: ReplicaRec, env: dict[str, str], cwd: str | None) -> None:
+        service = job.task(replica.task).service
+        for kind, probe in (("readiness", service.readiness_probe), ("liveness", service.liveness_probe)):
+            if probe is not None:
+                self.prober.watch(ProbeTarget(replica.launch_key, kind, probe, replica.addr or "127.0.0.1",
+                                              service.ports, env, cwd))
+
+    def _forget_probes(self, key: str) -> None:
+        self.prober.forget(key)
+        for kind in ("readiness", "liveness"):
+            self._probe_streaks.pop((key, kind), None)
+
+    def _collect_probe_results(self, now: float) -> None:
+        while self._probe_results:
+            target, ok, detail = self._probe_results.popleft()
+            job_id, replica_id = self._by_key.get(target.key, (None, None))
+            job = self.active.get(job_id)
+            if job is None:
+                continue
+            replica = next(r for r in job.replicas if r.id == replica_id)
+            if replica.state != ReplicaState.RUNNING:
+                continue
+            oks, fails = self._probe_streaks.get((target.key, target.kind), (0, 0))
+            oks, fails = (oks + 1, 0) if ok else (0, fails + 1)
+            self._probe_streaks[(target.key, target.kind)] = (oks, fails)
+            probe = target.probe
+            if target.kind == "readiness":
+                if not replica.ready and oks >= probe.success_threshold:
+                    self._set_ready(job, replica, True, now, detail)
+                elif replica.ready and fails >= probe.failure_threshold:
+                    self._set_ready(job, replica, False, now, detail)
+            elif fails >= probe.failure_threshold and replica.kill_at is None:
+                self._probe_streaks.pop((target.key, target.kind), None)
+                self._signal_replica(job, replica, "liveness_failed", now,
+                                     f"liveness probe failed {fails}x ({detail})")
+
+    def _set_ready(self, job: JobRec, replica: ReplicaRec, ready: bool, now: float, detail: str) -> None:
+        replica.ready = ready
+        self.journal.replica(replica.id, ready=ready)
+        self.journal.event(job.id, now, replica.label, "ready" if ready else "not_ready", message=detail)
+        self._publish.add(job.id)
+        if startorder.waiting(job):
+            self._launch_check.add(job.id)
+
+    def _signal_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float, message: str) -> bool:
+        """Send the task's stop signal and arm SIGKILL after its grace period."""
+        handle = self._handles.get(replica.id)
+        service = job.task(replica.task).service
+        if handle is None or not self.executor.signal(handle, signal_number(service.stop_signal)):
+            return False
+        replica.kill_at = now + service.grace_period
+        self.journal.replica(replica.id, kill_at=replica.kill_at)
+        heapq.heappush(self._timers, (replica.kill_at, job.id))
+        self.journal.event(job.id, now, replica.label, cause,
+                           message=f"{message}; {service.stop_signal} sent, SIGKILL after {service.grace_period:g}s")
+        return True
+
+    # -- restarts -------------------------------------------------------------------------
+    def _maybe_restart(self, job: JobRec, replica: ReplicaRec, code: int | None, now: float) -> bool:
+        """After an exit corral did not ask for: restart per the task's policy, keeping the
+        replica's rank, name, address and GPUs (its allocation is held meanwhile)."""
+        policy = job.task(replica.task).service.restart
+        if job.cancel_requested or not policy.should_restart(code, replica.restarts):
+            return False
+        delay = policy.backoff.delay(replica.restarts)
+        replica.restart_at, replica.ready, replica.pid = now + delay, False, None
+        why = f"exit code {code}" if code is not None else "lost while corral was down"
+        self._replica_to(replica, ReplicaState.RESTARTING, "restart_scheduled", now,
+                         f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
+                         f"(policy {policy.policy})", exit_code=code, last_exit_code=code, ended_at=now,
+                         restart_at=replica.restart_at, ready=False, pid=None, pid_started_at=None, kill_at=None)
+        heapq.heappush(self._timers, (replica.restart_at, job.id))
+        return True
+
+    def _start_due_restarts(self, job: JobRec, now: float) -> None:
+        for replica in job.replicas:
+            if replica.state == ReplicaState.RESTARTING and replica.stop_requested_at is None \
+                    and replica.restart_at is not None and replica.restart_at <= now:
+                replica.restarts += 1
+                replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
+                self._replica_to(replica, ReplicaState.STARTING, "restart", now, f"attempt {replica.restarts + 1}",
+                                 restarts=replica.restarts, restart_at=None, exit_code=None)
+                self._launch_check.add(job.id)
+
+    def _fail_blocked(self, job: JobRec, now: float) -> None:
+        for replica, why in startorder.blocked_forever(job):
+            self._replica_to(replica, ReplicaState.FAILED, "dependency_failed", now, why, ended_at=now)
+            self._dirty.add(job.id)
