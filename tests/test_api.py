@@ -68,7 +68,7 @@ resources: {{accelerators: H100:2}}
 envs: {{GREETING: hi}}
 run: |
   env | grep -E '^(CORRAL|SKYPILOT|CUDA|MASTER|GREETING)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA
-  printf '%s' "$CORRAL_NODE_IPS" | tr '\n' ',' > {out}/../ips-$CORRAL_REPLICA
+  printf '%s' "$CORRAL_NODE_IPS" | tr '\\n' ',' > {out}/../ips-$CORRAL_REPLICA
 ---
 name: helper
 run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA; sleep 60
