@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,20 @@ class Settings:
         return self.home / "runs"
 
     @property
+    def runtime_dir(self) -> Path:
+        """Per-job discovery files (hosts, peers.json), rewritten often: on tmpfs when the
+        machine has one (a rename over an existing file on ext4 costs ~1 ms), else under
+        CORRAL_HOME. One directory per CORRAL_HOME, so several homes never collide."""
+        explicit = os.environ.get("CORRAL_RUNTIME_DIR")
+        if explicit:
+            return Path(explicit)
+        shm = Path("/dev/shm")
+        if shm.is_dir() and os.access(shm, os.W_OK):
+            digest = hashlib.sha1(str(self.home).encode()).hexdigest()[:12]
+            return shm / f"corral-{os.getuid()}" / digest
+        return self.home / "run"
+
+    @property
     def checkpoints_dir(self) -> Path:
         return self.home / "checkpoints"
 
@@ -52,5 +67,5 @@ class Settings:
         return self.home / "server.log"
 
     def ensure_dirs(self) -> None:
-        for path in (self.home, self.logs_dir, self.runs_dir, self.checkpoints_dir):
+        for path in (self.home, self.logs_dir, self.runs_dir, self.checkpoints_dir, self.runtime_dir):
             path.mkdir(parents=True, exist_ok=True)

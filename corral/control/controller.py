@@ -22,6 +22,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -97,7 +98,6 @@ class Controller(ServicesMixin):
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
-        self._ended: dict[int, JobRec] = {}  # ended this cycle (their files are written once more)
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -296,8 +296,9 @@ class Controller(ServicesMixin):
         if decisions.end is not None:
             end = decisions.end
             self._job_to(job, end.state, now, end.cause, end.message, exit_code=end.exit_code, message=end.message)
-            self._ended[job.id] = self.active.pop(job.id)
-            self._publish.add(job.id)
+            self.active.pop(job.id)
+            self._publish.discard(job.id)
+            shutil.rmtree(self._job_dir(job.id), ignore_errors=True)  # tmpfs is memory: free it
 
     def _stop_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float) -> None:
         replica.stop_requested_at, replica.stop_cause = now, cause
@@ -376,9 +377,8 @@ class Controller(ServicesMixin):
         for job_id in sorted(checks):
             job = self.active.get(job_id)
             replicas = startorder.launchable(job) if job is not None else []
-            if replicas:
-                if not (self._job_dir(job.id) / "hosts").exists():
-                    self._publish_job(job, now)  # peers can be found from the first instant
+            if replicas:  # the files exist, and show these replicas, before any of them runs
+                self._publish_job(job, now, launching=frozenset(r.id for r in replicas))
                 self._launch(job, replicas, now)
 
     def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
@@ -389,6 +389,7 @@ class Controller(ServicesMixin):
             except OSError as exc:
                 self._replica_to(replica, ReplicaState.FAILED, "launch_failed", now, str(exc), ended_at=now)
                 self._dirty.add(job.id)
+                self._publish.add(job.id)
                 continue
             self._track(job, replica, handle)
             replica.pid, replica.pid_started_at = handle.pid, handle.started_at
@@ -399,7 +400,6 @@ class Controller(ServicesMixin):
                              log_path=str(launch.log_path), ready=replica.ready, kill_at=None)
             self._watch_probes(job, replica, launch.env, launch.cwd)
             self.executor.watch(handle)
-            self._publish.add(job.id)
         if startorder.waiting(job):
             self._launch_check.add(job.id)  # others may wait for these to start
         if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):

@@ -33,21 +33,29 @@ class ServicesMixin:
 
     # -- discovery ------------------------------------------------------------------------
     def _job_dir(self, job_id: int) -> Path:
-        return self.settings.runs_dir / str(job_id)
+        return self.settings.runtime_dir / str(job_id)
 
-    def _publish_job(self, job: JobRec, now: float) -> None:
+    def _publish_job(self, job: JobRec, now: float, launching: frozenset[int] = frozenset()) -> None:
+        """Write the job's discovery files. Replicas in ``launching`` are about to start and
+        are written as RUNNING already, so one write before the launch serves both the new
+        processes and their peers (a launch that fails marks the job for another write)."""
+        def state(r: ReplicaRec) -> tuple[str, bool]:
+            if r.id in launching:
+                return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_probe is None
+            return r.state.value, r.ready
+
         tasks = [{"name": t.name, "ports": t.service.ports,
-                  "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state.value, "ready": r.ready,
+                  "replicas": [{"rank": r.rank, "addr": r.addr, "state": state(r)[0], "ready": state(r)[1],
                                 "restarts": r.restarts} for r in job.replicas_of(t.name)]} for t in job.tasks]
         write_discovery(self._job_dir(job.id), peers_document(job.id, job.name, tasks, now))
+        self._publish.discard(job.id)
 
     def _publish_marked(self, now: float) -> None:
         for job_id in sorted(self._publish):
-            job = self.active.get(job_id) or self._ended.get(job_id)
+            job = self.active.get(job_id)  # an ended job has nobody left to read its files
             if job is not None:
                 self._publish_job(job, now)
         self._publish.clear()
-        self._ended.clear()
 
     def _discovery_env(self, job: JobRec, replica: ReplicaRec) -> dict[str, str]:
         directory = self._job_dir(job.id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from types import SimpleNamespace
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from corral.spec.models import JobSpec
@@ -59,9 +59,12 @@ def create_job(session: Session, spec: JobSpec, user: str, now: float) -> Simple
     return job
 
 
+_ACTIVE_NAMED = select(_JOBS.c.id).where(_JOBS.c.user == bindparam("user"), _JOBS.c.name == bindparam("name"),
+                                         _JOBS.c.state.not_in(TERMINAL)).limit(1)
+
+
 def active_job_named(session: Session, name: str, user: str) -> int | None:
-    return session.scalars(select(Job.id).where(Job.name == name, Job.user == user, Job.state.not_in(TERMINAL))
-                           .limit(1)).first()
+    return session.connection().execute(_ACTIVE_NAMED, {"user": user, "name": name}).scalar()
 
 
 def load_job(session: Session, job_id: int) -> Job | None:
