@@ -26,7 +26,8 @@ ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
-    JobState.STARTING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED}),
+    JobState.STARTING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
+                                  JobState.TIMEOUT}),
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
                                  JobState.PREEMPTED}),
     JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),

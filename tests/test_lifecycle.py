@@ -91,3 +91,17 @@ def test_transition_table_refuses_going_back() -> None:
         except TransitionError:
             continue
         raise AssertionError(f"{old}->{new} was allowed")
+
+
+def test_time_limit_stops_everything_and_ends_timeout() -> None:
+    g = group()
+    g.replicas = [r.__class__(r.id, r.task, r.rank, r.state, r.exit_code, True, True) if r.task == "rollout" and
+                  r.rank == 0 else r for r in g.replicas]
+    d = evaluate(g.build(), now=5)
+    assert {s.cause for s in d.stops} == {"job_time_limit"} and len(d.stops) == 4 and d.end is None
+    for label in ("trainer-0", "trainer-1", "rollout-1", "reward-0"):
+        g.replica(label, S.KILLED, 143, stopping=True)
+    g.replicas = [r.__class__(r.id, r.task, r.rank, S.KILLED, 137, True, True) if r.task == "rollout" and r.rank == 0
+                  else r for r in g.replicas]
+    end = evaluate(g.build(), now=6).end
+    assert end.state == JobState.TIMEOUT and "rollout-0" in end.message

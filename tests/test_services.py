@@ -204,3 +204,31 @@ run: sleep 3
     time.sleep(0.1)
     assert json.loads(peers.read_text())["tasks"]["flaky"]["replicas"][0]["restarts"] == 1
     wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=20)
+
+
+def test_time_limit_warns_then_stops_the_job_as_timeout(server, tmp_path: Path) -> None:
+    warned = tmp_path / "warned"
+    job = submit(server, f"""
+name: slowpoke
+execution: parallel
+---
+name: main
+time_limit: 1.5s
+signal_before_timeout: {{signal: USR1, seconds: 1s}}
+grace_period: 1s
+run: |
+  trap 'echo usr1 >> {warned}' USR1
+  while true; do sleep 0.05; done
+---
+name: helper
+run: sleep 60
+""")
+    start = time.monotonic()
+    done = wait_state(server, job["id"], "TIMEOUT", "FAILED", "SUCCEEDED", timeout=20)
+    assert done["state"] == "TIMEOUT", done
+    assert 1.4 <= time.monotonic() - start < 6
+    assert warned.read_text().strip() == "usr1"
+    causes = [(e["subject"], e["cause"]) for e in events(server, job["id"])]
+    assert ("main-0", "time_limit_warning") in causes and ("main-0", "time_limit") in causes
+    assert ("helper-0", "job_time_limit") in causes
+    assert "main-0 reached its task's time limit" in done["message"]

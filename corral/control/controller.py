@@ -275,6 +275,7 @@ class Controller(ServicesMixin):
             return
         self._start_due_restarts(job, now)
         self._fail_blocked(job, now)
+        self._check_time_limits(job, now)
         for replica in job.replicas:  # grace periods that ran out
             if replica.kill_at is not None and replica.kill_at <= now and replica.id in self._handles:
                 if self.executor.signal(self._handles[replica.id], signal.SIGKILL):
@@ -392,8 +393,9 @@ class Controller(ServicesMixin):
                 self._publish.add(job.id)
                 continue
             self._track(job, replica, handle)
-            replica.pid, replica.pid_started_at = handle.pid, handle.started_at
+            replica.pid, replica.pid_started_at, replica.started_at = handle.pid, handle.started_at, now
             replica.ready = job.task(replica.task).service.readiness_probe is None
+            self._arm_time_limit(job, replica)
             self._replica_to(replica, ReplicaState.RUNNING, "launched", now,
                              f"pid {handle.pid} on {replica.node} at {replica.addr}",
                              pid=handle.pid, pid_started_at=handle.started_at, started_at=now,
@@ -472,6 +474,7 @@ class Controller(ServicesMixin):
                     to_watch.append(handle)
                     launch = self._launch_for(job, replica)
                     self._watch_probes(job, replica, launch.env, launch.cwd)
+                    self._arm_time_limit(job, replica)
                     self.journal.event(job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
             self._commit(s)
             for handle in to_watch:

@@ -8,7 +8,8 @@ Rules (SkyPilot job-group semantics, with the delay persisted):
     then the job SUCCEEDS (or FAILS if an auxiliary had failed on its own);
   * a primary replica failed → every other replica stops at once, the job FAILS;
   * an auxiliary failing on its own does not stop the primaries, but the job ends FAILED;
-  * cancel → every replica stops with its grace period, the job is CANCELLED."""
+  * cancel → every replica stops with its grace period, the job is CANCELLED;
+  * a replica reaching its task's time limit → every replica stops, the job ends TIMEOUT."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ReplicaView:
     state: ReplicaState
     exit_code: int | None
     stopping: bool  # corral already asked it to stop
+    timed_out: bool = False  # stopped because its task's time limit ran out
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,14 @@ def evaluate(job: JobView, now: float) -> Decisions:
         _stop(out, live, "cancel")
         if not live:
             out.end = EndJob(JobState.CANCELLED, None, "cancel", "cancelled by request")
+        return out
+
+    timed_out = next((r for r in job.replicas if r.timed_out), None)
+    if timed_out is not None:  # like Slurm: a time limit ends the whole job
+        _stop(out, live, "job_time_limit")
+        if not live:
+            out.end = EndJob(JobState.TIMEOUT, timed_out.exit_code, "time_limit",
+                             f"replica {timed_out.task}-{timed_out.rank} reached its task's time limit")
         return out
 
     failed_primary = next((r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED), None)

@@ -61,6 +61,7 @@ class ReplicaRec:
     ready: bool = False
     restart_at: float | None = None
     last_exit_code: int | None = None
+    started_at: float | None = None  # of the current attempt
 
     @property
     def label(self) -> str:
@@ -102,8 +103,8 @@ class JobRec:
         return JobView(self.id, self.state, self.cancel_requested,
                        tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
                              for t in self.tasks),
-                       tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None)
-                             for r in self.replicas))
+                       tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
+                                         r.stop_cause == "time_limit") for r in self.replicas))
 
 
 def record_of(job: Job) -> JobRec:
@@ -138,5 +139,5 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
             out[r.job_id].replicas.append(ReplicaRec(
                 r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), r.node, tuple(r.gpus or ()), r.cpus, r.memory,
                 r.pid, r.pid_started_at, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at,
-                r.addr, r.ready, r.restart_at, r.last_exit_code))
+                r.addr, r.ready, r.restart_at, r.last_exit_code, r.started_at))
     return out

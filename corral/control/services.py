@@ -26,6 +26,7 @@ class ServicesMixin:
         self._probe_streaks: dict[tuple[str, str], tuple[int, int]] = {}  # (key, kind) -> (oks, fails) in a row
         self._publish: set[int] = set()  # jobs whose discovery files are stale
         self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
+        self._warned: set[tuple[str, str]] = set()  # (launch key, warning) already signalled
 
     def _on_probe(self, target: ProbeTarget, ok: bool, detail: str) -> None:  # prober threads
         self._probe_results.append((target, ok, detail))
@@ -123,6 +124,35 @@ class ServicesMixin:
         self.journal.event(job.id, now, replica.label, cause,
                            message=f"{message}; {service.stop_signal} sent, SIGKILL after {service.grace_period:g}s")
         return True
+
+    # -- time limits ----------------------------------------------------------------------
+    def _arm_time_limit(self, job: JobRec, replica: ReplicaRec) -> None:
+        service = job.task(replica.task).service
+        if service.time_limit is None or replica.started_at is None:
+            return
+        limit_at = replica.started_at + service.time_limit
+        heapq.heappush(self._timers, (limit_at, job.id))
+        if service.signal_before_timeout is not None:
+            heapq.heappush(self._timers, (limit_at - service.signal_before_timeout.seconds, job.id))
+
+    def _check_time_limits(self, job: JobRec, now: float) -> None:
+        """Warn (Slurm's --signal) and then stop replicas whose task's time limit ran out."""
+        for replica in job.replicas:
+            service = job.task(replica.task).service
+            if service.time_limit is None or replica.state != ReplicaState.RUNNING or replica.started_at is None \
+                    or replica.stop_requested_at is not None:
+                continue
+            limit_at = replica.started_at + service.time_limit
+            warn = service.signal_before_timeout
+            key = (replica.launch_key, "time_limit_warning")
+            if warn is not None and now >= limit_at - warn.seconds and key not in self._warned:
+                self._warned.add(key)
+                handle = self._handles.get(replica.id)
+                if handle is not None and self.executor.signal(handle, signal_number(warn.signal)):
+                    self.journal.event(job.id, now, replica.label, "time_limit_warning",
+                                       message=f"{warn.signal} sent {max(0.0, limit_at - now):.1f}s before the time limit")
+            if now >= limit_at:
+                self._stop_replica(job, replica, "time_limit", now)
 
     # -- restarts -------------------------------------------------------------------------
     def _maybe_restart(self, job: JobRec, replica: ReplicaRec, code: int | None, now: float) -> bool:
