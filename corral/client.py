@@ -75,6 +75,9 @@ class Client:
     def cancel(self, ident: str | int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/cancel")
 
+    def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{ident}/scale", json={"task": task, "replicas": replicas})
+
     def events(self, ident: str | int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{ident}/events")
 

@@ -57,6 +57,8 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.RUNNING: frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED, ReplicaState.KILLED,
                                      ReplicaState.RESTARTING}),
     ReplicaState.RESTARTING: frozenset({ReplicaState.STARTING, ReplicaState.KILLED}),
+    # A rank retired by a scale-down comes back when the task grows again.
+    ReplicaState.KILLED: frozenset({ReplicaState.PENDING}),
 }
 
 

@@ -232,3 +232,54 @@ run: sleep 60
     assert ("main-0", "time_limit_warning") in causes and ("main-0", "time_limit") in causes
     assert ("helper-0", "job_time_limit") in causes
     assert "main-0 reached its task's time limit" in done["message"]
+
+
+def test_elastic_scale_up_and_down_with_live_peers_file(server, tmp_path: Path) -> None:
+    stopped = tmp_path / "stopped"
+    job = submit(server, f"""
+name: elastic
+execution: parallel
+primary_tasks: [trainer]
+---
+name: rollout
+num_nodes: {{min: 1, max: 4, initial: 2}}
+resources: {{accelerators: H100:1}}
+stop_signal: SIGUSR1
+run: |
+  trap 'echo $CORRAL_REPLICA >> {stopped}; exit 0' USR1
+  while true; do sleep 0.05; done
+---
+name: trainer
+run: sleep 60
+""")
+    wait_state(server, job["id"], "RUNNING")
+    peers = Path(server.state.settings.runtime_dir) / str(job["id"]) / "peers.json"
+
+    def rollouts() -> list[dict]:
+        return json.loads(peers.read_text())["tasks"]["rollout"]["replicas"]
+
+    assert wait_for(lambda: len(rollouts()) == 2)
+    for bad, words in [(5, "between 1 and 4"), (0, "between 1 and 4")]:
+        response = server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": bad})
+        assert response.status_code == 422 and words in response.json()["detail"]
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "trainer", "replicas": 2}).status_code == 422
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "nope", "replicas": 2}).status_code == 404
+
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 4}).status_code == 200
+    assert wait_for(lambda: [r["state"] for r in rollouts()] == ["RUNNING"] * 4, timeout=10)
+    current = server.get(f"/v1/jobs/{job['id']}").json()
+    gpus = [tuple(r["gpus"]) + (r["node"],) for r in replicas(current, "rollout") if r["state"] == "RUNNING"]
+    assert len(set(gpus)) == 4  # each new replica got GPUs of its own
+    assert len({r["addr"] for r in rollouts()}) == 4
+
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 1}).status_code == 200
+    assert wait_for(lambda: [r["rank"] for r in rollouts()] == [0], timeout=10)
+    assert sorted(stopped.read_text().split()) == ["1", "2", "3"]  # highest ranks, with the stop signal
+    assert [r["rank"] for r in server.get(f"/v1/jobs/{job['id']}/endpoints").json()["tasks"]["rollout"]["replicas"]] == [0]
+
+    # grow again: retired ranks come back under the same names
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 2}).status_code == 200
+    assert wait_for(lambda: [(r["rank"], r["state"]) for r in rollouts()] == [(0, "RUNNING"), (1, "RUNNING")],
+                    timeout=10)
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+    assert wait_state(server, job["id"], "CANCELLED")["state"] == "CANCELLED"

@@ -128,6 +128,11 @@ class NodeOut(BaseModel):
     free_memory: float
 
 
+class ScaleRequest(BaseModel):
+    task: str
+    replicas: int = Field(ge=0, le=4096)
+
+
 class CancelResponse(BaseModel):
     id: int
     cancelled: bool

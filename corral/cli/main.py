@@ -195,6 +195,19 @@ def cancel(jobs: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@click.argument("job")
+@click.argument("task")
+@click.argument("replicas", type=click.IntRange(0, 4096))
+def scale(job: str, task: str, replicas: int) -> None:
+    """Set how many replicas TASK of JOB runs (within its num_nodes: {min, max})."""
+    try:
+        data = _client().scale(job, task, replicas)
+    except CorralError as exc:
+        _fail(exc)
+    out.print(f"Job {data['id']}: scaling {task} to {replicas} replica(s); watch with: corral status {data['id']}")
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def nodes(as_json: bool) -> None:
     """List the node pool and what is free on each node."""

@@ -132,6 +132,10 @@ class Controller(ServicesMixin):
         self._inbox.append(("cancel", job_id))
         self._wake.set()
 
+    def scale_requested(self, job_id: int, task: str, count: int) -> None:
+        self._inbox.append(("scale", (job_id, task, count)))
+        self._wake.set()
+
     def _loop(self) -> None:
         last = 0.0
         while not self._stopping.is_set():
@@ -167,6 +171,10 @@ class Controller(ServicesMixin):
                 kind, item = self._inbox.popleft()
                 if kind == "submitted":
                     self._enqueue(item)  # type: ignore[arg-type]
+                elif kind == "scale":
+                    job_id, task, count = item  # type: ignore[misc]
+                    if job_id in self.active:
+                        self._reconcile_scale(s, self.active[job_id], task, count, now)
                 else:
                     cancels.append(item)  # type: ignore[arg-type]
             if time.monotonic() >= self._next_rescan:
@@ -183,6 +191,7 @@ class Controller(ServicesMixin):
             dirty, self._dirty = self._dirty, set()
             for job_id in sorted(dirty):
                 self._evaluate(job_id, now)
+            self._place_growth(now)
             self._schedule(s, now)
             self._commit(s)  # STARTING is durable before any process exists
             self._launch_ready(now)
@@ -476,6 +485,10 @@ class Controller(ServicesMixin):
                     self._watch_probes(job, replica, launch.env, launch.cwd)
                     self._arm_time_limit(job, replica)
                     self.journal.event(job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
+            for job in self.active.values():  # scale requests that were not carried out yet
+                for task in job.tasks:
+                    if task.num_nodes != len(job.replicas_of(task.name)):
+                        self._reconcile_scale(s, job, task.name, task.num_nodes, now)
             self._commit(s)
             for handle in to_watch:
                 self.executor.watch(handle)  # an exit while we were down is reported at once

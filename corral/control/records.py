@@ -68,6 +68,10 @@ class ReplicaRec:
         return f"{self.task}-{self.rank}"
 
     @property
+    def retired(self) -> bool:
+        return self.stop_cause == "scale_down" and self.state.terminal
+
+    @property
     def launch_key(self) -> str:
         return f"{self.job_id}.{self.task}.{self.rank}.r{self.restarts}"
 
@@ -90,8 +94,13 @@ class JobRec:
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
 
+    @property
+    def members(self) -> list[ReplicaRec]:
+        """Replicas that belong to the job now: not those retired by a scale-down."""
+        return [r for r in self.replicas if not r.retired]
+
     def replicas_of(self, task: str) -> list[ReplicaRec]:
-        return [r for r in self.replicas if r.task == task]
+        return [r for r in self.members if r.task == task]
 
     @cached_property
     def request(self) -> PendingJob:
@@ -104,7 +113,7 @@ class JobRec:
                        tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
                              for t in self.tasks),
                        tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
-                                         r.stop_cause == "time_limit") for r in self.replicas))
+                                         r.stop_cause == "time_limit") for r in self.members))
 
 
 def record_of(job: Job) -> JobRec:

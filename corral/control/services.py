@@ -13,7 +13,10 @@ from pathlib import Path
 
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
-from corral.runtime.discovery import RESOLVER_DIR, peers_document, write_discovery
+from corral.runtime.discovery import RESOLVER_DIR, loopback_address, peers_document, write_discovery
+from corral.scheduler import TaskRequest
+from corral.scheduler.placement import FreePool, place_replica
+from corral.store import repository
 from corral.runtime.probes import Prober, ProbeTarget
 from corral.spec.service import signal_number
 from corral.states import ReplicaState
@@ -180,6 +183,64 @@ class ServicesMixin:
                 self._replica_to(replica, ReplicaState.STARTING, "restart", now, f"attempt {replica.restarts + 1}",
                                  restarts=replica.restarts, restart_at=None, exit_code=None)
                 self._launch_check.add(job.id)
+
+    # -- elastic scale --------------------------------------------------------------------
+    def _reconcile_scale(self, s, job: JobRec, task_name: str, count: int, now: float) -> None:
+        """Grow a task with new (or revived) ranks for the scheduler to place, or shrink it by
+        stopping its highest ranks with the task's stop signal and grace period."""
+        task = job.task(task_name)
+        task.num_nodes = count
+        members = sorted(job.replicas_of(task_name), key=lambda r: r.rank)
+        if count > len(members):
+            retired = {r.rank: r for r in job.replicas if r.task == task_name and r.retired}
+            ranks = list(range(len(members), count))
+            fresh = [rank for rank in ranks if rank not in retired]
+            position = job.tasks.index(task)
+            for rank, replica_id in zip(fresh, repository.add_replicas(s, job.id, task_name, position, fresh)):
+                job.replicas.append(ReplicaRec(replica_id, job.id, task_name, rank, ReplicaState.PENDING))
+                self.journal.event(job.id, now, f"{task_name}-{rank}", "scale_up", None, ReplicaState.PENDING.value)
+            for rank in ranks:
+                if rank in retired:
+                    r = retired[rank]
+                    r.stop_requested_at = r.stop_cause = r.exit_code = r.kill_at = r.pid = r.node = None
+                    r.ready, r.gpus = False, ()
+                    self._replica_to(r, ReplicaState.PENDING, "scale_up", now, stop_requested_at=None, stop_cause=None,
+                                     exit_code=None, kill_at=None, pid=None, pid_started_at=None, node=None, gpus=[],
+                                     ended_at=None, ready=False)
+            job.replicas.sort(key=lambda r: ([t.name for t in job.tasks].index(r.task), r.rank))
+        else:
+            for replica in members[count:]:
+                if replica.stop_requested_at is not None and not replica.state.terminal:
+                    continue  # already on its way out
+                if replica.state.terminal:  # already ended: just leaves the membership
+                    replica.stop_cause = "scale_down"
+                    self.journal.replica(replica.id, stop_cause="scale_down")
+                else:
+                    self._stop_replica(job, replica, "scale_down", now)
+        self.journal.event(job.id, now, task_name, "scaled", message=f"{len(members)} -> {count} replicas")
+        self._publish.add(job.id)
+        self._dirty.add(job.id)
+
+    def _place_growth(self, now: float) -> None:
+        """Place replicas added to running jobs (each on its own: growth is elastic, not a gang)."""
+        growing = [(job, r) for job in self.active.values() for r in job.replicas if r.state == ReplicaState.PENDING]
+        if not growing:
+            return
+        pool = FreePool(self.views)
+        for alloc in self._allocs.values():
+            pool.assume(alloc)
+        for job, replica in growing:
+            task = job.task(replica.task)
+            alloc = place_replica(pool, TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory, task.gpu_type),
+                                  replica.rank)
+            if alloc is None:
+                continue  # tried again next cycle, as resources free up
+            replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
+            replica.addr = loopback_address(replica.id)
+            self._allocs[replica.id] = alloc
+            self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node, gpus=list(alloc.gpus),
+                             cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr)
+            self._launch_check.add(job.id)
 
     def _fail_blocked(self, job: JobRec, now: float) -> None:
         for replica, why in startorder.blocked_forever(job):

@@ -230,6 +230,10 @@ def _validate(model: type[BaseModel], doc: Document, label: str, issues: list[Sp
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(err["loc"])
+            if not loc and isinstance(doc.data, dict):
+                # A whole-model check: point at the first field of the document it names.
+                named = [k for k in doc.data if isinstance(k, str) and re.search(rf"\b{re.escape(k)}\b", err["msg"])]
+                loc = (named[0],) if named else ()
             issues.append(SpecIssue(label, _dotted(loc), doc.line_of(loc), _message(model, loc, err)))
         return None
 

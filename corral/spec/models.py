@@ -94,7 +94,9 @@ class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str | None = None
-    num_nodes: int = Field(default=1, ge=1, le=4096)
+    num_nodes: int = Field(default=1, ge=1, le=4096)  # replicas to start with
+    min_nodes: int | None = Field(default=None, ge=1, le=4096)  # elastic bounds (None: fixed)
+    max_nodes: int | None = Field(default=None, ge=1, le=4096)
     resources: Resources = Resources()
     envs: EnvMap = {}
     secrets: EnvMap = {}
@@ -117,6 +119,8 @@ class TaskSpec(BaseModel):
     def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict) and data.get("resources") is None and "resources" in data:
             data = {k: v for k, v in data.items() if k != "resources"}
+        if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
+            data = {**data, **_elastic(data["num_nodes"])}
         if isinstance(data, dict) and isinstance(data.get("resources"), dict) and "ports" in data["resources"]:
             # SkyPilot puts ports under resources; corral reads them from there too.
             resources = dict(data["resources"])
@@ -127,6 +131,18 @@ class TaskSpec(BaseModel):
     @classmethod
     def _ports(cls, value: dict[str, int]) -> dict[str, int]:
         return check_ports(value)
+
+    @model_validator(mode="after")
+    def _elastic_bounds(self) -> TaskSpec:
+        low, high = self.min_nodes or self.num_nodes, self.max_nodes or self.num_nodes
+        if not low <= self.num_nodes <= high:
+            raise ValueError(f"num_nodes needs min <= initial <= max, got min {low}, initial {self.num_nodes}, "
+                             f"max {high}")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        return (self.min_nodes or self.num_nodes) != (self.max_nodes or self.num_nodes)
 
     @field_validator("readiness_probe", "liveness_probe")
     @classmethod
@@ -171,6 +187,15 @@ class TaskSpec(BaseModel):
     @property
     def environment(self) -> dict[str, str | None]:
         return {**self.envs, **self.secrets}
+
+
+def _elastic(value: dict[str, Any]) -> dict[str, Any]:
+    """``num_nodes: {min: 1, max: 4}`` (starts with ``min``, or ``initial`` when given)."""
+    unknown = set(value) - {"min", "max", "initial"}
+    if unknown or "min" not in value or "max" not in value:
+        raise ValueError("an elastic num_nodes is {min: N, max: M} (optionally initial: K)"
+                         + (f"; unknown key(s) {sorted(unknown)}" if unknown else ""))
+    return {"num_nodes": value.get("initial", value["min"]), "min_nodes": value["min"], "max_nodes": value["max"]}
 
 
 def _delays(value: Any) -> float | dict[str, float] | None:

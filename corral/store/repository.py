@@ -112,3 +112,17 @@ def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:
 
 def job_events(session: Session, job_id: int) -> list[Event]:
     return list(session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)).all())
+
+
+def add_replicas(session: Session, job_id: int, task: str, task_position: int, ranks: list[int]) -> list[int]:
+    """New replica rows (PENDING) for a task that grows; returns their ids in rank order."""
+    rows = [dict(job_id=job_id, task=task, task_position=task_position, rank=rank, state=ReplicaState.PENDING.value,
+                 node=None, gpus=[], cpus=0.0, memory=0.0, pid=None, pid_started_at=None, exit_code=None, restarts=0,
+                 started_at=None, ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None,
+                 log_path=None, addr=None, ready=False, restart_at=None, last_exit_code=None) for rank in ranks]
+    return list(session.connection().execute(_INSERT_REPLICAS, rows).scalars().all()) if rows else []
+
+
+def set_desired_replicas(session: Session, job_id: int, task: str, count: int) -> None:
+    """The desired replica count of a task (the control loop reconciles toward it)."""
+    session.execute(update(Task).where(Task.job_id == job_id, Task.name == task).values(num_nodes=count))

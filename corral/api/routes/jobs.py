@@ -10,18 +10,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
-from corral.api.schemas import CancelResponse, EventOut, JobOut, SubmitRequest, SubmitResponse
+from corral.api.schemas import CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
 from corral.control.controller import node_views
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.placement import why_infeasible
 from corral.spec import SpecError, load_job
-from corral.states import JobState
+from corral.states import JobState, ReplicaState
 from corral.store import repository
 from corral.store.tables import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def _retired(replica) -> bool:
+    return replica.stop_cause == "scale_down" and ReplicaState(replica.state).terminal
 
 
 def _job_or_404(session, ident: str) -> Job:
@@ -92,6 +96,32 @@ def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock:
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
 
 
+@router.post("/{job}/scale", response_model=JobOut)
+def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    """Set a task's replica count within its elastic bounds; the control loop places new
+    replicas or stops the highest ranks with the task's stop signal and grace period."""
+    found = _job_or_404(session, job)
+    if found.state not in (JobState.STARTING.value, JobState.RUNNING.value):
+        raise HTTPException(409, f"job {found.id} is {found.state}; only a starting or running job can be scaled")
+    spec = next((t for t in found.spec["tasks"] if t["name"] == body.task), None)
+    if spec is None:
+        raise HTTPException(404, f"job {found.id} has no task {body.task!r}; it has "
+                                 f"{', '.join(t['name'] for t in found.spec['tasks'])}")
+    low, high = spec.get("min_nodes") or spec["num_nodes"], spec.get("max_nodes") or spec["num_nodes"]
+    if not low <= body.replicas <= high:
+        detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
+                  f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
+        raise HTTPException(422, detail)
+    with state.controller.write_lock:
+        repository.set_desired_replicas(session, found.id, body.task, body.replicas)
+        repository.add_event(session, found.id, clock(), body.task, "scale_requested",
+                             message=f"{user} asked for {body.replicas} replica(s)")
+        session.commit()
+    state.controller.scale_requested(found.id, body.task, body.replicas)
+    session.expire_all()
+    return JobOut.of(repository.load_job(session, found.id))
+
+
 @router.get("/{job}/endpoints")
 def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
     """Every replica of every task with rank, name, address, ports, state and readiness:
@@ -100,7 +130,7 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
     specs = {t["name"]: t for t in found.spec["tasks"]}
     tasks = [{"name": t.name, "ports": specs[t.name].get("ports") or {},
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
-                            "restarts": r.restarts} for r in found.replicas if r.task == t.name]}
+                            "restarts": r.restarts} for r in found.replicas if r.task == t.name and not _retired(r)]}
              for t in found.tasks]
     return peers_document(found.id, found.name, tasks, clock())
 
