@@ -21,15 +21,17 @@ from corral.executors.base import ExitCallback, Handle, Launch
 # exit code, while its children start with default signal dispositions.
 WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
+exec 3>&2
 rc=0
-if [ -n "$2" ]; then (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script"); rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script"); rc=$?; fi
+if [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 printf '%s\n' "$rc" > "$1"
 exit "$rc"
 """
 # The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
-# so they see default signal handling and no positional arguments of the wrapper. The exit
-# file is only read once the wrapper has exited, so a plain write is enough.
+# so they see default signal handling and no positional arguments of the wrapper; their
+# stderr is the log (fd 3) while the wrapper's own "Terminated" notices go to /dev/null. The
+# exit file is only read once the wrapper has exited, so a plain write is enough.
 
 EXIT_FILE = "exit_code"
 START_TIME_TOLERANCE_S = 0.05
