@@ -267,7 +267,8 @@ run: sleep 60
 
     assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 4}).status_code == 200
     assert wait_for(lambda: [r["state"] for r in rollouts()] == ["RUNNING"] * 4, timeout=10)
-    current = server.get(f"/v1/jobs/{job['id']}").json()
+    current = wait_for(lambda: (lambda j: j if sum(r["state"] == "RUNNING" for r in replicas(j, "rollout")) == 4
+                                else None)(server.get(f"/v1/jobs/{job['id']}").json()))
     gpus = [tuple(r["gpus"]) + (r["node"],) for r in replicas(current, "rollout") if r["state"] == "RUNNING"]
     assert len(set(gpus)) == 4  # each new replica got GPUs of its own
     assert len({r["addr"] for r in rollouts()}) == 4

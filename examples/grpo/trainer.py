@@ -167,3 +167,8 @@ for iteration in range(start, ITERATIONS):
 if len(history) >= 20:
     print(f"mean reward: first 10 iterations {statistics.fmean(history[:10]):.3f}, "
           f"last 10 {statistics.fmean(history[-10:]):.3f}", flush=True)
+if METRICS.exists():
+    rows = [json.loads(line) for line in METRICS.read_text().splitlines()]
+    spent = {k: sum(r[k] for r in rows) for k in ("generation_s", "reward_s", "training_s", "weight_sync_s")}
+    total = sum(spent.values()) or 1.0
+    print("time split: " + ", ".join(f"{k[:-2]} {v / total:.0%}" for k, v in spent.items()), flush=True)
