@@ -32,6 +32,12 @@ class FreePool:
                       for n in nodes]
         self.by_name = {n.view.name: n for n in self.nodes}
 
+    def copy(self) -> FreePool:
+        clone = FreePool.__new__(FreePool)
+        clone.nodes = [FreeNode(n.view, set(n.gpus), n.cpus, n.memory) for n in self.nodes]
+        clone.by_name = {n.view.name: n for n in clone.nodes}
+        return clone
+
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
         return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels) for n in nodes])

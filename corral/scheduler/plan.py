@@ -36,6 +36,7 @@ class Start:
 class Plan:
     starts: list[Start] = field(default_factory=list)
     reasons: dict[int, Reason] = field(default_factory=dict)
+    reserved_starts: dict[int, float] = field(default_factory=dict)  # blocked job -> its planned start
 
     def started_ids(self) -> set[int]:
         return {s.job_id for s in self.starts}

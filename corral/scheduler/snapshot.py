@@ -46,6 +46,9 @@ class PendingJob:
     tasks: tuple[TaskRequest, ...]
     submitted_at: float = 0.0
     user: str = ""
+    account: str = ""
+    time_limit: float | None = None  # seconds; backfill plans with it
+    nice: int = 0
 
     @property
     def gpus(self) -> int:
@@ -53,7 +56,20 @@ class PendingJob:
 
 
 @dataclass(frozen=True)
+class RunningJob:
+    """What backfill needs of a running job: what it holds and when it will at the latest
+    give it back (start + time limit)."""
+
+    id: int
+    allocations: tuple  # tuple[Allocation, ...]
+    expected_end: float
+
+
+@dataclass(frozen=True)
 class Snapshot:
     nodes: tuple[NodeView, ...]
-    pending: tuple[PendingJob, ...]  # queue order (submit order for FIFO)
+    pending: tuple[PendingJob, ...]  # submit order; policies reorder
+    running: tuple[RunningJob, ...] = ()
+    usage: dict[str, float] = field(default_factory=dict)  # decayed resource-seconds per account
+    shares: dict[str, float] = field(default_factory=dict)  # normalised shares per account (sum 1)
     meta: dict[str, object] = field(default_factory=dict)

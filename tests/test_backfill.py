@@ -1,0 +1,156 @@
+"""Multifactor priority, fair share and backfill in the pure scheduler: unit cases with
+builders, and hypothesis properties (backfill never delays the reservation of the first
+blocked job; never overcommit; gangs all-or-none; deterministic)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from builders import node, task
+from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, schedule
+from corral.scheduler.backfill import Timeline, reserve
+from corral.scheduler.core import Policy
+from corral.scheduler.placement import FreePool, place_gang
+from corral.scheduler.priority import PriorityWeights, decay, factors, fair_share_factor
+from corral.scheduler.snapshot import RunningJob
+
+SLURM, CORRAL = Policy.named("slurm"), Policy.named("corral")
+
+
+def pending(job_id: int, gpus: int, limit: float, submitted: float = 0.0, account: str = "a", replicas: int = 1,
+            nice: int = 0) -> PendingJob:
+    return PendingJob(job_id, (task("t", replicas, gpus=gpus),), submitted, account, account, limit, nice)
+
+
+def world(nodes: list[NodeView], running: list[tuple[int, int, float]], jobs: list[PendingJob],
+          usage: dict[str, float] | None = None, shares: dict[str, float] | None = None) -> Snapshot:
+    """``running``: (id, gpus on one node, expected end), placed on an idle pool first."""
+    pool = FreePool(nodes)
+    held = []
+    for job_id, gpus, end in running:
+        allocs = place_gang(pool, pending(job_id, gpus, 1))
+        assert allocs is not None
+        held.append(RunningJob(job_id, allocs, end))
+    free = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, (),
+                          frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
+    return Snapshot(free, tuple(jobs), tuple(held), usage or {}, shares or {})
+
+
+def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
+    # 8 GPUs, 6 busy until t=100; the 8-GPU job 1 must wait for them; job 3 (2 GPUs, 500 s)
+    # would fit now but still run at t=100; job 2 (2 GPUs, 50 s) is done by then
+    snap = world([node("n", gpus=8)], [(9, 6, 100.0)], [pending(1, 8, 1000, 0), pending(3, 2, 500, 1),
+                                                        pending(2, 2, 50, 2)])
+    plan = schedule(snap, 0.0, SLURM)
+    assert [s.job_id for s in plan.starts] == [2]
+    assert plan.reserved_starts[1] == 100.0
+    assert plan.reasons[1] == Reason.RESOURCES and plan.reasons[3] == Reason.PRIORITY
+    # corral's size factor favors small jobs: job 3 outranks the 8-GPU job and simply starts
+    assert [s.job_id for s in schedule(snap, 0.0, CORRAL).starts] == [3]
+
+
+def test_backfill_keeps_off_what_the_reservation_needs() -> None:
+    # two nodes: n0 busy until 100 (the 8-GPU job waits for it); n1 free: long jobs may use it
+    snap = world([node("n0", gpus=8), node("n1", gpus=8)], [(9, 8, 100.0)],
+                 [pending(1, 8, 1000, 0), pending(2, 8, 5000, 1)])
+    plan = schedule(snap, 0.0, CORRAL)
+    # job 1 fits on n1 right away: nothing is blocked
+    assert [s.job_id for s in plan.starts] == [1]
+    snap = world([node("n0", gpus=8), node("n1", gpus=8)], [(9, 8, 100.0)],
+                 [pending(1, 8, 1000, 0, replicas=2), pending(2, 8, 5000, 1), pending(3, 8, 50, 2)])
+    plan = schedule(snap, 0.0, SLURM)
+    assert [s.job_id for s in plan.starts] == [3]  # 50 s < 100 s: it is done before job 1 starts
+    assert plan.reserved_starts[1] == 100.0 and plan.reasons[2] == Reason.PRIORITY  # would hold n1 past 100 s
+
+
+def test_fifo_never_backfills() -> None:
+    snap = world([node("n", gpus=8)], [(9, 6, 100.0)], [pending(1, 4, 1000, 0), pending(2, 2, 50, 1)])
+    assert schedule(snap, 0.0, Policy.named("fifo")).starts == []
+
+
+def test_fair_share_orders_an_underserved_account_first() -> None:
+    assert fair_share_factor({}, {"a": 0.5, "b": 0.5}, "a") == 1.0
+    assert fair_share_factor({"a": 100.0}, {"a": 0.5, "b": 0.5}, "a") == 0.25
+    assert fair_share_factor({"a": 100.0}, {"a": 0.5, "b": 0.5}, "b") == 1.0
+    snap = world([node("n", gpus=1)], [], [pending(1, 1, 10, 0, account="heavy"), pending(2, 1, 10, 5, account="light")],
+                 usage={"heavy": 1e6, "light": 1.0}, shares={"heavy": 0.5, "light": 0.5})
+    assert [s.job_id for s in schedule(snap, 10.0, SLURM).starts] == [2]
+
+
+def test_priority_factors_age_size_and_nice() -> None:
+    snap = world([node("n", gpus=8)], [], [])
+    weights = PriorityWeights(max_age_s=100)
+    young, old = pending(1, 1, 10, submitted=90), pending(2, 1, 10, submitted=0)
+    assert factors(old, snap, 100, weights, 8).age == 1.0 and factors(young, snap, 100, weights, 8).age == 0.1
+    big = pending(3, 8, 10)
+    assert factors(big, snap, 0, weights, 8).job_size == 1.0
+    assert factors(big, snap, 0, PriorityWeights(favor_small=True), 8).job_size == 0.0
+    nice = pending(4, 1, 10, nice=500)
+    assert factors(nice, snap, 0, weights, 8).total == factors(pending(5, 1, 10), snap, 0, weights, 8).total - 500
+
+
+def test_usage_decays_with_the_half_life() -> None:
+    assert decay({"a": 8.0}, 20.0, 10.0) == {"a": 2.0}
+    assert decay({"a": 8.0}, 0.0, 10.0) == {"a": 8.0}
+
+
+@st.composite
+def busy_world(draw):
+    nodes = [node(f"n{i}", gpus=draw(st.sampled_from([4, 8]))) for i in range(draw(st.integers(1, 4)))]
+    pool = FreePool(nodes)
+    running = []
+    for job_id in range(100, 100 + draw(st.integers(0, 6))):
+        gpus = draw(st.integers(1, 8))
+        if place_gang(FreePool(list(_views(pool))), pending(job_id, gpus, 1)) is not None:
+            allocs = place_gang(pool, pending(job_id, gpus, 1))
+            running.append(RunningJob(job_id, allocs, float(draw(st.integers(1, 500)))))
+    jobs = [pending(i, draw(st.integers(1, 8)), float(draw(st.integers(1, 600))), float(i), draw(st.sampled_from("ab")),
+                    replicas=draw(st.integers(1, 2))) for i in range(1, draw(st.integers(2, 12)))]
+    return Snapshot(tuple(_views(pool)), tuple(jobs), tuple(running), {"a": 50.0, "b": 10.0}, {"a": 0.5, "b": 0.5})
+
+
+def _views(pool: FreePool):
+    return [NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, (), frozenset(n.gpus),
+                     n.cpus, n.memory) for n in pool.nodes]
+
+
+@settings(max_examples=250, deadline=None)
+@given(busy_world(), st.sampled_from(["slurm", "corral"]))
+def test_backfill_never_delays_the_first_reservation(snap: Snapshot, name: str) -> None:
+    policy = Policy.named(name)
+    plan = schedule(snap, 0.0, policy)
+    gpus = sum(n.gpus for n in snap.nodes)
+    order = sorted(snap.pending, key=lambda j: (-factors(j, snap, 0.0, policy.weights, gpus).total, j.submitted_at, j.id))
+    started = {s.job_id: s for s in plan.starts}
+    blocked = next((j for j in order if plan.reasons.get(j.id) == Reason.RESOURCES and j.id in plan.reserved_starts),
+                   None)
+    if blocked is None:
+        return
+    ahead = [started[j.id] for j in order[:order.index(blocked)] if j.id in started]
+
+    def earliest(starts) -> float:
+        pool, timeline = FreePool(snap.nodes), Timeline()
+        for r in snap.running:
+            timeline.add(r.expected_end, r.allocations)
+        limits = {j.id: j.time_limit for j in snap.pending}
+        for s in starts:
+            for a in s.allocations:
+                pool.assume(a)
+            timeline.add(limits[s.job_id], s.allocations)
+        found = reserve(blocked, pool, timeline, [], 0.0)
+        return found.start if found else float("inf")
+
+    assert earliest(plan.starts) <= earliest(ahead) + 1e-9
+    # and the gangs are whole and never overcommit
+    used: dict[str, set[int]] = defaultdict(set)
+    for s in plan.starts:
+        job = next(j for j in snap.pending if j.id == s.job_id)
+        assert len(s.allocations) == sum(t.replicas for t in job.tasks)
+        for a in s.allocations:
+            assert set(a.gpus) <= set(next(n for n in snap.nodes if n.name == a.node).free_gpus)
+            assert not used[a.node] & set(a.gpus)
+            used[a.node] |= set(a.gpus)
+    assert schedule(snap, 0.0, policy) == plan
