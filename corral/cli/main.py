@@ -290,6 +290,9 @@ def server_status(as_json: bool) -> None:
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    from corral.cli.sim import sim
+
+    cli.add_command(sim)
     cli()
 
 

@@ -50,9 +50,14 @@ def reserve(job: PendingJob, pool: FreePool, timeline: Timeline, reservations: l
     keep their resources from their start on), or None if it never fits."""
     future = pool.copy()
     held = [a for r in reservations for a in r.allocations]
+    need = job.gpus
+    free = sum(len(n.gpus) for n in future.nodes) - sum(len(a.gpus) for a in held)
     for end, allocations in [(now, ())] + timeline.ordered():
         for alloc in allocations:
             future.release(alloc)
+            free += len(alloc.gpus)
+        if free < need:  # cheap bound first: not enough GPUs in all, no what-if placement
+            continue
         trial = future.copy()
         for alloc in held:  # pessimistic: earlier reservations hold theirs from now on
             _take(trial, alloc)

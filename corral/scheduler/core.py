@@ -13,10 +13,13 @@ The cycle, in numbered steps:
                 (bounded: at most ``max_backfill_jobs`` jobs are examined per cycle).
 Strict FIFO stops at the first job that does not fit.
 
-Policies: ``fifo``; ``slurm`` models Slurm's defaults (multifactor favoring large jobs,
-backfill that reserves for every blocked job it examines); ``corral`` favors small jobs
-in the size factor and reserves for the first blocked job only (EASY backfill), with the
-same gang placement and fragmentation-aware best fit for both."""
+Policies: ``fifo``; ``slurm`` models a typical Slurm site (multifactor with age, fair-share
+and a job-size factor favoring large jobs; backfill that reserves for every blocked job it
+examines, bounded like bf_max_job_test); ``corral`` favors small gangs in the size factor
+and weighs age five times more, saturating in 3 days, with the same reservations. Both use
+the same gang placement and fragmentation-aware best fit. On philly-gavel-4vc (88 GPUs)
+this gives corral a ~29 % lower mean JCT, higher utilisation and a lower worst per-user
+wait than the slurm model (see issue 3's notes for the table)."""
 
 from __future__ import annotations
 
@@ -46,8 +49,10 @@ class Policy:
             return cls("slurm", PriorityWeights(favor_small=False), backfill=True, max_reservations=100,
                        max_backfill_jobs=500)
         if name == "corral":
-            return cls("corral", PriorityWeights(favor_small=True), backfill=True, max_reservations=1,
-                       max_backfill_jobs=1000)
+            # Small gangs first (lower mean JCT), a strong age factor that saturates in 3 days
+            # (bounds every user's wait), and a reservation for every blocked job examined.
+            return cls("corral", PriorityWeights(favor_small=True, age=5000.0, max_age_s=3 * 86400.0),
+                       backfill=True, max_reservations=100, max_backfill_jobs=500)
         raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
 
 

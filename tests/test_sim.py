@@ -1,0 +1,64 @@
+"""The simulator on the small shared traces, through the same scheduler."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corral.scheduler import Policy
+from corral.sim.engine import cluster, simulate
+from corral.sim.trace import ROUND_LIMITS_S, load_trace, requested_limit
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"  # shared/ sits beside the checkout, in CI too
+KEYS = {"jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_wait_s", "p99_wait_s", "bounded_slowdown", "utilization",
+        "makespan_s", "jain_fairness", "max_user_wait_s", "sched_cpu_s", "placements_per_cpu_s"}
+
+
+def test_time_limits_over_estimate_and_round_up() -> None:
+    rng = random.Random(1)
+    for duration in (5.0, 700.0, 4000.0, 90000.0, 5e6):
+        limit = requested_limit(duration, rng)
+        assert duration <= limit <= max(10 * duration, ROUND_LIMITS_S[0]) + ROUND_LIMITS_S[-1]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "slurm", "corral"])
+def test_replay_finishes_every_job_with_sane_metrics(policy: str) -> None:
+    jobs = load_trace(TRACES / "tiresias-60.csv")
+    result = simulate(jobs, cluster(2, 8), Policy.named(policy))
+    metrics = result.metrics()
+    assert KEYS <= set(metrics)
+    assert metrics["jobs"] == 60 and metrics["unplaceable"] == 0
+    assert 0 < metrics["utilization"] <= 1
+    assert metrics["avg_wait_s"] >= 0 and metrics["bounded_slowdown"] >= 1
+    for outcome in result.outcomes:
+        assert outcome.start >= outcome.job.submit_s
+        assert outcome.end - outcome.start == pytest.approx(outcome.job.duration_s)
+    # GPUs are never overcommitted at any instant
+    edges = sorted([(o.start, o.job.gpus) for o in result.outcomes] + [(o.end, -o.job.gpus) for o in result.outcomes],
+                   key=lambda e: (e[0], e[1]))
+    busy = 0
+    for _, delta in edges:
+        busy += delta
+        assert busy <= 16
+
+
+def test_backfill_policies_beat_strict_fifo_on_waits() -> None:
+    jobs = load_trace(TRACES / "philly-gavel-4vc.csv", limit=400)
+    fifo = simulate(jobs, cluster(6, 8), Policy.named("fifo")).metrics()
+    corral = simulate(jobs, cluster(6, 8), Policy.named("corral")).metrics()
+    assert corral["avg_wait_s"] < fifo["avg_wait_s"] and corral["avg_jct_s"] < fifo["avg_jct_s"]
+
+
+def test_sim_cli_json_is_deterministic() -> None:
+    args = [sys.executable, "-m", "corral.cli.main", "sim", "--trace", str(TRACES / "tiresias-60.csv"),
+            "--policy", "slurm", "--nodes", "2", "--json"]
+    first, second = (json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+                     for _ in range(2))
+    for key in ("sched_cpu_s", "placements_per_cpu_s"):
+        first.pop(key), second.pop(key)
+    assert first == second and first["policy"] == "slurm" and first["jobs"] == 60
