@@ -69,15 +69,17 @@ envs: {{GREETING: hi}}
 run: |
   env | grep -E '^(CORRAL|SKYPILOT|CUDA|MASTER|GREETING)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA
   printf '%s' "$CORRAL_NODE_IPS" | tr '\\n' ',' > {out}/../ips-$CORRAL_REPLICA
+  while [ ! -f {out}/helper-0 ]; do sleep 0.02; done  # the helper's file is complete before we end
 ---
 name: helper
-run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/$CORRAL_TASK-$CORRAL_REPLICA; sleep 60
+run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/.helper && mv {out}/.helper {out}/helper-0; sleep 60
 """
     job = submit(server, text)
     assert job["state"] == "PENDING" and job["user"] == "alice"
     done = wait_state(server, job["id"], "SUCCEEDED", "FAILED")
     assert done["state"] == "SUCCEEDED" and done["exit_code"] == 0
-    envs = {p.name: dict(line.split("=", 1) for line in p.read_text().splitlines()) for p in out.iterdir()}
+    envs = {p.name: dict(line.split("=", 1) for line in p.read_text().splitlines()) for p in out.iterdir()
+            if not p.name.startswith(".")}
     t0, t1, helper = envs["trainer-0"], envs["trainer-1"], envs["helper-0"]
     assert t0["CORRAL_HOSTNAME"] == "trainer-0.grp" and t1["CORRAL_REPLICA"] == "1"
     assert t0["CORRAL_NUM_REPLICAS"] == "2" and t0["SKYPILOT_NUM_NODES"] == "2"
