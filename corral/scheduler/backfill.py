@@ -47,20 +47,25 @@ class Timeline:
 def reserve(job: PendingJob, pool: FreePool, timeline: Timeline, reservations: list[Reservation],
             now: float) -> Reservation | None:
     """The earliest start of ``job`` given the releases and earlier reservations (which
-    keep their resources from their start on), or None if it never fits."""
-    future = pool.copy()
-    held = [a for r in reservations for a in r.allocations]
-    need = job.gpus
-    free = sum(len(n.gpus) for n in future.nodes) - sum(len(a.gpus) for a in held)
+    keep their resources from their start on), or None if it never fits.
+
+    One working pool walks forward in time (no copy per step): it starts as the free pool
+    minus everything reserved, and a release never hands back a GPU that a reservation
+    holds. Cheap bounds (GPUs in all, nodes with room per replica) skip most what-ifs."""
+    trial = pool.copy()
+    held: dict[str, set[int]] = {}
+    for r in reservations:  # pessimistic: earlier reservations hold theirs from now on
+        for alloc in r.allocations:
+            trial.take(alloc)
+            held.setdefault(alloc.node, set()).update(alloc.gpus)
     for end, allocations in [(now, ())] + timeline.ordered():
         for alloc in allocations:
-            future.release(alloc)
-            free += len(alloc.gpus)
-        if free < need:  # cheap bound first: not enough GPUs in all, no what-if placement
+            reserved = held.get(alloc.node)
+            trial.release(alloc if not reserved else
+                          Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g not in reserved),
+                                     alloc.cpus, alloc.memory))
+        if any(trial.count_with(t.gpus) < t.replicas for t in job.tasks):
             continue
-        trial = future.copy()
-        for alloc in held:  # pessimistic: earlier reservations hold theirs from now on
-            _take(trial, alloc)
         placed = place_gang(trial, job)
         if placed is not None:
             return Reservation(job.id, max(now, end), placed, trial)
@@ -84,12 +89,3 @@ def fits_around(job: PendingJob, allocations: tuple[Allocation, ...], now: float
                 return False
             taken.append((reservation, alloc))
     return True
-
-
-def _take(pool: FreePool, alloc: Allocation) -> None:
-    """Remove a reserved allocation even where the what-if has not freed it yet (it may
-    still be held now): the reservation owns it from its start on."""
-    node = pool.by_name[alloc.node]
-    node.gpus -= set(alloc.gpus)
-    node.cpus -= alloc.cpus
-    node.memory -= alloc.memory

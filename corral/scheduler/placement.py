@@ -2,8 +2,9 @@
 copy of free resources that can be assumed into and rolled back (a what-if pool).
 
 Packing rule: best fit. A replica goes to the feasible node with the fewest free GPUs left
-after it (then fewest free CPUs), and CPU-only replicas prefer nodes without free GPUs. This
-keeps whole nodes free for large gangs, the fragmentation that hurts GPU clusters most."""
+after it (among equals, the one that reached that count first), and CPU-only replicas
+prefer nodes without free GPUs. This keeps whole nodes free for large gangs, the
+fragmentation that hurts GPU clusters most."""
 
 from __future__ import annotations
 
@@ -25,37 +26,69 @@ class FreeNode:
 
 
 class FreePool:
-    """Mutable free resources of every node, with assume/undo for what-if placement."""
+    """Mutable free resources of every node, with assume/undo for what-if placement.
+
+    Nodes are also indexed by how many GPUs they have free (buckets), so best fit is a walk
+    from the smallest bucket that can hold a replica instead of a scan of every node."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
         self.nodes = [FreeNode(n, set(n.free_gpus or ()), n.free_cpus or 0.0, n.free_memory or 0.0)
                       for n in nodes]
         self.by_name = {n.view.name: n for n in self.nodes}
+        self.max_gpus = max((n.view.gpus for n in self.nodes), default=0)
+        self.buckets: list[dict[str, FreeNode]] = [{} for _ in range(self.max_gpus + 1)]
+        for node in self.nodes:
+            self.buckets[len(node.gpus)][node.view.name] = node
 
     def copy(self) -> FreePool:
         clone = FreePool.__new__(FreePool)
         clone.nodes = [FreeNode(n.view, set(n.gpus), n.cpus, n.memory) for n in self.nodes]
         clone.by_name = {n.view.name: n for n in clone.nodes}
+        clone.max_gpus = self.max_gpus
+        clone.buckets = [{name: clone.by_name[name] for name in bucket} for bucket in self.buckets]
         return clone
 
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
         return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels) for n in nodes])
 
+    def candidates(self, gpus: int):
+        """Nodes with at least ``gpus`` free, fewest free first (best fit)."""
+        for bucket in self.buckets[gpus:]:
+            yield from bucket.values()
+
+    def count_with(self, gpus: int) -> int:
+        return sum(len(bucket) for bucket in self.buckets[gpus:])
+
     def assume(self, alloc: Allocation) -> None:
         node = self.by_name[alloc.node]
         missing = set(alloc.gpus) - node.gpus
         if missing or node.cpus + EPS < alloc.cpus or node.memory + EPS < alloc.memory:
             raise ValueError(f"allocation does not fit on {alloc.node}")
+        self.take(alloc)
+
+    def take(self, alloc: Allocation) -> None:
+        """Remove an allocation's resources without checking they are free (reservations)."""
+        node = self.by_name[alloc.node]
+        before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
         node.cpus -= alloc.cpus
         node.memory -= alloc.memory
+        self._rebucket(node, before)
 
     def release(self, alloc: Allocation) -> None:
         node = self.by_name[alloc.node]
+        before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
         node.cpus += alloc.cpus
         node.memory += alloc.memory
+        self._rebucket(node, before)
+
+    def _rebucket(self, node: FreeNode, before: int) -> None:
+        after = len(node.gpus)
+        if after != before:
+            del self.buckets[before][node.view.name]
+            self.buckets[after][node.view.name] = node
 
 
 class Filter(ABC):
@@ -74,38 +107,18 @@ class CapacityFilter(Filter):
         return len(node.gpus) >= req.gpus and node.cpus + EPS >= req.cpus and node.memory + EPS >= req.memory
 
 
-class Scorer(ABC):
-    @abstractmethod
-    def score(self, node: FreeNode, req: TaskRequest) -> tuple: ...
-
-
-class BestFitScorer(Scorer):
-    """Lower is better: leave the fewest GPUs, then CPUs, free on the chosen node."""
-
-    def score(self, node: FreeNode, req: TaskRequest) -> tuple:
-        if req.gpus == 0:
-            return (len(node.gpus), node.cpus - req.cpus, node.view.name)
-        return (len(node.gpus) - req.gpus, node.cpus - req.cpus, node.view.name)
-
-
 FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter())
-SCORERS: tuple[Scorer, ...] = (BestFitScorer(),)
 
 
 def place_replica(pool: FreePool, req: TaskRequest, rank: int) -> Allocation | None:
-    best: FreeNode | None = None
-    best_score: tuple | None = None
-    for node in pool.nodes:
+    """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order."""
+    for node in pool.candidates(req.gpus):
         if all(f.feasible(node, req) for f in FILTERS):
-            score = tuple(s.score(node, req) for s in SCORERS)
-            if best_score is None or score < best_score:
-                best, best_score = node, score
-    if best is None:
-        return None
-    gpus = tuple(sorted(best.gpus)[: req.gpus])
-    alloc = Allocation(req.name, rank, best.view.name, gpus, req.cpus, req.memory)
-    pool.assume(alloc)
-    return alloc
+            gpus = tuple(sorted(node.gpus)[: req.gpus])
+            alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory)
+            pool.assume(alloc)
+            return alloc
+    return None
 
 
 def place_gang(pool: FreePool, job: PendingJob) -> tuple[Allocation, ...] | None:
