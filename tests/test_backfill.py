@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from builders import node, task
 from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, schedule
-from corral.scheduler.backfill import Timeline, reserve
+from corral.scheduler.backfill import Book, Timeline, reserve
 from corral.scheduler.core import Policy
 from corral.scheduler.placement import FreePool, place_gang
 from corral.scheduler.priority import PriorityWeights, decay, factors, fair_share_factor
@@ -140,7 +140,7 @@ def test_backfill_never_delays_the_first_reservation(snap: Snapshot, name: str) 
             for a in s.allocations:
                 pool.assume(a)
             timeline.add(limits[s.job_id], s.allocations)
-        found = reserve(blocked, pool, timeline, [], 0.0)
+        found = reserve(blocked, Book(pool), timeline, 0.0)
         return found.start if found else float("inf")
 
     assert earliest(plan.starts) <= earliest(ahead) + 1e-9

@@ -44,27 +44,48 @@ class Timeline:
         return self.releases
 
 
-def reserve(job: PendingJob, pool: FreePool, timeline: Timeline, reservations: list[Reservation],
-            now: float) -> Reservation | None:
-    """The earliest start of ``job`` given the releases and earlier reservations (which
-    keep their resources from their start on), or None if it never fits.
+class Book:
+    """The reservations of one cycle, with the free pool as it is now minus everything they
+    hold (kept current, so a new reservation starts from a copy instead of redoing all the
+    earlier ones)."""
 
-    One working pool walks forward in time (no copy per step): it starts as the free pool
-    minus everything reserved, and a release never hands back a GPU that a reservation
-    holds. Cheap bounds (GPUs in all, nodes with room per replica) skip most what-ifs."""
-    trial = pool.copy()
-    held: dict[str, set[int]] = {}
-    for r in reservations:  # pessimistic: earlier reservations hold theirs from now on
-        for alloc in r.allocations:
-            trial.take(alloc)
-            held.setdefault(alloc.node, set()).update(alloc.gpus)
+    def __init__(self, pool: FreePool):
+        self.reservations: list[Reservation] = []
+        self.base = pool.copy()
+        self.held: dict[str, set[int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.reservations)
+
+    def __len__(self) -> int:
+        return len(self.reservations)
+
+    def add(self, reservation: Reservation) -> None:
+        self.reservations.append(reservation)
+        for alloc in reservation.allocations:  # pessimistic: held from now on
+            self.base.take(alloc)
+            self.held.setdefault(alloc.node, set()).update(alloc.gpus)
+
+    def started(self, allocations: tuple[Allocation, ...]) -> None:
+        for alloc in allocations:
+            self.base.take(alloc)
+
+
+def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float) -> Reservation | None:
+    """The earliest start of ``job`` given the releases and the book's reservations, or
+    None if it never fits. One working pool walks forward in time; a release never hands
+    back a GPU a reservation holds; cheap bounds skip most what-ifs."""
+    trial = book.base.copy()
+    free = sum(len(n.gpus) for n in trial.nodes)
     for end, allocations in [(now, ())] + timeline.ordered():
         for alloc in allocations:
-            reserved = held.get(alloc.node)
-            trial.release(alloc if not reserved else
-                          Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g not in reserved),
-                                     alloc.cpus, alloc.memory))
-        if any(trial.count_with(t.gpus) < t.replicas for t in job.tasks):
+            reserved = book.held.get(alloc.node)
+            if reserved:
+                alloc = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g not in reserved),
+                                   alloc.cpus, alloc.memory)
+            trial.release(alloc)
+            free += len(alloc.gpus)
+        if free < job.gpus or any(trial.count_with(t.gpus) < t.replicas for t in job.tasks if t.gpus):
             continue
         placed = place_gang(trial, job)
         if placed is not None:
@@ -72,12 +93,11 @@ def reserve(job: PendingJob, pool: FreePool, timeline: Timeline, reservations: l
     return None
 
 
-def fits_around(job: PendingJob, allocations: tuple[Allocation, ...], now: float,
-                reservations: list[Reservation]) -> bool:
+def fits_around(job: PendingJob, allocations: tuple[Allocation, ...], now: float, book: Book) -> bool:
     """True if starting ``job`` now on ``allocations`` delays no reservation; on success
     the job is assumed into every reservation it overlaps."""
     end = now + (job.time_limit if job.time_limit is not None else INFINITY)
-    overlapping = [r for r in reservations if end > r.start]
+    overlapping = [r for r in book.reservations if end > r.start]
     taken: list[tuple[Reservation, Allocation]] = []
     for reservation in overlapping:
         for alloc in allocations:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from corral.scheduler.backfill import INFINITY, Reservation, Timeline, fits_around, reserve
+from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, place_gang
 from corral.scheduler.plan import Plan, Reason, Start
 from corral.scheduler.priority import PriorityWeights, factors
@@ -67,7 +67,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
     timeline = Timeline()
     for running in snapshot.running:
         timeline.add(running.expected_end, running.allocations)
-    reservations: list[Reservation] = []
+    reservations = Book(pool)
     examined = 0
     for job in order:
         if len(plan.starts) >= policy.max_starts_per_cycle or (reservations and examined >= policy.max_backfill_jobs):
@@ -77,6 +77,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
         allocations = place_gang(pool, job)
         if allocations is not None:
             if not reservations or fits_around(job, allocations, now, reservations):
+                reservations.started(allocations)
                 plan.starts.append(Start(job.id, allocations))
                 timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
                 continue
@@ -86,9 +87,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
             continue
         plan.reasons[job.id] = _reason(snapshot, job)
         if len(reservations) < policy.max_reservations:
-            reservation = reserve(job, pool, timeline, reservations, now)
+            reservation = reserve(job, reservations, timeline, now)
             if reservation is not None:
-                reservations.append(reservation)
+                reservations.add(reservation)
                 plan.reserved_starts[job.id] = reservation.start
     return plan
 
