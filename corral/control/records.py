@@ -4,8 +4,9 @@ Keeping them in memory means a replica exit or a placement costs no query."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -35,8 +36,9 @@ class TaskRec:
 
     @cached_property
     def service(self) -> TaskSpec:
-        """The validated service semantics (probes, restart policy, ports, signals)."""
-        return TaskSpec.model_validate(self.spec)
+        """The validated service semantics (probes, restart policy, ports, signals); jobs
+        submitted from one file share one validation."""
+        return _task_spec(json.dumps(self.spec, sort_keys=True))
 
 
 @dataclass
@@ -114,6 +116,11 @@ class JobRec:
                              for t in self.tasks),
                        tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
                                          r.stop_cause == "time_limit") for r in self.members))
+
+
+@lru_cache(maxsize=4096)
+def _task_spec(text: str) -> TaskSpec:
+    return TaskSpec.model_validate_json(text)
 
 
 def record_of(job: Job) -> JobRec:
