@@ -162,6 +162,8 @@ def slurm_hetjob_latency(env: dict[str, str], lab: str, samples: int) -> list[fl
     out = []
     for i in range(samples):
         files = [Path(f"{lab}/het-{i}-{c}") for c in range(4)]
+        for stale in files:  # a lab directory may hold an earlier run's files
+            stale.unlink(missing_ok=True)
         script = Path(f"{lab}/het-{i}.sh")
         script.write_text("#!/bin/bash\n" + "\n#SBATCH hetjob\n".join(["#SBATCH -N1 -o /dev/null"] * 4) + "\n"
                           + "".join(f"srun --het-group={c} bash -c 'date +%s.%N > {files[c]}' &\n" for c in range(4))
