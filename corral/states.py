@@ -74,3 +74,8 @@ def check_job_transition(old: JobState, new: JobState) -> None:
 def check_replica_transition(old: ReplicaState, new: ReplicaState) -> None:
     if new not in REPLICA_TRANSITIONS.get(old, frozenset()):
         raise TransitionError(f"replica cannot go from {old.value} to {new.value}")
+
+
+def retired(stop_cause: str | None, state: ReplicaState | str) -> bool:
+    """A replica retired by a scale-down: no longer a member of its task (until it grows)."""
+    return stop_cause == "scale_down" and ReplicaState(state).terminal

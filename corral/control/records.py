@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from corral.control.lifecycle import JobView, ReplicaView, TaskView
 from corral.scheduler import Allocation, PendingJob, TaskRequest
 from corral.spec.models import TaskSpec
-from corral.states import JobState, ReplicaState
+from corral.states import JobState, ReplicaState, retired
 from corral.store.tables import Job, Replica, Task
 
 
@@ -71,7 +71,7 @@ class ReplicaRec:
 
     @property
     def retired(self) -> bool:
-        return self.stop_cause == "scale_down" and self.state.terminal
+        return retired(self.stop_cause, self.state)
 
     @property
     def launch_key(self) -> str:

@@ -17,15 +17,11 @@ from corral.runtime.logs import LogTail, follow
 from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.placement import why_infeasible
 from corral.spec import SpecError, load_job
-from corral.states import JobState, ReplicaState
+from corral.states import JobState, retired
 from corral.store import repository
 from corral.store.tables import Job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-
-
-def _retired(replica) -> bool:
-    return replica.stop_cause == "scale_down" and ReplicaState(replica.state).terminal
 
 
 def _job_or_404(session, ident: str) -> Job:
@@ -130,7 +126,7 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
     specs = {t["name"]: t for t in found.spec["tasks"]}
     tasks = [{"name": t.name, "ports": specs[t.name].get("ports") or {},
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
-                            "restarts": r.restarts} for r in found.replicas if r.task == t.name and not _retired(r)]}
+                            "restarts": r.restarts} for r in found.replicas if r.task == t.name and not retired(r.stop_cause, r.state)]}
              for t in found.tasks]
     return peers_document(found.id, found.name, tasks, clock())
 
