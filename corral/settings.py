@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -18,7 +18,6 @@ class Settings:
     poll_interval_s: float = 0.5  # safety net; the loop is woken by events first
     rescan_interval_s: float = 1.0  # how often the loop re-reads pending jobs and cancels
     min_cycle_interval_s: float = 0.04  # a busy loop batches what arrives within this window
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:

@@ -22,7 +22,6 @@ class JobState(str, Enum):
 
 
 TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT})
-ACTIVE_JOB_STATES = frozenset({JobState.STARTING, JobState.RUNNING})
 
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),

@@ -40,7 +40,7 @@ from corral.control.lifecycle import evaluate
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec, load_records, record_of
 from corral.control.services import ServicesMixin
-from corral.executors.base import Handle, Launch
+from corral.executors.base import Executor, Handle, Launch
 from corral.executors.local import EXIT_FILE, LocalExecutor
 from corral.pool import NodeSpec
 from corral.runtime.discovery import loopback_address
@@ -83,7 +83,7 @@ class Controller(ServicesMixin):
         # One writer at a time in this process: waiting on a Python lock wakes at once, where
         # SQLite's busy handler would sleep in 1–100 ms steps.
         self.write_lock = write_lock or threading.RLock()
-        self.executor = LocalExecutor(self._on_exit)
+        self.executor: Executor = LocalExecutor(self._on_exit)
         self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_"))}
         self.journal = Journal()
         self.pending: dict[int, JobRec] = {}  # queue order = id order

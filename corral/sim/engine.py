@@ -12,7 +12,7 @@ import heapq
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
 from corral.scheduler.placement import FreePool
@@ -36,7 +36,6 @@ class SimResult:
     placements: int
     unplaceable: int
     cycles: int
-    extra: dict = field(default_factory=dict)
 
     def metrics(self) -> dict:
         done = self.outcomes

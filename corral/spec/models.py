@@ -140,10 +140,6 @@ class TaskSpec(BaseModel):
                              f"max {high}")
         return self
 
-    @property
-    def elastic(self) -> bool:
-        return (self.min_nodes or self.num_nodes) != (self.max_nodes or self.num_nodes)
-
     @field_validator("readiness_probe", "liveness_probe")
     @classmethod
     def _probe_port(cls, probe: Probe | None, info: ValidationInfo) -> Probe | None:
@@ -183,10 +179,6 @@ class TaskSpec(BaseModel):
                 raise ValueError("a list of commands must hold only strings")
             return "\n".join(value)
         return value
-
-    @property
-    def environment(self) -> dict[str, str | None]:
-        return {**self.envs, **self.secrets}
 
 
 def _elastic(value: dict[str, Any]) -> dict[str, Any]:
@@ -246,6 +238,3 @@ class JobSpec(BaseModel):
                 return task
         raise KeyError(name)
 
-    @property
-    def total_gpus(self) -> int:
-        return sum(t.num_nodes * t.resources.gpus for t in self.tasks)
