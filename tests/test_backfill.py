@@ -10,11 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import node, task
-from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, schedule
+from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, priorities, schedule
 from corral.scheduler.backfill import Book, Timeline, reserve
 from corral.scheduler.core import Policy
 from corral.scheduler.placement import FreePool, place_gang
-from corral.scheduler.priority import PriorityWeights, decay, factors, fair_share_factor
+from corral.scheduler import fairshare
+from corral.scheduler.policy import PriorityWeights
+from corral.scheduler.priority import decay, factors
 from corral.scheduler.snapshot import RunningJob
 
 SLURM, CORRAL = Policy.named("slurm"), Policy.named("corral")
@@ -26,7 +28,7 @@ def pending(job_id: int, gpus: int, limit: float, submitted: float = 0.0, accoun
 
 
 def world(nodes: list[NodeView], running: list[tuple[int, int, float]], jobs: list[PendingJob],
-          usage: dict[str, float] | None = None, shares: dict[str, float] | None = None) -> Snapshot:
+          usage: dict[tuple[str, str], float] | None = None) -> Snapshot:
     """``running``: (id, gpus on one node, expected end), placed on an idle pool first."""
     pool = FreePool(nodes)
     held = []
@@ -36,7 +38,7 @@ def world(nodes: list[NodeView], running: list[tuple[int, int, float]], jobs: li
         held.append(RunningJob(job_id, allocs, end))
     free = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, (),
                           frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
-    return Snapshot(free, tuple(jobs), tuple(held), usage or {}, shares or {})
+    return Snapshot(free, tuple(jobs), tuple(held), usage or {})
 
 
 def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
@@ -72,24 +74,25 @@ def test_fifo_never_backfills() -> None:
 
 
 def test_fair_share_orders_an_underserved_account_first() -> None:
-    assert fair_share_factor({}, {"a": 0.5, "b": 0.5}, "a") == 1.0
-    assert fair_share_factor({"a": 100.0}, {"a": 0.5, "b": 0.5}, "a") == 0.25
-    assert fair_share_factor({"a": 100.0}, {"a": 0.5, "b": 0.5}, "b") == 1.0
+    flat = Policy()
+    assert fairshare.factors(flat, {}, {("a", "a"), ("b", "b")})[("a", "a")] == 1.0
+    # a used everything, half the machine is its share: UE = 1, S = 0.5 -> 2^-2
+    used = fairshare.factors(flat, {("a", "a"): 100.0}, {("b", "b")})
+    assert used[("a", "a")] == 0.25 and used[("b", "b")] == 1.0
     snap = world([node("n", gpus=1)], [], [pending(1, 1, 10, 0, account="heavy"), pending(2, 1, 10, 5, account="light")],
-                 usage={"heavy": 1e6, "light": 1.0}, shares={"heavy": 0.5, "light": 0.5})
+                 usage={("heavy", "heavy"): 1e6, ("light", "light"): 1.0})
     assert [s.job_id for s in schedule(snap, 10.0, SLURM).starts] == [2]
 
 
 def test_priority_factors_age_size_and_nice() -> None:
-    snap = world([node("n", gpus=8)], [], [])
-    weights = PriorityWeights(max_age_s=100)
+    policy = Policy(weights=PriorityWeights(max_age_s=100))
     young, old = pending(1, 1, 10, submitted=90), pending(2, 1, 10, submitted=0)
-    assert factors(old, snap, 100, weights, 8).age == 1.0 and factors(young, snap, 100, weights, 8).age == 0.1
+    assert factors(old, 100, policy, 0.5, 8).age == 1.0 and factors(young, 100, policy, 0.5, 8).age == 0.1
     big = pending(3, 8, 10)
-    assert factors(big, snap, 0, weights, 8).job_size == 1.0
-    assert factors(big, snap, 0, PriorityWeights(favor_small=True), 8).job_size == 0.0
+    assert factors(big, 0, policy, 0.5, 8).job_size == 1.0
+    assert factors(big, 0, Policy(weights=PriorityWeights(favor_small=True)), 0.5, 8).job_size == 0.0
     nice = pending(4, 1, 10, nice=500)
-    assert factors(nice, snap, 0, weights, 8).total == factors(pending(5, 1, 10), snap, 0, weights, 8).total - 500
+    assert factors(nice, 0, policy, 0.5, 8).total == factors(pending(5, 1, 10), 0, policy, 0.5, 8).total - 500
 
 
 def test_usage_decays_with_the_half_life() -> None:
@@ -109,7 +112,7 @@ def busy_world(draw):
             running.append(RunningJob(job_id, allocs, float(draw(st.integers(1, 500)))))
     jobs = [pending(i, draw(st.integers(1, 8)), float(draw(st.integers(1, 600))), float(i), draw(st.sampled_from("ab")),
                     replicas=draw(st.integers(1, 2))) for i in range(1, draw(st.integers(2, 12)))]
-    return Snapshot(tuple(_views(pool)), tuple(jobs), tuple(running), {"a": 50.0, "b": 10.0}, {"a": 0.5, "b": 0.5})
+    return Snapshot(tuple(_views(pool)), tuple(jobs), tuple(running), {("a", "a"): 50.0, ("b", "b"): 10.0})
 
 
 def _views(pool: FreePool):
@@ -122,8 +125,8 @@ def _views(pool: FreePool):
 def test_backfill_never_delays_the_first_reservation(snap: Snapshot, name: str) -> None:
     policy = Policy.named(name)
     plan = schedule(snap, 0.0, policy)
-    gpus = sum(n.gpus for n in snap.nodes)
-    order = sorted(snap.pending, key=lambda j: (-factors(j, snap, 0.0, policy.weights, gpus).total, j.submitted_at, j.id))
+    prio = priorities(snap, 0.0, policy)
+    order = sorted(snap.pending, key=lambda j: (-prio[j.id].total, j.submitted_at, j.id))
     started = {s.job_id: s for s in plan.starts}
     blocked = next((j for j in order if plan.reasons.get(j.id) == Reason.RESOURCES and j.id in plan.reserved_starts),
                    None)

@@ -1,9 +1,12 @@
 """scheduler: the pure core. ``schedule(snapshot, now, policy) -> Plan`` with no I/O, no wall
 clock and no unseeded randomness, so it is tested with builders and replayed by a simulator."""
 
-from corral.scheduler.core import Policy, schedule
-from corral.scheduler.plan import Allocation, Plan, Reason, Start
-from corral.scheduler.snapshot import NodeView, PendingJob, Snapshot, TaskRequest
+from corral.scheduler.core import priorities, schedule
+from corral.scheduler.plan import Allocation, Plan, Preemption, Reason, Shrink, Start
+from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
+from corral.scheduler.snapshot import (Dependency, NodeView, PendingJob, RunningJob, Shrinkable, Snapshot, TaskRequest,
+                                       Topology)
 
-__all__ = ["Allocation", "NodeView", "PendingJob", "Plan", "Policy", "Reason", "Snapshot", "Start",
-           "TaskRequest", "schedule"]
+__all__ = ["Account", "Allocation", "Dependency", "NodeView", "Partition", "PendingJob", "Plan", "Policy", "Preemption",
+           "PriorityWeights", "Qos", "Reason", "RunningJob", "Shrink", "Shrinkable", "Snapshot", "Start", "TaskRequest",
+           "Topology", "priorities", "schedule"]

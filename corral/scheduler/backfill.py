@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from corral.scheduler.placement import FreePool, place_gang
+from corral.scheduler.placement import EVERYWHERE, FreePool, Scope, place_gang
 from corral.scheduler.plan import Allocation
 from corral.scheduler.snapshot import PendingJob
 
@@ -71,7 +71,8 @@ class Book:
             self.base.take(alloc)
 
 
-def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float) -> Reservation | None:
+def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: Scope = EVERYWHERE
+            ) -> Reservation | None:
     """The earliest start of ``job`` given the releases and the book's reservations, or
     None if it never fits. One working pool walks forward in time; a release never hands
     back a GPU a reservation holds; cheap bounds skip most what-ifs."""
@@ -87,7 +88,7 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float) -> Rese
             free += len(alloc.gpus)
         if free < job.gpus or any(trial.count_with(t.gpus) < t.replicas for t in job.tasks if t.gpus):
             continue
-        placed = place_gang(trial, job)
+        placed = place_gang(trial, job, scope)
         if placed is not None:
             return Reservation(job.id, max(now, end), placed, trial)
     return None

@@ -2,82 +2,103 @@
 clock, no randomness: the same snapshot always gives the same plan.
 
 The cycle, in numbered steps:
-  1. order    — FIFO keeps submit order; ``slurm`` and ``corral`` sort by multifactor
-                priority (age, fair share, job size, nice), ties by submit time;
-  2. pool     — a what-if copy of free resources, and a timeline of when running jobs
-                give theirs back (start + time limit);
-  3. admit    — each job's whole gang starts now, or nothing of it;
-  4. reserve  — a job that does not fit gets a reservation (its earliest start on the
-                timeline), up to the policy's number of reservations;
-  5. backfill — a later job may still start now only if it delays no reservation
+  1. hold     — jobs whose dependencies are not met, or that ask for more time than their
+                partition allows, wait with that reason (an unsatisfiable dependency is
+                reported, and cancels the job if it asked);
+  2. order    — FIFO keeps submit order; ``slurm`` and ``corral`` sort by partition
+                priority tier, then multifactor priority, then submit time (Slurm's order);
+  3. pool     — a what-if copy of free resources, a timeline of when running jobs give
+                theirs back (start + time limit), and a tally of GPUs and GPU-minutes
+                for the QOS and account limits;
+  4. admit    — a job within its limits starts now if its whole gang fits (in its
+                partition, under the fewest switches), or nothing of it starts;
+  5. preempt  — a job that does not fit and outranks running work (partition tier, QOS)
+                gets victims chosen in a what-if (``preemption``); it starts in a later
+                cycle, once they are gone;
+  6. reserve  — otherwise it gets a reservation (its earliest start on the timeline), up
+                to the policy's number of reservations;
+  7. backfill — a later job may still start now only if it delays no reservation
                 (bounded: at most ``max_backfill_jobs`` jobs are examined per cycle).
-Strict FIFO stops at the first job that does not fit.
+Strict FIFO stops at the first job that does not fit (held and limit-blocked jobs aside).
 
 Policies: ``fifo``; ``slurm`` models a typical Slurm site (multifactor with age, fair-share
 and a job-size factor favoring large jobs; backfill that reserves for every blocked job it
 examines, bounded like bf_max_job_test); ``corral`` favors small gangs in the size factor
 and weighs age five times more, saturating in 3 days, with the same reservations. Both use
-the same gang placement and fragmentation-aware best fit. On philly-gavel-4vc (88 GPUs)
-this gives corral a ~29 % lower mean JCT, higher utilisation and a lower worst per-user
-wait than the slurm model (see issue 3's notes for the table)."""
+the same gang placement and fragmentation-aware best fit."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
-from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, place_gang
+from corral.scheduler.limits import Tally
+from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang
 from corral.scheduler.plan import Plan, Reason, Start
-from corral.scheduler.priority import PriorityWeights, factors
+from corral.scheduler.policy import Policy
+from corral.scheduler.priority import Factors, factors
 from corral.scheduler.snapshot import PendingJob, Snapshot
 
+__all__ = ["Policy", "schedule", "priorities"]
 
-@dataclass(frozen=True)
-class Policy:
-    name: str = "fifo"
-    weights: PriorityWeights = field(default_factory=PriorityWeights)
-    backfill: bool = False
-    max_reservations: int = 0
-    max_backfill_jobs: int = 1000
-    max_starts_per_cycle: int = 10_000
 
-    @classmethod
-    def named(cls, name: str) -> Policy:
-        if name == "fifo":
-            return cls("fifo")
-        if name == "slurm":
-            return cls("slurm", PriorityWeights(favor_small=False), backfill=True, max_reservations=100,
-                       max_backfill_jobs=500)
-        if name == "corral":
-            # Small gangs first (lower mean JCT), a strong age factor that saturates in 3 days
-            # (bounds every user's wait), and a reservation for every blocked job examined.
-            return cls("corral", PriorityWeights(favor_small=True, age=5000.0, max_age_s=3 * 86400.0),
-                       backfill=True, max_reservations=100, max_backfill_jobs=500)
-        raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
+def priorities(snapshot: Snapshot, now: float, policy: Policy) -> dict[int, Factors]:
+    """The multifactor priority of every pending job (``corral queue --priority``)."""
+    cluster_gpus = sum(n.gpus for n in snapshot.nodes)
+    shares = fairshare.factors(policy, snapshot.usage, {j.assoc for j in snapshot.pending})
+    return {j.id: factors(j, now, policy, shares.get(j.assoc, 0.5), cluster_gpus) for j in snapshot.pending}
 
 
 def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
-    if not policy.backfill:
-        return _strict_fifo(snapshot, policy)
     plan = Plan()
-    cluster_gpus = sum(n.gpus for n in snapshot.nodes)
-    order = sorted(snapshot.pending, key=lambda j: (-factors(j, snapshot, now, policy.weights, cluster_gpus).total,
-                                                    j.submitted_at, j.id))
+    # 1. hold
+    ready: list[PendingJob] = []
+    ahead = {(r.user, r.name) for r in snapshot.running if r.name}
+    for job in snapshot.pending:  # submit order: "ahead" grows as we go (singleton)
+        held = _hold(job, snapshot, policy, ahead)
+        if job.name:
+            ahead.add((job.user, job.name))
+        if held is None:
+            ready.append(job)
+            continue
+        plan.reasons[job.id] = held
+        if held is Reason.DEPENDENCY_NEVER and job.kill_on_invalid_dep:
+            plan.cancels[job.id] = "a dependency can never be satisfied"
+    # 2. order
+    if policy.backfill:
+        prio = priorities(Snapshot(snapshot.nodes, tuple(ready), usage=snapshot.usage), now, policy)
+        plan.priorities.update(prio)
+        ready.sort(key=lambda j: (-policy.partition(j.partition).priority_tier, -prio[j.id].total,
+                                  j.submitted_at, j.id))
+    # 3. pool
     pool = FreePool(snapshot.nodes)
+    tally = Tally(snapshot, policy, now)
     timeline = Timeline()
     for running in snapshot.running:
         timeline.add(running.expected_end, running.allocations)
-    reservations = Book(pool)
+    book = Book(pool)
+    scopes = _Scopes(snapshot, policy)
+    running = list(snapshot.running)
+    claimed: set[int] = set()
+    preempting = policy.preemption and bool(running) and _tiered(policy)
+    blocked = False
     examined = 0
-    for job in order:
-        if len(plan.starts) >= policy.max_starts_per_cycle or (reservations and examined >= policy.max_backfill_jobs):
+    for job in ready:
+        if blocked or len(plan.starts) >= policy.max_starts_per_cycle or \
+                (book and examined >= policy.max_backfill_jobs):
             plan.reasons[job.id] = Reason.PRIORITY
             continue
+        limit = tally.blocked(job)
+        if limit is not None:
+            plan.reasons[job.id] = limit
+            continue
         examined += 1
-        allocations = place_gang(pool, job)
+        scope = scopes.of(job, now)
+        # 4. admit (and 7. backfill, once there are reservations)
+        allocations = place_gang(pool, job, scope)
         if allocations is not None:
-            if not reservations or fits_around(job, allocations, now, reservations):
-                reservations.started(allocations)
+            if not book or fits_around(job, allocations, now, book):
+                book.started(allocations)
+                tally.start(job)
                 plan.starts.append(Start(job.id, allocations))
                 timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
                 continue
@@ -85,34 +106,70 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
                 pool.release(alloc)
             plan.reasons[job.id] = Reason.PRIORITY
             continue
-        plan.reasons[job.id] = _reason(snapshot, job)
-        if len(reservations) < policy.max_reservations:
-            reservation = reserve(job, reservations, timeline, now)
+        # 5. preempt
+        if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
+            found = preemption.find(job, pool, scope, running, policy, claimed)
+            if found is not None:
+                claimed.update(found.victims)
+                if found.victims or found.shrinks:
+                    plan.preemptions.append(found)
+                plan.reasons[job.id] = Reason.PREEMPTING
+                continue
+        plan.reasons[job.id] = _reason(snapshot, job, pool, scope)
+        if not policy.backfill:
+            blocked = True
+            continue
+        # 6. reserve
+        if len(book) < policy.max_reservations:
+            reservation = reserve(job, book, timeline, now, scope)
             if reservation is not None:
-                reservations.add(reservation)
+                book.add(reservation)
                 plan.reserved_starts[job.id] = reservation.start
     return plan
 
 
-def _strict_fifo(snapshot: Snapshot, policy: Policy) -> Plan:
-    plan = Plan()
-    pool = FreePool(snapshot.nodes)
-    blocked = False
-    for job in snapshot.pending:
-        if blocked or len(plan.starts) >= policy.max_starts_per_cycle:
-            plan.reasons[job.id] = Reason.PRIORITY
-            continue
-        allocations = place_gang(pool, job)
-        if allocations is None:
-            plan.reasons[job.id] = _reason(snapshot, job)
-            blocked = True
-            continue
-        plan.starts.append(Start(job.id, allocations))
-    return plan
+def _hold(job: PendingJob, snapshot: Snapshot, policy: Policy, ahead: set[tuple[str, str]]) -> Reason | None:
+    if job.dependencies:
+        status = dependency.status(job, snapshot.job_states, ahead)
+        if status is dependency.Status.NEVER:
+            return Reason.DEPENDENCY_NEVER
+        if status is dependency.Status.WAIT:
+            return Reason.DEPENDENCY
+    max_time = policy.partition(job.partition).max_time
+    if max_time is not None and (job.time_limit is None or job.time_limit > max_time):
+        return Reason.PARTITION_TIME
+    return None
 
 
-def _reason(snapshot: Snapshot, job: PendingJob) -> Reason:
+def _tiered(policy: Policy) -> bool:
+    return len({p.priority_tier for p in policy.partitions}) > 1 or any(q.preempt for q in policy.qos)
+
+
+class _Scopes:
+    """Per-partition node sets, computed once per cycle."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy):
+        self.policy = policy
+        self.levels = policy.topology
+        self.sets: dict[str, frozenset[str] | None] = {}
+        self.names = [n.name for n in snapshot.nodes]
+
+    def of(self, job: PendingJob, now: float) -> Scope:
+        partition = self.policy.partition(job.partition)
+        if partition.name not in self.sets:
+            everything = partition.nodes == ("*",)
+            self.sets[partition.name] = None if everything else frozenset(n for n in self.names if partition.holds(n))
+        return Scope(self.sets[partition.name], self.levels, max(0.0, now - job.submitted_at))
+
+
+def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:
     for task in job.tasks:
         if not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
             return Reason.GPU_TYPE
+    if scope.levels and any(t.topology is not None and t.topology.required for t in job.tasks):
+        loose = place_gang(pool, job, Scope(scope.allowed))
+        if loose is not None:
+            for alloc in loose:
+                pool.release(alloc)
+            return Reason.TOPOLOGY
     return Reason.RESOURCES

@@ -110,10 +110,12 @@ class CapacityFilter(Filter):
 FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter())
 
 
-def place_replica(pool: FreePool, req: TaskRequest, rank: int) -> Allocation | None:
-    """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order."""
+def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None
+                  ) -> Allocation | None:
+    """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order
+    (among ``allowed`` nodes, when given: a partition, or the switches topology chose)."""
     for node in pool.candidates(req.gpus):
-        if all(f.feasible(node, req) for f in FILTERS):
+        if (allowed is None or node.view.name in allowed) and all(f.feasible(node, req) for f in FILTERS):
             gpus = tuple(sorted(node.gpus)[: req.gpus])
             alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory)
             pool.assume(alloc)
@@ -121,18 +123,45 @@ def place_replica(pool: FreePool, req: TaskRequest, rank: int) -> Allocation | N
     return None
 
 
-def place_gang(pool: FreePool, job: PendingJob) -> tuple[Allocation, ...] | None:
+@dataclass(frozen=True)
+class Scope:
+    """Where a job may go this cycle: its partition's nodes (None: all), the policy's
+    topology levels, and how long it has waited (for ``max_wait`` relaxing)."""
+
+    allowed: frozenset[str] | None = None
+    levels: tuple[str, ...] = ()
+    waited: float = 0.0
+
+
+EVERYWHERE = Scope()
+
+
+def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tuple[Allocation, ...] | None:
     """Every replica of every task, or nothing (the pool is left as it was on failure).
 
-    Larger replicas are placed first so small ones do not fragment the nodes they need."""
-    wanted = [(task, rank) for task in job.tasks for rank in range(task.replicas)]
-    wanted.sort(key=lambda tr: (-tr[0].gpus, -tr[0].cpus, -tr[0].memory))
+    Multi-node tasks go first, each under the fewest switches (``topology``); then the
+    other replicas, larger first, so small ones do not fragment the nodes they need."""
+    from corral.scheduler.topology import place_task  # topology builds on this module
+
     placed: list[Allocation] = []
+
+    def undo() -> None:
+        for done in placed:
+            pool.release(done)
+
+    spread = [t for t in job.tasks if t.replicas > 1 and scope.levels] if scope.levels else []
+    for task in sorted(spread, key=lambda t: (-t.gpus * t.replicas, -t.cpus)):
+        allocs = place_task(pool, task, scope)
+        if allocs is None:
+            undo()
+            return None
+        placed.extend(allocs)
+    wanted = [(task, rank) for task in job.tasks if task not in spread for rank in range(task.replicas)]
+    wanted.sort(key=lambda tr: (-tr[0].gpus, -tr[0].cpus, -tr[0].memory))
     for task, rank in wanted:
-        alloc = place_replica(pool, task, rank)
+        alloc = place_replica(pool, task, rank, scope.allowed)
         if alloc is None:
-            for done in placed:
-                pool.release(done)
+            undo()
             return None
         placed.append(alloc)
     order = {t.name: i for i, t in enumerate(job.tasks)}

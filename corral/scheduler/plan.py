@@ -14,6 +14,18 @@ class Reason(str, Enum):
     PRIORITY = "Priority"  # a job ahead of it in the queue waits first
     RESOURCES = "Resources"  # free resources are not enough for the whole gang now
     GPU_TYPE = "ReqGPUTypeNotAvail"  # no node offers the GPU type asked for
+    DEPENDENCY = "Dependency"  # waits for other jobs
+    DEPENDENCY_NEVER = "DependencyNeverSatisfied"
+    PARTITION_TIME = "PartitionTimeLimit"  # asks for more time than its partition allows
+    PARTITION_NODES = "PartitionNodes"  # its partition's nodes could never hold the gang
+    TOPOLOGY = "Topology"  # no switch has room for a task that requires one
+    QOS_USER_GPUS = "QOSMaxGPUsPerUser"
+    QOS_ACCOUNT_GPUS = "QOSMaxGPUsPerAccount"
+    QOS_GPUS = "QOSGrpGPUs"
+    QOS_GPU_MINUTES = "QOSGrpGPUMinutes"
+    ACCOUNT_GPUS = "AccountMaxGPUs"
+    ACCOUNT_GPU_MINUTES = "AccountGPUMinutes"
+    PREEMPTING = "Preempting"  # lower-tier work is being stopped to make room for it
 
 
 @dataclass(frozen=True)
@@ -32,11 +44,31 @@ class Start:
     allocations: tuple[Allocation, ...]
 
 
+@dataclass(frozen=True)
+class Shrink:
+    job_id: int
+    task: str
+    replicas: int  # the task's new size
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """Make room for ``for_job``: stop ``victims`` whole (each per its preempt mode) and
+    shrink elastic tasks; the job starts in a later cycle once the resources are free."""
+
+    for_job: int
+    victims: tuple[int, ...]
+    shrinks: tuple[Shrink, ...] = ()
+
+
 @dataclass
 class Plan:
     starts: list[Start] = field(default_factory=list)
     reasons: dict[int, Reason] = field(default_factory=dict)
     reserved_starts: dict[int, float] = field(default_factory=dict)  # blocked job -> its planned start
+    preemptions: list[Preemption] = field(default_factory=list)
+    cancels: dict[int, str] = field(default_factory=dict)  # job -> why (an unsatisfiable dependency)
+    priorities: dict[int, object] = field(default_factory=dict)  # job -> its Factors, for sprio-like views
 
     def started_ids(self) -> set[int]:
         return {s.job_id for s in self.starts}

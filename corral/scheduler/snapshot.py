@@ -29,6 +29,17 @@ class NodeView:
 
 
 @dataclass(frozen=True)
+class Topology:
+    """A task's switch constraint: all replicas under one switch of ``level`` (a label
+    key of the policy's topology), ``required`` or only preferred; a required one relaxes
+    after ``max_wait`` seconds of waiting (Slurm's ``--switches=1@time``)."""
+
+    level: str
+    required: bool = False
+    max_wait: float | None = None
+
+
+@dataclass(frozen=True)
 class TaskRequest:
     """Per-replica needs of one task; ``replicas`` of them go in the gang."""
 
@@ -38,6 +49,15 @@ class TaskRequest:
     cpus: float = 0.1
     memory: float = 0.0
     gpu_type: str | None = None
+    topology: Topology | None = None
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """``afterok``/``afternotok``/``afterany`` on job ids, or ``singleton``."""
+
+    kind: str
+    job_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -49,20 +69,57 @@ class PendingJob:
     account: str = ""
     time_limit: float | None = None  # seconds; backfill plans with it
     nice: int = 0
+    partition: str = ""
+    qos: str = ""
+    priority: float | None = None  # set by an operator: replaces the computed priority
+    dependencies: tuple[Dependency, ...] = ()
+    name: str = ""  # for singleton
+    kill_on_invalid_dep: bool = False
 
     @property
     def gpus(self) -> int:
         return sum(t.replicas * t.gpus for t in self.tasks)
 
+    @property
+    def assoc(self) -> tuple[str, str]:
+        return (self.account or self.user, self.user)
+
+
+@dataclass(frozen=True)
+class Shrinkable:
+    """Replicas of an elastic task that may be removed (highest ranks first) down to its
+    minimum, instead of preempting the whole job."""
+
+    task: str
+    min_replicas: int
+    allocations: tuple  # tuple[Allocation, ...] of the current members, rank order
+
 
 @dataclass(frozen=True)
 class RunningJob:
-    """What backfill needs of a running job: what it holds and when it will at the latest
-    give it back (start + time limit)."""
+    """What backfill, limits and preemption need of a running job: what it holds, when it
+    gives it back at the latest (start + time limit), and who it belongs to."""
 
     id: int
     allocations: tuple  # tuple[Allocation, ...]
     expected_end: float
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    started_at: float = 0.0
+    priority: float = 0.0
+    ending: bool = False  # already being stopped (preempted, cancelled, done): frees soon
+    elastic: tuple[Shrinkable, ...] = ()
+    name: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(a.gpus) for a in self.allocations)
+
+    @property
+    def assoc(self) -> tuple[str, str]:
+        return (self.account or self.user, self.user)
 
 
 @dataclass(frozen=True)
@@ -70,6 +127,6 @@ class Snapshot:
     nodes: tuple[NodeView, ...]
     pending: tuple[PendingJob, ...]  # submit order; policies reorder
     running: tuple[RunningJob, ...] = ()
-    usage: dict[str, float] = field(default_factory=dict)  # decayed resource-seconds per account
-    shares: dict[str, float] = field(default_factory=dict)  # normalised shares per account (sum 1)
-    meta: dict[str, object] = field(default_factory=dict)
+    usage: dict[tuple[str, str], float] = field(default_factory=dict)  # decayed charge per (account, user)
+    gpu_minutes: dict[str, float] = field(default_factory=dict)  # spent, never decayed: "account:X", "qos:Y"
+    job_states: dict[int, str] = field(default_factory=dict)  # of jobs that pending jobs depend on

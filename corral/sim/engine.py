@@ -97,9 +97,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
     total_gpus = sum(n.gpus for n in nodes)
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
-    users = sorted({j.user for j in jobs})
-    shares = {u: 1.0 / len(users) for u in users}
-    usage: dict[str, float] = {}
+    usage: dict[tuple[str, str], float] = {}
     events: list[tuple[float, int, int]] = []  # (time, kind 0=end 1=submit, job index)
     unplaceable = 0
     for i, job in enumerate(jobs):
@@ -128,7 +126,8 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
                 freed = True
         if last_account > -math.inf:  # charge running GPU-seconds, then decay
             for i in running:
-                usage[jobs[i].user] = usage.get(jobs[i].user, 0.0) + jobs[i].gpus * (now - last_account)
+                key = (jobs[i].user, jobs[i].user)
+                usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
             usage = decay(usage, now - last_account, half_life_s)
         last_account = now
         if not pending or (not freed and now - last_schedule < interval_s and events and events[0][1] == 1
@@ -137,7 +136,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
         last_schedule = now
         views = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
                                frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
-        snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage, shares)
+        snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage)
         t0 = time.process_time()
         plan = schedule(snapshot, now, policy)
         sched_cpu += time.process_time() - t0
@@ -146,7 +145,8 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
             for alloc in start.allocations:
                 pool.assume(alloc)
             job = jobs[start.job_id]
-            running[start.job_id] = RunningJob(start.job_id, start.allocations, now + job.time_limit_s)
+            running[start.job_id] = RunningJob(start.job_id, start.allocations, now + job.time_limit_s, job.user, job.user,
+                                               started_at=now)
             starts[start.job_id] = now
             del pending[start.job_id]
             placements += 1

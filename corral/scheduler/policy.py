@@ -1,0 +1,160 @@
+"""What a site decides, as plain frozen data the pure scheduler reads: priority weights,
+partitions, QOS, the account tree, topology levels and how far one cycle may go.
+
+``corral.site`` builds this from ``config.yaml``; tests and the simulator build it by hand.
+
+Preemption order. A job J may preempt a running job V only if J's partition has a higher
+priority tier than V's, or the tiers are equal and V's QOS is reachable from J's through
+the QOS ``preempt`` lists. The QOS lists are checked acyclic when the site is loaded, so
+"may preempt" is a strict partial order: two jobs can never preempt each other, whatever
+happens to their priorities over time."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Literal
+
+PreemptMode = Literal["requeue", "cancel", "off"]
+
+
+@dataclass(frozen=True)
+class PriorityWeights:
+    """Slurm's PriorityWeight* knobs; every factor is in [0, 1] before weighting."""
+
+    age: float = 1000.0
+    fair_share: float = 10000.0
+    job_size: float = 1000.0
+    partition: float = 1000.0
+    qos: float = 1000.0
+    max_age_s: float = 7 * 86400.0
+    favor_small: bool = False
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...] = ("*",)  # names or shell-style patterns
+    max_time: float | None = None
+    default_time: float | None = None
+    accounts: tuple[str, ...] | None = None  # None: every account
+    priority_tier: int = 0
+    job_factor: float = 1.0  # Slurm PriorityJobFactor; normalised across partitions
+    preempt_mode: PreemptMode = "requeue"
+
+    def holds(self, node: str) -> bool:
+        return any(fnmatch.fnmatchcase(node, pattern) for pattern in self.nodes)
+
+
+@dataclass(frozen=True)
+class Qos:
+    name: str
+    priority: float = 0.0  # normalised across QOS for the factor
+    preempt: tuple[str, ...] = ()  # QOS this one may preempt
+    preempt_mode: PreemptMode | None = None  # overrides the partition's for its jobs
+    max_gpus_per_user: int | None = None  # MaxTRESPerUser=gres/gpu
+    max_gpus_per_account: int | None = None  # MaxTRESPerAccount=gres/gpu
+    max_gpus: int | None = None  # GrpTRES=gres/gpu: all jobs of the QOS together
+    gpu_minutes: float | None = None  # GrpTRESMins=gres/gpu
+
+
+@dataclass(frozen=True)
+class Account:
+    name: str
+    parent: str | None = None  # None: under the root
+    shares: float = 1.0
+    users: tuple[str, ...] = ()
+    max_gpus: int | None = None  # GrpTRES=gres/gpu over the account and its sub-accounts
+    gpu_minutes: float | None = None  # GrpTRESMins=gres/gpu, same scope
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "fifo"
+    weights: PriorityWeights = field(default_factory=PriorityWeights)
+    backfill: bool = False
+    max_reservations: int = 0
+    max_backfill_jobs: int = 1000
+    max_starts_per_cycle: int = 10_000
+    partitions: tuple[Partition, ...] = ()  # empty: one partition of every node
+    qos: tuple[Qos, ...] = ()
+    accounts: tuple[Account, ...] = ()  # empty: every account an equal share
+    topology: tuple[str, ...] = ()  # node label keys, leaf switch first: ("leaf", "spine")
+    preemption: bool = True
+    max_preemptions_per_cycle: int = 10
+
+    @classmethod
+    def named(cls, name: str, **overrides) -> Policy:
+        if name == "fifo":
+            return cls("fifo", **overrides)
+        if name == "slurm":
+            return cls("slurm", PriorityWeights(favor_small=False), backfill=True, max_reservations=100,
+                       max_backfill_jobs=500, **overrides)
+        if name == "corral":
+            # Small gangs first (lower mean JCT), a strong age factor that saturates in 3 days
+            # (bounds every user's wait), and a reservation for every blocked job examined.
+            return cls("corral", PriorityWeights(favor_small=True, age=5000.0, max_age_s=3 * 86400.0),
+                       backfill=True, max_reservations=100, max_backfill_jobs=500, **overrides)
+        raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
+
+    # -- lookups (cached per policy object: policies are immutable) ------------------
+    def partition(self, name: str) -> Partition:
+        return self._partitions.get(name) or self.default_partition
+
+    @property
+    def default_partition(self) -> Partition:
+        return self.partitions[0] if self.partitions else _ALL
+
+    def qos_of(self, name: str) -> Qos:
+        return self._qos.get(name) or _NORMAL
+
+    @property
+    def _partitions(self) -> dict[str, Partition]:
+        return _cached(self, "_p", lambda: {p.name: p for p in self.partitions})
+
+    @property
+    def _qos(self) -> dict[str, Qos]:
+        return _cached(self, "_q", lambda: {q.name: q for q in self.qos})
+
+    @property
+    def max_job_factor(self) -> float:
+        return _cached(self, "_mjf", lambda: max((p.job_factor for p in self.partitions), default=1.0) or 1.0)
+
+    @property
+    def max_qos_priority(self) -> float:
+        return _cached(self, "_mqp", lambda: max((q.priority for q in self.qos), default=0.0))
+
+    def preempts(self, partition: str, qos: str, victim_partition: str, victim_qos: str) -> bool:
+        """The strict partial order of the module docstring."""
+        mine, theirs = self.partition(partition).priority_tier, self.partition(victim_partition).priority_tier
+        if mine != theirs:
+            return mine > theirs
+        return victim_qos in _cached(self, "_reach", self._reachable).get(qos, frozenset())
+
+    def _reachable(self) -> dict[str, frozenset[str]]:
+        out: dict[str, frozenset[str]] = {}
+        for q in self.qos:
+            seen: set[str] = set()
+            stack = list(q.preempt)
+            while stack:
+                name = stack.pop()
+                if name not in seen:
+                    seen.add(name)
+                    stack.extend(self.qos_of(name).preempt if name in self._qos else ())
+            out[q.name] = frozenset(seen)
+        return out
+
+    def preempt_mode(self, partition: str, qos: str) -> PreemptMode:
+        q = self._qos.get(qos)
+        return q.preempt_mode if q is not None and q.preempt_mode else self.partition(partition).preempt_mode
+
+
+_ALL = Partition("all")
+_NORMAL = Qos("normal")
+
+
+def _cached(policy: Policy, key: str, build):
+    cache = policy.__dict__.setdefault("_cache", {})
+    if key not in cache:
+        cache[key] = build()
+    return cache[key]

@@ -1,0 +1,109 @@
+"""Choosing what to stop so a higher-tier job can start, in a what-if pool that is always
+thrown away.
+
+Only running jobs the blocked job ``preempts`` (the strict order of ``policy``) and whose
+preempt mode is not ``off`` are candidates. Work is lost as little as possible:
+
+  1. resources of jobs already being stopped count as free first (no new victim if they
+     are enough: the job waits for them);
+  2. surplus replicas of elastic tasks (above their minimum, highest rank first) are taken
+     before any whole job — a shrink loses no job;
+  3. then whole jobs: lowest priority first, among equals the most recently started (it
+     has done the least work), then the smallest;
+  4. victims are added until the gang fits, then every victim that turns out not to be
+     needed is given back (latest first), so no more is stopped than the gang needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corral.scheduler.placement import FreePool, Scope, place_gang
+from corral.scheduler.plan import Allocation, Preemption, Shrink
+from corral.scheduler.policy import Policy
+from corral.scheduler.snapshot import PendingJob, RunningJob
+
+
+@dataclass(frozen=True)
+class _Unit:
+    job_id: int
+    task: str | None  # None: the whole job
+    allocations: tuple[Allocation, ...]
+
+
+def candidates(job: PendingJob, running: list[RunningJob], policy: Policy, claimed: set[int]) -> list[RunningJob]:
+    return [r for r in running if not r.ending and r.id not in claimed
+            and policy.preempt_mode(r.partition, r.qos) != "off"
+            and policy.preempts(job.partition, job.qos, r.partition, r.qos)]
+
+
+def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob], policy: Policy,
+         claimed: set[int]) -> Preemption | None:
+    """Victims (and shrinks) that let ``job`` fit; ``Preemption(job, ())`` if what is
+    already being stopped is enough; None if nothing it may preempt would make it fit."""
+    trial = pool.copy()
+    for r in running:
+        if r.ending and r.id not in claimed:
+            for alloc in r.allocations:
+                trial.release(alloc)
+    if _fits(trial, job, scope):
+        return Preemption(job.id, ())
+    victims = candidates(job, running, policy, claimed)
+    if not victims:
+        return None
+    units: list[_Unit] = []
+    by_cost = sorted(victims, key=lambda r: (r.priority, -r.started_at, r.gpus, r.id))
+    for r in by_cost:
+        for part in r.elastic:
+            surplus = len(part.allocations) - part.min_replicas
+            for alloc in reversed(part.allocations[len(part.allocations) - surplus:] if surplus > 0 else ()):
+                units.append(_Unit(r.id, part.task, (alloc,)))
+    units += [_Unit(r.id, None, r.allocations) for r in by_cost]
+    chosen: list[_Unit] = []
+    whole: set[int] = set()
+    for unit in units:
+        if unit.task is not None and unit.job_id in whole:
+            continue
+        if unit.task is None:  # a whole job subsumes its shrinks taken so far
+            for earlier in [u for u in chosen if u.job_id == unit.job_id]:
+                chosen.remove(earlier)
+                for alloc in earlier.allocations:
+                    trial.take(alloc)
+            whole.add(unit.job_id)
+        for alloc in unit.allocations:
+            trial.release(alloc)
+        chosen.append(unit)
+        if _fits(trial, job, scope):
+            break
+    else:
+        return None
+    # Give back what is not needed, latest first; a shrink stays a block of the top ranks.
+    stuck: set[tuple[int, str | None]] = set()
+    for unit in reversed(list(chosen)):
+        if (unit.job_id, unit.task) in stuck:
+            continue
+        for alloc in unit.allocations:
+            trial.take(alloc)
+        if _fits(trial, job, scope):
+            chosen.remove(unit)
+        else:
+            for alloc in unit.allocations:
+                trial.release(alloc)
+            if unit.task is not None:
+                stuck.add((unit.job_id, unit.task))
+    shrinks: dict[tuple[int, str], int] = {}
+    sizes = {(r.id, p.task): len(p.allocations) for r in victims for p in r.elastic}
+    for unit in chosen:
+        if unit.task is not None:
+            key = (unit.job_id, unit.task)
+            shrinks[key] = shrinks.get(key, sizes[key]) - 1
+    return Preemption(job.id, tuple(sorted(u.job_id for u in chosen if u.task is None)),
+                      tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items())))
+
+
+def _fits(trial: FreePool, job: PendingJob, scope: Scope) -> bool:
+    allocations = place_gang(trial, job, scope)
+    if allocations is None:
+        return False
+    for alloc in allocations:
+        trial.release(alloc)
+    return True
