@@ -136,7 +136,7 @@ def _hold(job: PendingJob, snapshot: Snapshot, policy: Policy, ahead: set[tuple[
         if status is dependency.Status.WAIT:
             return Reason.DEPENDENCY
     max_time = policy.partition(job.partition).max_time
-    if max_time is not None and (job.time_limit is None or job.time_limit > max_time):
+    if max_time is not None and job.time_limit is not None and job.time_limit > max_time:
         return Reason.PARTITION_TIME
     return None
 

@@ -87,13 +87,16 @@ def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocati
                 return None
             best = sorted(room, key=lambda x: (-room[x], x))  # anywhere, biggest leaves first
         chosen = best
-    allowed = frozenset(name for leaf in chosen for name in members[leaf])
     placed: list[Allocation] = []
-    for rank in range(task.replicas):
-        alloc = place_replica(pool, task, rank, allowed)
-        if alloc is None:
-            for done in placed:
-                pool.release(done)
-            return None
-        placed.append(alloc)
+    for leaf in chosen:  # fill the chosen switches in order: biggest first
+        allowed = frozenset(members[leaf])
+        while len(placed) < task.replicas:
+            alloc = place_replica(pool, task, len(placed), allowed)
+            if alloc is None:
+                break
+            placed.append(alloc)
+    if len(placed) < task.replicas:
+        for done in placed:
+            pool.release(done)
+        return None
     return placed
