@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.spec.loader import SpecError, SpecIssue, _dotted, _message
+from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE
-from corral.spec.source import SourceError, load_documents
+from corral.spec.source import Document
 
 
 class NodeSpec(BaseModel):
@@ -51,35 +51,14 @@ class NodeEntry(NodeSpec):
         return value
 
 
-class PoolConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")  # other sections belong to other layers
-
-    nodes: list[NodeEntry] | None = None
-
-
 def load_pool(config_path: Path) -> list[NodeSpec]:
-    if not config_path.exists():
-        return [local_machine()]
-    text = config_path.read_text()
-    source = str(config_path)
-    try:
-        docs = load_documents(text)
-    except SourceError as exc:
-        raise SpecError([SpecIssue("config", "", exc.line, exc.message)], source) from None
-    if not docs or docs[0].data is None:
-        return [local_machine()]
-    doc = docs[0]
-    try:
-        config = PoolConfig.model_validate(doc.data)
-    except ValidationError as exc:
-        raise SpecError([SpecIssue("config", _dotted(tuple(e["loc"])), doc.line_of(tuple(e["loc"])),
-                                   _message(NodeEntry if "nodes" in e["loc"] else PoolConfig, tuple(e["loc"])[2:]
-                                            if "nodes" in e["loc"] else tuple(e["loc"]), e))
-                         for e in exc.errors()], source) from None
-    if not config.nodes:
-        return [local_machine()]
+    from corral.site import load_site  # the site validates the whole file, nodes included
+    return load_site(config_path).nodes
+
+
+def expand_nodes(entries: list[NodeEntry], doc: Document, source: str) -> list[NodeSpec]:
     nodes: list[NodeSpec] = []
-    for entry in config.nodes:
+    for entry in entries:
         base = entry.model_dump(exclude={"count"})
         if entry.count is None:
             nodes.append(NodeSpec(**base))

@@ -19,7 +19,7 @@ import uvicorn
 from corral.api.app import create_app
 from corral.api.deps import ServerState
 from corral.control.controller import Controller
-from corral.pool import load_pool
+from corral.site import load_site
 from corral.settings import Settings
 from corral.store.database import make_engine, migrate, session_factory
 
@@ -28,12 +28,12 @@ log = logging.getLogger("corral.server")
 
 def build_state(settings: Settings, clock=time.time) -> ServerState:
     settings.ensure_dirs()
-    nodes = load_pool(settings.config_path)
+    site = load_site(settings.config_path)
     engine = make_engine(settings.db_url)
     migrate(engine)
     sessions = session_factory(engine)
-    controller = Controller(settings, sessions, nodes, clock=clock)
-    return ServerState(settings=settings, sessions=sessions, nodes=nodes, controller=controller, clock=clock)
+    controller = Controller(settings, sessions, site, clock=clock)
+    return ServerState(settings=settings, sessions=sessions, site=site, controller=controller, clock=clock)
 
 
 def main() -> int:

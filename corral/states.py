@@ -26,9 +26,10 @@ TERMINAL_JOB_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.C
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
-                                  JobState.TIMEOUT}),
+                                  JobState.TIMEOUT, JobState.PREEMPTED}),
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
                                  JobState.PREEMPTED}),
+    # Preempted: its replicas are being stopped; then requeued (same id) or cancelled.
     JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
 }
 

@@ -15,15 +15,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.control.controller import Controller
 from corral.pool import NodeSpec
 from corral.settings import Settings
+from corral.site import Site
 
 
 @dataclass
 class ServerState:
     settings: Settings
     sessions: sessionmaker[Session]
-    nodes: list[NodeSpec]
+    site: Site
     controller: Controller
     clock: Callable[[], float] = field(default=time.time)
+
+    @property
+    def nodes(self) -> list[NodeSpec]:
+        return self.site.nodes
 
 
 # Trivial dependencies are async so FastAPI does not hop to a worker thread for each one.

@@ -4,6 +4,7 @@ the wire format is a contract, the tables are an implementation."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -20,6 +21,9 @@ class SubmitRequest(BaseModel):
     base_dir: str | None = Field(default=None, description="Directory relative workdirs are resolved against")
     name: str | None = Field(default=None, description="Overrides the job name (--name)")
     env: dict[str, str] = Field(default_factory=dict, description="Overrides task envs (--env K=V)")
+    scheduling: dict[str, Any] = Field(default_factory=dict, description=(
+        "Overrides job-level scheduling fields: partition, account, qos, nice, priority, dependency, "
+        "kill_on_invalid_dep, time_limit"))
 
 
 class SpecIssueOut(BaseModel):
@@ -72,6 +76,13 @@ class JobOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     cancel_requested: bool
+    partition: str
+    account: str
+    qos: str
+    nice: int
+    time_limit: float | None
+    dependency: str | None
+    requeues: int
     tasks: list[TaskOut]
 
     @classmethod
@@ -82,7 +93,10 @@ class JobOut(BaseModel):
         return cls(id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
                    exit_code=job.exit_code, group=job.is_group, gpus=sum(t.gpus * t.num_nodes for t in job.tasks),
                    submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
-                   cancel_requested=job.cancel_requested_at is not None,
+                   cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
+                   account=job.account or "", qos=job.qos or "", nice=job.nice or 0, time_limit=job.time_limit,
+                   dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
+                   if job.dependency else None, requeues=job.requeues or 0,
                    tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
@@ -146,3 +160,36 @@ class Health(BaseModel):
     pid: int
     nodes: int
     cycles: int
+
+
+class ShareOut(BaseModel):
+    """One line of ``corral share`` (Slurm's sshare)."""
+
+    account: str
+    user: str
+    depth: int
+    raw_shares: float
+    norm_shares: float
+    raw_usage: float
+    norm_usage: float
+    effective_usage: float
+    fair_share: float
+
+
+class PriorityOut(BaseModel):
+    """The factors of one pending job's priority (Slurm's sprio)."""
+
+    id: int
+    name: str
+    user: str
+    account: str
+    partition: str
+    qos: str
+    priority: float
+    age: float
+    fair_share: float
+    job_size: float
+    partition_factor: float
+    qos_factor: float
+    nice: int
+    reason: str

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.control.lifecycle import JobView, ReplicaView, TaskView
-from corral.scheduler import Allocation, PendingJob, TaskRequest
+from corral.scheduler import Allocation, Dependency, PendingJob, TaskRequest, Topology
 from corral.spec.models import TaskSpec
 from corral.states import JobState, ReplicaState, retired
 from corral.store.tables import Job, Replica, Task
@@ -92,6 +92,17 @@ class JobRec:
     cancel_requested: bool
     tasks: list[TaskRec] = field(default_factory=list)
     replicas: list[ReplicaRec] = field(default_factory=list)
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    nice: int = 0
+    priority: float | None = None
+    time_limit: float | None = None
+    dependency: tuple[Dependency, ...] = ()
+    kill_on_invalid_dep: bool = False
+    requeues: int = 0
+    started_at: float | None = None
+    rank_priority: float = 0.0  # its priority when it was admitted: preemption stops low ones first
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -106,9 +117,24 @@ class JobRec:
 
     @cached_property
     def request(self) -> PendingJob:
-        """What the scheduler sees; fixed while the job waits."""
-        return PendingJob(self.id, tuple(TaskRequest(t.name, t.num_nodes, t.gpus, t.cpus, t.memory, t.gpu_type)
-                                         for t in self.tasks), self.submitted_at, self.user)
+        """What the scheduler sees; fixed while the job waits (``forget_request`` after a
+        requeue or a shrink changes it)."""
+        tasks = []
+        for t in self.tasks:
+            want = t.service.topology
+            topology = None if want is None else Topology(want.level, want.required is not None, want.max_wait)
+            tasks.append(TaskRequest(t.name, t.num_nodes, t.gpus, t.cpus, t.memory, t.gpu_type, topology))
+        return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
+                          self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
+                          self.kill_on_invalid_dep)
+
+    def forget_request(self) -> None:
+        self.__dict__.pop("request", None)
+
+    def time_limit_of(self, task: TaskRec) -> float | None:
+        """The shorter of the task's own limit and the job's (which the partition may have set)."""
+        limits = [x for x in (task.service.time_limit, self.time_limit) if x is not None]
+        return min(limits) if limits else None
 
     def view(self) -> JobView:
         return JobView(self.id, self.state, self.cancel_requested,
@@ -123,11 +149,23 @@ def _task_spec(text: str) -> TaskSpec:
     return TaskSpec.model_validate_json(text)
 
 
+_SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
+               Job.kill_on_invalid_dep, Job.requeues, Job.started_at)
+
+
+def _scheduling(row) -> dict:
+    return {"partition": row.partition or "", "account": row.account or "", "qos": row.qos or "",
+            "nice": row.nice or 0, "priority": row.priority, "time_limit": row.time_limit,
+            "dependency": tuple(Dependency(kind, tuple(ids)) for kind, ids in (row.dependency or ())),
+            "kill_on_invalid_dep": bool(row.kill_on_invalid_dep), "requeues": row.requeues or 0,
+            "started_at": row.started_at}
+
+
 def record_of(job: Job) -> JobRec:
     """The record of a job just created (its tasks and replicas are loaded)."""
     specs = {t["name"]: t for t in job.spec["tasks"]}
     rec = JobRec(job.id, job.name, job.user, job.is_group, JobState(job.state), job.submitted_at,
-                 job.cancel_requested_at is not None)
+                 job.cancel_requested_at is not None, **_scheduling(job))
     rec.tasks = [TaskRec(t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
                          t.termination_delay, t.termination_deadline, t.master_port, specs[t.name]) for t in job.tasks]
     rec.replicas = [ReplicaRec(r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), restarts=r.restarts)
@@ -142,10 +180,10 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
     for start in range(0, len(job_ids), 500):
         chunk = job_ids[start:start + 500]
         for j in session.execute(select(Job.id, Job.name, Job.user, Job.is_group, Job.state, Job.submitted_at,
-                                        Job.cancel_requested_at, Job.spec).where(Job.id.in_(chunk))):
+                                        Job.cancel_requested_at, Job.spec, *_SCHEDULING).where(Job.id.in_(chunk))):
             specs[j.id] = {t["name"]: t for t in j.spec["tasks"]}
             out[j.id] = JobRec(j.id, j.name, j.user, j.is_group, JobState(j.state), j.submitted_at,
-                               j.cancel_requested_at is not None)
+                               j.cancel_requested_at is not None, **_scheduling(j))
         for t in session.scalars(select(Task).where(Task.job_id.in_(chunk)).order_by(Task.job_id, Task.position)):
             out[t.job_id].tasks.append(TaskRec(
                 t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,

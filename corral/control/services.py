@@ -130,10 +130,11 @@ class ServicesMixin:
 
     # -- time limits ----------------------------------------------------------------------
     def _arm_time_limit(self, job: JobRec, replica: ReplicaRec) -> None:
-        service = job.task(replica.task).service
-        if service.time_limit is None or replica.started_at is None:
+        task = job.task(replica.task)
+        service, limit = task.service, job.time_limit_of(task)
+        if limit is None or replica.started_at is None:
             return
-        limit_at = replica.started_at + service.time_limit
+        limit_at = replica.started_at + limit
         heapq.heappush(self._timers, (limit_at, job.id))
         if service.signal_before_timeout is not None:
             heapq.heappush(self._timers, (limit_at - service.signal_before_timeout.seconds, job.id))
@@ -141,11 +142,12 @@ class ServicesMixin:
     def _check_time_limits(self, job: JobRec, now: float) -> None:
         """Warn (Slurm's --signal) and then stop replicas whose task's time limit ran out."""
         for replica in job.replicas:
-            service = job.task(replica.task).service
-            if service.time_limit is None or replica.state != ReplicaState.RUNNING or replica.started_at is None \
+            task = job.task(replica.task)
+            service, limit = task.service, job.time_limit_of(task)
+            if limit is None or replica.state != ReplicaState.RUNNING or replica.started_at is None \
                     or replica.stop_requested_at is not None:
                 continue
-            limit_at = replica.started_at + service.time_limit
+            limit_at = replica.started_at + limit
             warn = service.signal_before_timeout
             key = (replica.launch_key, "time_limit_warning")
             if warn is not None and now >= limit_at - warn.seconds and key not in self._warned:
@@ -231,8 +233,11 @@ class ServicesMixin:
             pool.assume(alloc)
         for job, replica in growing:
             task = job.task(replica.task)
+            partition = self.policy.partition(job.partition)
+            allowed = None if partition.nodes == ("*",) else frozenset(n.name for n in self.views
+                                                                      if partition.holds(n.name))
             alloc = place_replica(pool, TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory, task.gpu_type),
-                                  replica.rank)
+                                  replica.rank, allowed)
             if alloc is None:
                 continue  # tried again next cycle, as resources free up
             replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory

@@ -31,7 +31,12 @@ class Tally:
         if not self.active:
             return
         for key, spent in snapshot.gpu_minutes.items():
-            self.minutes[key] += spent
+            kind, _, name = key.partition(":")
+            if kind == "account":  # an account's budget covers its sub-accounts
+                for owner in self._lineage(name):
+                    self.minutes[f"account:{owner}"] += spent
+            else:
+                self.minutes[key] += spent
         for job in snapshot.running:
             remaining = max(0.0, job.expected_end - now) / 60.0 if job.expected_end != float("inf") else 0.0
             self._count(job.user, job.account or job.user, policy.qos_of(job.qos).name, job.gpus, job.gpus * remaining)

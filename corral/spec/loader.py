@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from corral.spec.models import NAME_RE, GroupHeader, JobSpec, Resources, TaskSpec
+from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
 
 
@@ -49,9 +50,10 @@ class LoadedJob:
 
 def load_job(text: str, *, source: str = "<spec>", default_name: str | None = None,
              name: str | None = None, env: dict[str, str] | None = None,
-             base_dir: str | None = None) -> LoadedJob:
+             base_dir: str | None = None, scheduling: dict[str, Any] | None = None) -> LoadedJob:
     """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
-    with ``base_dir`` a relative ``workdir`` is resolved against it and must exist."""
+    with ``base_dir`` a relative ``workdir`` is resolved against it and must exist;
+    ``scheduling`` overrides job-level fields (``--partition``, ``--qos``, ``--time-limit`` …)."""
     try:
         docs = [d for d in load_documents(text) if d.data is not None]
     except SourceError as exc:
@@ -67,15 +69,25 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     if issues:
         raise SpecError(issues, source)
 
+    scheduling_doc: Document | None = None
     if len(docs) == 1 and "execution" not in docs[0].data:
         header = None
-        task_docs = docs
+        scheduling_doc, task = _split(docs[0])
+        task_docs = [task]
     else:
         header, task_docs = docs[0], docs[1:]
         if "execution" not in header.data:
             raise SpecError([SpecIssue("header (document 1)", "execution", header.line,
                                        "a multi-document file is a job group: its first document "
                                        "needs 'execution: parallel'")], source)
+        scheduling_doc, header = _split(header)
+    overrides = dict(scheduling or {})
+    limit_override = _time_limit_override(overrides, issues)
+    if overrides:
+        scheduling_doc = replace(scheduling_doc, data={**scheduling_doc.data, **overrides}) if scheduling_doc \
+            else Document(0, overrides, 0)
+    scheduling = _validate(Scheduling, scheduling_doc, "header (document 1)" if header is not None else
+                           _doc_label(task_docs[0], 1), issues, {}) if scheduling_doc is not None else Scheduling()
     tasks: list[TaskSpec] = []
     for doc in task_docs:
         ctx: dict[str, Any] = {"warnings": []}
@@ -94,14 +106,50 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         if tasks and tasks[0].depends_on:
             issues.append(SpecIssue(_doc_label(task_docs[0], 1), "depends_on", task_docs[0].line_of(("depends_on",)),
                                     "a plain job has one task: there is nothing to depend on"))
+        if issues or scheduling is None:
+            raise SpecError(issues, source)
         spec = JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=(task_name,),
-                       termination_delay={task_name: 0.0}, group=False)
+                       termination_delay={task_name: 0.0}, group=False, scheduling=scheduling,
+                       time_limit=tasks[0].time_limit)
     else:
         spec = _group(header, task_docs, tasks, issues, warnings, name, default_name, source)
+        if scheduling is None:
+            raise SpecError(issues, source)
+        limits = [t.time_limit for t in spec.tasks]
+        job_limit = spec.time_limit or (max(limits) if all(x is not None for x in limits) else None)
+        spec = spec.model_copy(update={"scheduling": scheduling, "time_limit": job_limit})
+    if limit_override is not None:
+        spec = spec.model_copy(update={"time_limit": limit_override})
     spec = _apply_env(spec, env or {}, docs, issues, source)
     if base_dir is not None:
         spec = _resolve_workdirs(spec, Path(base_dir), docs, source)
     return LoadedJob(spec, warnings)
+
+
+def _time_limit_override(overrides: dict[str, Any], issues: list[SpecIssue]) -> float | None:
+    if overrides.get("time_limit") is None:
+        overrides.pop("time_limit", None)
+        return None
+    from corral.spec.quantity import parse_duration
+    try:
+        value = parse_duration(overrides.pop("time_limit"))
+    except ValueError as exc:
+        issues.append(SpecIssue("options", "time_limit", None, str(exc)))
+        return None
+    if value <= 0:
+        issues.append(SpecIssue("options", "time_limit", None, "must be > 0"))
+        return None
+    return value
+
+
+def _split(doc: Document) -> tuple[Document | None, Document]:
+    """The job-level scheduling fields of a document, and the rest of it."""
+    data = doc.data
+    assert isinstance(data, dict)
+    mine = {k: v for k, v in data.items() if k in SCHEDULING_FIELDS}
+    if not mine:
+        return None, doc
+    return replace(doc, data=mine), replace(doc, data={k: v for k, v in data.items() if k not in SCHEDULING_FIELDS})
 
 
 def _task_doc(docs: list[Document], task: TaskSpec) -> Document:
@@ -131,7 +179,8 @@ def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], i
     if head is not None:
         for key in sorted(set(header.data) - set(GroupHeader.model_fields)):
             hint = _suggest(key, set(GroupHeader.model_fields))
-            warnings.append(f"{label}: unknown key {key!r} ignored (line {header.line_of((key,))}){hint}")
+            warnings.append(f"{label}: unknown key {key!r} ignored (line {header.line_of((key,))})"
+                            f"{hint or _suggest(key, set(SCHEDULING_FIELDS))}")
     if len(task_docs) < 2:
         issues.append(SpecIssue(label, "execution", header.line_of(("execution",)),
                                 "a job group needs at least two task documents"))
@@ -168,7 +217,7 @@ def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], i
         raise SpecError(issues, source)
     job_name = name or head.name or _safe_name(default_name)
     return JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=tuple(primaries),
-                   termination_delay=delays, group=True)
+                   termination_delay=delays, group=True, time_limit=head.time_limit)
 
 
 def _check_dependencies(task_docs: list[Document], tasks: list[TaskSpec], names: list[str],

@@ -12,8 +12,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationI
                       model_validator)
 
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
-from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, SignalName, WarnBeforeTimeout, check_ports,
-                                 resolve_port)
+from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, Scheduling, SignalName, TopologyRequest,
+                                 WarnBeforeTimeout, check_ports, resolve_port)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -113,6 +113,7 @@ class TaskSpec(BaseModel):
     grace_period: Duration = DEFAULT_GRACE_S
     time_limit: Duration | None = None
     signal_before_timeout: WarnBeforeTimeout | None = None
+    topology: TopologyRequest | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -214,6 +215,7 @@ class GroupHeader(BaseModel):
     execution: Literal["parallel"]
     primary_tasks: list[str] | None = None
     termination_delay: Annotated[float | dict[str, float] | None, BeforeValidator(_delays)] = None
+    time_limit: Duration | None = None  # of the whole job; a task's own limit may be shorter
 
     @field_validator("name")
     @classmethod
@@ -231,6 +233,8 @@ class JobSpec(BaseModel):
     primary_tasks: tuple[str, ...]
     termination_delay: dict[str, float]  # per task name; every task present
     group: bool = False
+    scheduling: Scheduling = Scheduling()
+    time_limit: float | None = None  # the job's; filled from the partition when not given
 
     def task(self, name: str) -> TaskSpec:
         for task in self.tasks:

@@ -144,3 +144,60 @@ def resolve_port(ref: PortRef, ports: dict[str, int]) -> int:
     if ref not in ports:
         raise ValueError(f"no port is named {ref!r}; the task declares {', '.join(ports) or 'none'}")
     return ports[ref]
+
+
+class TopologyRequest(_Strict):
+    """``topology: {required: leaf}`` or ``{preferred: spine, max_wait: 10m}``: where a
+    multi-node task's replicas go in the switch tree (a level is a topology label)."""
+
+    required: str | None = None
+    preferred: str | None = None
+    max_wait: Duration | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> TopologyRequest:
+        if (self.required is None) == (self.preferred is None):
+            raise ValueError("topology takes exactly one of required or preferred (a switch level like leaf)")
+        if self.max_wait is not None and self.required is None:
+            raise ValueError("max_wait relaxes a required level; a preferred one never waits")
+        return self
+
+    @property
+    def level(self) -> str:
+        return self.required or self.preferred or ""
+
+
+def _dependency(value: Any) -> Any:
+    from corral.scheduler.dependency import parse
+    if value is None:
+        return ()
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, int):
+        value = f"afterok:{value}"
+    if not isinstance(value, str):
+        raise ValueError("a dependency is a string like 'afterok:12:13,singleton' or a list of them")
+    return tuple((d.kind, d.job_ids) for d in parse(value))
+
+
+class Scheduling(_Strict):
+    """Job-level scheduling fields, Slurm's names: at the top of a single-task file or in a
+    job group's header (and as ``corral launch`` options)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    nice: int = Field(default=0, ge=-10000, le=10000)
+    priority: float | None = Field(default=None, ge=0)
+    dependency: Annotated[tuple[tuple[str, tuple[int, ...]], ...], BeforeValidator(_dependency)] = ()
+    kill_on_invalid_dep: bool = False
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+
+SCHEDULING_FIELDS = frozenset(Scheduling.model_fields)

@@ -29,14 +29,21 @@ def add_event(session: Session, job_id: int, ts: float, subject: str, cause: str
                                                  "from_state": from_state, "to_state": to_state, "message": message})
 
 
-def create_job(session: Session, spec: JobSpec, user: str, now: float) -> SimpleNamespace:
+def create_job(session: Session, spec: JobSpec, user: str, now: float, *, partition: str = "", account: str = "",
+               qos: str = "", time_limit: float | None = None) -> SimpleNamespace:
     """Insert a job with its tasks, replicas and first event in four Core statements (the
     submit hot path). Returns the rows as plain objects with ids filled in, shaped like the
-    ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care."""
+    ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care.
+    ``partition``, ``account``, ``qos`` and ``time_limit`` are as the site resolved them."""
     conn = session.connection()
+    sched = spec.scheduling
     job = SimpleNamespace(name=spec.name, user=user, state=JobState.PENDING.value, reason="None", message=None,
                           exit_code=None, spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now,
-                          started_at=None, ended_at=None, cancel_requested_at=None, version=0)
+                          started_at=None, ended_at=None, cancel_requested_at=None, version=0,
+                          partition=partition, account=account or user, qos=qos, nice=sched.nice,
+                          priority=sched.priority, time_limit=time_limit if time_limit is not None else spec.time_limit,
+                          dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
+                          kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0)
     job.id = conn.execute(_INSERT_JOB, vars(job)).scalar_one()
     job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
                                  primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,

@@ -34,6 +34,16 @@ class Job(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     cancel_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     version: Mapped[int] = mapped_column(Integer, default=0)
+    # scheduling (Slurm's names); resolved at submission: account and partition are never blank
+    partition: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    account: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    qos: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    nice: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    priority: Mapped[float | None] = mapped_column(Float, nullable=True)  # set by an operator
+    time_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    dependency: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    kill_on_invalid_dep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # times preempted and requeued
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")
@@ -116,3 +126,18 @@ class Event(Base):
     to_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
     cause: Mapped[str] = mapped_column(String(64))
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Usage(Base):
+    """What each association (account, user) under each QOS has consumed: ``charge`` is
+    the fair-share usage (weighted resource-seconds, decayed with the half-life up to
+    ``updated_at``); ``gpu_seconds`` never decays and feeds the GPU-minute budgets."""
+
+    __tablename__ = "usage"
+
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(64), primary_key=True)
+    qos: Mapped[str] = mapped_column(String(64), primary_key=True)
+    charge: Mapped[float] = mapped_column(Float, default=0.0)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -8,14 +8,15 @@ from fastapi import APIRouter
 
 from corral import __version__
 from corral.api.deps import StateDep
-from corral.api.schemas import Health, NodeOut
+from corral.api.schemas import Health, NodeOut, PriorityOut, ShareOut
+from corral.scheduler import fairshare
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
 
 @router.get("/nodes", response_model=list[NodeOut])
 def nodes(state: StateDep):
-    free = {n.name: n for n in state.controller.snapshot().nodes}
+    free = {n.name: n for n in state.controller.free_views()}
     return [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
                     free_gpus=sorted(free[n.name].free_gpus), free_cpus=round(free[n.name].free_cpus, 3),
                     free_memory=round(free[n.name].free_memory, 3)) for n in state.nodes]
@@ -26,3 +27,28 @@ def health(state: StateDep):
     dialect = state.settings.db_url.split(":", 1)[0].split("+", 1)[0]
     return Health(status="ok", version=__version__, database=dialect, pid=os.getpid(), nodes=len(state.nodes),
                   cycles=state.controller.cycles)
+
+
+@router.get("/share", response_model=list[ShareOut])
+def share(state: StateDep):
+    """Every account and user of the fair-share tree with shares, decayed usage and factor."""
+    controller = state.controller
+    assocs = {(j.account or j.user, j.user) for j in list(controller.pending.values()) + list(controller.active.values())}
+    rows = fairshare.report(controller.policy, controller.ledger.usage(), assocs)
+    return [ShareOut(**vars(r)) for r in rows]
+
+
+@router.get("/priority", response_model=list[PriorityOut])
+def priority(state: StateDep):
+    """Pending jobs in scheduling order with the weighted factors of their priority."""
+    w = state.controller.policy.weights
+    out = []
+    for job, f, reason in state.controller.pending_priorities():
+        out.append(PriorityOut(
+            id=job.id, name=job.name, user=job.user, account=job.account, partition=job.partition, qos=job.qos,
+            priority=round(f.total, 3) if f else 0.0, age=round(w.age * f.age, 3) if f else 0.0,
+            fair_share=round(w.fair_share * f.fair_share, 3) if f else 0.0,
+            job_size=round(w.job_size * f.job_size, 3) if f else 0.0,
+            partition_factor=round(w.partition * f.partition, 3) if f else 0.0,
+            qos_factor=round(w.qos * f.qos, 3) if f else 0.0, nice=job.nice, reason=reason))
+    return out

@@ -11,11 +11,9 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
 from corral.api.schemas import CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
-from corral.control.controller import node_views
+from corral.admission import Refusal, admit
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
-from corral.scheduler import PendingJob, TaskRequest
-from corral.scheduler.placement import why_infeasible
 from corral.spec import SpecError, load_job
 from corral.states import JobState, retired
 from corral.store import repository
@@ -38,27 +36,28 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
     default_name = Path(source).stem if body.source else None
     try:
         loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
-                          base_dir=body.base_dir)
+                          base_dir=body.base_dir, scheduling=body.scheduling)
     except SpecError as exc:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
-    # Like Slurm, refuse at submission what no node of the pool could ever run.
-    probe = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
-                                            t.resources.memory, t.resources.gpu_type) for t in spec.tasks))
-    reason = why_infeasible(node_views(state.nodes), probe)
-    if reason is not None:
+    # Like Slurm, refuse at submission what could never run here, naming the field to fix.
+    admitted = admit(spec, user, state.site, lambda job_id: session.get(Job, job_id) is not None)
+    if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
-            "message": f"{source} can never run on this pool", "errors": [
-                {"document": "job", "field": "resources", "line": None, "message": reason}]}})
+            "message": f"{source} can never run on this site", "errors": [
+                {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
+    singleton = any(kind == "singleton" for kind, _ in spec.scheduling.dependency)
     with state.controller.write_lock:  # the name check and the insert are one step
-        clash = repository.active_job_named(session, spec.name, user)
+        clash = None if singleton else repository.active_job_named(session, spec.name, user)
         if clash is not None:
             return JSONResponse(status_code=409, content={"detail": {
                 "message": f"you already have an active job named {spec.name!r} (job {clash}); replica names "
                            f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
-                           f"(--name) or cancel job {clash}", "errors": []}})
-        job = repository.create_job(session, spec, user, clock())
+                           f"(--name), cancel job {clash}, or queue it behind with dependency: singleton",
+                "errors": []}})
+        job = repository.create_job(session, spec, user, clock(), partition=admitted.partition,
+                                    account=admitted.account, qos=admitted.qos, time_limit=admitted.time_limit)
         session.commit()
     state.controller.submitted(job)
     body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)

@@ -1,0 +1,78 @@
+"""Admission: what the site decides about a job when it is submitted, before anything is
+stored. The job's partition, account and QOS are resolved (defaults filled in) and
+checked; its time limit is set from the partition when it gave none; and, like Slurm, a
+job that could never run is refused with the field to fix: a partition whose nodes can
+never hold the gang, an account the partition does not allow, a QOS or account cap below
+the job's GPUs, a dependency on a job that does not exist."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.control.controller import node_views
+from corral.scheduler import PendingJob, TaskRequest
+from corral.scheduler.limits import Tally
+from corral.scheduler.placement import why_infeasible
+from corral.scheduler.snapshot import Snapshot
+from corral.site import Site
+from corral.spec.loader import _suggest
+from corral.spec.models import JobSpec
+
+
+@dataclass(frozen=True)
+class Admitted:
+    partition: str
+    account: str
+    qos: str
+    time_limit: float | None
+
+
+@dataclass(frozen=True)
+class Refusal:
+    field: str
+    message: str
+
+
+def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool]) -> Admitted | Refusal:
+    policy, sched = site.policy, spec.scheduling
+    partitions = {p.name: p for p in policy.partitions}
+    if sched.partition is not None and partitions and sched.partition not in partitions:
+        return Refusal("partition", f"no partition is named {sched.partition!r}{_suggest(sched.partition, set(partitions))}"
+                                    f"; this site has {', '.join(partitions)}")
+    if sched.partition is not None and not partitions and sched.partition != policy.default_partition.name:
+        return Refusal("partition", f"this site declares no partitions (config.yaml `partitions:`); drop "
+                                    f"partition: {sched.partition}")
+    partition = policy.partition(sched.partition or "")
+    account = sched.account or site.account_of(user)
+    accounts = {a.name for a in policy.accounts}
+    if sched.account is not None and accounts and account not in accounts:
+        return Refusal("account", f"no account is named {account!r}{_suggest(account, accounts)}")
+    if partition.accounts is not None and account not in partition.accounts:
+        return Refusal("account", f"partition {partition.name!r} accepts accounts {', '.join(partition.accounts)}; "
+                                  f"the job charges {account!r} (set account:)")
+    qos_names = {q.name for q in policy.qos}
+    if sched.qos is not None and sched.qos not in (qos_names or {"normal"}):
+        return Refusal("qos", f"no QOS is named {sched.qos!r}{_suggest(sched.qos, qos_names)}; this site has "
+                              f"{', '.join(sorted(qos_names or {'normal'}))}")
+    qos = sched.qos or ("normal" if not qos_names or "normal" in qos_names else sorted(qos_names)[0])
+    limit = spec.time_limit if spec.time_limit is not None else site.default_time(partition.name)
+    if partition.max_time is not None and limit is not None and limit > partition.max_time:
+        return Refusal("time_limit", f"{limit:g}s is longer than partition {partition.name!r} allows "
+                                     f"({partition.max_time:g}s)")
+    for kind, ids in sched.dependency:
+        for job_id in ids:
+            if not job_exists(job_id):
+                return Refusal("dependency", f"{kind}:{job_id}: there is no job {job_id}")
+    request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
+                                              t.resources.memory, t.resources.gpu_type) for t in spec.tasks),
+                         user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
+    nodes = [n for n in site.nodes if partition.holds(n.name)]
+    reason = why_infeasible(node_views(nodes), request)
+    if reason is not None:
+        where = f" in partition {partition.name!r}" if policy.partitions else ""
+        return Refusal("resources", f"can never run{where}: {reason}")
+    if Tally(Snapshot((), ()), policy, 0.0).never(request):
+        return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
+                              f"{account!r} ever allows")
+    return Admitted(partition.name, account, qos, limit)

@@ -1,0 +1,281 @@
+"""The site: everything ``CORRAL_HOME/config.yaml`` declares — the node pool and the
+scheduling policy (partitions, the account tree, QOS, priority weights, fair-share
+half-life and usage weights, topology levels) — validated into the scheduler's frozen
+``Policy``. A bad file is refused with the field and line of every problem, and nothing
+starts with it.
+
+    scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
+                weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000},
+                max_age: 3d, favor_small: true, backfill: {max_reservations: 100, max_jobs: 500},
+                preemption: true}
+    partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
+                  accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
+    accounts:   [{name: ml, parent: null, shares: 3, users: [ann], max_gpus: 16, gpu_minutes: 1e6}]
+    qos:        [{name: high, priority: 100, preempt: [normal], preempt_mode: requeue,
+                  max_gpus_per_user: 8, max_gpus_per_account: 16, max_gpus: 32, gpu_minutes: 1e6}]
+    topology:   [leaf, spine]   # node label keys, leaf switch first
+
+The first partition is the default; a site without ``qos`` has one, ``normal``."""
+
+from __future__ import annotations
+
+import fnmatch
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
+from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
+from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest
+from corral.spec.quantity import parse_duration
+from corral.spec.source import Document, SourceError, load_documents
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Mode = Literal["requeue", "cancel", "off"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Weights(_Strict):
+    age: float | None = Field(default=None, ge=0)
+    fair_share: float | None = Field(default=None, ge=0)
+    job_size: float | None = Field(default=None, ge=0)
+    partition: float | None = Field(default=None, ge=0)
+    qos: float | None = Field(default=None, ge=0)
+
+
+class UsageWeights(_Strict):
+    """What one second of a replica charges to fair share (Slurm's TRESBillingWeights)."""
+
+    gpu: float = Field(default=1.0, ge=0)
+    cpu: float = Field(default=0.0, ge=0)
+    memory: float = Field(default=0.0, ge=0, description="per GB")
+
+
+class BackfillSettings(_Strict):
+    max_reservations: int | None = Field(default=None, ge=0, le=100_000)
+    max_jobs: int | None = Field(default=None, ge=1, le=1_000_000)
+
+
+class SchedulerSettings(_Strict):
+    policy: Literal["fifo", "slurm", "corral"] = "corral"
+    weights: Weights = Weights()
+    max_age: Duration | None = None
+    favor_small: bool | None = None
+    half_life: Duration = 7 * 86400.0
+    usage_weights: UsageWeights = UsageWeights()
+    backfill: BackfillSettings = BackfillSettings()
+    preemption: bool = True
+
+
+class PartitionEntry(_Strict):
+    name: str
+    nodes: list[str] = ["*"]
+    max_time: Duration | None = None
+    default_time: Duration | None = None
+    accounts: list[str] | None = None
+    priority_tier: int = 0
+    job_factor: float = Field(default=1.0, ge=0)
+    preempt_mode: Mode = "requeue"
+
+
+class AccountEntry(_Strict):
+    name: str
+    parent: str | None = None
+    shares: float = Field(default=1.0, gt=0)
+    users: list[str] = []
+    max_gpus: int | None = Field(default=None, ge=0)
+    gpu_minutes: float | None = Field(default=None, ge=0)
+
+
+class QosEntry(_Strict):
+    name: str
+    priority: float = Field(default=0.0, ge=0)
+    preempt: list[str] = []
+    preempt_mode: Mode | None = None
+    max_gpus_per_user: int | None = Field(default=None, ge=0)
+    max_gpus_per_account: int | None = Field(default=None, ge=0)
+    max_gpus: int | None = Field(default=None, ge=0)
+    gpu_minutes: float | None = Field(default=None, ge=0)
+
+
+class SiteConfig(_Strict):
+    nodes: list[NodeEntry] | None = None
+    scheduler: SchedulerSettings = SchedulerSettings()
+    partitions: list[PartitionEntry] = []
+    accounts: list[AccountEntry] = []
+    qos: list[QosEntry] = []
+    topology: list[str] = []
+
+
+@dataclass(frozen=True)
+class Site:
+    nodes: list[NodeSpec]
+    policy: Policy = field(default_factory=lambda: Policy.named("corral"))
+    half_life_s: float = 7 * 86400.0
+    usage_weights: UsageWeights = UsageWeights()
+
+    def account_of(self, user: str) -> str:
+        """The account a user charges by default: the first that lists them, else their own."""
+        for account in self.policy.accounts:
+            if user in account.users:
+                return account.name
+        return user
+
+    def default_time(self, partition: str) -> float | None:
+        p = self.policy.partition(partition)
+        return p.default_time if p.default_time is not None else p.max_time
+
+
+def load_site(config_path: Path) -> Site:
+    if not config_path.exists():
+        return Site([local_machine()])
+    source = str(config_path)
+    try:
+        docs = load_documents(config_path.read_text())
+    except SourceError as exc:
+        raise SpecError([SpecIssue("config", "", exc.line, exc.message)], source) from None
+    if not docs or docs[0].data is None:
+        return Site([local_machine()])
+    doc = docs[0]
+    if not isinstance(doc.data, dict):
+        raise SpecError([SpecIssue("config", "", doc.line, "expected a mapping of sections (nodes, partitions, …)")],
+                        source)
+    try:
+        config = SiteConfig.model_validate(doc.data)
+    except ValidationError as exc:
+        raise SpecError([SpecIssue("config", _dotted(tuple(e["loc"])), doc.line_of(tuple(e["loc"])),
+                                   _message(tuple(e["loc"]), e)) for e in exc.errors()], source) from None
+    nodes = expand_nodes(config.nodes, doc, source) if config.nodes else [local_machine()]
+    issues = _check(config, nodes, doc)
+    if issues:
+        raise SpecError(issues, source)
+    return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights)
+
+
+def _policy(config: SiteConfig) -> Policy:
+    s = config.scheduler
+    base = Policy.named(s.policy)
+    w = base.weights
+    weights = PriorityWeights(
+        age=_pick(s.weights.age, w.age), fair_share=_pick(s.weights.fair_share, w.fair_share),
+        job_size=_pick(s.weights.job_size, w.job_size), partition=_pick(s.weights.partition, w.partition),
+        qos=_pick(s.weights.qos, w.qos), max_age_s=_pick(s.max_age, w.max_age_s),
+        favor_small=_pick(s.favor_small, w.favor_small))
+    return Policy(
+        base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
+        _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,
+        partitions=tuple(Partition(p.name, tuple(p.nodes), p.max_time, p.default_time,
+                                   tuple(p.accounts) if p.accounts is not None else None, p.priority_tier,
+                                   p.job_factor, p.preempt_mode) for p in config.partitions),
+        qos=tuple(Qos(q.name, q.priority, tuple(q.preempt), q.preempt_mode, q.max_gpus_per_user,
+                      q.max_gpus_per_account, q.max_gpus, q.gpu_minutes) for q in config.qos),
+        accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
+                       for a in config.accounts),
+        topology=tuple(config.topology), preemption=s.preemption)
+
+
+def _pick(value, default):
+    return default if value is None else value
+
+
+def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[SpecIssue]:
+    issues: list[SpecIssue] = []
+
+    def issue(loc: tuple, message: str) -> None:
+        issues.append(SpecIssue("config", _dotted(loc), doc.line_of(loc), message))
+
+    for section in ("partitions", "accounts", "qos"):
+        seen: set[str] = set()
+        for i, entry in enumerate(getattr(config, section)):
+            if entry.name in seen:
+                issue((section, i, "name"), f"{entry.name!r} is declared twice")
+            seen.add(entry.name)
+    names = [n.name for n in nodes]
+    accounts = {a.name for a in config.accounts}
+    qos = {q.name for q in config.qos}
+    for i, p in enumerate(config.partitions):
+        for j, pattern in enumerate(p.nodes):
+            if not fnmatch.filter(names, pattern):
+                issue(("partitions", i, "nodes", j), f"{pattern!r} matches no node of the pool")
+        if p.max_time is not None and p.default_time is not None and p.default_time > p.max_time:
+            issue(("partitions", i, "default_time"), "default_time is longer than max_time")
+        for j, account in enumerate(p.accounts or []):
+            if accounts and account not in accounts:
+                issue(("partitions", i, "accounts", j), f"no account is named {account!r}{_suggest(account, accounts)}")
+    for i, a in enumerate(config.accounts):
+        if a.parent is not None and a.parent not in accounts:
+            issue(("accounts", i, "parent"), f"no account is named {a.parent!r}{_suggest(a.parent, accounts)}")
+    parents = {a.name: a.parent for a in config.accounts}
+    for i, a in enumerate(config.accounts):
+        seen, at = set(), a.name
+        while at is not None and at in parents:
+            if at in seen:
+                issue(("accounts", i, "parent"), f"account {a.name!r} is its own ancestor")
+                break
+            seen.add(at)
+            at = parents[at]
+    for i, q in enumerate(config.qos):
+        for j, other in enumerate(q.preempt):
+            if other not in qos:
+                issue(("qos", i, "preempt", j), f"no QOS is named {other!r}{_suggest(other, qos)}")
+            elif other == q.name:
+                issue(("qos", i, "preempt", j), "a QOS cannot preempt itself")
+    cycle = _preempt_cycle({q.name: [o for o in q.preempt if o in qos and o != q.name] for q in config.qos})
+    if cycle:
+        where = next(i for i, q in enumerate(config.qos) if q.name == cycle[0])
+        issue(("qos", where, "preempt"), f"QOS preemption has a cycle: {' -> '.join(cycle)} (two jobs could "
+                                         "preempt each other forever)")
+    labels = {k for n in nodes for k in n.labels}
+    for i, level in enumerate(config.topology):
+        if level not in labels:
+            issue(("topology", i), f"no node has the label {level!r}; label nodes like labels: {{{level}: sw0}}")
+    return issues
+
+
+def _preempt_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for nxt in graph.get(name, []):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [name, nxt] if nxt in path else path + [name, nxt]
+            if nxt not in state and (found := visit(nxt, path + [name])):
+                return found
+        state[name] = 2
+        return None
+
+    for name in graph:
+        if name not in state and (found := visit(name, [])):
+            return found
+    return None
+
+
+def _message(loc: tuple, err: dict[str, Any]) -> str:
+    if err["type"] == "extra_forbidden" and loc:
+        owner: Any = SiteConfig
+        for part in loc[:-1]:
+            if isinstance(part, int):
+                continue
+            fields = getattr(owner, "model_fields", {})
+            owner = _model_in(fields[part].annotation) if part in fields else owner
+        known = set(getattr(owner, "model_fields", {}))
+        return f"unknown field{_suggest(str(loc[-1]), known)}"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _model_in(annotation: Any) -> Any:
+    """The BaseModel inside ``list[X] | None`` and the like."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
