@@ -52,9 +52,16 @@ class Client:
         return self._call("GET", "/v1/health")
 
     def submit(self, yaml_text: str, *, source: str | None = None, base_dir: str | None = None,
-               name: str | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+               name: str | None = None, env: dict[str, str] | None = None,
+               scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json={"yaml": yaml_text, "source": source, "base_dir": base_dir,
-                                                    "name": name, "env": env or {}})
+                                                    "name": name, "env": env or {}, "scheduling": scheduling or {}})
+
+    def share(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/share")
+
+    def priority(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/priority")
 
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
              name: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:

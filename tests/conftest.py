@@ -47,10 +47,17 @@ def db_url(request, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def corral_home(tmp_path: Path) -> Path:
+def site_config() -> str:
+    """The config.yaml of the test's CORRAL_HOME; a test module overrides it to declare
+    partitions, accounts, QOS …"""
+    return POOL
+
+
+@pytest.fixture
+def corral_home(tmp_path: Path, site_config: str) -> Path:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(POOL)
+    (home / "config.yaml").write_text(site_config)
     return home
 
 

@@ -68,8 +68,21 @@ def cli() -> None:
 @click.option("-d", "--detach", is_flag=True, help="Print the job id and return at once.")
 @click.option("--name", help="Override the job name.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Add or override an environment variable of every task.")
-def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...]) -> None:
+@click.option("-p", "--partition", help="Partition to run in (default: the site's first).")
+@click.option("-A", "--account", help="Account to charge (default: the first that lists you, else your user name).")
+@click.option("-q", "--qos", help="Quality of service.")
+@click.option("-t", "--time-limit", "time_limit", help="Time limit of the whole job, e.g. 2h or 1d12h.")
+@click.option("--nice", type=int, help="Lower the job's priority by this much.")
+@click.option("--dependency", help="e.g. afterok:12:13,afterany:14 or singleton.")
+@click.option("--kill-on-invalid-dep", "kill_on_invalid_dep", is_flag=True, default=None,
+              help="Cancel the job if its dependency can never be satisfied.")
+def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...], partition: str | None,
+           account: str | None, qos: str | None, time_limit: str | None, nice: int | None, dependency: str | None,
+           kill_on_invalid_dep: bool | None) -> None:
     """Submit FILE (a task or job-group YAML) and stream its logs until it ends."""
+    options = {"partition": partition, "account": account, "qos": qos, "time_limit": time_limit, "nice": nice,
+               "dependency": dependency, "kill_on_invalid_dep": kill_on_invalid_dep}
+    scheduling = {k: v for k, v in options.items() if v is not None}
     env = {}
     for item in envs:
         key, sep, value = item.partition("=")
@@ -82,7 +95,8 @@ def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...]) ->
         raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
     client = _client()
     try:
-        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=name, env=env)
+        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=name, env=env,
+                               scheduling=scheduling)
     except CorralError as exc:
         _fail(exc, str(file))
     for warning in result["warnings"]:
@@ -114,22 +128,59 @@ def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...]) ->
 @cli.command()
 @click.option("-a", "--all", "show_all", is_flag=True, help="Include ended jobs.")
 @click.option("-u", "--user", help="Only this user's jobs.")
+@click.option("--priority", "by_priority", is_flag=True,
+              help="Pending jobs in scheduling order with their priority factors (like sprio).")
 @click.option("--json", "as_json", is_flag=True)
-def queue(show_all: bool, user: str | None, as_json: bool) -> None:
+def queue(show_all: bool, user: str | None, by_priority: bool, as_json: bool) -> None:
     """List jobs (pending and running; ended ones with --all)."""
     try:
-        jobs = _client().jobs(all=show_all, user=user)
+        jobs = _client().priority() if by_priority else _client().jobs(all=show_all, user=user)
     except CorralError as exc:
         _fail(exc)
+    if by_priority and user:
+        jobs = [j for j in jobs if j["user"] == user]
     if as_json:
         _print_json(jobs)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("ID", "NAME", "USER", "STATE", "REASON", "TASKS", "GPUS", "AGE"):
+    if by_priority:
+        cols = ("ID", "NAME", "USER", "ACCOUNT", "PARTITION", "QOS", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE",
+                "PART", "QOSF", "NICE", "REASON")
+        for col in cols:
+            table.add_column(col, no_wrap=True, justify="right" if col in cols[6:13] else "left")
+        for j in jobs:
+            table.add_row(str(j["id"]), j["name"], j["user"], j["account"], j["partition"], j["qos"],
+                          f"{j['priority']:.0f}", f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}",
+                          f"{j['partition_factor']:.0f}", f"{j['qos_factor']:.0f}", str(j["nice"]), j["reason"])
+        out.print(table)
+        return
+    for col in ("ID", "NAME", "USER", "PARTITION", "STATE", "REASON", "TASKS", "GPUS", "AGE"):
         table.add_column(col, no_wrap=True)
     for job in jobs:
-        table.add_row(str(job["id"]), job["name"], job["user"], job["state"], job["reason"], _tasks_summary(job),
-                      str(job["gpus"]), _age(job["submitted_at"]))
+        table.add_row(str(job["id"]), job["name"], job["user"], job.get("partition") or "-", job["state"],
+                      job["reason"], _tasks_summary(job), str(job["gpus"]), _age(job["submitted_at"]))
+    out.print(table)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def share(as_json: bool) -> None:
+    """Fair share of every account and user: shares, decayed usage, factor (like sshare)."""
+    try:
+        rows = _client().share()
+    except CorralError as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("ACCOUNT", "USER", "RAWSHARES", "NORMSHARES", "RAWUSAGE", "EFFECTVUSAGE", "FAIRSHARE"):
+        table.add_column(col, no_wrap=True, justify="left" if col in ("ACCOUNT", "USER") else "right")
+    for r in rows:
+        indent = " " * r["depth"]
+        table.add_row(indent + (r["account"] if not r["user"] else ""), r["user"], f"{r['raw_shares']:g}",
+                      f"{r['norm_shares']:.6f}", f"{r['raw_usage']:.0f}", f"{r['effective_usage']:.6f}",
+                      f"{r['fair_share']:.6f}")
     out.print(table)
 
 

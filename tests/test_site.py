@@ -1,0 +1,192 @@
+"""Site policy through the real server: priority order, preemption with grace signal and
+requeue (same id, same checkpoint directory, restart count up), elastic shrink instead of
+preemption, reasons for QOS limits and dependencies, admission refusals that name the
+field, fair-share accounting, the partition's default time limit, config errors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from test_api import submit, wait_state
+
+SITE = """
+nodes:
+  - {name: gpu, count: 1, gpus: 4, gpu_type: H100, cpus: 8, memory: 64, labels: {leaf: l0}}
+scheduler: {policy: corral, half_life: 1d}
+partitions:
+  - {name: batch, nodes: ["gpu-*"], max_time: 1h, preempt_mode: requeue}
+  - {name: urgent, nodes: ["gpu-*"], priority_tier: 10}
+  - {name: short, nodes: ["gpu-*"], default_time: 2s, max_time: 1m}
+  - {name: ml-only, nodes: ["gpu-*"], accounts: [ml]}
+accounts:
+  - {name: ml, shares: 3, users: [alice]}
+  - {name: physics, shares: 1}
+qos:
+  - {name: normal}
+  - {name: capped, max_gpus_per_user: 2}
+topology: [leaf]
+"""
+
+
+@pytest.fixture
+def site_config() -> str:
+    return SITE
+
+
+def events(server, job_id: int) -> list[tuple[str, str | None, str]]:
+    return [(e["subject"], e["to_state"], e["cause"]) for e in server.get(f"/v1/jobs/{job_id}/events").json()]
+
+
+def test_preemption_sends_the_grace_signal_and_requeues_keeping_id_and_checkpoint(server, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    low = submit(server, f"""
+name: low
+resources: {{accelerators: H100:4}}
+stop_signal: SIGUSR1
+grace_period: 5s
+run: |
+  echo "start $CORRAL_RESTART_COUNT $CORRAL_CHECKPOINT_DIR" >> {marks}
+  trap 'echo "signal $CORRAL_RESTART_COUNT" >> {marks}; exit 0' USR1
+  while true; do sleep 0.1; done
+""")
+    assert low["partition"] == "batch" and low["account"] == "ml" and low["time_limit"] == 3600.0
+    wait_for(lambda: marks.exists() and "start 0" in marks.read_text())
+    high = submit(server, "name: high\nresources: {accelerators: H100:2}\nrun: echo urgent\n",
+                  scheduling={"partition": "urgent"})
+    assert wait_state(server, high["id"], "SUCCEEDED")["state"] == "SUCCEEDED"
+    wait_for(lambda: "start 1" in marks.read_text(), timeout=20)
+    lines = marks.read_text().splitlines()
+    assert lines[1] == "signal 0"  # the preempted replica saw its stop signal before anything else happened
+    first_dir, second_dir = lines[0].split()[2], lines[2].split()[2]
+    assert first_dir == second_dir  # CORRAL_CHECKPOINT_DIR is stable across the requeue
+    again = wait_state(server, low["id"], "RUNNING")
+    assert again["id"] == low["id"] and again["requeues"] == 1
+    assert again["tasks"][0]["replicas"][0]["restarts"] == 1
+    seen = events(server, low["id"])
+    assert ("job", "PREEMPTED", "preempted") in seen and ("job", "PENDING", "requeued") in seen
+    assert ("low-0", "KILLED", "preempted") in seen
+    # the preemptor started only after the victim had stopped
+    high_events = server.get(f"/v1/jobs/{high['id']}/events").json()
+    low_events = server.get(f"/v1/jobs/{low['id']}/events").json()
+    killed = next(e["ts"] for e in low_events if e["to_state"] == "KILLED")
+    scheduled = next(e["ts"] for e in high_events if e["cause"] == "scheduled" and e["subject"] == "job")
+    assert scheduled >= killed
+    server.post(f"/v1/jobs/{low['id']}/cancel")
+    wait_state(server, low["id"], "CANCELLED")
+
+
+def test_an_elastic_task_shrinks_instead_of_its_job_being_preempted(server) -> None:
+    group = submit(server, """
+name: rl
+execution: parallel
+primary_tasks: [trainer]
+---
+name: trainer
+run: sleep 60
+---
+name: rollout
+num_nodes: {min: 1, max: 4, initial: 4}
+resources: {accelerators: H100:1}
+run: sleep 60
+""")
+    wait_state(server, group["id"], "RUNNING")
+    urgent = submit(server, "name: urgent\nresources: {accelerators: H100:2}\nrun: echo ok\n",
+                    scheduling={"partition": "urgent"})
+    assert wait_state(server, urgent["id"], "SUCCEEDED")["state"] == "SUCCEEDED"
+    job = server.get(f"/v1/jobs/{group['id']}").json()
+    assert job["state"] == "RUNNING" and job["requeues"] == 0
+    rollout = next(t for t in job["tasks"] if t["name"] == "rollout")
+    assert rollout["num_nodes"] == 2
+    assert ("rollout", None, "shrunk") in events(server, group["id"])
+    server.post(f"/v1/jobs/{group['id']}/cancel")
+    wait_state(server, group["id"], "CANCELLED")
+
+
+def test_priority_order_and_the_priority_view(server) -> None:
+    blocker = submit(server, "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 1\n")
+    wait_state(server, blocker["id"], "RUNNING")
+    late = submit(server, "name: niced\nresources: {accelerators: H100:4}\nrun: echo a\n", scheduling={"nice": 5000})
+    early = submit(server, "name: plain\nresources: {accelerators: H100:4}\nrun: echo b\n")
+    wait_for(lambda: len(server.get("/v1/priority").json()) == 2)
+    ranked = server.get("/v1/priority").json()
+    assert [r["id"] for r in ranked] == [early["id"], late["id"]]
+    assert ranked[1]["nice"] == 5000 and ranked[0]["priority"] - ranked[1]["priority"] == pytest.approx(5000, abs=50)
+    assert ranked[0]["fair_share"] > 0
+    a, b = wait_state(server, late["id"], "SUCCEEDED"), wait_state(server, early["id"], "SUCCEEDED")
+    assert b["started_at"] < a["started_at"]
+
+
+def test_reasons_for_qos_limits_and_dependencies(server) -> None:
+    jobs = [submit(server, f"name: c{i}\nresources: {{accelerators: H100:1}}\nrun: sleep 30\n",
+                   scheduling={"qos": "capped"}) for i in range(3)]
+    wait_for(lambda: server.get(f"/v1/jobs/{jobs[2]['id']}").json()["reason"] == "QOSMaxGPUsPerUser")
+    assert [server.get(f"/v1/jobs/{j['id']}").json()["state"] for j in jobs[:2]] == ["RUNNING", "RUNNING"]
+    after = submit(server, "name: after\nrun: echo later\n", scheduling={"dependency": f"afterok:{jobs[0]['id']}"})
+    wait_for(lambda: server.get(f"/v1/jobs/{after['id']}").json()["reason"] == "Dependency")
+    doomed = submit(server, "name: doomed\nrun: echo never\n",
+                    scheduling={"dependency": f"afternotok:{jobs[1]['id']}", "kill_on_invalid_dep": True})
+    for j in jobs:
+        server.post(f"/v1/jobs/{j['id']}/cancel")
+    # job 0 was cancelled, not successful: afterok can never hold now
+    wait_for(lambda: server.get(f"/v1/jobs/{after['id']}").json()["reason"] == "DependencyNeverSatisfied")
+    assert server.get(f"/v1/jobs/{after['id']}").json()["state"] == "PENDING"  # reported, kept (no kill asked)
+    assert wait_state(server, doomed["id"], "SUCCEEDED", "CANCELLED")["state"] == "SUCCEEDED"  # cancelled = not ok
+    ok = submit(server, "name: first\nrun: 'true'\n")
+    then = submit(server, "name: then\nrun: echo go\n", scheduling={"dependency": f"afterok:{ok['id']}"})
+    assert wait_state(server, then["id"], "SUCCEEDED")["state"] == "SUCCEEDED"
+    server.post(f"/v1/jobs/{after['id']}/cancel")
+
+
+def test_singleton_queues_behind_a_job_of_the_same_name(server) -> None:
+    one = submit(server, "name: sweep\nrun: sleep 1\n", scheduling={"dependency": "singleton"})
+    two = submit(server, "name: sweep\nrun: echo second\n", scheduling={"dependency": "singleton"})
+    wait_for(lambda: server.get(f"/v1/jobs/{two['id']}").json()["reason"] == "Dependency")
+    a, b = wait_state(server, one["id"], "SUCCEEDED"), wait_state(server, two["id"], "SUCCEEDED")
+    assert b["started_at"] >= a["ended_at"]
+
+
+@pytest.mark.parametrize("scheduling, field, words", [
+    ({"partition": "bach"}, "partition", "did you mean 'batch'"),
+    ({"partition": "ml-only", "account": "physics"}, "account", "accepts accounts ml"),
+    ({"account": "chem"}, "account", "no account is named"),
+    ({"qos": "gold"}, "qos", "no QOS is named"),
+    ({"time_limit": "2h"}, "time_limit", "longer than partition 'batch'"),
+    ({"dependency": "afterok:999"}, "dependency", "there is no job 999"),
+    ({"qos": "capped", "partition": "urgent"}, "qos", "more than QOS 'capped'"),
+])
+def test_admission_refuses_what_could_never_run_naming_the_field(server, scheduling, field, words) -> None:
+    text = "name: x\nresources: {accelerators: H100:3}\nrun: 'true'\n"
+    response = server.post("/v1/jobs", json={"yaml": text, "scheduling": scheduling})
+    assert response.status_code == 422, response.text
+    (issue,) = response.json()["detail"]["errors"]
+    assert issue["field"] == field and words in issue["message"]
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+
+
+def test_partition_default_time_limit_applies(server) -> None:
+    job = submit(server, "name: forever\nrun: sleep 60\n", scheduling={"partition": "short"})
+    assert job["time_limit"] == 2.0
+    assert wait_state(server, job["id"], "TIMEOUT", timeout=30)["state"] == "TIMEOUT"
+
+
+def test_usage_is_accrued_and_shown_in_share(server) -> None:
+    job = submit(server, "name: burn\nresources: {accelerators: H100:2}\nrun: sleep 1.5\n")
+    wait_state(server, job["id"], "SUCCEEDED")
+    rows = {(r["account"], r["user"]): r for r in server.get("/v1/share").json()}
+    assert rows[("ml", "alice")]["raw_usage"] >= 2.0  # >= 2 GPUs x ~1.5 s, slightly decayed
+    assert rows[("ml", "")]["norm_shares"] == pytest.approx(0.75)
+    assert rows[("ml", "alice")]["fair_share"] < 0.5  # ml used everything, more than its 75 %
+
+
+def test_a_bad_site_config_is_refused_with_field_and_line(tmp_path: Path) -> None:
+    from corral.site import load_site
+    from corral.spec import SpecError
+    config = tmp_path / "config.yaml"
+    config.write_text(SITE.replace("max_time: 1h", "max_tim: 1h"))
+    with pytest.raises(SpecError) as info:
+        load_site(config)
+    assert "line 6" in str(info.value).replace(f"{config}:6", "line 6") and "did you mean 'max_time'" in str(info.value)
