@@ -77,7 +77,6 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
     None if it never fits. One working pool walks forward in time; a release never hands
     back a GPU a reservation holds; cheap bounds skip most what-ifs."""
     trial = book.base.copy()
-    free = sum(len(n.gpus) for n in trial.nodes)
     for end, allocations in [(now, ())] + timeline.ordered():
         for alloc in allocations:
             reserved = book.held.get(alloc.node)
@@ -85,8 +84,7 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
                 alloc = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g not in reserved),
                                    alloc.cpus, alloc.memory)
             trial.release(alloc)
-            free += len(alloc.gpus)
-        if free < job.gpus or any(trial.count_with(t.gpus) < t.replicas for t in job.tasks if t.gpus):
+        if trial.free_gpus < job.gpus or any(trial.count_with(t.gpus) < t.replicas for t in job.tasks if t.gpus):
             continue
         placed = place_gang(trial, job, scope)
         if placed is not None:

@@ -35,7 +35,7 @@ from corral.scheduler.limits import Tally
 from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang
 from corral.scheduler.plan import Plan, Reason, Start
 from corral.scheduler.policy import Policy
-from corral.scheduler.priority import Factors, factors
+from corral.scheduler.priority import Factors, Scorer
 from corral.scheduler.snapshot import PendingJob, Snapshot
 
 __all__ = ["Policy", "schedule", "priorities"]
@@ -45,7 +45,8 @@ def priorities(snapshot: Snapshot, now: float, policy: Policy) -> dict[int, Fact
     """The multifactor priority of every pending job (``corral queue --priority``)."""
     cluster_gpus = sum(n.gpus for n in snapshot.nodes)
     shares = fairshare.factors(policy, snapshot.usage, {j.assoc for j in snapshot.pending})
-    return {j.id: factors(j, now, policy, shares.get(j.assoc, 0.5), cluster_gpus) for j in snapshot.pending}
+    scorer = Scorer(policy, now, cluster_gpus)
+    return {j.id: scorer.factors(j, shares.get(j.assoc, 0.5)) for j in snapshot.pending}
 
 
 def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
@@ -67,8 +68,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
     if policy.backfill:
         prio = priorities(Snapshot(snapshot.nodes, tuple(ready), usage=snapshot.usage), now, policy)
         plan.priorities.update(prio)
-        ready.sort(key=lambda j: (-policy.partition(j.partition).priority_tier, -prio[j.id].total,
-                                  j.submitted_at, j.id))
+        tiers = {p.name: p.priority_tier for p in policy.partitions}
+        default_tier = policy.default_partition.priority_tier
+        ready.sort(key=lambda j: (-tiers.get(j.partition, default_tier), -prio[j.id].total, j.submitted_at, j.id))
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)

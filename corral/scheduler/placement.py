@@ -29,24 +29,43 @@ class FreePool:
     """Mutable free resources of every node, with assume/undo for what-if placement.
 
     Nodes are also indexed by how many GPUs they have free (buckets), so best fit is a walk
-    from the smallest bucket that can hold a replica instead of a scan of every node."""
+    from the smallest bucket that can hold a replica instead of a scan of every node.
+    ``copy`` is copy-on-write: a what-if pool shares the nodes it never changes, so the
+    many reservations of a cycle each cost what they touch, not the size of the cluster."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
-        self.nodes = [FreeNode(n, set(n.free_gpus or ()), n.free_cpus or 0.0, n.free_memory or 0.0)
-                      for n in nodes]
-        self.by_name = {n.view.name: n for n in self.nodes}
-        self.max_gpus = max((n.view.gpus for n in self.nodes), default=0)
+        free = [FreeNode(n, set(n.free_gpus or ()), n.free_cpus or 0.0, n.free_memory or 0.0) for n in nodes]
+        self.by_name = {n.view.name: n for n in free}
+        self.max_gpus = max((n.view.gpus for n in free), default=0)
         self.buckets: list[dict[str, FreeNode]] = [{} for _ in range(self.max_gpus + 1)]
-        for node in self.nodes:
+        for node in free:
             self.buckets[len(node.gpus)][node.view.name] = node
+        self.free_gpus = sum(len(n.gpus) for n in free)
+        self._owned: set[str] | None = None  # None: every node is this pool's own
+
+    @property
+    def nodes(self) -> list[FreeNode]:
+        return list(self.by_name.values())
 
     def copy(self) -> FreePool:
         clone = FreePool.__new__(FreePool)
-        clone.nodes = [FreeNode(n.view, set(n.gpus), n.cpus, n.memory) for n in self.nodes]
-        clone.by_name = {n.view.name: n for n in clone.nodes}
+        clone.by_name = dict(self.by_name)
         clone.max_gpus = self.max_gpus
-        clone.buckets = [{name: clone.by_name[name] for name in bucket} for bucket in self.buckets]
+        clone.buckets = [dict(bucket) for bucket in self.buckets]
+        clone.free_gpus = self.free_gpus
+        clone._owned = set()
+        self._owned = set()  # its nodes are shared now: the original copies before writing too
         return clone
+
+    def _own(self, name: str) -> FreeNode:
+        node = self.by_name[name]
+        if self._owned is None or name in self._owned:
+            return node
+        mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory)
+        self.by_name[name] = mine
+        self.buckets[len(mine.gpus)][name] = mine
+        self._owned.add(name)
+        return mine
 
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
@@ -69,7 +88,7 @@ class FreePool:
 
     def take(self, alloc: Allocation) -> None:
         """Remove an allocation's resources without checking they are free (reservations)."""
-        node = self.by_name[alloc.node]
+        node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
         node.cpus -= alloc.cpus
@@ -77,7 +96,7 @@ class FreePool:
         self._rebucket(node, before)
 
     def release(self, alloc: Allocation) -> None:
-        node = self.by_name[alloc.node]
+        node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
         node.cpus += alloc.cpus
@@ -87,6 +106,7 @@ class FreePool:
     def _rebucket(self, node: FreeNode, before: int) -> None:
         after = len(node.gpus)
         if after != before:
+            self.free_gpus += after - before
             del self.buckets[before][node.view.name]
             self.buckets[after][node.view.name] = node
 

@@ -97,7 +97,14 @@ class Policy:
                        backfill=True, max_reservations=100, max_backfill_jobs=500, **overrides)
         raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
 
-    # -- lookups (cached per policy object: policies are immutable) ------------------
+    def __post_init__(self) -> None:
+        # Lookups the scheduler makes per job, built once (policies are immutable).
+        object.__setattr__(self, "_partitions", {p.name: p for p in self.partitions})
+        object.__setattr__(self, "_qos", {q.name: q for q in self.qos})
+        object.__setattr__(self, "max_job_factor", max((p.job_factor for p in self.partitions), default=1.0) or 1.0)
+        object.__setattr__(self, "max_qos_priority", max((q.priority for q in self.qos), default=0.0))
+        object.__setattr__(self, "_reach", self._reachable())
+
     def partition(self, name: str) -> Partition:
         return self._partitions.get(name) or self.default_partition
 
@@ -108,28 +115,12 @@ class Policy:
     def qos_of(self, name: str) -> Qos:
         return self._qos.get(name) or _NORMAL
 
-    @property
-    def _partitions(self) -> dict[str, Partition]:
-        return _cached(self, "_p", lambda: {p.name: p for p in self.partitions})
-
-    @property
-    def _qos(self) -> dict[str, Qos]:
-        return _cached(self, "_q", lambda: {q.name: q for q in self.qos})
-
-    @property
-    def max_job_factor(self) -> float:
-        return _cached(self, "_mjf", lambda: max((p.job_factor for p in self.partitions), default=1.0) or 1.0)
-
-    @property
-    def max_qos_priority(self) -> float:
-        return _cached(self, "_mqp", lambda: max((q.priority for q in self.qos), default=0.0))
-
     def preempts(self, partition: str, qos: str, victim_partition: str, victim_qos: str) -> bool:
         """The strict partial order of the module docstring."""
         mine, theirs = self.partition(partition).priority_tier, self.partition(victim_partition).priority_tier
         if mine != theirs:
             return mine > theirs
-        return victim_qos in _cached(self, "_reach", self._reachable).get(qos, frozenset())
+        return victim_qos in self._reach.get(qos, frozenset())
 
     def _reachable(self) -> dict[str, frozenset[str]]:
         out: dict[str, frozenset[str]] = {}
@@ -140,7 +131,7 @@ class Policy:
                 name = stack.pop()
                 if name not in seen:
                     seen.add(name)
-                    stack.extend(self.qos_of(name).preempt if name in self._qos else ())
+                    stack.extend(self._qos[name].preempt if name in self._qos else ())
             out[q.name] = frozenset(seen)
         return out
 
@@ -152,9 +143,3 @@ class Policy:
 _ALL = Partition("all")
 _NORMAL = Qos("normal")
 
-
-def _cached(policy: Policy, key: str, build):
-    cache = policy.__dict__.setdefault("_cache", {})
-    if key not in cache:
-        cache[key] = build()
-    return cache[key]

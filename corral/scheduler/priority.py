@@ -30,20 +30,38 @@ class Factors:
     total: float
 
 
+class Scorer:
+    """Computes factors for many jobs of one cycle, with the per-partition and per-QOS
+    parts looked up once."""
+
+    def __init__(self, policy: Policy, now: float, cluster_gpus: int):
+        self.policy, self.now, self.cluster_gpus = policy, now, cluster_gpus
+        self._part: dict[str, float] = {}
+        self._qos: dict[str, float] = {}
+
+    def factors(self, job: PendingJob, fair_share: float) -> Factors:
+        policy, w = self.policy, self.policy.weights
+        age = min(1.0, max(0.0, self.now - job.submitted_at) / w.max_age_s)
+        gpus = job.gpus
+        size = min(1.0, gpus / self.cluster_gpus) if self.cluster_gpus else 0.0
+        if w.favor_small:
+            size = 1.0 - size
+        part = self._part.get(job.partition)
+        if part is None:
+            part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor
+        qos = self._qos.get(job.qos)
+        if qos is None:
+            top = policy.max_qos_priority
+            qos = self._qos[job.qos] = policy.qos_of(job.qos).priority / top if top > 0 else 0.0
+        total = (w.age * age + w.fair_share * fair_share + w.job_size * size + w.partition * part + w.qos * qos
+                 - job.nice)
+        if job.priority is not None:
+            total = job.priority
+        return Factors(age, fair_share, size, part, qos, job.nice, total)
+
+
 def factors(job: PendingJob, now: float, policy: Policy, fair_share: float, cluster_gpus: int) -> Factors:
-    w = policy.weights
-    age = min(1.0, max(0.0, now - job.submitted_at) / w.max_age_s)
-    size = min(1.0, job.gpus / cluster_gpus) if cluster_gpus else 0.0
-    if w.favor_small:
-        size = 1.0 - size
-    part = policy.partition(job.partition).job_factor / policy.max_job_factor
-    top_qos = policy.max_qos_priority
-    qos = policy.qos_of(job.qos).priority / top_qos if top_qos > 0 else 0.0
-    total = (w.age * age + w.fair_share * fair_share + w.job_size * size + w.partition * part + w.qos * qos
-             - job.nice)
-    if job.priority is not None:
-        total = job.priority
-    return Factors(age, fair_share, size, part, qos, job.nice, total)
+    return Scorer(policy, now, cluster_gpus).factors(job, fair_share)
 
 
 def decay(usage: dict, elapsed_s: float, half_life_s: float) -> dict:

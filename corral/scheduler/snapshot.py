@@ -76,9 +76,8 @@ class PendingJob:
     name: str = ""  # for singleton
     kill_on_invalid_dep: bool = False
 
-    @property
-    def gpus(self) -> int:
-        return sum(t.replicas * t.gpus for t in self.tasks)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
 
     @property
     def assoc(self) -> tuple[str, str]:
