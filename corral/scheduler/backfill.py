@@ -28,17 +28,21 @@ class Reservation:
 
 
 class Timeline:
-    """Future releases of resources: (time, allocations) sorted by time."""
+    """Future releases of resources: (time, allocations) sorted by time. ``changes`` logs
+    the time of every release added, so a book can tell which of its checkpoints went stale."""
 
     def __init__(self) -> None:
         self.releases: list[tuple[float, tuple[Allocation, ...]]] = []
+        self.changes: list[float] = []
+        self._sorted = True
 
     def add(self, end: float, allocations: tuple[Allocation, ...]) -> None:
         self.releases.append((end, allocations))
+        self.changes.append(end)
         self._sorted = False
 
     def ordered(self) -> list[tuple[float, tuple[Allocation, ...]]]:
-        if not getattr(self, "_sorted", False):
+        if not self._sorted:
             self.releases.sort(key=lambda r: r[0])
             self._sorted = True
         return self.releases
@@ -47,12 +51,27 @@ class Timeline:
 class Book:
     """The reservations of one cycle, with the free pool as it is now minus everything they
     hold (kept current, so a new reservation starts from a copy instead of redoing all the
-    earlier ones)."""
+    earlier ones).
+
+    Walking the timeline is the cost of a reservation, so the book keeps checkpoints: the
+    pool after the first k releases, every ``EVERY`` steps, with how many of the book's
+    changes (starts and held reservations, ``deltas``) it has seen. A later reservation
+    resumes from the last checkpoint at which its gang certainly could not fit yet (by a
+    count of GPUs), replays the newer deltas, and walks on from there."""
+
+    EVERY = 8
 
     def __init__(self, pool: FreePool):
         self.reservations: list[Reservation] = []
         self.base = pool.copy()
         self.held: dict[str, set[int]] = {}
+        self.deltas: list[Allocation] = []
+        self._points: dict[int, tuple[FreePool, int]] = {}
+        self._seen_changes = 0
+        self._released: list[int] = []  # GPUs released by steps 0..i (prefix sums), ignoring holds
+        # Per gang shape, the step of its last reservation: holds and starts only ever take
+        # resources away during a cycle, so the same shape never fits any earlier.
+        self._floor: dict[tuple, int | None] = {}
 
     def __bool__(self) -> bool:
         return bool(self.reservations)
@@ -65,31 +84,87 @@ class Book:
         for alloc in reservation.allocations:  # pessimistic: held from now on
             self.base.take(alloc)
             self.held.setdefault(alloc.node, set()).update(alloc.gpus)
+            self.deltas.append(alloc)
 
     def started(self, allocations: tuple[Allocation, ...]) -> None:
         for alloc in allocations:
             self.base.take(alloc)
+            self.deltas.append(alloc)
+
+    def _sync(self, timeline: Timeline) -> list[tuple[float, tuple[Allocation, ...]]]:
+        steps = timeline.ordered()
+        if self._seen_changes != len(timeline.changes) or len(self._released) != len(steps):
+            new = timeline.changes[self._seen_changes:]
+            if new:  # checkpoints at or after the earliest new release are stale
+                first = min(new)
+                cut = next((i for i, (t, _) in enumerate(steps) if t >= first), len(steps))
+                self._points = {k: v for k, v in self._points.items() if k < cut}
+            self._seen_changes = len(timeline.changes)
+            total, self._released = 0, []
+            for _, allocations in steps:
+                total += sum(len(a.gpus) for a in allocations)
+                self._released.append(total)
+        return steps
+
+    def _release(self, trial: FreePool, allocations: tuple[Allocation, ...]) -> None:
+        for alloc in allocations:
+            reserved = self.held.get(alloc.node)
+            if reserved:  # a release never hands back a GPU a reservation holds
+                trial.release_except(alloc, reserved)
+            else:
+                trial.release(alloc)
 
 
 def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: Scope = EVERYWHERE
             ) -> Reservation | None:
     """The earliest start of ``job`` given the releases and the book's reservations, or
-    None if it never fits. One working pool walks forward in time; a release never hands
-    back a GPU a reservation holds; cheap bounds skip most what-ifs."""
-    trial = book.base.copy()
-    for end, allocations in [(now, ())] + timeline.ordered():
-        for alloc in allocations:
-            reserved = book.held.get(alloc.node)
-            if reserved:
-                alloc = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g not in reserved),
-                                   alloc.cpus, alloc.memory)
-            trial.release(alloc)
-        if trial.free_gpus < job.gpus or any(trial.count_with(t.gpus) < t.replicas for t in job.tasks if t.gpus):
-            continue
-        placed = place_gang(trial, job, scope)
-        if placed is not None:
-            return Reservation(job.id, max(now, end), placed, trial)
-    return None
+    None if it never fits."""
+    steps = book._sync(timeline)
+    shape = _shape(job, scope)
+    if shape in book._floor and book._floor[shape] is None:
+        return None  # the same gang found no room at all earlier in this cycle
+    need = job.gpus
+    free_now = book.base.free_gpus
+    # the last step before which the gang cannot fit, whatever the holds: count bound
+    sure = -1
+    while sure + 1 < len(steps) and free_now + book._released[sure + 1] < need:
+        sure += 1
+    floor = book._floor.get(shape)
+    if floor is not None:
+        sure = max(sure, floor - 1)
+    if free_now < need or floor is not None:
+        start = max((k for k in book._points if k <= sure), default=None)
+    else:
+        start, sure = None, -2
+    if start is None:
+        trial, index = book.base.copy(), -1
+    else:
+        point, seen = book._points[start]
+        if seen < len(book.deltas):  # bring the checkpoint up to date once, for every later user
+            for alloc in book.deltas[seen:]:
+                point.take(alloc)
+            book._points[start] = (point, len(book.deltas))
+        trial, index = point.copy(), start
+    while True:
+        if index > sure and trial.free_gpus >= need and \
+                all(trial.count_with(t.gpus) >= t.replicas for t in job.tasks if t.gpus):
+            placed = place_gang(trial, job, scope)
+            if placed is not None:
+                book._floor[shape] = index
+                return Reservation(job.id, max(now, steps[index][0]) if index >= 0 else now, placed, trial)
+        index += 1
+        if index >= len(steps):
+            book._floor[shape] = None
+            return None
+        book._release(trial, steps[index][1])
+        if index % Book.EVERY == Book.EVERY - 1 and index not in book._points:
+            book._points[index] = (trial.copy(), len(book.deltas))
+
+
+def _shape(job: PendingJob, scope: Scope) -> tuple:
+    relaxes = any(t.topology is not None and t.topology.max_wait is not None for t in job.tasks)
+    return (tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type, t.topology) for t in job.tasks),
+            scope.allowed, scope.levels, scope.waited if relaxes else None)
 
 
 def fits_around(job: PendingJob, allocations: tuple[Allocation, ...], now: float, book: Book) -> bool:

@@ -103,6 +103,15 @@ class FreePool:
         node.memory += alloc.memory
         self._rebucket(node, before)
 
+    def release_except(self, alloc: Allocation, keep: set[int]) -> None:
+        """Release an allocation but for the GPUs in ``keep`` (held by a reservation)."""
+        node = self._own(alloc.node)
+        before = len(node.gpus)
+        node.gpus |= set(alloc.gpus) - keep
+        node.cpus += alloc.cpus
+        node.memory += alloc.memory
+        self._rebucket(node, before)
+
     def _rebucket(self, node: FreeNode, before: int) -> None:
         after = len(node.gpus)
         if after != before:
