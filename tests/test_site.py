@@ -190,3 +190,35 @@ def test_a_bad_site_config_is_refused_with_field_and_line(tmp_path: Path) -> Non
     with pytest.raises(SpecError) as info:
         load_site(config)
     assert "line 6" in str(info.value).replace(f"{config}:6", "line 6") and "did you mean 'max_time'" in str(info.value)
+
+
+@pytest.mark.parametrize("replace, line, words", [
+    ("  - {name: capped, max_gpus_per_user: 2}", 15, "did you mean 'normal'"),
+    ('nodes: ["gpu-*"], max_time: 1h', 6, "'cpu-*' matches no node"),
+    ("topology: [leaf]", 16, "no node has the label 'spine'"),
+    ("  - {name: physics, shares: 1}", 12, "no account is named 'chem'"),
+])
+def test_site_config_errors_name_the_line(tmp_path: Path, replace: str, line: int, words: str) -> None:
+    from corral.site import load_site
+    from corral.spec import SpecError
+    broken = {
+        "  - {name: capped, max_gpus_per_user: 2}": "  - {name: capped, preempt: [normla]}",
+        'nodes: ["gpu-*"], max_time: 1h': 'nodes: ["cpu-*"], max_time: 1h',
+        "topology: [leaf]": "topology: [leaf, spine]",
+        "  - {name: physics, shares: 1}": "  - {name: physics, shares: 1, parent: chem}",
+    }[replace]
+    config = tmp_path / "config.yaml"
+    config.write_text(SITE.replace(replace, broken))
+    with pytest.raises(SpecError) as info:
+        load_site(config)
+    assert f"{config}:{line}:" in str(info.value) and words in str(info.value)
+
+
+def test_qos_preemption_cycles_are_refused(tmp_path: Path) -> None:
+    from corral.site import load_site
+    from corral.spec import SpecError
+    config = tmp_path / "config.yaml"
+    config.write_text(SITE.replace("  - {name: normal}", "  - {name: normal, preempt: [capped]}").replace(
+        "  - {name: capped, max_gpus_per_user: 2}", "  - {name: capped, preempt: [normal]}"))
+    with pytest.raises(SpecError, match="QOS preemption has a cycle: normal -> capped -> normal"):
+        load_site(config)

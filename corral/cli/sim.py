@@ -36,7 +36,9 @@ def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf
     else:
         views = cluster(nodes, gpus_per_node, nodes_per_leaf)
     jobs = load_trace(trace, limit, seed)
-    result = simulate(jobs, views, Policy.named(policy), interval_s=interval)
+    # with leaf switches declared, multi-node gangs are placed under the fewest of them
+    levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
+    result = simulate(jobs, views, Policy.named(policy, topology=levels), interval_s=interval)
     metrics = {"trace": trace.name, "policy": policy, "gpus": result.total_gpus, **result.metrics()}
     if as_json:
         click.echo(json.dumps(metrics))

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""How faithfully ``corral sim --policy slurm`` models real Slurm: the same few hundred jobs
+of a shared trace, time-compressed, run on a real Slurm 22.05 (shared/tools/slurm-lab, 4
+virtual nodes x 8 GPUs) and through corral's simulator on the same cluster; then the two
+schedules are compared job by job.
+
+  python bench/slurm_fidelity.py [--trace philly-pollux.csv] [--jobs 200] [--span 120] [--seed 0]
+
+Compression: the window's submit times are scaled to ``--span`` seconds; run times are
+scaled so the offered load is ~90 % of the 32 GPUs over the span, and kept within 2-40 s;
+time limits are the run time times a seeded over-estimate (1-10x), rounded up to whole
+minutes (Slurm's unit). Both sides get exactly these jobs. Slurm is configured as the lab
+does (multifactor: age 1000, fair share 10000, job size 100, partition 1000; backfill)
+with event-driven scheduling and backfill every second (bf_interval=1, bf_resolution=1) so
+compression does not hide its decisions behind the default 30 s backfill period; every
+job is charged to one account, so fair share cannot differ between the two.
+
+Printed: Kendall's tau between the two start orders, Pearson and Spearman correlation of
+per-job waits, mean and p50 wait on each side, and the share of jobs whose start differs by
+less than 5 s. Results are also appended to bench/results/slurm_fidelity.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from corral.scheduler import Policy, PriorityWeights  # noqa: E402
+from corral.sim.engine import cluster, simulate  # noqa: E402
+from corral.sim.trace import TraceJob, load_trace  # noqa: E402
+
+LAB = Path(os.environ.get("LAB", "/tmp/slurmlab-fidelity"))
+TOOLS = ROOT.parent / "shared" / "tools" / "slurm-lab"
+NODES, GPUS = 4, 8
+SCHED = ("batch_sched_delay=0,sched_min_interval=0,bf_continue,bf_interval=1,bf_resolution=1,"
+         "bf_max_job_test=100,default_queue_depth=500,partition_job_depth=500,max_rpc_cnt=150")
+
+
+def compress(jobs: list[TraceJob], span: float, seed: int) -> list[TraceJob]:
+    rng = random.Random(seed)
+    jobs = [j for j in jobs if 0 < j.gpus <= NODES * GPUS]
+    t0, t1 = jobs[0].submit_s, jobs[-1].submit_s
+    scale = span / max(1.0, t1 - t0)
+    work = sum(j.gpus * j.duration_s for j in jobs)
+    run_scale = 0.9 * NODES * GPUS * span / work
+    out = []
+    for j in jobs:
+        run = min(40.0, max(2.0, j.duration_s * run_scale))
+        limit = math.ceil(run * 10 ** rng.uniform(0.0, 1.0) / 60.0) * 60.0
+        out.append(TraceJob(j.id, "lab", round((j.submit_s - t0) * scale, 2), j.gpus, round(run, 1), limit))
+    return out
+
+
+def sh(*cmd: str, env: dict | None = None) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+
+
+def start_lab() -> dict:
+    env = {**os.environ, "LAB": str(LAB), "NODES": str(NODES), "GPUS": str(GPUS), "PROFILE": "fast",
+           "SCHED_PARAMS": SCHED, "FRESH": "1", "ACCOUNTING": "dbd"}
+    subprocess.run([str(TOOLS / "stop-slurm.sh")], env=env, capture_output=True)
+    subprocess.run([str(TOOLS / "start-slurm.sh")], env=env, check=True, capture_output=True)
+    env["SLURM_CONF"] = str(LAB / "etc" / "slurm.conf")
+    for _ in range(120):
+        idle = sh("sinfo", "-h", "-o", "%T %D", env=env)
+        if "idle" in idle and str(NODES) in idle:
+            return env
+        time.sleep(0.5)
+    raise RuntimeError(f"the lab did not come up: {idle}")
+
+
+def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, float]]:
+    """Submit each job at its compressed time; return job id -> (submit, start) in seconds
+    from the first submission, as sacct records them."""
+    ids: dict[str, str] = {}
+    t0 = time.time()
+    for job in jobs:
+        delay = t0 + job.submit_s - time.time()
+        if delay > 0:
+            time.sleep(delay)
+        nodes = max(1, math.ceil(job.gpus / GPUS))
+        per_node = job.gpus if nodes == 1 else GPUS  # whole nodes above one node, as the simulator does
+        out = sh("sbatch", "--parsable", "-o", "/dev/null", "-N", str(nodes), f"--gres=gpu:{per_node}",
+                 f"--time={int(job.time_limit_s // 60)}", "--wrap", f"sleep {job.duration_s}", env=env)
+        ids[out.strip().split(";")[0]] = job.id
+    deadline = time.time() + 3600
+    while time.time() < deadline:
+        if not sh("squeue", "-h", "-o", "%i", env=env).split():
+            break
+        time.sleep(1)
+    time.sleep(3)  # let slurmdbd catch up
+    rows = sh("sacct", "-X", "-n", "-P", "-o", "JobID,Submit,Start", "-j", ",".join(ids), env=env)
+    base = None
+    out: dict[str, tuple[float, float]] = {}
+    for line in rows.splitlines():
+        slurm_id, submit, start = line.split("|")
+        if slurm_id not in ids or start in ("Unknown", "None"):
+            continue
+        s, b = datetime.fromisoformat(submit).timestamp(), datetime.fromisoformat(start).timestamp()
+        base = s if base is None else min(base, s)
+        out[ids[slurm_id]] = (s, b)
+    return {k: (s - base, b - base) for k, (s, b) in out.items()}
+
+
+def lab_policy() -> Policy:
+    """The lab's slurm.conf as corral's slurm model: same weights, backfill over 100 jobs."""
+    return Policy("slurm", PriorityWeights(age=1000, fair_share=10000, job_size=100, partition=1000, qos=0,
+                                           max_age_s=7 * 86400, favor_small=False),
+                  backfill=True, max_reservations=100, max_backfill_jobs=100)
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    concordant = discordant = 0
+    for i in range(len(a)):
+        for j in range(i + 1, len(a)):
+            x, y = a[i] - a[j], b[i] - b[j]
+            if x * y > 0:
+                concordant += 1
+            elif x * y < 0:
+                discordant += 1
+    return (concordant - discordant) / max(1, concordant + discordant)
+
+
+def pearson(a: list[float], b: list[float]) -> float:
+    return statistics.correlation(a, b) if len(a) > 2 and statistics.pstdev(a) and statistics.pstdev(b) else float("nan")
+
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    for rank, i in enumerate(order):
+        out[i] = float(rank)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trace", default="philly-pollux.csv")
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--span", type=float, default=120.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    trace = ROOT.parent / "shared" / "traces" / args.trace
+    jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed)
+    print(f"{len(jobs)} jobs of {args.trace}, compressed to {args.span:g} s of submissions; "
+          f"{NODES} nodes x {GPUS} GPUs", flush=True)
+
+    sim = simulate(jobs, cluster(NODES, GPUS), lab_policy(), interval_s=0.0, half_life_s=86400.0)
+    sim_start = {o.job.id: o.start for o in sim.outcomes}
+
+    env = start_lab()
+    try:
+        real = run_on_slurm(jobs, env)
+    finally:
+        subprocess.run([str(TOOLS / "stop-slurm.sh")], env={**os.environ, "LAB": str(LAB)}, capture_output=True)
+    by_id = {j.id: j for j in jobs}
+    common = [k for k in real if k in sim_start]
+    real_wait = [real[k][1] - real[k][0] for k in common]
+    sim_wait = [sim_start[k] - by_id[k].submit_s for k in common]
+    real_start = [real[k][1] for k in common]
+    sim_starts = [sim_start[k] for k in common]
+    result = {
+        "trace": args.trace, "jobs": len(jobs), "compared": len(common), "span_s": args.span,
+        "kendall_tau_start_order": round(kendall_tau(real_start, sim_starts), 3),
+        "pearson_wait": round(pearson(real_wait, sim_wait), 3),
+        "spearman_wait": round(pearson(ranks(real_wait), ranks(sim_wait)), 3),
+        "slurm_mean_wait_s": round(statistics.fmean(real_wait), 1),
+        "sim_mean_wait_s": round(statistics.fmean(sim_wait), 1),
+        "slurm_p50_wait_s": round(statistics.median(real_wait), 1),
+        "sim_p50_wait_s": round(statistics.median(sim_wait), 1),
+        "within_5s": round(sum(abs(a - b) < 5 for a, b in zip(real_start, sim_starts)) / max(1, len(common)), 3),
+    }
+    print(json.dumps(result, indent=2))
+    out = ROOT / "bench" / "results"
+    out.mkdir(exist_ok=True)
+    with open(out / "slurm_fidelity.jsonl", "a") as fh:
+        fh.write(json.dumps({**result, "at": datetime.now().isoformat(timespec="seconds")}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
