@@ -104,6 +104,11 @@ class Controller(ServicesMixin):
         self._exits: deque[tuple[Handle, int | None]] = deque()
         self._inbox: deque[tuple[str, object]] = deque()  # from API threads: new jobs, cancels
         self._next_rescan = 0.0
+        # The scheduler runs when something it reads changed (a job queued, resources freed,
+        # a job ended), and at least every ``refresh`` seconds while jobs wait (age, usage,
+        # topology waits drift slowly): on events, coalesced, not every cycle.
+        self._sched_needed = True
+        self._sched_refresh_at = 0.0
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
@@ -223,6 +228,7 @@ class Controller(ServicesMixin):
     def _enqueue(self, job: JobRec) -> None:
         if job.id in self.pending or job.id in self.active or job.state != JobState.PENDING:
             return
+        self._sched_needed = True
         in_order = not self.pending or job.id > next(reversed(self.pending))
         self.pending[job.id] = job
         if not in_order:
@@ -416,6 +422,10 @@ class Controller(ServicesMixin):
         if not self.pending:
             self.priorities = {}
             return
+        if not self._sched_needed and time.monotonic() < self._sched_refresh_at:
+            return
+        self._sched_needed = False
+        self._sched_refresh_at = time.monotonic() + self.settings.rescan_interval_s
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
@@ -432,6 +442,8 @@ class Controller(ServicesMixin):
         if self.journal:
             self.journal.flush(s)  # a job requeued this cycle is PENDING in the store before its claim
         claimed = self._claim(s, [start.job_id for start in starts])
+        if len(claimed) < len(plan.starts):
+            self._sched_needed = True  # a stale or lost start: look again next cycle
         for start in starts:
             job = self.pending.pop(start.job_id)
             self._reasons.pop(job.id, None)
@@ -664,7 +676,8 @@ class Controller(ServicesMixin):
         if "exit_code" in columns:
             replica.exit_code = columns["exit_code"]  # type: ignore[assignment]
         if new.terminal:
-            self._allocs.pop(replica.id, None)
+            if self._allocs.pop(replica.id, None) is not None:
+                self._sched_needed = True  # resources freed
         self.journal.replica(replica.id, state=new.value, **columns)
         self.journal.event(replica.job_id, now, replica.label, cause, old.value, new.value, message)
 
@@ -678,6 +691,7 @@ class Controller(ServicesMixin):
         values = {"state": new.value, **columns}
         if new.terminal:
             values["ended_at"] = now
+            self._sched_needed = True  # jobs may depend on this one
         self.journal.job(job.id, **values)
         self.journal.event(job.id, now, "job", cause, old.value, new.value, event_message)
 
