@@ -5,7 +5,6 @@ field, fair-share accounting, the partition's default time limit, config errors.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest

@@ -37,13 +37,17 @@ def requested_limit(duration_s: float, rng: random.Random) -> float:
     return float(math.ceil(wanted / ROUND_LIMITS_S[-1]) * ROUND_LIMITS_S[-1])
 
 
-def load_trace(path: Path, limit: int | None = None, seed: int = 0) -> list[TraceJob]:
+def load_trace(path: Path, limit: int | None = None, seed: int = 0, after: float | None = None) -> list[TraceJob]:
+    """The trace's jobs in submit order; ``after``: only those submitted at or after that
+    second (e.g. to leave out the Alibaba trace's resident pods)."""
     rng = random.Random(seed)
     jobs = []
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
             if limit is not None and len(jobs) >= limit:
                 break
+            if after is not None and float(row["submit_s"]) < after:
+                continue
             duration = max(1.0, float(row["duration_s"]))
             gpus = math.ceil(float(row["gpus"] or 0))  # GPU-sharing pods round up to whole GPUs
             jobs.append(TraceJob(row["job_id"], row.get("user") or "anonymous", float(row["submit_s"]), gpus, duration,
