@@ -69,10 +69,10 @@ def wait_idle(client: Client, timeout: float = 600.0, poll: float = 0.2) -> floa
     raise TimeoutError("jobs left running")
 
 
-def corral_latency(client: Client, work: Path, samples: int, group: bool) -> list[float]:
+def corral_latency(client: Client, work: Path, samples: int, group: bool, tag: str = "") -> list[float]:
     out = []
     for i in range(samples):
-        files = [work / f"lat-{group}-{i}-{t}" for t in range(4 if group else 1)]
+        files = [work / f"lat{tag}-{group}-{i}-{t}" for t in range(4 if group else 1)]
         if group:
             docs = ["name: lat\nexecution: parallel\n"] + [
                 f"name: t{t}\nrun: date +%s.%N > {files[t]}.tmp && mv {files[t]}.tmp {files[t]}\n" for t in range(4)]
@@ -122,7 +122,7 @@ def run_corral(args: argparse.Namespace) -> dict[str, object]:
     work = home / "work"
     work.mkdir()
     try:
-        corral_latency(client, work, 3, False)  # warm-up
+        corral_latency(client, work, 3, False, tag="-warmup")  # own files: a stale one would read as negative
         one = corral_latency(client, work, args.latency_samples, False)
         four = corral_latency(client, work, args.latency_samples, True)
         cli = cli_latency(env, work, max(3, args.latency_samples // 4))
