@@ -62,3 +62,11 @@ def test_sim_cli_json_is_deterministic() -> None:
     for key in ("sched_cpu_s", "placements_per_cpu_s"):
         first.pop(key), second.pop(key)
     assert first == second and first["policy"] == "slurm" and first["jobs"] == 60
+
+
+def test_after_leaves_out_earlier_submissions() -> None:
+    everything = load_trace(TRACES / "tiresias-60.csv")
+    cut = everything[30].submit_s
+    later = load_trace(TRACES / "tiresias-60.csv", after=cut)
+    assert later and all(j.submit_s >= cut for j in later)
+    assert len(later) == sum(1 for j in everything if j.submit_s >= cut)

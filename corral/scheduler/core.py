@@ -54,8 +54,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
     # 1. hold
     ready: list[PendingJob] = []
     ahead = {(r.user, r.name) for r in snapshot.running if r.name}
+    limited = any(p.max_time is not None for p in policy.partitions)
     for job in snapshot.pending:  # submit order: "ahead" grows as we go (singleton)
-        held = _hold(job, snapshot, policy, ahead)
+        held = _hold(job, snapshot, policy, ahead) if job.dependencies or limited else None
         if job.name:
             ahead.add((job.user, job.name))
         if held is None:
@@ -66,8 +67,13 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
             plan.cancels[job.id] = "a dependency can never be satisfied"
     # 2. order
     if policy.backfill:
-        prio = priorities(Snapshot(snapshot.nodes, tuple(ready), usage=snapshot.usage), now, policy)
-        plan.priorities.update(prio)
+        # Priorities the caller computed earlier are reused (Slurm recomputes them every
+        # PriorityCalcPeriod, not every pass); only jobs without one are scored now.
+        prio = dict(snapshot.priorities or {})
+        missing = tuple(j for j in ready if j.id not in prio)
+        if missing:
+            prio.update(priorities(Snapshot(snapshot.nodes, missing, usage=snapshot.usage), now, policy))
+        plan.priorities = prio
         tiers = {p.name: p.priority_tier for p in policy.partitions}
         default_tier = policy.default_partition.priority_tier
         ready.sort(key=lambda j: (-tiers.get(j.partition, default_tier), -prio[j.id].total, j.submitted_at, j.id))
@@ -82,13 +88,11 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
     running = list(snapshot.running)
     claimed: set[int] = set()
     preempting = policy.preemption and bool(running) and _tiered(policy)
-    blocked = False
     examined = 0
-    for job in ready:
-        if blocked or len(plan.starts) >= policy.max_starts_per_cycle or \
-                (book and examined >= policy.max_backfill_jobs):
-            plan.reasons[job.id] = Reason.PRIORITY
-            continue
+    for position, job in enumerate(ready):
+        if len(plan.starts) >= policy.max_starts_per_cycle or (book and examined >= policy.max_backfill_jobs):
+            plan.reasons.update(dict.fromkeys((j.id for j in ready[position:]), Reason.PRIORITY))
+            break
         limit = tally.blocked(job)
         if limit is not None:
             plan.reasons[job.id] = limit
@@ -118,9 +122,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
                 plan.reasons[job.id] = Reason.PREEMPTING
                 continue
         plan.reasons[job.id] = _reason(snapshot, job, pool, scope)
-        if not policy.backfill:
-            blocked = True
-            continue
+        if not policy.backfill:  # strict FIFO: the first job that does not fit blocks the rest
+            plan.reasons.update(dict.fromkeys((j.id for j in ready[position + 1:]), Reason.PRIORITY))
+            break
         # 6. reserve
         if len(book) < policy.max_reservations:
             reservation = reserve(job, book, timeline, now, scope)

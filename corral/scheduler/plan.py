@@ -17,7 +17,6 @@ class Reason(str, Enum):
     DEPENDENCY = "Dependency"  # waits for other jobs
     DEPENDENCY_NEVER = "DependencyNeverSatisfied"
     PARTITION_TIME = "PartitionTimeLimit"  # asks for more time than its partition allows
-    PARTITION_NODES = "PartitionNodes"  # its partition's nodes could never hold the gang
     TOPOLOGY = "Topology"  # no switch has room for a task that requires one
     QOS_USER_GPUS = "QOSMaxGPUsPerUser"
     QOS_ACCOUNT_GPUS = "QOSMaxGPUsPerAccount"

@@ -129,3 +129,4 @@ class Snapshot:
     usage: dict[tuple[str, str], float] = field(default_factory=dict)  # decayed charge per (account, user)
     gpu_minutes: dict[str, float] = field(default_factory=dict)  # spent, never decayed: "account:X", "qos:Y"
     job_states: dict[int, str] = field(default_factory=dict)  # of jobs that pending jobs depend on
+    priorities: dict | None = None  # job id -> Factors computed earlier (a previous plan's); reused

@@ -93,7 +93,9 @@ def to_request(job: TraceJob, index: int, largest_node: int) -> PendingJob:
 
 
 def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interval_s: float = 30.0,
-             half_life_s: float = 7 * 86400.0) -> SimResult:
+             half_life_s: float = 7 * 86400.0, priority_calc_s: float = 300.0) -> SimResult:
+    """``priority_calc_s``: how often every pending job's priority is recomputed (Slurm's
+    PriorityCalcPeriod, 5 min by default); in between, a new job is scored on arrival."""
     total_gpus = sum(n.gpus for n in nodes)
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
@@ -111,7 +113,8 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
     starts: dict[int, float] = {}
     outcomes: list[Outcome] = []
     sched_cpu, placements, cycles = 0.0, 0, 0
-    last_account = last_schedule = -math.inf
+    last_account = last_schedule = last_calc = -math.inf
+    cached: dict | None = None
     while events:
         now = events[0][0]
         freed = False
@@ -136,10 +139,13 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
         last_schedule = now
         views = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
                                frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
-        snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage)
+        if now - last_calc >= priority_calc_s:
+            cached, last_calc = None, now
+        snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage, priorities=cached)
         t0 = time.process_time()
         plan = schedule(snapshot, now, policy)
         sched_cpu += time.process_time() - t0
+        cached = plan.priorities or None
         cycles += 1
         for start in plan.starts:
             for alloc in start.allocations:
