@@ -56,6 +56,7 @@ from corral.states import JobState, ReplicaState, check_job_transition, check_re
 from corral.store.tables import Job
 
 log = logging.getLogger("corral.control")
+PRIORITY_CALC_S = 5.0
 
 _JOBS = Job.__table__
 _CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
@@ -87,6 +88,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         w = site.usage_weights
         self.ledger = Ledger(site.half_life_s, w.gpu, w.cpu, w.memory)
         self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last cycle
+        self._priorities_at = 0.0
         self._ended_states: dict[int, str] = {}  # dependency targets that ended (never change again)
         # One writer at a time in this process: waiting on a Python lock wakes at once, where
         # SQLite's busy handler would sleep in 1–100 ms steps.
@@ -351,6 +353,11 @@ class Controller(SchedulingMixin, ServicesMixin):
             return
         self._sched_needed = False
         self._sched_refresh_at = time.monotonic() + self.settings.rescan_interval_s
+        # Priorities are recomputed for every pending job every few seconds (age and usage
+        # drift slowly; Slurm's PriorityCalcPeriod is 5 min); in between only new jobs are scored.
+        if time.monotonic() >= self._priorities_at:
+            self._priorities_at = time.monotonic() + PRIORITY_CALC_S
+            self.priorities = {}
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)

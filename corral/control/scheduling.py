@@ -35,7 +35,7 @@ class SchedulingMixin:
         pending = tuple(job.request for job in list(self.pending.values()))
         running = tuple(self._running_view(job) for job in list(self.active.values()))
         return Snapshot(nodes, pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
-                        self._dependency_states(pending))
+                        self._dependency_states(pending), priorities=dict(self.priorities) or None)
 
     def _running_view(self, job: JobRec) -> RunningJob:
         live = [r for r in job.members if not r.state.terminal and r.id in self._allocs]
