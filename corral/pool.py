@@ -1,5 +1,5 @@
-"""The node pool: nodes declared in ``config.yaml`` (``nodes:``), or else this one machine
-with its real CPUs, memory and the GPUs ``nvidia-smi`` reports. Virtual nodes let tests and
+"""The node pool: nodes declared in ``config.yaml`` (``nodes:``, read by ``corral.site``),
+or else this one machine with its real CPUs, memory and the GPUs ``nvidia-smi`` reports. Virtual nodes let tests and
 laptops declare GPUs that do not exist; the same code binds real ones by index."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -49,11 +48,6 @@ class NodeEntry(NodeSpec):
         if isinstance(value, dict):
             return {str(k): str(v) for k, v in value.items()}
         return value
-
-
-def load_pool(config_path: Path) -> list[NodeSpec]:
-    from corral.site import load_site  # the site validates the whole file, nodes included
-    return load_site(config_path).nodes
 
 
 def expand_nodes(entries: list[NodeEntry], doc: Document, source: str) -> list[NodeSpec]:
