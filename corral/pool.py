@@ -1,6 +1,7 @@
 """The node pool: nodes declared in ``config.yaml`` (``nodes:``, read by ``corral.site``),
-or else this one machine with its real CPUs, memory and the GPUs ``nvidia-smi`` reports. Virtual nodes let tests and
-laptops declare GPUs that do not exist; the same code binds real ones by index."""
+or else this one machine with its real CPUs, memory and the GPUs ``nvidia-smi`` reports.
+Virtual nodes let tests and laptops declare GPUs that do not exist; the same code binds real
+ones by index."""
 
 from __future__ import annotations
 
