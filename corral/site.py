@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
 from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
-from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest
+from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest, find_cycle
 from corral.spec.quantity import parse_duration
 from corral.spec.source import Document, SourceError, load_documents
 
@@ -226,7 +226,7 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
                 issue(("qos", i, "preempt", j), f"no QOS is named {other!r}{_suggest(other, qos)}")
             elif other == q.name:
                 issue(("qos", i, "preempt", j), "a QOS cannot preempt itself")
-    cycle = _preempt_cycle({q.name: [o for o in q.preempt if o in qos and o != q.name] for q in config.qos})
+    cycle = find_cycle({q.name: [o for o in q.preempt if o in qos and o != q.name] for q in config.qos})
     if cycle:
         where = next(i for i, q in enumerate(config.qos) if q.name == cycle[0])
         issue(("qos", where, "preempt"), f"QOS preemption has a cycle: {' -> '.join(cycle)} (two jobs could "
@@ -236,25 +236,6 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
         if level not in labels:
             issue(("topology", i), f"no node has the label {level!r}; label nodes like labels: {{{level}: sw0}}")
     return issues
-
-
-def _preempt_cycle(graph: dict[str, list[str]]) -> list[str] | None:
-    state: dict[str, int] = {}
-
-    def visit(name: str, path: list[str]) -> list[str] | None:
-        state[name] = 1
-        for nxt in graph.get(name, []):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [name, nxt] if nxt in path else path + [name, nxt]
-            if nxt not in state and (found := visit(nxt, path + [name])):
-                return found
-        state[name] = 2
-        return None
-
-    for name in graph:
-        if name not in state and (found := visit(name, [])):
-            return found
-    return None
 
 
 def _message(loc: tuple, err: dict[str, Any]) -> str:

@@ -235,24 +235,32 @@ def _check_dependencies(task_docs: list[Document], tasks: list[TaskSpec], names:
                                         f"no task is named {dep.task!r}{_suggest(dep.task, set(names))}"))
             else:
                 graph[task.name].add(dep.task)
+    cycle = find_cycle({name: sorted(deps) for name, deps in graph.items()})
+    if cycle:
+        doc = next(d for d, t in zip(task_docs, tasks) if t.name == cycle[0])
+        issues.append(SpecIssue(_doc_label(doc, 0), "depends_on", doc.line_of(("depends_on",)),
+                                f"start order has a cycle: {' -> '.join(cycle)}"))
+
+
+def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
+    """A cycle of a directed graph as ``[a, b, …, a]``, or None (depth-first search)."""
     state: dict[str, int] = {}
 
     def visit(name: str, path: list[str]) -> list[str] | None:
         state[name] = 1
-        for nxt in sorted(graph.get(name, ())):
+        for nxt in graph.get(name, []):
             if state.get(nxt) == 1:
-                return path + [name, nxt]
-            if nxt not in state and (cycle := visit(nxt, path + [name])):
-                return cycle
+                walk = path + [name]
+                return walk[walk.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [name])):
+                return found
         state[name] = 2
         return None
 
     for name in graph:
-        if name not in state and (cycle := visit(name, [])):
-            doc = next(d for d, t in zip(task_docs, tasks) if t.name == cycle[0])
-            issues.append(SpecIssue(_doc_label(doc, 0), "depends_on", doc.line_of(("depends_on",)),
-                                    f"start order has a cycle: {' -> '.join(cycle[cycle.index(cycle[-1]):])}"))
-            return
+        if name not in state and (found := visit(name, [])):
+            return found
+    return None
 
 
 def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues: list[SpecIssue],
