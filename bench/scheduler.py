@@ -50,8 +50,7 @@ def build(nodes: int, pending: int, seed: int = 0) -> Snapshot:
         task = TaskRequest("main", max(1, gpus // 8), min(gpus, 8), 1.0)
         tasks = (task, TaskRequest("reward", 1, 0, 1.0)) if rng.random() < 0.1 else (task,)
         jobs.append(PendingJob(i, tasks, float(i), f"u{i % 50}", f"a{i % 10}", rng.uniform(300, 86400 * 2)))
-    free = tuple(NodeView(n.view.name, 8, 64, 512, None, n.view.labels, frozenset(n.gpus), n.cpus, n.memory)
-                 for n in pool.nodes)
+    free = pool.views()
     usage = {(f"a{i % 10}", f"u{i}"): float(i) for i in range(50)}
     return Snapshot(free, tuple(jobs), tuple(running), usage)
 

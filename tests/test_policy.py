@@ -54,8 +54,7 @@ def running_on(pool_nodes: list[NodeView], *jobs: tuple[PendingJob, float]) -> t
         assert allocs is not None
         out.append(RunningJob(job.id, allocs, started + (job.time_limit or 1e9), job.user, job.account, job.partition,
                               job.qos, started, 0.0, name=job.name))
-    free = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
-                          frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
+    free = pool.views()
     return free, tuple(out)
 
 
@@ -270,9 +269,7 @@ def test_no_two_jobs_ever_preempt_each_other(jobs: list[tuple[str, str, int]]) -
         for r in running.values():
             for a in r.allocations:
                 pool.assume(a)
-        free = tuple(NodeView(n.view.name, 8, 64, 512, None, (), frozenset(n.gpus), n.cpus, n.memory)
-                     for n in pool.nodes)
-        plan = schedule(Snapshot(free, tuple(specs[i] for i in sorted(pending)), tuple(running.values())),
+        plan = schedule(Snapshot(pool.views(), tuple(specs[i] for i in sorted(pending)), tuple(running.values())),
                         float(cycle), policy)
         for p in plan.preemptions:
             for victim in p.victims:

@@ -123,7 +123,8 @@ def test_reasons_for_qos_limits_and_dependencies(server) -> None:
     jobs = [submit(server, f"name: c{i}\nresources: {{accelerators: H100:1}}\nrun: sleep 30\n",
                    scheduling={"qos": "capped"}) for i in range(3)]
     wait_for(lambda: server.get(f"/v1/jobs/{jobs[2]['id']}").json()["reason"] == "QOSMaxGPUsPerUser")
-    assert [server.get(f"/v1/jobs/{j['id']}").json()["state"] for j in jobs[:2]] == ["RUNNING", "RUNNING"]
+    # the reason is committed with the claims (STARTING); the launches follow in the same cycle
+    assert [wait_state(server, j["id"], "RUNNING")["state"] for j in jobs[:2]] == ["RUNNING", "RUNNING"]
     after = submit(server, "name: after\nrun: echo later\n", scheduling={"dependency": f"afterok:{jobs[0]['id']}"})
     wait_for(lambda: server.get(f"/v1/jobs/{after['id']}").json()["reason"] == "Dependency")
     doomed = submit(server, "name: doomed\nrun: echo never\n",

@@ -25,8 +25,7 @@ class SchedulingMixin:
         pool = FreePool(self.views)
         for alloc in list(self._allocs.values()):  # also read from API threads
             pool.assume(alloc)
-        return tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
-                              frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
+        return pool.views()
 
     def snapshot(self) -> Snapshot:
         """The scheduler's input: free resources, pending jobs in queue order, running jobs

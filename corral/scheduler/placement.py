@@ -67,6 +67,11 @@ class FreePool:
         self._owned.add(name)
         return mine
 
+    def views(self) -> tuple[NodeView, ...]:
+        """The pool as the scheduler's input: each node with what is free on it now."""
+        return tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
+                              frozenset(n.gpus), n.cpus, n.memory) for n in self.by_name.values())
+
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
         return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels) for n in nodes])

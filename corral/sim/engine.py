@@ -137,8 +137,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
                            and events[0][0] - now < interval_s):
             continue
         last_schedule = now
-        views = tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
-                               frozenset(n.gpus), n.cpus, n.memory) for n in pool.nodes)
+        views = pool.views()
         if now - last_calc >= priority_calc_s:
             cached, last_calc = None, now
         snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage, priorities=cached)
