@@ -5,15 +5,23 @@ virtual nodes x 8 GPUs) and through corral's simulator on the same cluster; then
 schedules are compared job by job.
 
   python bench/slurm_fidelity.py [--trace philly-pollux.csv] [--jobs 200] [--span 120] [--seed 0]
+                                 [--accounts]
 
 Compression: the window's submit times are scaled to ``--span`` seconds; run times are
-scaled so the offered load is ~90 % of the 32 GPUs over the span, and kept within 2-40 s;
+scaled so the offered load is ~90 % of the 32 GPUs over the span, and kept within 2 s and a
+third of the span;
 time limits are the run time times a seeded over-estimate (1-10x), rounded up to whole
 minutes (Slurm's unit). Both sides get exactly these jobs. Slurm is configured as the lab
 does (multifactor: age 1000, fair share 10000, job size 100, partition 1000; backfill)
 with event-driven scheduling and backfill every second (bf_interval=1, bf_resolution=1) so
-compression does not hide its decisions behind the default 30 s backfill period; every
-job is charged to one account, so fair share cannot differ between the two.
+compression does not hide its decisions behind the default 30 s backfill period. By
+default every job is charged to one account, so fair share cannot differ between the two;
+``--accounts`` charges each trace user's jobs to an account of its own (sacctmgr), bills
+usage by GPUs (one CPU per GPU asked), recomputes priorities every minute
+(PriorityCalcPeriod=1, the smallest) and uses the classic fair-share formula
+(PriorityFlags=NO_FAIR_TREE, the one corral models; 22.05's default is Fair Tree), so the
+comparison includes fair share. Use a longer ``--span`` there (e.g. 600) so usage has time
+to move priorities.
 
 Printed: Kendall's tau between the two start orders, Pearson and Spearman correlation of
 per-job waits, mean and p50 wait on each side, and the share of jobs whose start differs by
@@ -47,18 +55,20 @@ SCHED = ("batch_sched_delay=0,sched_min_interval=0,bf_continue,bf_interval=1,bf_
          "bf_max_job_test=100,default_queue_depth=500,partition_job_depth=500,max_rpc_cnt=150")
 
 
-def compress(jobs: list[TraceJob], span: float, seed: int) -> list[TraceJob]:
+def compress(jobs: list[TraceJob], span: float, seed: int, accounts: bool = False) -> list[TraceJob]:
     rng = random.Random(seed)
     jobs = [j for j in jobs if 0 < j.gpus <= NODES * GPUS]
     t0, t1 = jobs[0].submit_s, jobs[-1].submit_s
     scale = span / max(1.0, t1 - t0)
     work = sum(j.gpus * j.duration_s for j in jobs)
     run_scale = 0.9 * NODES * GPUS * span / work
+    names: dict[str, str] = {}
     out = []
     for j in jobs:
-        run = min(40.0, max(2.0, j.duration_s * run_scale))
+        account = names.setdefault(j.user, f"u{len(names) + 1}") if accounts else "lab"
+        run = min(span / 3, max(2.0, j.duration_s * run_scale))
         limit = math.ceil(run * 10 ** rng.uniform(0.0, 1.0) / 60.0) * 60.0
-        out.append(TraceJob(j.id, "lab", round((j.submit_s - t0) * scale, 2), j.gpus, round(run, 1), limit))
+        out.append(TraceJob(j.id, account, round((j.submit_s - t0) * scale, 2), j.gpus, round(run, 1), limit))
     return out
 
 
@@ -66,7 +76,7 @@ def sh(*cmd: str, env: dict | None = None) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
 
-def start_lab() -> dict:
+def start_lab(accounts: list[str]) -> dict:
     env = {**os.environ, "LAB": str(LAB), "NODES": str(NODES), "GPUS": str(GPUS), "PROFILE": "fast",
            "SCHED_PARAMS": SCHED, "FRESH": "1", "ACCOUNTING": "dbd"}
     subprocess.run([str(TOOLS / "stop-slurm.sh")], env=env, capture_output=True)
@@ -75,9 +85,20 @@ def start_lab() -> dict:
     for _ in range(120):
         idle = sh("sinfo", "-h", "-o", "%T %D", env=env)
         if "idle" in idle and str(NODES) in idle:
-            return env
+            break
         time.sleep(0.5)
-    raise RuntimeError(f"the lab did not come up: {idle}")
+    else:
+        raise RuntimeError(f"the lab did not come up: {idle}")
+    if accounts:
+        with open(LAB / "etc" / "slurm.conf", "a") as fh:
+            fh.write("PriorityCalcPeriod=1\nPriorityFlags=NO_FAIR_TREE\n")
+        sh("scontrol", "reconfigure", env=env)
+        sh("sacctmgr", "-i", "add", "account", ",".join(accounts), "Description=trace", "Organization=trace", env=env)
+        sh("sacctmgr", "-i", "add", "user", "root", f"Account={','.join(accounts)}", env=env)
+        config = sh("scontrol", "show", "config", env=env)
+        if "NO_FAIR_TREE" not in config:
+            raise RuntimeError("the lab did not take PriorityFlags=NO_FAIR_TREE")
+    return env
 
 
 def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, float]]:
@@ -91,7 +112,8 @@ def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, floa
             time.sleep(delay)
         nodes = max(1, math.ceil(job.gpus / GPUS))
         per_node = job.gpus if nodes == 1 else GPUS  # whole nodes above one node, as the simulator does
-        out = sh("sbatch", "--parsable", "-o", "/dev/null", "-N", str(nodes), f"--gres=gpu:{per_node}",
+        charge = ["-A", job.user, "--ntasks-per-node=1", f"--cpus-per-task={max(1, per_node)}"] if job.user != "lab" else []
+        out = sh("sbatch", "--parsable", "-o", "/dev/null", "-N", str(nodes), f"--gres=gpu:{per_node}", *charge,
                  f"--time={int(job.time_limit_s // 60)}", "--wrap", f"sleep {job.duration_s}", env=env)
         ids[out.strip().split(";")[0]] = job.id
     deadline = time.time() + 3600
@@ -150,16 +172,19 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--span", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--accounts", action="store_true", help="one Slurm account per trace user (fair share)")
     args = parser.parse_args()
     trace = ROOT.parent / "shared" / "traces" / args.trace
-    jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed)
+    jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed, args.accounts)
+    accounts = sorted({j.user for j in jobs} - {"lab"})
     print(f"{len(jobs)} jobs of {args.trace}, compressed to {args.span:g} s of submissions; "
-          f"{NODES} nodes x {GPUS} GPUs", flush=True)
+          f"{NODES} nodes x {GPUS} GPUs, {len(accounts) or 1} account(s)", flush=True)
 
-    sim = simulate(jobs, cluster(NODES, GPUS), lab_policy(), interval_s=0.0, half_life_s=86400.0)
+    sim = simulate(jobs, cluster(NODES, GPUS), lab_policy(), bf_interval_s=1.0, half_life_s=86400.0,
+                   priority_calc_s=60.0 if accounts else 300.0)
     sim_start = {o.job.id: o.start for o in sim.outcomes}
 
-    env = start_lab()
+    env = start_lab(accounts)
     try:
         real = run_on_slurm(jobs, env)
     finally:
@@ -171,7 +196,7 @@ def main() -> None:
     real_start = [real[k][1] for k in common]
     sim_starts = [sim_start[k] for k in common]
     result = {
-        "trace": args.trace, "jobs": len(jobs), "compared": len(common), "span_s": args.span,
+        "trace": args.trace, "jobs": len(jobs), "accounts": len(accounts) or 1, "compared": len(common), "span_s": args.span,
         "kendall_tau_start_order": round(kendall_tau(real_start, sim_starts), 3),
         "pearson_wait": round(pearson(real_wait, sim_wait), 3),
         "spearman_wait": round(pearson(ranks(real_wait), ranks(sim_wait)), 3),

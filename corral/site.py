@@ -6,7 +6,7 @@ starts with it.
 
     scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
                 weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000},
-                max_age: 3d, favor_small: true, backfill: {max_reservations: 100, max_jobs: 500},
+                max_age: 3d, favor_small: true, size_fades: true, backfill: {max_reservations: 100, max_jobs: 500},
                 preemption: true}
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
@@ -67,6 +67,7 @@ class SchedulerSettings(_Strict):
     weights: Weights = Weights()
     max_age: Duration | None = None
     favor_small: bool | None = None
+    size_fades: bool | None = None
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -166,7 +167,7 @@ def _policy(config: SiteConfig) -> Policy:
         age=_pick(s.weights.age, w.age), fair_share=_pick(s.weights.fair_share, w.fair_share),
         job_size=_pick(s.weights.job_size, w.job_size), partition=_pick(s.weights.partition, w.partition),
         qos=_pick(s.weights.qos, w.qos), max_age_s=_pick(s.max_age, w.max_age_s),
-        favor_small=_pick(s.favor_small, w.favor_small))
+        favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades))
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
         _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,

@@ -12,9 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from builders import node, task
-from corral.scheduler import (Account, Dependency, NodeView, Partition, PendingJob, Policy, Qos, Reason, RunningJob,
-                              Shrinkable, Snapshot, TaskRequest, Topology, schedule)
+from corral.scheduler import (Account, Dependency, NodeView, Partition, PendingJob, Policy, PriorityWeights, Qos,
+                              Reason, RunningJob, Shrinkable, Snapshot, TaskRequest, Topology, schedule)
 from corral.scheduler import fairshare
+from corral.scheduler.core import priorities as core_priorities
 from corral.scheduler.dependency import parse
 from corral.scheduler.placement import FreePool, place_gang
 
@@ -305,3 +306,46 @@ def test_the_same_snapshot_gives_the_same_plan_with_policy() -> None:
 def test_builders_still_cover_plain_jobs() -> None:
     plan = schedule(Snapshot((node("b-n", gpus=2),), (PendingJob(1, (task("a", gpus=2),)),)), 0.0, SITE)
     assert len(plan.starts) == 1
+
+
+def test_size_fades_with_age_so_a_passed_over_gang_queues_first() -> None:
+    """corral's size factor favours small gangs among young jobs only: at max_age a job ranks
+    by age alone, ahead of every younger job, however small (slurm's factor never fades)."""
+    corral, slurm = Policy.named("corral"), Policy.named("slurm")
+    day = 86400.0
+    big_old = pj(1, gpus=8, replicas=2, submitted=0.0)
+    small_new = pj(2, gpus=1, submitted=3 * day - 60)
+    big_young = pj(3, gpus=8, replicas=2, submitted=3 * day - 120)
+    snap = Snapshot(tuple(nodes(4)), (big_old, small_new, big_young))
+    ranks = core_priorities(snap, 3 * day, corral)
+    assert ranks[1].job_size == 0.0 and ranks[1].age == 1.0
+    assert ranks[1].total > ranks[2].total > ranks[3].total  # old gang first; young: small before big
+    assert core_priorities(snap, 3 * day, slurm)[1].job_size > 0  # Slurm's factor never fades
+    # past max_age the queue is by age alone: the older gang ties with a small job also past
+    # it (submit order puts the gang first); without the fade the small one always passes it
+    small_old = pj(4, gpus=1, submitted=day)
+    later = Snapshot(tuple(nodes(4)), (big_old, small_old))
+    faded = core_priorities(later, 5 * day, corral)
+    assert faded[1].total == faded[4].total
+    assert [s.job_id for s in schedule(Snapshot(tuple(nodes(2)), (small_old, big_old)), 5 * day, corral).starts] == [1]
+    unfaded = core_priorities(later, 5 * day, Policy.named("slurm", weights=PriorityWeights(
+        favor_small=True, age=5000.0, max_age_s=3 * day)))
+    assert unfaded[4].total > unfaded[1].total
+
+
+def test_main_scheduler_pass_stops_a_partition_at_its_first_blocked_job() -> None:
+    """``full=False`` (Slurm's main scheduler between backfill passes): priority order, the
+    first job that does not fit blocks the rest of its partition, no reservations."""
+    policy = Policy.named("slurm", partitions=(Partition("batch", nodes=("b-*",)), Partition("debug", nodes=("d-*",))))
+    pool_nodes = nodes(2) + nodes(1, prefix="d")
+    hog = pj(9, gpus=6)
+    free, running = running_on(pool_nodes, (hog, 0.0))
+    big = pj(1, gpus=8, replicas=2, submitted=0.0)  # needs both b nodes: blocked
+    small = pj(2, gpus=1, submitted=10.0, limit=60.0)  # fits now on b-1, but behind the blocked one
+    other = pj(3, gpus=2, partition="debug", submitted=20.0)
+    snap = Snapshot(free, (big, small, other), running)
+    quick = schedule(snap, 30.0, policy, full=False)
+    assert {s.job_id for s in quick.starts} == {3}
+    assert quick.reasons[2] is Reason.PRIORITY and not quick.reserved_starts
+    full = schedule(snap, 30.0, policy)
+    assert {s.job_id for s in full.starts} == {2, 3} and 1 in full.reserved_starts  # backfilled around it

@@ -222,3 +222,17 @@ def test_qos_preemption_cycles_are_refused(tmp_path: Path) -> None:
         "  - {name: capped, max_gpus_per_user: 2}", "  - {name: capped, preempt: [normal]}"))
     with pytest.raises(SpecError, match="QOS preemption has a cycle: normal -> capped -> normal"):
         load_site(config)
+
+
+def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
+    from corral.site import load_site
+    config = tmp_path / "config.yaml"
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
+                                   "scheduler: {policy: corral, half_life: 1d, size_fades: false, max_age: 2d,\n"
+                                   "            weights: {fair_share: 20000}}"))
+    policy = load_site(config).policy
+    assert policy.name == "corral" and not policy.weights.size_fades and policy.weights.favor_small
+    assert policy.weights.max_age_s == 2 * 86400 and policy.weights.fair_share == 20000
+    assert policy.weights.age == 5000  # the rest stays the named policy's
+    config.write_text(SITE)
+    assert load_site(config).policy.weights.size_fades

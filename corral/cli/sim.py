@@ -24,11 +24,12 @@ from corral.sim.trace import load_nodes_csv, load_trace
 @click.option("--limit", type=int, help="Replay only the first N jobs.")
 @click.option("--after", type=float, help="Only jobs submitted at or after this second of the trace.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the time-limit over-estimates.")
-@click.option("--interval", type=float, default=30.0, show_default=True,
-              help="Seconds between scheduling passes when only submissions arrive.")
+@click.option("--bf-interval", type=float, default=30.0, show_default=True,
+              help="slurm only: seconds between its backfill passes (bf_interval); its main scheduler runs on "
+                   "every event. fifo and corral run a full cycle on every event, as corral's control loop does.")
 @click.option("--json", "as_json", is_flag=True)
 def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf: int, nodes_csv: Path | None,
-        limit: int | None, after: float | None, seed: int, interval: float, as_json: bool) -> None:
+        limit: int | None, after: float | None, seed: int, bf_interval: float, as_json: bool) -> None:
     """Replay TRACE through the scheduler and print JCT, waits, utilisation and fairness."""
     if nodes_csv:
         views = [NodeView(name, gpus, 1e6, 1e9, model) for name, gpus, model in load_nodes_csv(nodes_csv) if gpus > 0]
@@ -39,7 +40,8 @@ def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf
     jobs = load_trace(trace, limit, seed, after)
     # with leaf switches declared, multi-node gangs are placed under the fewest of them
     levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
-    result = simulate(jobs, views, Policy.named(policy, topology=levels), interval_s=interval)
+    result = simulate(jobs, views, Policy.named(policy, topology=levels),
+                      bf_interval_s=bf_interval if policy == "slurm" else None)
     metrics = {"trace": trace.name, "policy": policy, "gpus": result.total_gpus, **result.metrics()}
     if as_json:
         click.echo(json.dumps(metrics))

@@ -20,12 +20,17 @@ The cycle, in numbered steps:
   7. backfill — a later job may still start now only if it delays no reservation
                 (bounded: at most ``max_backfill_jobs`` jobs are examined per cycle).
 Strict FIFO stops at the first job that does not fit (held and limit-blocked jobs aside).
+``full=False`` is Slurm's main scheduler between its backfill passes: priority order, and a
+partition's first job that does not fit blocks the rest of that partition (no reservations,
+no backfill); the simulator's ``slurm`` model runs it on every event and a full pass every
+``bf_interval``.
 
 Policies: ``fifo``; ``slurm`` models a typical Slurm site (multifactor with age, fair-share
 and a job-size factor favoring large jobs; backfill that reserves for every blocked job it
-examines, bounded like bf_max_job_test); ``corral`` favors small gangs in the size factor
-and weighs age five times more, saturating in 3 days, with the same reservations. Both use
-the same gang placement and fragmentation-aware best fit."""
+examines, bounded like bf_max_job_test); ``corral`` favors small gangs in a size factor that
+fades as a job ages and weighs age five times more, saturating in 3 days, so a job that has
+waited that long queues by age alone; same reservations. Both use the same gang placement
+and fragmentation-aware best fit."""
 
 from __future__ import annotations
 
@@ -49,7 +54,7 @@ def priorities(snapshot: Snapshot, now: float, policy: Policy) -> dict[int, Fact
     return {j.id: scorer.factors(j, shares.get(j.assoc, 0.5)) for j in snapshot.pending}
 
 
-def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
+def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bool = True) -> Plan:
     plan = Plan()
     # 1. hold
     ready: list[PendingJob] = []
@@ -89,10 +94,14 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
     claimed: set[int] = set()
     preempting = policy.preemption and bool(running) and _tiered(policy)
     examined = 0
+    blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
     for position, job in enumerate(ready):
         if len(plan.starts) >= policy.max_starts_per_cycle or (book and examined >= policy.max_backfill_jobs):
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position:]), Reason.PRIORITY))
             break
+        if blocked and job.partition in blocked:
+            plan.reasons[job.id] = Reason.PRIORITY
+            continue
         limit = tally.blocked(job)
         if limit is not None:
             plan.reasons[job.id] = limit
@@ -100,7 +109,8 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
         examined += 1
         scope = scopes.of(job, now)
         # 4. admit (and 7. backfill, once there are reservations)
-        allocations = place_gang(pool, job, scope)
+        # a count bound first: most of a long queue is examined while the pool is nearly full
+        allocations = place_gang(pool, job, scope) if pool.free_gpus >= job.gpus else None
         if allocations is not None:
             if not book or fits_around(job, allocations, now, book):
                 book.started(allocations)
@@ -125,6 +135,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy()) -> Plan:
         if not policy.backfill:  # strict FIFO: the first job that does not fit blocks the rest
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position + 1:]), Reason.PRIORITY))
             break
+        if not full:
+            blocked.add(job.partition)
+            continue
         # 6. reserve
         if len(book) < policy.max_reservations:
             reservation = reserve(job, book, timeline, now, scope)
@@ -170,7 +183,8 @@ class _Scopes:
 
 def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:
     for task in job.tasks:
-        if not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
+        if task.gpu_type is not None and task.gpus and \
+                not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
             return Reason.GPU_TYPE
     if scope.levels and any(t.topology is not None and t.topology.required for t in job.tasks):
         loose = place_gang(pool, job, Scope(scope.allowed))

@@ -29,6 +29,10 @@ class PriorityWeights:
     qos: float = 1000.0
     max_age_s: float = 7 * 86400.0
     favor_small: bool = False
+    # corral's own: the job-size factor is scaled by (1 - age factor), so size orders young
+    # jobs and a job at max_age queues by age alone, ahead of every younger job of equal
+    # fair share when job_size < age: a bound on how long a large gang is passed over.
+    size_fades: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,16 +89,20 @@ class Policy:
 
     @classmethod
     def named(cls, name: str, **overrides) -> Policy:
+        """A named policy; keyword arguments (``weights`` too) replace its defaults."""
         if name == "fifo":
             return cls("fifo", **overrides)
         if name == "slurm":
-            return cls("slurm", PriorityWeights(favor_small=False), backfill=True, max_reservations=100,
-                       max_backfill_jobs=500, **overrides)
+            return cls("slurm", **{"weights": PriorityWeights(favor_small=False), "backfill": True,
+                                   "max_reservations": 100, "max_backfill_jobs": 500, **overrides})
         if name == "corral":
-            # Small gangs first (lower mean JCT), a strong age factor that saturates in 3 days
-            # (bounds every user's wait), and a reservation for every blocked job examined.
-            return cls("corral", PriorityWeights(favor_small=True, age=5000.0, max_age_s=3 * 86400.0),
-                       backfill=True, max_reservations=100, max_backfill_jobs=500, **overrides)
+            # Small gangs first (lower mean JCT) while young: the size factor fades with age, so
+            # a job waiting 3 days queues by age alone, ahead of younger ones (no gang starves,
+            # which also keeps the big ones from all ending last); a reservation for every
+            # blocked job examined.
+            weights = PriorityWeights(favor_small=True, size_fades=True, age=5000.0, max_age_s=3 * 86400.0)
+            return cls("corral", **{"weights": weights, "backfill": True, "max_reservations": 100,
+                                    "max_backfill_jobs": 500, **overrides})
         raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
 
     def __post_init__(self) -> None:

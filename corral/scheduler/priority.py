@@ -3,7 +3,8 @@ fair-share factors of the cycle: a weighted sum of factors in [0, 1] minus the j
 
   age        — waited time / max_age, capped at 1 (PriorityMaxAge)
   fair-share — from ``fairshare`` (the account tree, decayed usage)
-  job size   — GPUs asked / GPUs in the cluster (favor_small flips it, PriorityFavorSmall)
+  job size   — GPUs asked / GPUs in the cluster (favor_small flips it, PriorityFavorSmall);
+               with ``size_fades`` (corral's) it is scaled by (1 - age), see PriorityWeights
   partition  — the partition's job factor / the largest one (PriorityJobFactor)
   qos        — the QOS priority / the largest one
 
@@ -46,6 +47,8 @@ class Scorer:
         size = min(1.0, gpus / self.cluster_gpus) if self.cluster_gpus else 0.0
         if w.favor_small:
             size = 1.0 - size
+        if w.size_fades:
+            size *= 1.0 - age
         part = self._part.get(job.partition)
         if part is None:
             part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor

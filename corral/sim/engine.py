@@ -1,10 +1,12 @@
 """A discrete-event replay of a job trace through the real scheduler, over a fake clock.
 
-Events are submissions and completions. After each batch of completions, and at most every
-``interval_s`` for submissions alone (Slurm's scheduler is event-driven with a periodic
-pass), the engine builds a snapshot (free GPUs, the pending queue, running jobs with their
+Events are submissions and completions (and, for the Slurm model, its backfill timer). At
+each, the engine builds a snapshot (free GPUs, the pending queue, running jobs with their
 expected ends, decayed per-user usage) and applies the plan exactly as the control loop
-would. Jobs run for their true duration; the scheduler only ever sees their time limits."""
+would. corral's control loop runs a full cycle on every change; Slurm runs its cheap main
+scheduler on every event and backfill every ``bf_interval`` (30 s by default), which
+``simulate`` models when given ``bf_interval_s``. Jobs run for their true duration; the
+scheduler only ever sees their time limits."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import heapq
 import math
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
@@ -46,6 +49,8 @@ class SimResult:
         slowdown = [max(1.0, (o.end - o.job.submit_s) / max(o.job.duration_s, 10.0)) for o in done]
         first = min(o.job.submit_s for o in done)
         makespan = max(o.end for o in done) - first
+        # No schedule ends before its last job could: submitted, then run at once.
+        shortest = max(o.job.submit_s + o.job.duration_s for o in done) - first
         busy = sum(o.job.gpus * (o.end - o.start) for o in done)
         per_user: dict[str, list[float]] = {}
         per_user_wait: dict[str, list[float]] = {}
@@ -64,6 +69,7 @@ class SimResult:
             "p99_wait_s": round(_pct(wait, 99), 1),
             "bounded_slowdown": round(statistics.fmean(slowdown), 3),
             "utilization": round(busy / (self.total_gpus * makespan), 4) if makespan > 0 else 0.0,
+            "utilization_bound": round(busy / (self.total_gpus * shortest), 4) if shortest > 0 else 0.0,
             "makespan_s": round(makespan, 1),
             "jain_fairness": round(jain, 4),
             "max_user_wait_s": round(max(statistics.fmean(v) for v in per_user_wait.values()), 1),
@@ -92,57 +98,75 @@ def to_request(job: TraceJob, index: int, largest_node: int) -> PendingJob:
     return PendingJob(index, (task,), job.submit_s, job.user, job.user, job.time_limit_s)
 
 
-def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interval_s: float = 30.0,
+def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_interval_s: float | None = None,
              half_life_s: float = 7 * 86400.0, priority_calc_s: float = 300.0) -> SimResult:
-    """``priority_calc_s``: how often every pending job's priority is recomputed (Slurm's
-    PriorityCalcPeriod, 5 min by default); in between, a new job is scored on arrival."""
+    """``bf_interval_s``: None runs a full cycle on every event, as corral's control loop
+    does; a number is Slurm's split, a main-scheduler pass (``schedule(full=False)``) on
+    every event and a full pass (reservations, backfill) at most every ``bf_interval_s``,
+    when something changed since the last one. A pass is skipped when not even the smallest
+    pending replica fits anywhere (it could start nothing). ``priority_calc_s``: how often
+    every pending job's priority is recomputed (Slurm's PriorityCalcPeriod, 5 min by
+    default); in between, a new job is scored on arrival."""
     total_gpus = sum(n.gpus for n in nodes)
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
     usage: dict[tuple[str, str], float] = {}
-    events: list[tuple[float, int, int]] = []  # (time, kind 0=end 1=submit, job index)
+    events: list[tuple[float, int, int]] = []  # (time, kind, job index)
     unplaceable = 0
     for i, job in enumerate(jobs):
         if job.gpus > total_gpus:
             unplaceable += 1
             continue
-        heapq.heappush(events, (job.submit_s, 1, i))
-    requests: dict[int, PendingJob] = {}
+        heapq.heappush(events, (job.submit_s, _SUBMIT, i))
     pending: dict[int, PendingJob] = {}
+    smallest: Counter[int] = Counter()  # GPUs per replica of the pending jobs' smallest replicas
     running: dict[int, RunningJob] = {}
     starts: dict[int, float] = {}
     outcomes: list[Outcome] = []
     sched_cpu, placements, cycles = 0.0, 0, 0
-    last_account = last_schedule = last_calc = -math.inf
+    last_account = last_calc = -math.inf
+    next_full, dirty, ticking = -math.inf, False, False
     cached: dict | None = None
     while events:
         now = events[0][0]
-        freed = False
+        happened = False
         while events and events[0][0] == now:
             _, kind, i = heapq.heappop(events)
-            if kind == 1:
-                requests[i] = pending[i] = to_request(jobs[i], i, largest)
-            else:
+            if kind == _SUBMIT:
+                pending[i] = request = to_request(jobs[i], i, largest)
+                smallest[_smallest(request)] += 1
+                happened = True
+            elif kind == _END:
                 for alloc in running.pop(i).allocations:
                     pool.release(alloc)
                 outcomes.append(Outcome(jobs[i], starts[i], now))
-                freed = True
+                happened = True
+            else:
+                ticking = False
         if last_account > -math.inf:  # charge running GPU-seconds, then decay
             for i in running:
                 key = (jobs[i].user, jobs[i].user)
                 usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
             usage = decay(usage, now - last_account, half_life_s)
         last_account = now
-        if not pending or (not freed and now - last_schedule < interval_s and events and events[0][1] == 1
-                           and events[0][0] - now < interval_s):
+        dirty = dirty or happened
+        full = bf_interval_s is None or now >= next_full
+        if not pending or not dirty or (not happened and not full):
             continue
-        last_schedule = now
-        views = pool.views()
+        if full and bf_interval_s is not None:
+            next_full, dirty = now + bf_interval_s, False
+        elif not full and not ticking:  # the backfill pass due later, even if nothing else happens
+            heapq.heappush(events, (next_full, _TICK, -1))
+            ticking = True
+        if bf_interval_s is None:
+            dirty = False
+        if pool.count_with(min(smallest)) == 0:
+            continue  # nothing could start: the pass would only compute reservations and reasons
         if now - last_calc >= priority_calc_s:
             cached, last_calc = None, now
-        snapshot = Snapshot(views, tuple(pending.values()), tuple(running.values()), usage, priorities=cached)
+        snapshot = Snapshot(pool.views(), tuple(pending.values()), tuple(running.values()), usage, priorities=cached)
         t0 = time.process_time()
-        plan = schedule(snapshot, now, policy)
+        plan = schedule(snapshot, now, policy, full=full)
         sched_cpu += time.process_time() - t0
         cached = plan.priorities or None
         cycles += 1
@@ -153,7 +177,17 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, interv
             running[start.job_id] = RunningJob(start.job_id, start.allocations, now + job.time_limit_s, job.user, job.user,
                                                started_at=now)
             starts[start.job_id] = now
-            del pending[start.job_id]
+            size = _smallest(pending.pop(start.job_id))
+            smallest[size] -= 1
+            if not smallest[size]:
+                del smallest[size]
             placements += 1
-            heapq.heappush(events, (now + job.duration_s, 0, start.job_id))
+            heapq.heappush(events, (now + job.duration_s, _END, start.job_id))
     return SimResult(outcomes, total_gpus, sched_cpu, placements, unplaceable + len(pending), cycles)
+
+
+_END, _SUBMIT, _TICK = 0, 1, 2
+
+
+def _smallest(request: PendingJob) -> int:
+    return min(t.gpus for t in request.tasks)
