@@ -25,7 +25,8 @@ to move priorities.
 
 Printed: Kendall's tau between the two start orders, Pearson and Spearman correlation of
 per-job waits, mean and p50 wait on each side, and the share of jobs whose start differs by
-less than 5 s. Results are also appended to bench/results/slurm_fidelity.jsonl."""
+less than 5 s. Results are also appended to bench/results/slurm_fidelity.jsonl, and each job's two starts
+written to bench/results/slurm_fidelity_jobs_<time>.csv."""
 
 from __future__ import annotations
 
@@ -209,8 +210,16 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
+    at = datetime.now().isoformat(timespec="seconds")
     with open(out / "slurm_fidelity.jsonl", "a") as fh:
-        fh.write(json.dumps({**result, "at": datetime.now().isoformat(timespec="seconds")}) + "\n")
+        fh.write(json.dumps({**result, "at": at}) + "\n")
+    # job by job, to see where the two schedules part
+    with open(out / f"slurm_fidelity_jobs_{at.replace(':', '')}.csv", "w") as fh:
+        fh.write("job_id,account,gpus,run_s,limit_s,submit_s,slurm_start_s,sim_start_s\n")
+        for k in common:
+            j = by_id[k]
+            fh.write(f"{k},{j.user},{j.gpus},{j.duration_s},{j.time_limit_s},{j.submit_s},{real[k][1]:.1f},"
+                     f"{sim_start[k]:.2f}\n")
 
 
 if __name__ == "__main__":
