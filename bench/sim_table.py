@@ -11,7 +11,7 @@ Prints one markdown row per trace and policy (means over the seeds) and, per tra
 many seeds corral met each target against slurm: lower mean JCT, utilisation at least
 slurm's, worst per-user mean wait no worse. ``util bound`` is the highest utilisation any
 schedule can reach on that trace (its last job run the moment it arrives): when slurm is
-already there, corral can only tie. philly-pollux (82k jobs) replays in ~20 min per policy
+already there, corral can only tie. philly-pollux (82k jobs) replays in 11-16 min per policy
 on one core, so it gets one seed by default and no fifo (at that load FIFO's queue only
 grows). Results are also written to bench/results/sim_table.json."""
 
