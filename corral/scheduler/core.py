@@ -183,8 +183,7 @@ class _Scopes:
 
 def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:
     for task in job.tasks:
-        if task.gpu_type is not None and task.gpus and \
-                not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
+        if not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
             return Reason.GPU_TYPE
     if scope.levels and any(t.topology is not None and t.topology.required for t in job.tasks):
         loose = place_gang(pool, job, Scope(scope.allowed))
