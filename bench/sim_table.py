@@ -5,15 +5,17 @@ baseline, Slurm's main scheduler on every event and backfill every 30 s) and ``c
 offered load, each over several seeds of the users' time-limit over-estimates.
 
   python bench/sim_table.py [--traces tiresias,4vc,0e4a51,alibaba,pollux] [--seeds 0,1,2]
-                            [--pollux-seeds 0] [--workers 2]
+                            [--pollux-seeds 0] [--workers 2] [--with-expansion]
 
 Prints one markdown row per trace and policy (means over the seeds) and, per trace, how
 many seeds corral met each target against slurm: lower mean JCT, utilisation at least
 slurm's, worst per-user mean wait no worse. ``util bound`` is the highest utilisation any
 schedule can reach on that trace (its last job run the moment it arrives): when slurm is
-already there, corral can only tie. philly-pollux (82k jobs) replays in 11-16 min per policy
-on one core, so it gets one seed by default and no fifo (at that load FIFO's queue only
-grows). Results are also written to bench/results/sim_table.json."""
+already there, corral can only tie. philly-pollux (82k jobs) replays in 10-25 min per policy
+on one core (corral+x: ~40), so it gets one seed by default and no fifo (at that load FIFO's queue only
+grows). ``--with-expansion`` adds ``corral+x``: corral with the expansion factor (Maui's
+XFACTOR) weighted 10000, the variant its default leaves out. Results are also written to
+bench/results/sim_table.json."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime
 from multiprocessing import Pool
 from pathlib import Path
@@ -30,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from corral.scheduler import Policy  # noqa: E402
-from corral.sim.engine import cluster, simulate  # noqa: E402
+from corral.sim.engine import cluster, loop_of, simulate  # noqa: E402
 from corral.sim.trace import load_trace  # noqa: E402
 
 TRACES_DIR = ROOT.parent / "shared" / "traces"
@@ -51,8 +54,11 @@ def run(args: tuple[str, str, int]) -> tuple[str, str, int, dict]:
     key, policy, seed = args
     file, nodes, gpus, after, _ = TRACES[key]
     jobs = load_trace(TRACES_DIR / file, None, seed, after)
-    result = simulate(jobs, cluster(nodes, gpus, 8), Policy.named(policy, topology=("leaf",)),
-                      bf_interval_s=30.0 if policy == "slurm" else None)
+    base = policy.removesuffix("+x")
+    named = Policy.named(base, topology=("leaf",))
+    if policy.endswith("+x"):
+        named = Policy.named(base, topology=("leaf",), weights=replace(named.weights, expansion=10000.0))
+    result = simulate(jobs, cluster(nodes, gpus, 8), named, **loop_of(base))
     return key, policy, seed, result.metrics()
 
 
@@ -62,6 +68,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--pollux-seeds", default="0")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--with-expansion", action="store_true")
     args = parser.parse_args()
     keys = [k for k in args.traces.split(",") if k]
     unknown = [k for k in keys if k not in TRACES]
@@ -71,6 +78,7 @@ def main() -> None:
     for key in keys:
         seeds = [int(s) for s in (args.pollux_seeds if key == "pollux" else args.seeds).split(",")]
         policies = ("slurm", "corral") if key == "pollux" else ("fifo", "slurm", "corral")
+        policies += ("corral+x",) if args.with_expansion else ()
         # the long ones first, so the pool's last minutes are not one straggler
         runs += [(key, p, s) for s in seeds for p in policies]
     runs.sort(key=lambda r: r[0] != "pollux")
@@ -88,7 +96,7 @@ def main() -> None:
     verdicts = {}
     for key in keys:
         label = TRACES[key][4]
-        for policy in ("fifo", "slurm", "corral"):
+        for policy in ("fifo", "slurm", "corral", "corral+x"):
             per_seed = results.get((key, policy))
             if not per_seed:
                 continue

@@ -36,6 +36,13 @@ class Refusal:
 
 def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool]) -> Admitted | Refusal:
     policy, sched = site.policy, spec.scheduling
+    if user not in site.operators:  # Slurm lets only operators raise a job above the formula
+        if sched.priority is not None:
+            return Refusal("priority", f"only operators ({', '.join(site.operators) or 'none'}; config.yaml "
+                                       f"`operators:`) may fix a job's priority; use nice to lower your own")
+        if sched.nice < 0:
+            return Refusal("nice", f"a negative nice ({sched.nice}) raises the job above others: only operators "
+                                   f"({', '.join(site.operators) or 'none'}) may set one")
     partitions = {p.name: p for p in policy.partitions}
     if sched.partition is not None and partitions and sched.partition not in partitions:
         return Refusal("partition", f"no partition is named {sched.partition!r}{_suggest(sched.partition, set(partitions))}"

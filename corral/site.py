@@ -5,8 +5,9 @@ half-life and usage weights, topology levels) — validated into the scheduler's
 starts with it.
 
     scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
-                weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000},
-                max_age: 3d, favor_small: true, size_fades: true, backfill: {max_reservations: 100, max_jobs: 500},
+                weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000,
+                          expansion: 0},
+                max_age: 3d, favor_small: true, size_fades: true, expansion_cap: 1d, backfill: {max_reservations: 100, max_jobs: 500},
                 preemption: true}
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
@@ -14,12 +15,14 @@ starts with it.
     qos:        [{name: high, priority: 100, preempt: [normal], preempt_mode: requeue,
                   max_gpus_per_user: 8, max_gpus_per_account: 16, max_gpus: 32, gpu_minutes: 1e6}]
     topology:   [leaf, spine]   # node label keys, leaf switch first
+    operators:  [ann]           # may set priority / negative nice; default: the server's user
 
 The first partition is the default; a site without ``qos`` has one, ``normal``."""
 
 from __future__ import annotations
 
 import fnmatch
+import getpass
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +50,7 @@ class Weights(_Strict):
     job_size: float | None = Field(default=None, ge=0)
     partition: float | None = Field(default=None, ge=0)
     qos: float | None = Field(default=None, ge=0)
+    expansion: float | None = Field(default=None, ge=0)
 
 
 class UsageWeights(_Strict):
@@ -68,6 +72,7 @@ class SchedulerSettings(_Strict):
     max_age: Duration | None = None
     favor_small: bool | None = None
     size_fades: bool | None = None
+    expansion_cap: Duration | None = Field(default=None, gt=0)
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -112,6 +117,11 @@ class SiteConfig(_Strict):
     accounts: list[AccountEntry] = []
     qos: list[QosEntry] = []
     topology: list[str] = []
+    operators: list[str] | None = None
+
+
+def _server_user() -> tuple[str, ...]:
+    return (getpass.getuser(),)
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,9 @@ class Site:
     policy: Policy = field(default_factory=lambda: Policy.named("corral"))
     half_life_s: float = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
+    # Who may set a job's fixed ``priority`` or a negative ``nice`` (Slurm: operators and
+    # admins only); by default the user the server runs as, the machine's owner.
+    operators: tuple[str, ...] = field(default_factory=_server_user)
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -156,7 +169,8 @@ def load_site(config_path: Path) -> Site:
     issues = _check(config, nodes, doc)
     if issues:
         raise SpecError(issues, source)
-    return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights)
+    operators = tuple(config.operators) if config.operators is not None else _server_user()
+    return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators)
 
 
 def _policy(config: SiteConfig) -> Policy:
@@ -167,7 +181,8 @@ def _policy(config: SiteConfig) -> Policy:
         age=_pick(s.weights.age, w.age), fair_share=_pick(s.weights.fair_share, w.fair_share),
         job_size=_pick(s.weights.job_size, w.job_size), partition=_pick(s.weights.partition, w.partition),
         qos=_pick(s.weights.qos, w.qos), max_age_s=_pick(s.max_age, w.max_age_s),
-        favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades))
+        favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades),
+        expansion=_pick(s.weights.expansion, w.expansion), expansion_cap_s=_pick(s.expansion_cap, w.expansion_cap_s))
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
         _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,

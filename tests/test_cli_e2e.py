@@ -94,6 +94,10 @@ def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:
     queued = json.loads(corral("queue", "--json", check=True).stdout)
     assert [(j["state"], j["reason"]) for j in queued] == [("RUNNING", "None"), ("RUNNING", "None"),
                                                           ("PENDING", "Resources")]
+    sprio = corral("queue", "--priority", check=True).stdout  # like sprio: one row per pending job
+    header, *rows = [line.split() for line in sprio.strip().splitlines()]
+    assert header[6:11] == ["PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE", "PART"] and "EXPANSION" in header
+    assert len(rows) == 1 and rows[0][0] == ids[2] and rows[0][-1] == "Resources"
     nodes = json.loads(corral("nodes", "--json", check=True).stdout)
     assert [n["name"] for n in nodes] == ["gpu-0", "gpu-1"] and all(n["free_gpus"] == [] for n in nodes)
     assert "gpu-0" in corral("nodes", check=True).stdout

@@ -6,6 +6,7 @@ cycles, the same snapshot gives the same plan)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -315,7 +316,7 @@ def test_size_fades_with_age_so_a_passed_over_gang_queues_first() -> None:
     day = 86400.0
     big_old = pj(1, gpus=8, replicas=2, submitted=0.0)
     small_new = pj(2, gpus=1, submitted=3 * day - 60)
-    big_young = pj(3, gpus=8, replicas=2, submitted=3 * day - 120)
+    big_young = pj(3, gpus=8, replicas=2, submitted=3 * day - 60)  # as young: expansion ties
     snap = Snapshot(tuple(nodes(4)), (big_old, small_new, big_young))
     ranks = core_priorities(snap, 3 * day, corral)
     assert ranks[1].job_size == 0.0 and ranks[1].age == 1.0
@@ -349,3 +350,25 @@ def test_main_scheduler_pass_stops_a_partition_at_its_first_blocked_job() -> Non
     assert quick.reasons[2] is Reason.PRIORITY and not quick.reserved_starts
     full = schedule(snap, 30.0, policy)
     assert {s.job_id for s in full.starts} == {2, 3} and 1 in full.reserved_starts  # backfilled around it
+
+
+def test_expansion_factor_is_the_wait_over_the_jobs_own_limit_capped() -> None:
+    """The expansion factor (Maui's XFACTOR, a site knob): waited / min(time limit, cap), at
+    most 1; a job with no limit counts as the cap; limits under a minute count as a minute.
+    Slurm has no such factor, and corral's default weighs it 0."""
+    hour = 3600.0
+    corral = Policy.named("corral", weights=replace(Policy.named("corral").weights, expansion=10000.0))
+    jobs = (pj(1, limit=900.0, submitted=0.0),  # 300 s of 900
+            pj(2, limit=2 * 86400.0, submitted=300.0 - 12 * hour),  # 12 h of the 1-day cap
+            pj(3, limit=None, submitted=300.0 - 12 * hour),  # no limit: the cap
+            pj(4, limit=10.0, submitted=270.0),  # 30 s of the one-minute floor
+            pj(5, limit=100.0, submitted=0.0))  # waited 3 × its limit: saturated
+    got = core_priorities(Snapshot(tuple(nodes(1)), jobs), 300.0, corral)
+    assert [round(got[i].expansion, 6) for i in range(1, 6)] == [round(1 / 3, 6), 0.5, 0.5, 0.5, 1.0]
+    # weighted into the total: job 5 (saturated) is 10000 × 2/3 above job 1 otherwise alike
+    assert got[5].total - got[1].total == pytest.approx(corral.weights.expansion * (1 - 1 / 3), abs=1.0)
+    for plain in (Policy.named("slurm"), Policy.named("corral")):
+        ranks = core_priorities(Snapshot(tuple(nodes(1)), jobs), 300.0, plain)
+        assert ranks[5].total == pytest.approx(ranks[1].total, abs=1.0)  # only age, by a few seconds' worth
+    wider = Policy.named("corral", weights=replace(corral.weights, expansion_cap_s=48 * hour))
+    assert core_priorities(Snapshot(tuple(nodes(1)), jobs), 300.0, wider)[2].expansion == pytest.approx(0.25)

@@ -6,12 +6,13 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from corral.scheduler import Policy
-from corral.sim.engine import cluster, simulate
+from corral.sim.engine import cluster, loop_of, simulate
 from corral.sim.trace import ROUND_LIMITS_S, TraceJob, load_trace, requested_limit
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"  # shared/ sits beside the checkout, in CI too
@@ -86,3 +87,21 @@ def test_slurm_model_backfills_only_every_bf_interval_corral_on_every_event() ->
     assert starts["corral"] == {"a": 0.0, "c": 2.0, "b": 100.0}
     slow = simulate(jobs, cluster(1, 8), Policy.named("slurm"), bf_interval_s=45.0)
     assert {o.job.id: o.start for o in slow.outcomes}["c"] == 45.0
+
+
+def test_with_the_expansion_factor_a_passed_over_gang_catches_up_within_its_limit() -> None:
+    """A steady stream of 1-2 GPU jobs never leaves a node whole. Small-first alone lets it
+    pass the 8-GPU gang until the stream ends; the expansion factor (waited / own limit,
+    weighted 10000) lifts the gang above the stream within a fraction of its 15-minute
+    limit, and it gets the reservation. Mean JCT still beats Slurm's large-first order."""
+    jobs = [TraceJob(f"s{i}", "u", i * 10.0, 1 + (i % 3 == 0), 130.0, 900.0) for i in range(150)]
+    jobs = sorted(jobs + [TraceJob("gang", "u", 205.0, 8, 120.0, 900.0)], key=lambda j: j.submit_s)
+    plain = Policy.named("corral")
+    runs = {name: simulate(jobs, cluster(2, 8), policy, **loop_of(loop))
+            for name, policy, loop in (("expansion", Policy.named("corral", weights=replace(plain.weights,
+                                                                                            expansion=10000.0)), "corral"),
+                                       ("slurm", Policy.named("slurm"), "slurm"), ("corral", plain, "corral"))}
+    wait = {name: next(o.start - o.job.submit_s for o in r.outcomes if o.job.id == "gang") for name, r in runs.items()}
+    assert wait["expansion"] <= 900 / 4
+    assert wait["corral"] > 1200  # until the stream ends at t=1490
+    assert runs["expansion"].metrics()["avg_jct_s"] < runs["slurm"].metrics()["avg_jct_s"]

@@ -115,6 +115,8 @@ def test_priority_order_and_the_priority_view(server) -> None:
     assert [r["id"] for r in ranked] == [early["id"], late["id"]]
     assert ranked[1]["nice"] == 5000 and ranked[0]["priority"] - ranked[1]["priority"] == pytest.approx(5000, abs=50)
     assert ranked[0]["fair_share"] > 0
+    # no time limit: waited seconds of the 1-day cap (each as of when it was last scored)
+    assert all(0 <= r["expansion"] < 10000 * 60 / 86400 for r in ranked)
     a, b = wait_state(server, late["id"], "SUCCEEDED"), wait_state(server, early["id"], "SUCCEEDED")
     assert b["started_at"] < a["started_at"]
 
@@ -157,6 +159,8 @@ def test_singleton_queues_behind_a_job_of_the_same_name(server) -> None:
     ({"time_limit": "2h"}, "time_limit", "longer than partition 'batch'"),
     ({"dependency": "afterok:999"}, "dependency", "there is no job 999"),
     ({"qos": "capped", "partition": "urgent"}, "qos", "more than QOS 'capped'"),
+    ({"priority": 1e6}, "priority", "only operators"),  # alice is not the server's user
+    ({"nice": -100}, "nice", "only operators"),
 ])
 def test_admission_refuses_what_could_never_run_naming_the_field(server, scheduling, field, words) -> None:
     text = "name: x\nresources: {accelerators: H100:3}\nrun: 'true'\n"
@@ -165,6 +169,19 @@ def test_admission_refuses_what_could_never_run_naming_the_field(server, schedul
     (issue,) = response.json()["detail"]["errors"]
     assert issue["field"] == field and words in issue["message"]
     assert server.get("/v1/jobs", params={"all": True}).json() == []
+
+
+@pytest.mark.parametrize("site_config", [SITE + "operators: [alice]\n"])
+def test_an_operator_fixes_a_priority_and_others_may_lower_their_own(server) -> None:
+    fixed = submit(server, "name: vip\nrun: sleep 30\n", scheduling={"priority": 123456, "nice": -10})
+    assert fixed["nice"] == -10
+    bob = server.post("/v1/jobs", json={"yaml": "name: b\nrun: 'true'\n", "scheduling": {"priority": 1}},
+                      headers={"X-Corral-User": "bob"})
+    assert bob.status_code == 422 and bob.json()["detail"]["errors"][0]["field"] == "priority"
+    polite = server.post("/v1/jobs", json={"yaml": "name: b\nrun: 'true'\n", "scheduling": {"nice": 50}},
+                         headers={"X-Corral-User": "bob"})
+    assert polite.status_code == 201, polite.text
+    server.post(f"/v1/jobs/{fixed['id']}/cancel")
 
 
 def test_partition_default_time_limit_applies(server) -> None:
@@ -226,13 +243,19 @@ def test_qos_preemption_cycles_are_refused(tmp_path: Path) -> None:
 
 def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
     from corral.site import load_site
+    from corral.spec.loader import SpecError
     config = tmp_path / "config.yaml"
     config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
                                    "scheduler: {policy: corral, half_life: 1d, size_fades: false, max_age: 2d,\n"
-                                   "            weights: {fair_share: 20000}}"))
+                                   "            expansion_cap: 6h, weights: {fair_share: 20000, expansion: 2500}}"))
     policy = load_site(config).policy
     assert policy.name == "corral" and not policy.weights.size_fades and policy.weights.favor_small
     assert policy.weights.max_age_s == 2 * 86400 and policy.weights.fair_share == 20000
+    assert policy.weights.expansion == 2500 and policy.weights.expansion_cap_s == 6 * 3600
     assert policy.weights.age == 5000  # the rest stays the named policy's
     config.write_text(SITE)
-    assert load_site(config).policy.weights.size_fades
+    assert load_site(config).policy.weights.size_fades and load_site(config).policy.weights.expansion == 0
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
+                                   "scheduler: {policy: corral, half_life: 1d, expansion_cap: 0s}"))
+    with pytest.raises(SpecError, match="scheduler.expansion_cap"):
+        load_site(config)

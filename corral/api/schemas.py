@@ -191,5 +191,6 @@ class PriorityOut(BaseModel):
     job_size: float
     partition_factor: float
     qos_factor: float
+    expansion: float
     nice: int
     reason: str

@@ -145,13 +145,14 @@ def queue(show_all: bool, user: str | None, by_priority: bool, as_json: bool) ->
     table = Table(box=None, pad_edge=False, header_style="bold")
     if by_priority:
         cols = ("ID", "NAME", "USER", "ACCOUNT", "PARTITION", "QOS", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE",
-                "PART", "QOSF", "NICE", "REASON")
+                "PART", "QOSF", "EXPANSION", "NICE", "REASON")
         for col in cols:
-            table.add_column(col, no_wrap=True, justify="right" if col in cols[6:13] else "left")
+            table.add_column(col, no_wrap=True, justify="right" if col in cols[6:14] else "left")
         for j in jobs:
             table.add_row(str(j["id"]), j["name"], j["user"], j["account"], j["partition"], j["qos"],
                           f"{j['priority']:.0f}", f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}",
-                          f"{j['partition_factor']:.0f}", f"{j['qos_factor']:.0f}", str(j["nice"]), j["reason"])
+                          f"{j['partition_factor']:.0f}", f"{j['qos_factor']:.0f}", f"{j['expansion']:.0f}",
+                          str(j["nice"]), j["reason"])
         out.print(table)
         return
     for col in ("ID", "NAME", "USER", "PARTITION", "STATE", "REASON", "TASKS", "GPUS", "AGE"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from corral.scheduler import NodeView, Policy
-from corral.sim.engine import cluster, simulate
+from corral.sim.engine import cluster, loop_of, simulate
 from corral.sim.trace import load_nodes_csv, load_trace
 
 
@@ -40,8 +40,7 @@ def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf
     jobs = load_trace(trace, limit, seed, after)
     # with leaf switches declared, multi-node gangs are placed under the fewest of them
     levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
-    result = simulate(jobs, views, Policy.named(policy, topology=levels),
-                      bf_interval_s=bf_interval if policy == "slurm" else None)
+    result = simulate(jobs, views, Policy.named(policy, topology=levels), **loop_of(policy, bf_interval))
     metrics = {"trace": trace.name, "policy": policy, "gpus": result.total_gpus, **result.metrics()}
     if as_json:
         click.echo(json.dumps(metrics))

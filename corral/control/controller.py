@@ -49,14 +49,13 @@ from corral.runtime.discovery import loopback_address
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
 from corral.scheduler.placement import FreePool
-from corral.scheduler.priority import Factors
+from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.settings import Settings
 from corral.site import Site
 from corral.states import JobState, ReplicaState, check_job_transition, check_replica_transition
 from corral.store.tables import Job
 
 log = logging.getLogger("corral.control")
-PRIORITY_CALC_S = 5.0
 
 _JOBS = Job.__table__
 _CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
@@ -356,7 +355,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         # Priorities are recomputed for every pending job every few seconds (age and usage
         # drift slowly; Slurm's PriorityCalcPeriod is 5 min); in between only new jobs are scored.
         if time.monotonic() >= self._priorities_at:
-            self._priorities_at = time.monotonic() + PRIORITY_CALC_S
+            self._priorities_at = time.monotonic() + CALC_PERIOD_S
             self.priorities = {}
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)

@@ -33,6 +33,14 @@ class PriorityWeights:
     # jobs and a job at max_age queues by age alone, ahead of every younger job of equal
     # fair share when job_size < age: a bound on how long a large gang is passed over.
     size_fades: bool = False
+    # After Maui's XFACTOR (off by default, weight 0): how long a job has waited relative to
+    # the run time it asked for, min(1, waited / min(time_limit, expansion_cap_s)). Short
+    # jobs rise fast, and a gang passed over by a stream of small jobs catches up within its
+    # own run time. But in a backlog every old job sits at the ceiling, so a new job queues
+    # behind all of them until it has waited its own limit: on philly-pollux it doubled mean
+    # JCT (README, "Simulator"), which is why corral's default leaves it out.
+    expansion: float = 0.0
+    expansion_cap_s: float = 86400.0
 
 
 @dataclass(frozen=True)

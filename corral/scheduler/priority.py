@@ -7,6 +7,8 @@ fair-share factors of the cycle: a weighted sum of factors in [0, 1] minus the j
                with ``size_fades`` (corral's) it is scaled by (1 - age), see PriorityWeights
   partition  — the partition's job factor / the largest one (PriorityJobFactor)
   qos        — the QOS priority / the largest one
+  expansion  — waited / min(time limit, cap), capped at 1 (Maui's XFACTOR; a job without a
+               time limit counts as the cap; weight 0 unless a site sets it), see PriorityWeights
 
 An operator-set ``priority`` replaces the sum (like ``scontrol update priority=``).
 Usage decays with a half-life (PriorityDecayHalfLife) in ``decay``."""
@@ -14,53 +16,85 @@ Usage decays with a half-life (PriorityDecayHalfLife) in ``decay``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from corral.scheduler.policy import Policy
 from corral.scheduler.snapshot import PendingJob
 
 
-@dataclass(frozen=True)
-class Factors:
+# How often corral's control loop rescores every pending job (Slurm's PriorityCalcPeriod is
+# 5 min): new jobs arrive and usage moves in seconds on a small cluster, and the expansion
+# factor, where a site weighs it, moves in seconds for short jobs.
+CALC_PERIOD_S = 5.0
+
+# Below a minute, the expansion factor would mostly measure how often the loop runs (Maui's
+# XFMINWCLIMIT plays the same part).
+_MIN_LIMIT_S = 60.0
+
+
+class Factors(NamedTuple):
     age: float
     fair_share: float
     job_size: float
     partition: float
     qos: float
+    expansion: float
     nice: int
     total: float
 
 
 class Scorer:
-    """Computes factors for many jobs of one cycle, with the per-partition and per-QOS
-    parts looked up once."""
+    """Computes factors for many jobs of one cycle, with the weights, the per-partition and
+    per-QOS parts looked up once (every pending job is rescored every few seconds, so this
+    is the scheduler's hottest loop on a long queue)."""
 
     def __init__(self, policy: Policy, now: float, cluster_gpus: int):
         self.policy, self.now, self.cluster_gpus = policy, now, cluster_gpus
         self._part: dict[str, float] = {}
         self._qos: dict[str, float] = {}
+        w = policy.weights
+        self._w = (w.age, w.fair_share, w.job_size, w.partition, w.qos, w.expansion)
+        self._per_gpu = 1.0 / cluster_gpus if cluster_gpus else 0.0
 
     def factors(self, job: PendingJob, fair_share: float) -> Factors:
-        policy, w = self.policy, self.policy.weights
-        age = min(1.0, max(0.0, self.now - job.submitted_at) / w.max_age_s)
-        gpus = job.gpus
-        size = min(1.0, gpus / self.cluster_gpus) if self.cluster_gpus else 0.0
+        w = self.policy.weights
+        w_age, w_fs, w_size, w_part, w_qos, w_exp = self._w
+        waited = self.now - job.submitted_at
+        if waited < 0.0:
+            waited = 0.0
+        age = waited / w.max_age_s
+        if age > 1.0:
+            age = 1.0
+        size = job.gpus * self._per_gpu
+        if size > 1.0:
+            size = 1.0
         if w.favor_small:
             size = 1.0 - size
         if w.size_fades:
             size *= 1.0 - age
         part = self._part.get(job.partition)
         if part is None:
+            policy = self.policy
             part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor
         qos = self._qos.get(job.qos)
         if qos is None:
-            top = policy.max_qos_priority
-            qos = self._qos[job.qos] = policy.qos_of(job.qos).priority / top if top > 0 else 0.0
-        total = (w.age * age + w.fair_share * fair_share + w.job_size * size + w.partition * part + w.qos * qos
-                 - job.nice)
+            top = self.policy.max_qos_priority
+            qos = self._qos[job.qos] = self.policy.qos_of(job.qos).priority / top if top > 0 else 0.0
+        expansion = 0.0
+        if w_exp:
+            cap = w.expansion_cap_s
+            limit = job.time_limit or cap
+            if limit > cap:
+                limit = cap
+            expansion = waited / (limit if limit > _MIN_LIMIT_S else _MIN_LIMIT_S)
+            if expansion > 1.0:
+                expansion = 1.0
         if job.priority is not None:
             total = job.priority
-        return Factors(age, fair_share, size, part, qos, job.nice, total)
+        else:
+            total = (w_age * age + w_fs * fair_share + w_size * size + w_part * part + w_qos * qos + w_exp * expansion
+                     - job.nice)
+        return Factors(age, fair_share, size, part, qos, expansion, job.nice, total)
 
 
 def factors(job: PendingJob, now: float, policy: Policy, fair_share: float, cluster_gpus: int) -> Factors:

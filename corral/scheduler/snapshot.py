@@ -78,10 +78,8 @@ class PendingJob:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
-
-    @property
-    def assoc(self) -> tuple[str, str]:
-        return (self.account or self.user, self.user)
+        # (account, user): what fair share and limits charge; looked up for every job every cycle
+        object.__setattr__(self, "assoc", (self.account or self.user, self.user))
 
 
 @dataclass(frozen=True)

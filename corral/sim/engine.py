@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
 from corral.scheduler.placement import FreePool
-from corral.scheduler.priority import decay
+from corral.scheduler.priority import CALC_PERIOD_S, decay
 from corral.scheduler.snapshot import RunningJob
 from corral.sim.trace import TraceJob
 
@@ -96,6 +96,16 @@ def to_request(job: TraceJob, index: int, largest_node: int) -> PendingJob:
     else:
         task = TaskRequest("main", math.ceil(job.gpus / largest_node), largest_node, 0.0, 0.0)
     return PendingJob(index, (task,), job.submit_s, job.user, job.user, job.time_limit_s)
+
+
+def loop_of(policy: str, bf_interval_s: float = 30.0) -> dict:
+    """How a named policy's loop runs, as ``simulate``'s keyword arguments: ``slurm`` gets
+    Slurm's split passes (backfill every ``bf_interval_s``) and its 5-minute
+    PriorityCalcPeriod; ``fifo`` and ``corral`` run as corral's control loop does, a full
+    cycle on every event with priorities rescored every few seconds."""
+    if policy == "slurm":
+        return {"bf_interval_s": bf_interval_s, "priority_calc_s": 300.0}
+    return {"bf_interval_s": None, "priority_calc_s": CALC_PERIOD_S}
 
 
 def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_interval_s: float | None = None,

@@ -50,5 +50,6 @@ def priority(state: StateDep):
             fair_share=round(w.fair_share * f.fair_share, 3) if f else 0.0,
             job_size=round(w.job_size * f.job_size, 3) if f else 0.0,
             partition_factor=round(w.partition * f.partition, 3) if f else 0.0,
-            qos_factor=round(w.qos * f.qos, 3) if f else 0.0, nice=job.nice, reason=reason))
+            qos_factor=round(w.qos * f.qos, 3) if f else 0.0,
+            expansion=round(w.expansion * f.expansion, 3) if f else 0.0, nice=job.nice, reason=reason))
     return out
