@@ -5,7 +5,7 @@ virtual nodes x 8 GPUs) and through corral's simulator on the same cluster; then
 schedules are compared job by job.
 
   python bench/slurm_fidelity.py [--trace philly-pollux.csv] [--jobs 200] [--span 120] [--seed 0]
-                                 [--accounts]
+                                 [--accounts] [--debug]
 
 Compression: the window's submit times are scaled to ``--span`` seconds; run times are
 scaled so the offered load is ~90 % of the 32 GPUs over the span, and kept within 2 s and a
@@ -77,7 +77,7 @@ def sh(*cmd: str, env: dict | None = None) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
 
-def start_lab(accounts: list[str]) -> dict:
+def start_lab(accounts: list[str], debug: bool = False) -> dict:
     env = {**os.environ, "LAB": str(LAB), "NODES": str(NODES), "GPUS": str(GPUS), "PROFILE": "fast",
            "SCHED_PARAMS": SCHED, "FRESH": "1", "ACCOUNTING": "dbd"}
     subprocess.run([str(TOOLS / "stop-slurm.sh")], env=env, capture_output=True)
@@ -90,6 +90,10 @@ def start_lab(accounts: list[str]) -> dict:
         time.sleep(0.5)
     else:
         raise RuntimeError(f"the lab did not come up: {idle}")
+    if debug:  # every backfill decision, with its node map, in $LAB/log/slurmctld.log
+        with open(LAB / "etc" / "slurm.conf", "a") as fh:
+            fh.write("DebugFlags=Backfill,BackfillMap\nSlurmctldDebug=debug\n")
+        sh("scontrol", "reconfigure", env=env)
     if accounts:
         with open(LAB / "etc" / "slurm.conf", "a") as fh:
             fh.write("PriorityCalcPeriod=1\nPriorityFlags=NO_FAIR_TREE\n")
@@ -174,6 +178,8 @@ def main() -> None:
     parser.add_argument("--span", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--accounts", action="store_true", help="one Slurm account per trace user (fair share)")
+    parser.add_argument("--debug", action="store_true",
+                        help="log Slurm's backfill decisions (DebugFlags=Backfill,BackfillMap) to $LAB/log/slurmctld.log")
     args = parser.parse_args()
     trace = ROOT.parent / "shared" / "traces" / args.trace
     jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed, args.accounts)
@@ -185,7 +191,7 @@ def main() -> None:
                    priority_calc_s=60.0 if accounts else 300.0)
     sim_start = {o.job.id: o.start for o in sim.outcomes}
 
-    env = start_lab(accounts)
+    env = start_lab(accounts, args.debug)
     try:
         real = run_on_slurm(jobs, env)
     finally:
