@@ -49,7 +49,7 @@ class Scorer:
     is the scheduler's hottest loop on a long queue)."""
 
     def __init__(self, policy: Policy, now: float, cluster_gpus: int):
-        self.policy, self.now, self.cluster_gpus = policy, now, cluster_gpus
+        self.policy, self.now = policy, now
         self._part: dict[str, float] = {}
         self._qos: dict[str, float] = {}
         w = policy.weights
@@ -57,7 +57,8 @@ class Scorer:
         self._per_gpu = 1.0 / cluster_gpus if cluster_gpus else 0.0
 
     def factors(self, job: PendingJob, fair_share: float) -> Factors:
-        w = self.policy.weights
+        policy = self.policy
+        w = policy.weights
         w_age, w_fs, w_size, w_part, w_qos, w_exp = self._w
         waited = self.now - job.submitted_at
         if waited < 0.0:
@@ -74,12 +75,11 @@ class Scorer:
             size *= 1.0 - age
         part = self._part.get(job.partition)
         if part is None:
-            policy = self.policy
             part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor
         qos = self._qos.get(job.qos)
         if qos is None:
-            top = self.policy.max_qos_priority
-            qos = self._qos[job.qos] = self.policy.qos_of(job.qos).priority / top if top > 0 else 0.0
+            top = policy.max_qos_priority
+            qos = self._qos[job.qos] = policy.qos_of(job.qos).priority / top if top > 0 else 0.0
         expansion = 0.0
         if w_exp:
             cap = w.expansion_cap_s
