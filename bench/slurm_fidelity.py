@@ -5,7 +5,7 @@ virtual nodes x 8 GPUs) and through corral's simulator on the same cluster; then
 schedules are compared job by job.
 
   python bench/slurm_fidelity.py [--trace philly-pollux.csv] [--jobs 200] [--span 120] [--seed 0]
-                                 [--accounts] [--debug]
+                                 [--accounts] [--debug] [--replay bench/results/slurm_fidelity_jobs_<time>.csv]
 
 Compression: the window's submit times are scaled to ``--span`` seconds; run times are
 scaled so the offered load is ~90 % of the 32 GPUs over the span, and kept within 2 s and a
@@ -26,11 +26,15 @@ to move priorities.
 Printed: Kendall's tau between the two start orders, Pearson and Spearman correlation of
 per-job waits, mean and p50 wait on each side, and the share of jobs whose start differs by
 less than 5 s. Results are also appended to bench/results/slurm_fidelity.jsonl, and each job's two starts
-written to bench/results/slurm_fidelity_jobs_<time>.csv."""
+written to bench/results/slurm_fidelity_jobs_<time>.csv (with the nodes Slurm chose).
+``--replay CSV`` compares the model with such a recorded run instead of starting the lab (the
+same --trace/--jobs/--span/--seed/--accounts must be given): seconds instead of a quarter of
+an hour, for working on the model."""
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import math
 import os
@@ -106,9 +110,9 @@ def start_lab(accounts: list[str], debug: bool = False) -> dict:
     return env
 
 
-def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, float]]:
-    """Submit each job at its compressed time; return job id -> (submit, start) in seconds
-    from the first submission, as sacct records them."""
+def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, float, str]]:
+    """Submit each job at its compressed time; return job id -> (submit, start, nodes) with
+    times in seconds from the first submission, as sacct records them."""
     ids: dict[str, str] = {}
     t0 = time.time()
     for job in jobs:
@@ -127,24 +131,36 @@ def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, floa
             break
         time.sleep(1)
     time.sleep(3)  # let slurmdbd catch up
-    rows = sh("sacct", "-X", "-n", "-P", "-o", "JobID,Submit,Start", "-j", ",".join(ids), env=env)
+    rows = sh("sacct", "-X", "-n", "-P", "-o", "JobID,Submit,Start,NodeList", "-j", ",".join(ids), env=env)
     base = None
-    out: dict[str, tuple[float, float]] = {}
+    out: dict[str, tuple[float, float, str]] = {}
     for line in rows.splitlines():
-        slurm_id, submit, start = line.split("|")
+        slurm_id, submit, start, nodes = line.split("|")
         if slurm_id not in ids or start in ("Unknown", "None"):
             continue
         s, b = datetime.fromisoformat(submit).timestamp(), datetime.fromisoformat(start).timestamp()
         base = s if base is None else min(base, s)
-        out[ids[slurm_id]] = (s, b)
-    return {k: (s - base, b - base) for k, (s, b) in out.items()}
+        out[ids[slurm_id]] = (s, b, nodes)
+    return {k: (s - base, b - base, nodes) for k, (s, b, nodes) in out.items()}
+
+
+def recorded(path: Path, jobs: list[TraceJob]) -> dict[str, tuple[float, float, str]]:
+    """A run written by this script: job id -> (submit, start, nodes), checked against ``jobs``."""
+    with open(path) as fh:
+        rows = list(csv.DictReader(fh))
+    by_id = {j.id: j for j in jobs}
+    strangers = [r["job_id"] for r in rows if r["job_id"] not in by_id or r["account"] != by_id[r["job_id"]].user
+                 or abs(float(r["submit_s"]) - by_id[r["job_id"]].submit_s) > 0.01]
+    if strangers or not rows:
+        raise SystemExit(f"{path}: not a run of these jobs (e.g. {strangers[:3]}); give the run's --jobs/--span/--seed/--accounts")
+    return {r["job_id"]: (float(r["submit_s"]), float(r["slurm_start_s"]), r.get("slurm_nodes", "")) for r in rows}
 
 
 def lab_policy() -> Policy:
     """The lab's slurm.conf as corral's slurm model: same weights, backfill over 100 jobs."""
     return Policy("slurm", PriorityWeights(age=1000, fair_share=10000, job_size=100, partition=1000, qos=0,
                                            max_age_s=7 * 86400, favor_small=False),
-                  backfill=True, max_reservations=100, max_backfill_jobs=100)
+                  backfill=True, max_reservations=100, max_backfill_jobs=100, packing="first_fit")
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -180,6 +196,7 @@ def main() -> None:
     parser.add_argument("--accounts", action="store_true", help="one Slurm account per trace user (fair share)")
     parser.add_argument("--debug", action="store_true",
                         help="log Slurm's backfill decisions (DebugFlags=Backfill,BackfillMap) to $LAB/log/slurmctld.log")
+    parser.add_argument("--replay", type=Path, help="compare with this recorded run instead of running Slurm")
     args = parser.parse_args()
     trace = ROOT.parent / "shared" / "traces" / args.trace
     jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed, args.accounts)
@@ -191,11 +208,14 @@ def main() -> None:
                    priority_calc_s=60.0 if accounts else 300.0)
     sim_start = {o.job.id: o.start for o in sim.outcomes}
 
-    env = start_lab(accounts, args.debug)
-    try:
-        real = run_on_slurm(jobs, env)
-    finally:
-        subprocess.run([str(TOOLS / "stop-slurm.sh")], env={**os.environ, "LAB": str(LAB)}, capture_output=True)
+    if args.replay:
+        real = recorded(args.replay, jobs)
+    else:
+        env = start_lab(accounts, args.debug)
+        try:
+            real = run_on_slurm(jobs, env)
+        finally:
+            subprocess.run([str(TOOLS / "stop-slurm.sh")], env={**os.environ, "LAB": str(LAB)}, capture_output=True)
     by_id = {j.id: j for j in jobs}
     common = [k for k in real if k in sim_start]
     real_wait = [real[k][1] - real[k][0] for k in common]
@@ -213,6 +233,9 @@ def main() -> None:
         "sim_p50_wait_s": round(statistics.median(sim_wait), 1),
         "within_5s": round(sum(abs(a - b) < 5 for a, b in zip(real_start, sim_starts)) / max(1, len(common)), 3),
     }
+    if args.replay:  # a real run is recorded once; replays only print
+        print(json.dumps({**result, "replayed_from": args.replay.name}, indent=2))
+        return
     print(json.dumps(result, indent=2))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
@@ -221,11 +244,11 @@ def main() -> None:
         fh.write(json.dumps({**result, "at": at}) + "\n")
     # job by job, to see where the two schedules part
     with open(out / f"slurm_fidelity_jobs_{at.replace(':', '')}.csv", "w") as fh:
-        fh.write("job_id,account,gpus,run_s,limit_s,submit_s,slurm_start_s,sim_start_s\n")
+        fh.write("job_id,account,gpus,run_s,limit_s,submit_s,slurm_start_s,sim_start_s,slurm_nodes\n")
         for k in common:
             j = by_id[k]
             fh.write(f"{k},{j.user},{j.gpus},{j.duration_s},{j.time_limit_s},{j.submit_s},{real[k][1]:.1f},"
-                     f"{sim_start[k]:.2f}\n")
+                     f"{sim_start[k]:.2f},\"{real[k][2]}\"\n")
 
 
 if __name__ == "__main__":

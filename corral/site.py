@@ -8,7 +8,7 @@ starts with it.
                 weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000,
                           expansion: 0},
                 max_age: 3d, favor_small: true, size_fades: true, expansion_cap: 1d, backfill: {max_reservations: 100, max_jobs: 500},
-                preemption: true}
+                packing: best_fit, preemption: true}   # packing: best_fit (corral) | first_fit (Slurm's)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
     accounts:   [{name: ml, parent: null, shares: 3, users: [ann], max_gpus: 16, gpu_minutes: 1e6}]
@@ -76,6 +76,7 @@ class SchedulerSettings(_Strict):
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
+    packing: Literal["best_fit", "first_fit"] | None = None  # default: the named policy's
     preemption: bool = True
 
 
@@ -193,7 +194,7 @@ def _policy(config: SiteConfig) -> Policy:
                       q.max_gpus_per_account, q.max_gpus, q.gpu_minutes) for q in config.qos),
         accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
                        for a in config.accounts),
-        topology=tuple(config.topology), preemption=s.preemption)
+        topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing))
 
 
 def _pick(value, default):

@@ -13,7 +13,7 @@ from builders import node, task
 from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, priorities, schedule
 from corral.scheduler.backfill import Book, Timeline, reserve
 from corral.scheduler.core import Policy
-from corral.scheduler.placement import FreePool, place_gang
+from corral.scheduler.placement import FreePool, Scope, place_gang
 from corral.scheduler import fairshare
 from corral.scheduler.policy import PriorityWeights
 from corral.scheduler.priority import decay, factors
@@ -137,7 +137,7 @@ def test_backfill_never_delays_the_first_reservation(snap: Snapshot, name: str) 
             for a in s.allocations:
                 pool.assume(a)
             timeline.add(limits[s.job_id], s.allocations)
-        found = reserve(blocked, Book(pool), timeline, 0.0)
+        found = reserve(blocked, Book(pool), timeline, 0.0, Scope(first_fit=policy.packing == "first_fit"))
         return found.start if found else float("inf")
 
     assert earliest(plan.starts) <= earliest(ahead) + 1e-9
@@ -151,3 +151,50 @@ def test_backfill_never_delays_the_first_reservation(snap: Snapshot, name: str) 
             assert not used[a.node] & set(a.gpus)
             used[a.node] |= set(a.gpus)
     assert schedule(snap, 0.0, policy) == plan
+
+
+@settings(max_examples=250, deadline=None)
+@given(busy_world(), st.sampled_from(["slurm", "corral"]))
+def test_backfill_delays_no_reservation_of_the_chain(snap: Snapshot, name: str) -> None:
+    # Every reservation holds its GPUs only until its own expected end, so later gangs are
+    # reserved after it on the same GPUs; replaying the whole chain after all of the
+    # plan's starts must give no reservation a later start than the plan promised.
+    policy = Policy.named(name)
+    plan = schedule(snap, 0.0, policy)
+    pool, timeline = FreePool(snap.nodes), Timeline()
+    for r in snap.running:
+        timeline.add(r.expected_end, r.allocations)
+    jobs = {j.id: j for j in snap.pending}
+    for s in plan.starts:
+        for a in s.allocations:
+            pool.assume(a)
+        timeline.add(jobs[s.job_id].time_limit, s.allocations)
+    book, scope = Book(pool), Scope(first_fit=policy.packing == "first_fit")
+    for job_id, promised in plan.reserved_starts.items():
+        found = reserve(jobs[job_id], book, timeline, 0.0, scope)
+        assert found is not None and found.start <= promised + 1e-9
+        book.add(found, timeline)
+
+
+def test_reservations_hold_gpus_only_until_their_own_end() -> None:
+    # one 8-GPU node, 4 GPUs busy until t=100: job 1 (8 GPUs, 50 s) is reserved at 100 and
+    # holds the node until 150; job 2 (8 GPUs, 50 s) gets the node after it, at 150 (were
+    # holds open-ended, job 2 would get no reservation at all and nothing to protect it)
+    snap = world([node("n", gpus=8)], [(9, 4, 100.0)],
+                 [pending(1, 8, 50, 0), pending(2, 8, 50, 1), pending(3, 4, 120, 2), pending(4, 4, 90, 3)])
+    plan = schedule(snap, 0.0, SLURM)
+    assert plan.reserved_starts == {1: 100.0, 2: 150.0}
+    assert [s.job_id for s in plan.starts] == [4]  # done by 90; job 3 would still run at 100
+    assert plan.reasons[3] == Reason.PRIORITY
+
+
+def test_slurm_model_packs_first_fit_in_node_order_corral_best_fit() -> None:
+    # n0 idle, n1 with 2 GPUs free, n2 idle: Slurm's cons_tres takes the first node that
+    # fits (n0); corral's best fit takes the fullest that fits (n1), keeping n0 whole
+    snap = world([node("n0", gpus=8), node("n1", gpus=8), node("n2", gpus=8)], [],
+                 [pending(1, 1, 100, 0)])
+    snap = Snapshot(tuple(n if n.name != "n1" else NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels,
+                                                             frozenset({6, 7}), n.free_cpus, n.free_memory)
+                          for n in snap.nodes), snap.pending)
+    assert [a.node for a in schedule(snap, 0.0, SLURM).starts[0].allocations] == ["n0"]
+    assert [a.node for a in schedule(snap, 0.0, CORRAL).starts[0].allocations] == ["n1"]

@@ -252,7 +252,12 @@ def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
     assert policy.name == "corral" and not policy.weights.size_fades and policy.weights.favor_small
     assert policy.weights.max_age_s == 2 * 86400 and policy.weights.fair_share == 20000
     assert policy.weights.expansion == 2500 and policy.weights.expansion_cap_s == 6 * 3600
-    assert policy.weights.age == 5000  # the rest stays the named policy's
+    assert policy.weights.age == 5000 and policy.packing == "best_fit"  # the rest stays the named policy's
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: slurm}"))
+    assert load_site(config).policy.packing == "first_fit"  # Slurm's node choice comes with its policy
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
+                                   "scheduler: {policy: slurm, packing: best_fit}"))
+    assert load_site(config).policy.packing == "best_fit"
     config.write_text(SITE)
     assert load_site(config).policy.weights.size_fades and load_site(config).policy.weights.expansion == 0
     config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",

@@ -3,7 +3,10 @@
 A reservation is a what-if: release running jobs in the order of their expected ends (start
 + time limit) on a copy of the free pool until the blocked gang fits; the time is its
 reserved start, and the pool left at that time (after placing it) is what later jobs may
-still use then. A lower-priority job may start now only if, for every reservation it would
+still use then. A reservation holds its GPUs from now until its own expected end (start +
+time limit), as Slurm's backfill map does: later reservations may plan on them after that,
+so a long queue of gangs each gets a place in time instead of the first few taking every
+node for good. A lower-priority job may start now only if, for every reservation it would
 overlap in time, it also fits into that reservation's leftover pool; it is then assumed
 there too, so the next candidate sees it. Nothing here mutates the caller's pools unless it
 says so; failed what-ifs are always undone."""
@@ -25,23 +28,28 @@ class Reservation:
     start: float
     allocations: tuple[Allocation, ...]
     leftover: FreePool  # free resources at ``start`` once the reserved gang is placed
+    end: float = INFINITY  # start + the job's time limit: when its hold on the GPUs ends
+
+
+Step = tuple[float, tuple[Allocation, ...], bool]  # (time, allocations, a reservation's hold ends)
 
 
 class Timeline:
-    """Future releases of resources: (time, allocations) sorted by time. ``changes`` logs
-    the time of every release added, so a book can tell which of its checkpoints went stale."""
+    """Future releases of resources: (time, allocations, hold end) sorted by time, where a
+    hold end is a reservation giving back what it held. ``changes`` logs the time of every
+    release added, so a book can tell which of its checkpoints went stale."""
 
     def __init__(self) -> None:
-        self.releases: list[tuple[float, tuple[Allocation, ...]]] = []
+        self.releases: list[Step] = []
         self.changes: list[float] = []
         self._sorted = True
 
-    def add(self, end: float, allocations: tuple[Allocation, ...]) -> None:
-        self.releases.append((end, allocations))
+    def add(self, end: float, allocations: tuple[Allocation, ...], hold_end: bool = False) -> None:
+        self.releases.append((end, allocations, hold_end))
         self.changes.append(end)
         self._sorted = False
 
-    def ordered(self) -> list[tuple[float, tuple[Allocation, ...]]]:
+    def ordered(self) -> list[Step]:
         if not self._sorted:
             self.releases.sort(key=lambda r: r[0])
             self._sorted = True
@@ -64,7 +72,7 @@ class Book:
     def __init__(self, pool: FreePool):
         self.reservations: list[Reservation] = []
         self.base = pool.copy()
-        self.held: dict[str, set[int]] = {}
+        self.held: dict[str, dict[int, float]] = {}  # node -> GPU -> when its last hold ends
         self.deltas: list[Allocation] = []
         self._points: dict[int, tuple[FreePool, int]] = {}
         self._seen_changes = 0
@@ -79,39 +87,46 @@ class Book:
     def __len__(self) -> int:
         return len(self.reservations)
 
-    def add(self, reservation: Reservation) -> None:
+    def add(self, reservation: Reservation, timeline: Timeline) -> None:
         self.reservations.append(reservation)
-        for alloc in reservation.allocations:  # pessimistic: held from now on
+        end = reservation.end
+        for alloc in reservation.allocations:  # pessimistic: held from now, not from its start
             self.base.take(alloc)
-            self.held.setdefault(alloc.node, set()).update(alloc.gpus)
+            holds = self.held.setdefault(alloc.node, {})
+            for gpu in alloc.gpus:
+                if holds.get(gpu, -INFINITY) < end:
+                    holds[gpu] = end
             self.deltas.append(alloc)
+        if end < INFINITY:
+            timeline.add(end, reservation.allocations, hold_end=True)
 
     def started(self, allocations: tuple[Allocation, ...]) -> None:
         for alloc in allocations:
             self.base.take(alloc)
             self.deltas.append(alloc)
 
-    def _sync(self, timeline: Timeline) -> list[tuple[float, tuple[Allocation, ...]]]:
+    def _sync(self, timeline: Timeline) -> list[Step]:
         steps = timeline.ordered()
         if self._seen_changes != len(timeline.changes) or len(self._released) != len(steps):
             new = timeline.changes[self._seen_changes:]
             if new:  # checkpoints at or after the earliest new release are stale
                 first = min(new)
-                cut = next((i for i, (t, _) in enumerate(steps) if t >= first), len(steps))
+                cut = next((i for i, step in enumerate(steps) if step[0] >= first), len(steps))
                 self._points = {k: v for k, v in self._points.items() if k < cut}
             self._seen_changes = len(timeline.changes)
             total, self._released = 0, []
-            for _, allocations in steps:
+            for _, allocations, _ in steps:
                 total += sum(len(a.gpus) for a in allocations)
                 self._released.append(total)
         return steps
 
-    def _release(self, trial: FreePool, allocations: tuple[Allocation, ...]) -> None:
+    def _release(self, trial: FreePool, step: Step) -> None:
+        at, allocations, hold_end = step
         for alloc in allocations:
-            reserved = self.held.get(alloc.node)
-            if reserved:  # a release never hands back a GPU a reservation holds
-                trial.release_except(alloc, reserved)
-            else:
+            holds = self.held.get(alloc.node)
+            if holds:  # a GPU comes back only once every hold on it has ended
+                trial.release_except(alloc, {g for g in alloc.gpus if holds.get(g, -INFINITY) > at})
+            elif not hold_end:
                 trial.release(alloc)
 
 
@@ -151,12 +166,14 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
             placed = place_gang(trial, job, scope)
             if placed is not None:
                 book._floor[shape] = index
-                return Reservation(job.id, max(now, steps[index][0]) if index >= 0 else now, placed, trial)
+                start = max(now, steps[index][0]) if index >= 0 else now
+                end = start + job.time_limit if job.time_limit is not None else INFINITY
+                return Reservation(job.id, start, placed, trial, end)
         index += 1
         if index >= len(steps):
             book._floor[shape] = None
             return None
-        book._release(trial, steps[index][1])
+        book._release(trial, steps[index])
         if index % Book.EVERY == Book.EVERY - 1 and index not in book._points:
             book._points[index] = (trial.copy(), len(book.deltas))
 

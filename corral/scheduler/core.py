@@ -27,10 +27,10 @@ no backfill); the simulator's ``slurm`` model runs it on every event and a full 
 
 Policies: ``fifo``; ``slurm`` models a typical Slurm site (multifactor with age, fair-share
 and a job-size factor favoring large jobs; backfill that reserves for every blocked job it
-examines, bounded like bf_max_job_test); ``corral`` favors small gangs in a size factor that
-fades as a job ages and weighs age five times more, saturating in 3 days, so a job that has
-waited that long queues by age alone; same reservations. Both use the same gang placement
-and fragmentation-aware best fit."""
+examines, bounded like bf_max_job_test; cons_tres's first-fit node choice); ``corral``
+favors small gangs in a size factor that fades as a job ages and weighs age five times
+more, saturating in 3 days, so a job that has waited that long queues by age alone; same
+reservations, and fragmentation-aware best fit."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         if len(book) < policy.max_reservations:
             reservation = reserve(job, book, timeline, now, scope)
             if reservation is not None:
-                book.add(reservation)
+                book.add(reservation, timeline)
                 plan.reserved_starts[job.id] = reservation.start
     return plan
 
@@ -178,7 +178,8 @@ class _Scopes:
         if partition.name not in self.sets:
             everything = partition.nodes == ("*",)
             self.sets[partition.name] = None if everything else frozenset(n for n in self.names if partition.holds(n))
-        return Scope(self.sets[partition.name], self.levels, max(0.0, now - job.submitted_at))
+        return Scope(self.sets[partition.name], self.levels, max(0.0, now - job.submitted_at),
+                     self.policy.packing == "first_fit")
 
 
 def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:

@@ -4,7 +4,9 @@ copy of free resources that can be assumed into and rolled back (a what-if pool)
 Packing rule: best fit. A replica goes to the feasible node with the fewest free GPUs left
 after it (among equals, the one that reached that count first), and CPU-only replicas
 prefer nodes without free GPUs. This keeps whole nodes free for large gangs, the
-fragmentation that hurts GPU clusters most."""
+fragmentation that hurts GPU clusters most. ``first_fit`` (the Slurm model's rule) takes
+the first feasible node in the cluster's node order instead, as Slurm's cons_tres does
+among nodes of equal weight."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class FreePool:
         for node in free:
             self.buckets[len(node.gpus)][node.view.name] = node
         self.free_gpus = sum(len(n.gpus) for n in free)
+        self.index = {n.view.name: i for i, n in enumerate(free)}  # node order, for first fit
         self._owned: set[str] | None = None  # None: every node is this pool's own
 
     @property
@@ -53,6 +56,7 @@ class FreePool:
         clone.max_gpus = self.max_gpus
         clone.buckets = [dict(bucket) for bucket in self.buckets]
         clone.free_gpus = self.free_gpus
+        clone.index = self.index
         clone._owned = set()
         self._owned = set()  # its nodes are shared now: the original copies before writing too
         return clone
@@ -76,8 +80,12 @@ class FreePool:
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
         return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels) for n in nodes])
 
-    def candidates(self, gpus: int):
-        """Nodes with at least ``gpus`` free, fewest free first (best fit)."""
+    def candidates(self, gpus: int, first_fit: bool = False):
+        """Nodes with at least ``gpus`` free, fewest free first (best fit), or in node order."""
+        if first_fit:
+            yield from sorted((n for bucket in self.buckets[gpus:] for n in bucket.values()),
+                              key=lambda n: self.index[n.view.name])
+            return
         for bucket in self.buckets[gpus:]:
             yield from bucket.values()
 
@@ -144,11 +152,12 @@ class CapacityFilter(Filter):
 FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter())
 
 
-def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None
-                  ) -> Allocation | None:
-    """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order
-    (among ``allowed`` nodes, when given: a partition, or the switches topology chose)."""
-    for node in pool.candidates(req.gpus):
+def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None,
+                  first_fit: bool = False) -> Allocation | None:
+    """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order, or in
+    node order with ``first_fit`` (among ``allowed`` nodes, when given: a partition, or the
+    switches topology chose)."""
+    for node in pool.candidates(req.gpus, first_fit):
         if (allowed is None or node.view.name in allowed) and all(f.feasible(node, req) for f in FILTERS):
             gpus = tuple(sorted(node.gpus)[: req.gpus])
             alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory)
@@ -165,6 +174,7 @@ class Scope:
     allowed: frozenset[str] | None = None
     levels: tuple[str, ...] = ()
     waited: float = 0.0
+    first_fit: bool = False  # the policy's packing rule (module docstring)
 
 
 EVERYWHERE = Scope()
@@ -193,7 +203,7 @@ def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tu
     wanted = [(task, rank) for task in job.tasks if task not in spread for rank in range(task.replicas)]
     wanted.sort(key=lambda tr: (-tr[0].gpus, -tr[0].cpus, -tr[0].memory))
     for task, rank in wanted:
-        alloc = place_replica(pool, task, rank, scope.allowed)
+        alloc = place_replica(pool, task, rank, scope.allowed, scope.first_fit)
         if alloc is None:
             undo()
             return None

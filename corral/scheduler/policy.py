@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PreemptMode = Literal["requeue", "cancel", "off"]
+Packing = Literal["best_fit", "first_fit"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Policy:
     topology: tuple[str, ...] = ()  # node label keys, leaf switch first: ("leaf", "spine")
     preemption: bool = True
     max_preemptions_per_cycle: int = 10
+    packing: Packing = "best_fit"  # see corral.scheduler.placement
 
     @classmethod
     def named(cls, name: str, **overrides) -> Policy:
@@ -101,8 +103,11 @@ class Policy:
         if name == "fifo":
             return cls("fifo", **overrides)
         if name == "slurm":
+            # cons_tres takes the first nodes in node order that fit (checked against real
+            # Slurm by bench/slurm_fidelity.py: the nodes it chose, and the start order)
             return cls("slurm", **{"weights": PriorityWeights(favor_small=False), "backfill": True,
-                                   "max_reservations": 100, "max_backfill_jobs": 500, **overrides})
+                                   "max_reservations": 100, "max_backfill_jobs": 500, "packing": "first_fit",
+                                   **overrides})
         if name == "corral":
             # Small gangs first (lower mean JCT) while young: the size factor fades with age, so
             # a job waiting 3 days queues by age alone, ahead of younger ones (no gang starves,

@@ -91,7 +91,7 @@ def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocati
     for leaf in chosen:  # fill the chosen switches in order: biggest first
         allowed = frozenset(members[leaf])
         while len(placed) < task.replicas:
-            alloc = place_replica(pool, task, len(placed), allowed)
+            alloc = place_replica(pool, task, len(placed), allowed, scope.first_fit)
             if alloc is None:
                 break
             placed.append(alloc)
