@@ -198,3 +198,11 @@ def test_slurm_model_packs_first_fit_in_node_order_corral_best_fit() -> None:
                           for n in snap.nodes), snap.pending)
     assert [a.node for a in schedule(snap, 0.0, SLURM).starts[0].allocations] == ["n0"]
     assert [a.node for a in schedule(snap, 0.0, CORRAL).starts[0].allocations] == ["n1"]
+
+
+def test_a_gang_whose_replicas_share_one_node_gets_its_reservation() -> None:
+    # two 4-GPU replicas fit on the one 8-GPU node once it is free at t=10 (a pre-check that
+    # counted nodes, not replica slots, once gave such gangs no reservation at all)
+    snap = world([node("n", gpus=8)], [(9, 8, 10.0)], [pending(1, 4, 5, 0, replicas=2), pending(2, 1, 100, 1)])
+    plan = schedule(snap, 0.0, SLURM)
+    assert plan.reserved_starts == {1: 10.0, 2: 15.0}  # job 2 after job 1's hold ends

@@ -13,6 +13,7 @@ says so; failed what-ifs are always undone."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from corral.scheduler.placement import EVERYWHERE, FreePool, Scope, place_gang
@@ -109,13 +110,14 @@ class Book:
         steps = timeline.ordered()
         if self._seen_changes != len(timeline.changes) or len(self._released) != len(steps):
             new = timeline.changes[self._seen_changes:]
-            if new:  # checkpoints at or after the earliest new release are stale
-                first = min(new)
-                cut = next((i for i, step in enumerate(steps) if step[0] >= first), len(steps))
+            cut = 0
+            if new:  # checkpoints and prefix sums before the earliest new release still hold
+                cut = bisect_left(steps, min(new), key=_time)
                 self._points = {k: v for k, v in self._points.items() if k < cut}
             self._seen_changes = len(timeline.changes)
-            total, self._released = 0, []
-            for _, allocations, _ in steps:
+            del self._released[cut:]
+            total = self._released[-1] if self._released else 0
+            for _, allocations, _ in steps[cut:]:
                 total += sum(len(a.gpus) for a in allocations)
                 self._released.append(total)
         return steps
@@ -162,7 +164,7 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
         trial, index = point.copy(), start
     while True:
         if index > sure and trial.free_gpus >= need and \
-                all(trial.count_with(t.gpus) >= t.replicas for t in job.tasks if t.gpus):
+                all(trial.slots(t.gpus) >= t.replicas for t in job.tasks if t.gpus):
             placed = place_gang(trial, job, scope)
             if placed is not None:
                 book._floor[shape] = index
@@ -176,6 +178,10 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
         book._release(trial, steps[index])
         if index % Book.EVERY == Book.EVERY - 1 and index not in book._points:
             book._points[index] = (trial.copy(), len(book.deltas))
+
+
+def _time(step: Step) -> float:
+    return step[0]
 
 
 def _shape(job: PendingJob, scope: Scope) -> tuple:

@@ -92,6 +92,11 @@ class FreePool:
     def count_with(self, gpus: int) -> int:
         return sum(len(bucket) for bucket in self.buckets[gpus:])
 
+    def slots(self, gpus: int) -> int:
+        """How many replicas of ``gpus`` GPUs the free GPUs could hold, node by node (a
+        bound: CPUs and memory are not counted)."""
+        return sum(len(bucket) * (free // gpus) for free, bucket in enumerate(self.buckets) if free >= gpus)
+
     def assume(self, alloc: Allocation) -> None:
         node = self.by_name[alloc.node]
         missing = set(alloc.gpus) - node.gpus
