@@ -26,7 +26,8 @@ to move priorities.
 Printed: Kendall's tau between the two start orders, Pearson and Spearman correlation of
 per-job waits, mean and p50 wait on each side, and the share of jobs whose start differs by
 less than 5 s. Results are also appended to bench/results/slurm_fidelity.jsonl, and each job's two starts
-written to bench/results/slurm_fidelity_jobs_<time>.csv (with the nodes Slurm chose).
+written to bench/results/slurm_fidelity_jobs_<time>.csv (with the nodes Slurm chose); with
+``--accounts``, Slurm's sshare and sprio sampled every 15 s go to slurm_fidelity_prio_<time>.txt.
 ``--replay CSV`` compares the model with such a recorded run instead of starting the lab (the
 same --trace/--jobs/--span/--seed/--accounts must be given): seconds instead of a quarter of
 an hour, for working on the model."""
@@ -42,6 +43,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -110,11 +112,30 @@ def start_lab(accounts: list[str], debug: bool = False) -> dict:
     return env
 
 
-def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, float, str]]:
+def watch_priorities(env: dict, t0: float, log: list[str], stop: threading.Event, every: float = 15.0) -> None:
+    """Every ``every`` seconds, Slurm's own view of fair share and pending priorities (sshare,
+    sprio), so a run shows which factor put a job where."""
+    while not stop.wait(every):
+        at = f"{time.time() - t0:.0f}"
+        try:
+            share = sh("sshare", "-h", "-P", "-a", "-o", "Account,User,NormShares,RawUsage,EffectvUsage,FairShare", env=env)
+            prio = sh("sprio", "-h", "-o", "%i|%u|%Y|%A|%F|%J|%P", env=env)
+        except subprocess.CalledProcessError:
+            continue
+        log.extend(f"{at}|sshare|{line}" for line in share.splitlines())
+        log.extend(f"{at}|sprio|{line}" for line in prio.splitlines())
+
+
+def run_on_slurm(jobs: list[TraceJob], env: dict, priority_log: list[str] | None = None
+                 ) -> dict[str, tuple[float, float, str]]:
     """Submit each job at its compressed time; return job id -> (submit, start, nodes) with
-    times in seconds from the first submission, as sacct records them."""
+    times in seconds from the first submission, as sacct records them. With ``priority_log``,
+    Slurm's sshare and sprio are sampled into it during the run."""
     ids: dict[str, str] = {}
     t0 = time.time()
+    stop = threading.Event()
+    if priority_log is not None:
+        threading.Thread(target=watch_priorities, args=(env, t0, priority_log, stop), daemon=True).start()
     for job in jobs:
         delay = t0 + job.submit_s - time.time()
         if delay > 0:
@@ -130,6 +151,7 @@ def run_on_slurm(jobs: list[TraceJob], env: dict) -> dict[str, tuple[float, floa
         if not sh("squeue", "-h", "-o", "%i", env=env).split():
             break
         time.sleep(1)
+    stop.set()
     time.sleep(3)  # let slurmdbd catch up
     rows = sh("sacct", "-X", "-n", "-P", "-o", "JobID,Submit,Start,NodeList", "-j", ",".join(ids), env=env)
     base = None
@@ -208,12 +230,13 @@ def main() -> None:
                    priority_calc_s=60.0 if accounts else 300.0)
     sim_start = {o.job.id: o.start for o in sim.outcomes}
 
+    priority_log: list[str] | None = [] if accounts else None
     if args.replay:
         real = recorded(args.replay, jobs)
     else:
         env = start_lab(accounts, args.debug)
         try:
-            real = run_on_slurm(jobs, env)
+            real = run_on_slurm(jobs, env, priority_log)
         finally:
             subprocess.run([str(TOOLS / "stop-slurm.sh")], env={**os.environ, "LAB": str(LAB)}, capture_output=True)
     by_id = {j.id: j for j in jobs}
@@ -242,6 +265,8 @@ def main() -> None:
     at = datetime.now().isoformat(timespec="seconds")
     with open(out / "slurm_fidelity.jsonl", "a") as fh:
         fh.write(json.dumps({**result, "at": at}) + "\n")
+    if priority_log:  # Slurm's factors during the run, with the Slurm job ids (= index + 1 on a fresh lab)
+        (out / f"slurm_fidelity_prio_{at.replace(':', '')}.txt").write_text("\n".join(priority_log) + "\n")
     # job by job, to see where the two schedules part
     with open(out / f"slurm_fidelity_jobs_{at.replace(':', '')}.csv", "w") as fh:
         fh.write("job_id,account,gpus,run_s,limit_s,submit_s,slurm_start_s,sim_start_s,slurm_nodes\n")
