@@ -226,8 +226,9 @@ def main() -> None:
     print(f"{len(jobs)} jobs of {args.trace}, compressed to {args.span:g} s of submissions; "
           f"{NODES} nodes x {GPUS} GPUs, {len(accounts) or 1} account(s)", flush=True)
 
+    period = 60.0 if accounts else 300.0  # the lab's PriorityCalcPeriod
     sim = simulate(jobs, cluster(NODES, GPUS), lab_policy(), bf_interval_s=1.0, half_life_s=86400.0,
-                   priority_calc_s=60.0 if accounts else 300.0)
+                   priority_calc_s=period, usage_every_s=period)
     sim_start = {o.job.id: o.start for o in sim.outcomes}
 
     priority_log: list[str] | None = [] if accounts else None

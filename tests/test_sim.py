@@ -105,3 +105,17 @@ def test_with_the_expansion_factor_a_passed_over_gang_catches_up_within_its_limi
     assert wait["expansion"] <= 900 / 4
     assert wait["corral"] > 1200  # until the stream ends at t=1490
     assert runs["expansion"].metrics()["avg_jct_s"] < runs["slurm"].metrics()["avg_jct_s"]
+
+
+def test_usage_is_charged_as_it_accrues_or_at_slurms_passes() -> None:
+    # user a: a 30-s job at t=0 and a 200-s one at t=10; a pass every 60 s (PriorityCalcPeriod)
+    jobs = [TraceJob("short", "a", 0.0, 1, 30.0, 60.0), TraceJob("long", "a", 10.0, 2, 200.0, 300.0),
+            TraceJob("late", "b", 400.0, 1, 10.0, 60.0)]
+    nodes, policy, day = cluster(1, 8), Policy.named("slurm"), 1e12  # no decay to speak of
+    exact = simulate(jobs, nodes, policy, half_life_s=day).usage
+    # every GPU-second, the short job's too (it ends at an event, and is charged up to it)
+    assert exact[("a", "a")] == pytest.approx(30 * 1 + 200 * 2)
+    passes = simulate(jobs, nodes, policy, half_life_s=day, usage_every_s=60.0).usage
+    # Slurm's rule: the short job ended between passes and is never charged; the long one
+    # (t = 10-210) is charged at the passes of t = 60, 120, 180 only: 50 + 60 + 60 s
+    assert passes[("a", "a")] == pytest.approx(2 * (50 + 60 + 60))

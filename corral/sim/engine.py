@@ -15,7 +15,7 @@ import math
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
 from corral.scheduler.placement import FreePool
@@ -39,6 +39,7 @@ class SimResult:
     placements: int
     unplaceable: int
     cycles: int
+    usage: dict = field(default_factory=dict)  # decayed GPU-seconds per (account, user) at the end
 
     def metrics(self) -> dict:
         done = self.outcomes
@@ -101,22 +102,29 @@ def to_request(job: TraceJob, index: int, largest_node: int) -> PendingJob:
 def loop_of(policy: str, bf_interval_s: float = 30.0) -> dict:
     """How a named policy's loop runs, as ``simulate``'s keyword arguments: ``slurm`` gets
     Slurm's split passes (backfill every ``bf_interval_s``) and its 5-minute
-    PriorityCalcPeriod; ``fifo`` and ``corral`` run as corral's control loop does, a full
-    cycle on every event with priorities rescored every few seconds."""
+    PriorityCalcPeriod, which is also when it charges fair-share usage; ``fifo`` and
+    ``corral`` run as corral's control loop does, a full cycle on every event with priorities
+    rescored every few seconds and usage charged as it accrues."""
     if policy == "slurm":
-        return {"bf_interval_s": bf_interval_s, "priority_calc_s": 300.0}
+        return {"bf_interval_s": bf_interval_s, "priority_calc_s": 300.0, "usage_every_s": 300.0}
     return {"bf_interval_s": None, "priority_calc_s": CALC_PERIOD_S}
 
 
 def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_interval_s: float | None = None,
-             half_life_s: float = 7 * 86400.0, priority_calc_s: float = 300.0) -> SimResult:
+             half_life_s: float = 7 * 86400.0, priority_calc_s: float = 300.0,
+             usage_every_s: float | None = None) -> SimResult:
     """``bf_interval_s``: None runs a full cycle on every event, as corral's control loop
     does; a number is Slurm's split, a main-scheduler pass (``schedule(full=False)``) on
     every event and a full pass (reservations, backfill) at most every ``bf_interval_s``,
     when something changed since the last one. A pass is skipped when not even the smallest
     pending replica fits anywhere (it could start nothing). ``priority_calc_s``: how often
     every pending job's priority is recomputed (Slurm's PriorityCalcPeriod, 5 min by
-    default); in between, a new job is scored on arrival."""
+    default); in between, a new job is scored on arrival. ``usage_every_s``: None charges
+    each running job's GPU-seconds as they accrue (corral's ledger); a number is Slurm's
+    decay pass, which every so often charges the jobs running at that moment for the time
+    since the last pass or their start, so a job that starts and ends between two passes is
+    never charged (seen on the real Slurm of bench/slurm_fidelity.py: sshare's RawUsage
+    matches this rule to the CPU-second)."""
     total_gpus = sum(n.gpus for n in nodes)
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
@@ -135,10 +143,28 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
     outcomes: list[Outcome] = []
     sched_cpu, placements, cycles = 0.0, 0, 0
     last_account = last_calc = -math.inf
+    next_pass = -math.inf  # Slurm's next usage pass (usage_every_s)
     next_full, dirty, ticking = -math.inf, False, False
     cached: dict | None = None
     while events:
         now = events[0][0]
+        # charge the jobs that ran up to now, before this instant's ends take them away
+        if usage_every_s is None:
+            if last_account > -math.inf:
+                for i in running:
+                    key = (jobs[i].user, jobs[i].user)
+                    usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
+                usage = decay(usage, now - last_account, half_life_s)
+            last_account = now
+        else:
+            if next_pass == -math.inf:
+                last_account, next_pass = now, now + usage_every_s
+            while next_pass <= now:
+                for i in running:
+                    key = (jobs[i].user, jobs[i].user)
+                    usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (next_pass - max(last_account, starts[i]))
+                usage = decay(usage, next_pass - last_account, half_life_s)
+                last_account, next_pass = next_pass, next_pass + usage_every_s
         happened = False
         while events and events[0][0] == now:
             _, kind, i = heapq.heappop(events)
@@ -153,12 +179,6 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
                 happened = True
             else:
                 ticking = False
-        if last_account > -math.inf:  # charge running GPU-seconds, then decay
-            for i in running:
-                key = (jobs[i].user, jobs[i].user)
-                usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
-            usage = decay(usage, now - last_account, half_life_s)
-        last_account = now
         dirty = dirty or happened
         full = bf_interval_s is None or now >= next_full
         if not pending or not dirty or (not happened and not full):
@@ -193,7 +213,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
                 del smallest[size]
             placements += 1
             heapq.heappush(events, (now + job.duration_s, _END, start.job_id))
-    return SimResult(outcomes, total_gpus, sched_cpu, placements, unplaceable + len(pending), cycles)
+    return SimResult(outcomes, total_gpus, sched_cpu, placements, unplaceable + len(pending), cycles, usage)
 
 
 _END, _SUBMIT, _TICK = 0, 1, 2
