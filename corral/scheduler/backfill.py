@@ -32,21 +32,21 @@ class Reservation:
     end: float = INFINITY  # start + the job's time limit: when its hold on the GPUs ends
 
 
-Step = tuple[float, tuple[Allocation, ...], bool]  # (time, allocations, a reservation's hold ends)
+Step = tuple[float, tuple[Allocation, ...]]  # (time, allocations given back)
 
 
 class Timeline:
-    """Future releases of resources: (time, allocations, hold end) sorted by time, where a
-    hold end is a reservation giving back what it held. ``changes`` logs the time of every
-    release added, so a book can tell which of its checkpoints went stale."""
+    """Future releases of resources: (time, allocations) sorted by time — running jobs'
+    expected ends, and reservations' hold ends. ``changes`` logs the time of every release
+    added, so a book can tell which of its checkpoints went stale."""
 
     def __init__(self) -> None:
         self.releases: list[Step] = []
         self.changes: list[float] = []
         self._sorted = True
 
-    def add(self, end: float, allocations: tuple[Allocation, ...], hold_end: bool = False) -> None:
-        self.releases.append((end, allocations, hold_end))
+    def add(self, end: float, allocations: tuple[Allocation, ...]) -> None:
+        self.releases.append((end, allocations))
         self.changes.append(end)
         self._sorted = False
 
@@ -99,7 +99,7 @@ class Book:
                     holds[gpu] = end
             self.deltas.append(alloc)
         if end < INFINITY:
-            timeline.add(end, reservation.allocations, hold_end=True)
+            timeline.add(end, reservation.allocations)
 
     def started(self, allocations: tuple[Allocation, ...]) -> None:
         for alloc in allocations:
@@ -117,18 +117,18 @@ class Book:
             self._seen_changes = len(timeline.changes)
             del self._released[cut:]
             total = self._released[-1] if self._released else 0
-            for _, allocations, _ in steps[cut:]:
+            for _, allocations in steps[cut:]:
                 total += sum(len(a.gpus) for a in allocations)
                 self._released.append(total)
         return steps
 
     def _release(self, trial: FreePool, step: Step) -> None:
-        at, allocations, hold_end = step
+        at, allocations = step
         for alloc in allocations:
             holds = self.held.get(alloc.node)
-            if holds:  # a GPU comes back only once every hold on it has ended
+            if holds:  # a GPU comes back only once every hold on it has ended (a hold end too)
                 trial.release_except(alloc, {g for g in alloc.gpus if holds.get(g, -INFINITY) > at})
-            elif not hold_end:
+            else:
                 trial.release(alloc)
 
 
