@@ -19,6 +19,12 @@ from corral.scheduler.snapshot import NodeView, PendingJob, TaskRequest
 EPS = 1e-9
 
 
+def _grid(value: float) -> float:
+    """CPUs and memory on a 1e-9 grid, so that undoing a what-if (take, then release) gives
+    back exactly the amount it started from instead of drifting by float rounding."""
+    return round(value, 9)
+
+
 @dataclass
 class FreeNode:
     view: NodeView
@@ -36,7 +42,8 @@ class FreePool:
     many reservations of a cycle each cost what they touch, not the size of the cluster."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
-        free = [FreeNode(n, set(n.free_gpus or ()), n.free_cpus or 0.0, n.free_memory or 0.0) for n in nodes]
+        free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0))
+                for n in nodes]
         self.by_name = {n.view.name: n for n in free}
         self.max_gpus = max((n.view.gpus for n in free), default=0)
         self.buckets: list[dict[str, FreeNode]] = [{} for _ in range(self.max_gpus + 1)]
@@ -109,16 +116,16 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
-        node.cpus -= alloc.cpus
-        node.memory -= alloc.memory
+        node.cpus = _grid(node.cpus - alloc.cpus)
+        node.memory = _grid(node.memory - alloc.memory)
         self._rebucket(node, before)
 
     def release(self, alloc: Allocation) -> None:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
-        node.cpus += alloc.cpus
-        node.memory += alloc.memory
+        node.cpus = _grid(node.cpus + alloc.cpus)
+        node.memory = _grid(node.memory + alloc.memory)
         self._rebucket(node, before)
 
     def release_except(self, alloc: Allocation, keep: set[int]) -> None:
@@ -126,8 +133,8 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus) - keep
-        node.cpus += alloc.cpus
-        node.memory += alloc.memory
+        node.cpus = _grid(node.cpus + alloc.cpus)
+        node.memory = _grid(node.memory + alloc.memory)
         self._rebucket(node, before)
 
     def _rebucket(self, node: FreeNode, before: int) -> None:
