@@ -51,6 +51,21 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def living_start_time(pid: int) -> float | None:
+    """The start time of a process that still runs: None for a zombie too. A replica
+    adopted after a crash is no child of ours, so when it dies it waits as a zombie until
+    its new parent (the machine's init, which in a container may reap late or never)
+    reaps it; counting that zombie as alive would report its exit later, on the watcher
+    thread, after exits found at once, and the lifecycle would act on a partial picture."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
 class LocalExecutor:
     name = "local"
 
@@ -99,7 +114,7 @@ class LocalExecutor:
             proc = self._children.get(handle.pid)
         if proc is not None:
             return proc.poll() is None
-        started = process_start_time(handle.pid)
+        started = living_start_time(handle.pid)
         return started is not None and abs(started - handle.started_at) < START_TIME_TOLERANCE_S
 
     def watch(self, handle: Handle) -> None:
