@@ -7,7 +7,7 @@ starts with it.
     scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
                 weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000,
                           expansion: 0},
-                max_age: 3d, favor_small: true, size_fades: true, expansion_cap: 1d, backfill: {max_reservations: 100, max_jobs: 500},
+                max_age: 3d, favor_small: true, size_fades: true, size_by: gpus, expansion_cap: 1d, backfill: {max_reservations: 100, max_jobs: 500},
                 packing: best_fit, preemption: true}   # packing: best_fit (corral) | first_fit (Slurm's)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
@@ -72,6 +72,7 @@ class SchedulerSettings(_Strict):
     max_age: Duration | None = None
     favor_small: bool | None = None
     size_fades: bool | None = None
+    size_by: Literal["gpus", "gpu_time"] | None = None  # what the job-size factor measures
     expansion_cap: Duration | None = Field(default=None, gt=0)
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
@@ -183,6 +184,7 @@ def _policy(config: SiteConfig) -> Policy:
         job_size=_pick(s.weights.job_size, w.job_size), partition=_pick(s.weights.partition, w.partition),
         qos=_pick(s.weights.qos, w.qos), max_age_s=_pick(s.max_age, w.max_age_s),
         favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades),
+        size_by=_pick(s.size_by, w.size_by),
         expansion=_pick(s.weights.expansion, w.expansion), expansion_cap_s=_pick(s.expansion_cap, w.expansion_cap_s))
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),

@@ -4,7 +4,9 @@ blocked job; never overcommit; gangs all-or-none; deterministic)."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -51,6 +53,13 @@ def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
     assert plan.reasons[1] == Reason.RESOURCES and plan.reasons[3] == Reason.PRIORITY
     # corral's size factor favors small jobs: job 3 outranks the 8-GPU job and simply starts
     assert [s.job_id for s in schedule(snap, 0.0, CORRAL).starts] == [3]
+    # with size_by gpu_time the smallest GPUs x time limit goes first: job 2, then job 3,
+    # outrank the 8-GPU job; job 2 starts, and job 3 then finds no room
+    by_time = Policy.named("corral", weights=replace(CORRAL.weights, size_by="gpu_time"))
+    ranks = priorities(snap, 0.0, by_time)
+    assert ranks[2].total > ranks[3].total > ranks[1].total
+    plan = schedule(snap, 0.0, by_time)
+    assert [s.job_id for s in plan.starts] == [2] and plan.reasons[3] == Reason.RESOURCES
 
 
 def test_backfill_keeps_off_what_the_reservation_needs() -> None:
@@ -206,3 +215,38 @@ def test_a_gang_whose_replicas_share_one_node_gets_its_reservation() -> None:
     snap = world([node("n", gpus=8)], [(9, 8, 10.0)], [pending(1, 4, 5, 0, replicas=2), pending(2, 1, 100, 1)])
     plan = schedule(snap, 0.0, SLURM)
     assert plan.reserved_starts == {1: 10.0, 2: 15.0}  # job 2 after job 1's hold ends
+
+
+def test_job_size_by_gpu_time_ranks_the_declared_area_on_a_log_scale() -> None:
+    """``size_by: gpu_time``: size is GPUs x time limit, log(1 + GPU-minutes) over the
+    cluster's GPU-minutes in ``size_span_s``; favor_small then puts a 1-GPU, 10-minute job
+    ahead of a 1-GPU, 2-day job, which the GPU count alone cannot tell apart."""
+    by_time = Policy(weights=PriorityWeights(favor_small=True, size_by="gpu_time", size_span_s=30 * 86400.0))
+    short, long_ = pending(1, 1, 600), pending(2, 1, 2 * 86400)
+    wide = pending(3, 8, 600)
+    s, lg, w = (factors(j, 0, by_time, 0.5, 8).job_size for j in (short, long_, wide))
+    assert s > w > lg
+    assert abs(s - (1 - math.log1p(10) / math.log1p(8 * 30 * 1440))) < 1e-12
+    whole = pending(4, 8, 30 * 86400)  # the whole cluster for the whole span: the largest size
+    assert factors(whole, 0, by_time, 0.5, 8).job_size == 0.0
+    unlimited = PendingJob(5, (task("main", gpus=8),), 0.0, "a", "a", None)  # no limit counts as the span
+    assert factors(unlimited, 0, by_time, 0.5, 8).job_size == 0.0
+    by_gpus = Policy(weights=PriorityWeights(favor_small=True))
+    assert factors(short, 0, by_gpus, 0.5, 8).job_size == factors(long_, 0, by_gpus, 0.5, 8).job_size
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.floats(60, 30 * 86400), st.integers(1, 64), st.floats(1, 30 * 86400),
+       st.floats(0, 3 * 86400 - 1))
+def test_under_corral_a_job_at_max_age_outranks_every_younger_one(old_gpus: int, old_limit: float, gpus: int,
+                                                                  limit: float, young_age: float) -> None:
+    """corral's size factor (favouring small, by GPUs or, as a knob, by GPUs x time limit)
+    fades with age and weighs no more than age, so however long or wide a job is, once it
+    has waited max_age (3 days) no younger job of the same fair share, however small, ranks
+    above it."""
+    now = 3 * 86400.0
+    old = pending(1, old_gpus, old_limit, submitted=0.0)
+    young = pending(2, gpus, limit, submitted=now - young_age)
+    by_time = Policy.named("corral", weights=replace(CORRAL.weights, size_by="gpu_time", job_size=5000.0))
+    for policy in (CORRAL, by_time):
+        assert factors(old, now, policy, 0.3, 512).total > factors(young, now, policy, 0.3, 512).total

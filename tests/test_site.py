@@ -264,3 +264,8 @@ def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
                                    "scheduler: {policy: corral, half_life: 1d, expansion_cap: 0s}"))
     with pytest.raises(SpecError, match="scheduler.expansion_cap"):
         load_site(config)
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: slurm, size_by: gpu_time}"))
+    assert load_site(config).policy.weights.size_by == "gpu_time"
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: slurm, size_by: area}"))
+    with pytest.raises(SpecError, match="scheduler.size_by"):
+        load_site(config)

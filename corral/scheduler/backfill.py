@@ -13,7 +13,8 @@ says so; failed what-ifs are always undone."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
+from itertools import accumulate
 from dataclasses import dataclass
 
 from corral.scheduler.placement import EVERYWHERE, FreePool, Scope, place_gang
@@ -32,7 +33,7 @@ class Reservation:
     end: float = INFINITY  # start + the job's time limit: when its hold on the GPUs ends
 
 
-Step = tuple[float, tuple[Allocation, ...]]  # (time, allocations given back)
+Step = tuple[float, tuple[Allocation, ...], int]  # (time, allocations given back, their GPUs)
 
 
 class Timeline:
@@ -46,15 +47,25 @@ class Timeline:
         self._sorted = True
 
     def add(self, end: float, allocations: tuple[Allocation, ...]) -> None:
-        self.releases.append((end, allocations))
+        step = (end, allocations, sum(len(a.gpus) for a in allocations))
+        if self._sorted:  # after equal times, as a stable sort would put it
+            insort(self.releases, step, key=_time)
+        else:
+            self.releases.append(step)
         self.changes.append(end)
-        self._sorted = False
 
     def ordered(self) -> list[Step]:
         if not self._sorted:
-            self.releases.sort(key=lambda r: r[0])
+            self.releases.sort(key=_time)
             self._sorted = True
         return self.releases
+
+    def load(self, releases) -> None:
+        """Many releases at once (the running jobs), sorted once rather than one by one."""
+        self._sorted = False
+        for end, allocations in releases:
+            self.add(end, allocations)
+        self.ordered()
 
 
 class Book:
@@ -117,13 +128,12 @@ class Book:
             self._seen_changes = len(timeline.changes)
             del self._released[cut:]
             total = self._released[-1] if self._released else 0
-            for _, allocations in steps[cut:]:
-                total += sum(len(a.gpus) for a in allocations)
-                self._released.append(total)
+            self._released.extend(accumulate((s[2] for s in steps[cut:]), initial=total))
+            del self._released[cut]  # accumulate repeats its initial value first
         return steps
 
     def _release(self, trial: FreePool, step: Step) -> None:
-        at, allocations = step
+        at, allocations, _ = step
         for alloc in allocations:
             holds = self.held.get(alloc.node)
             if holds:  # a GPU comes back only once every hold on it has ended (a hold end too)
@@ -143,9 +153,7 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
     need = job.gpus
     free_now = book.base.free_gpus
     # the last step before which the gang cannot fit, whatever the holds: count bound
-    sure = -1
-    while sure + 1 < len(steps) and free_now + book._released[sure + 1] < need:
-        sure += 1
+    sure = bisect_left(book._released, need - free_now) - 1  # prefix sums never fall
     floor = book._floor.get(shape)
     if floor is not None:
         sure = max(sure, floor - 1)

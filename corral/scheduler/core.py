@@ -86,8 +86,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)
     timeline = Timeline()
-    for running in snapshot.running:
-        timeline.add(running.expected_end, running.allocations)
+    timeline.load((r.expected_end, r.allocations) for r in snapshot.running)
     book = Book(pool)
     scopes = _Scopes(snapshot, policy)
     running = list(snapshot.running)

@@ -116,16 +116,20 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
-        node.cpus = _grid(node.cpus - alloc.cpus)
-        node.memory = _grid(node.memory - alloc.memory)
+        if alloc.cpus:
+            node.cpus = _grid(node.cpus - alloc.cpus)
+        if alloc.memory:
+            node.memory = _grid(node.memory - alloc.memory)
         self._rebucket(node, before)
 
     def release(self, alloc: Allocation) -> None:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
-        node.cpus = _grid(node.cpus + alloc.cpus)
-        node.memory = _grid(node.memory + alloc.memory)
+        if alloc.cpus:
+            node.cpus = _grid(node.cpus + alloc.cpus)
+        if alloc.memory:
+            node.memory = _grid(node.memory + alloc.memory)
         self._rebucket(node, before)
 
     def release_except(self, alloc: Allocation, keep: set[int]) -> None:
@@ -133,8 +137,10 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus) - keep
-        node.cpus = _grid(node.cpus + alloc.cpus)
-        node.memory = _grid(node.memory + alloc.memory)
+        if alloc.cpus:
+            node.cpus = _grid(node.cpus + alloc.cpus)
+        if alloc.memory:
+            node.memory = _grid(node.memory + alloc.memory)
         self._rebucket(node, before)
 
     def _rebucket(self, node: FreeNode, before: int) -> None:

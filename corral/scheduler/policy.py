@@ -32,8 +32,15 @@ class PriorityWeights:
     favor_small: bool = False
     # corral's own: the job-size factor is scaled by (1 - age factor), so size orders young
     # jobs and a job at max_age queues by age alone, ahead of every younger job of equal
-    # fair share when job_size < age: a bound on how long a large gang is passed over.
+    # fair share when job_size <= age (a young job's age·a + size·s·(1 - a) stays below age
+    # while s < 1): a bound on how long a large or long job is passed over.
     size_fades: bool = False
+    # What "size" means for the job-size factor: "gpus" (Slurm's: GPUs asked / GPUs in the
+    # cluster) or "gpu_time" (corral's option: GPUs x time limit, the area the job asks
+    # for, on a log scale from one GPU-minute to the whole cluster for size_span_s), which
+    # with favor_small orders young jobs shortest-area first, SJF on what users declare.
+    size_by: Literal["gpus", "gpu_time"] = "gpus"
+    size_span_s: float = 30 * 86400.0
     # After Maui's XFACTOR (off by default, weight 0): how long a job has waited relative to
     # the run time it asked for, min(1, waited / min(time_limit, expansion_cap_s)). Short
     # jobs rise fast, and a gang passed over by a stream of small jobs catches up within its
@@ -112,7 +119,8 @@ class Policy:
             # Small gangs first (lower mean JCT) while young: the size factor fades with age, so
             # a job waiting 3 days queues by age alone, ahead of younger ones (no gang starves,
             # which also keeps the big ones from all ending last); a reservation for every
-            # blocked job examined.
+            # blocked job examined. size_by="gpu_time" (SJF on declared areas) is a site knob,
+            # not the default: README, "Simulator", says what it won and lost.
             weights = PriorityWeights(favor_small=True, size_fades=True, age=5000.0, max_age_s=3 * 86400.0)
             return cls("corral", **{"weights": weights, "backfill": True, "max_reservations": 100,
                                     "max_backfill_jobs": 500, **overrides})

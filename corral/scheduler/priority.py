@@ -4,6 +4,8 @@ fair-share factors of the cycle: a weighted sum of factors in [0, 1] minus the j
   age        — waited time / max_age, capped at 1 (PriorityMaxAge)
   fair-share — from ``fairshare`` (the account tree, decayed usage)
   job size   — GPUs asked / GPUs in the cluster (favor_small flips it, PriorityFavorSmall);
+               or, with size_by="gpu_time", log(1 + GPUs x time limit in minutes) over the
+               cluster's GPU-minutes in size_span_s (a CPU-only job counts as one GPU);
                with ``size_fades`` (corral's) it is scaled by (1 - age), see PriorityWeights
   partition  — the partition's job factor / the largest one (PriorityJobFactor)
   qos        — the QOS priority / the largest one
@@ -55,6 +57,9 @@ class Scorer:
         w = policy.weights
         self._w = (w.age, w.fair_share, w.job_size, w.partition, w.qos, w.expansion)
         self._per_gpu = 1.0 / cluster_gpus if cluster_gpus else 0.0
+        self._by_time = w.size_by == "gpu_time"
+        # log(1 + GPU-minutes) over log(1 + the cluster's GPU-minutes in size_span_s)
+        self._log_span = 1.0 / math.log1p(cluster_gpus * w.size_span_s / 60.0) if cluster_gpus else 0.0
 
     def factors(self, job: PendingJob, fair_share: float) -> Factors:
         policy = self.policy
@@ -66,7 +71,11 @@ class Scorer:
         age = waited / w.max_age_s
         if age > 1.0:
             age = 1.0
-        size = job.gpus * self._per_gpu
+        if self._by_time:
+            limit = job.time_limit if job.time_limit is not None else w.size_span_s
+            size = math.log1p(max(job.gpus, 1) * limit / 60.0) * self._log_span
+        else:
+            size = job.gpus * self._per_gpu
         if size > 1.0:
             size = 1.0
         if w.favor_small:
