@@ -119,3 +119,53 @@ def test_usage_is_charged_as_it_accrues_or_at_slurms_passes() -> None:
     # Slurm's rule: the short job ended between passes and is never charged; the long one
     # (t = 10-210) is charged at the passes of t = 60, 120, 180 only: 50 + 60 + 60 s
     assert passes[("a", "a")] == pytest.approx(2 * (50 + 60 + 60))
+
+
+def _sim_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "corral.cli.main", "sim", *args], capture_output=True, text=True)
+
+
+def test_sim_takes_a_sites_scheduler_settings_from_its_config(tmp_path: Path) -> None:
+    trace = ["--trace", str(TRACES / "tiresias-60.csv"), "--nodes", "2", "--json"]
+    config = tmp_path / "config.yaml"
+    config.write_text("scheduler:\n  policy: fifo\n")
+    via_config = json.loads(_sim_cli(*trace, "--config", str(config)).stdout)
+    fifo = json.loads(_sim_cli(*trace, "--policy", "fifo").stdout)
+    corral = json.loads(_sim_cli(*trace).stdout)
+    for run in (via_config, fifo, corral):
+        run.pop("sched_cpu_s"), run.pop("placements_per_cpu_s")
+    assert via_config == fifo and via_config["policy"] == "fifo"
+    assert corral["avg_jct_s"] != fifo["avg_jct_s"]  # so the equality above says something
+
+    both = _sim_cli(*trace, "--config", str(config), "--policy", "slurm")
+    assert both.returncode == 2 and "not both" in both.stderr
+
+
+def test_sim_refuses_a_bad_config_naming_field_and_line(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("scheduler:\n  policy: corral\n  size_by: area\n")
+    run = _sim_cli("--trace", str(TRACES / "tiresias-60.csv"), "--config", str(config))
+    assert run.returncode == 1 and run.stdout == ""
+    assert f"{config}:3" in run.stderr and "scheduler.size_by" in run.stderr
+
+
+def test_sim_charges_the_account_a_sites_tree_puts_a_user_in(tmp_path: Path) -> None:
+    from corral.site import load_site
+
+    config = tmp_path / "config.yaml"
+    config.write_text("accounts:\n  - name: team\n    users: [a, b]\n")
+    site = load_site(config)
+    # one GPU: a's long job runs first; b and c then ask at the same instant. Alone in their
+    # accounts they tie on fair share and b (submitted first) goes first; once a's usage is
+    # charged to the account b shares with a, c's fair share is higher and c goes first.
+    jobs = [TraceJob("a1", "a", 0.0, 1, 1000.0, 2000.0), TraceJob("b1", "b", 1.0, 1, 100.0, 200.0),
+            TraceJob("c1", "c", 1.0, 1, 100.0, 200.0)]
+    policy = Policy.named("corral")
+    starts = {}
+    for name, account_of in (("own", None), ("site", site.account_of)):
+        result = simulate(jobs, cluster(1, 1), policy, account_of=account_of)
+        starts[name] = {o.job.id: o.start for o in result.outcomes}
+        if account_of is not None:
+            assert set(result.usage) == {("team", "a"), ("team", "b"), ("c", "c")}
+    assert starts["own"]["b1"] < starts["own"]["c1"]
+    assert starts["site"]["c1"] < starts["site"]["b1"]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from corral.scheduler import NodeView, Policy
 from corral.sim.engine import cluster, loop_of, simulate
 from corral.sim.trace import load_nodes_csv, load_trace
+from corral.site import load_site
+from corral.spec.loader import SpecError
 
 
 @click.command("sim")
@@ -27,10 +31,32 @@ from corral.sim.trace import load_nodes_csv, load_trace
 @click.option("--bf-interval", type=float, default=30.0, show_default=True,
               help="slurm only: seconds between its backfill passes (bf_interval); its main scheduler runs on "
                    "every event. fifo and corral run a full cycle on every event, as corral's control loop does.")
+@click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A site's config.yaml: its scheduler section (policy, weights, max_age, size_by, half_life, "
+                   "backfill, packing …) and account tree replace --policy's defaults, so a site can try a knob "
+                   "on a trace before it sets it. The cluster still comes from the options above.")
 @click.option("--json", "as_json", is_flag=True)
-def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf: int, nodes_csv: Path | None,
-        limit: int | None, after: float | None, seed: int, bf_interval: float, as_json: bool) -> None:
+@click.pass_context
+def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf: int,
+        nodes_csv: Path | None, limit: int | None, after: float | None, seed: int, bf_interval: float,
+        config: Path | None, as_json: bool) -> None:
     """Replay TRACE through the scheduler and print JCT, waits, utilisation and fairness."""
+    # with leaf switches declared, multi-node gangs are placed under the fewest of them
+    levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
+    named, half_life, account_of = Policy.named(policy, topology=levels), 7 * 86400.0, None
+    if config is not None:
+        if ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT:
+            raise click.UsageError("give the policy either with --policy or in the config's scheduler.policy, "
+                                   "not both")
+        try:
+            site = load_site(config)
+        except SpecError as exc:
+            raise click.ClickException(str(exc)) from None
+        if site.policy.partitions or site.policy.qos:
+            click.echo("note: the trace's jobs name no partition or QOS; the config's partitions and qos are "
+                       "not used", err=True)
+        named = replace(site.policy, topology=levels, partitions=(), qos=())
+        policy, half_life, account_of = named.name, site.half_life_s, site.account_of
     if nodes_csv:
         views = [NodeView(name, gpus, 1e6, 1e9, model) for name, gpus, model in load_nodes_csv(nodes_csv) if gpus > 0]
         # one GPU pool: the trace's jobs name no GPU model
@@ -38,9 +64,7 @@ def sim(trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf
     else:
         views = cluster(nodes, gpus_per_node, nodes_per_leaf)
     jobs = load_trace(trace, limit, seed, after)
-    # with leaf switches declared, multi-node gangs are placed under the fewest of them
-    levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
-    result = simulate(jobs, views, Policy.named(policy, topology=levels), **loop_of(policy, bf_interval))
+    result = simulate(jobs, views, named, half_life_s=half_life, account_of=account_of, **loop_of(policy, bf_interval))
     metrics = {"trace": trace.name, "policy": policy, "gpus": result.total_gpus, **result.metrics()}
     if as_json:
         click.echo(json.dumps(metrics))

@@ -15,6 +15,7 @@ import math
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
@@ -90,13 +91,14 @@ def cluster(nodes: int, gpus_per_node: int, nodes_per_leaf: int = 0) -> list[Nod
                      (("leaf", f"leaf-{i // nodes_per_leaf}"),) if nodes_per_leaf else ()) for i in range(nodes)]
 
 
-def to_request(job: TraceJob, index: int, largest_node: int) -> PendingJob:
-    """A trace job as a gang: more GPUs than a node holds become replicas of whole nodes."""
+def to_request(job: TraceJob, index: int, largest_node: int, account: str | None = None) -> PendingJob:
+    """A trace job as a gang: more GPUs than a node holds become replicas of whole nodes.
+    It charges ``account`` (by default one of the user's own)."""
     if job.gpus <= largest_node:
         task = TaskRequest("main", 1, job.gpus, 1.0 if job.gpus == 0 else 0.0, 0.0)
     else:
         task = TaskRequest("main", math.ceil(job.gpus / largest_node), largest_node, 0.0, 0.0)
-    return PendingJob(index, (task,), job.submit_s, job.user, job.user, job.time_limit_s)
+    return PendingJob(index, (task,), job.submit_s, job.user, account or job.user, job.time_limit_s)
 
 
 def loop_of(policy: str, bf_interval_s: float = 30.0) -> dict:
@@ -112,7 +114,7 @@ def loop_of(policy: str, bf_interval_s: float = 30.0) -> dict:
 
 def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_interval_s: float | None = None,
              half_life_s: float = 7 * 86400.0, priority_calc_s: float = 300.0,
-             usage_every_s: float | None = None) -> SimResult:
+             usage_every_s: float | None = None, account_of: Callable[[str], str] | None = None) -> SimResult:
     """``bf_interval_s``: None runs a full cycle on every event, as corral's control loop
     does; a number is Slurm's split, a main-scheduler pass (``schedule(full=False)``) on
     every event and a full pass (reservations, backfill) at most every ``bf_interval_s``,
@@ -124,7 +126,9 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
     decay pass, which every so often charges the jobs running at that moment for the time
     since the last pass or their start, so a job that starts and ends between two passes is
     never charged (seen on the real Slurm of bench/slurm_fidelity.py: sshare's RawUsage
-    matches this rule to the CPU-second)."""
+    matches this rule to the CPU-second). ``account_of``: the account a trace user charges
+    (a site's account tree, ``Site.account_of``); by default each user has their own."""
+    accounts = {job.user: account_of(job.user) if account_of else job.user for job in jobs}
     total_gpus = sum(n.gpus for n in nodes)
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
@@ -152,7 +156,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
         if usage_every_s is None:
             if last_account > -math.inf:
                 for i in running:
-                    key = (jobs[i].user, jobs[i].user)
+                    key = (accounts[jobs[i].user], jobs[i].user)
                     usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
                 usage = decay(usage, now - last_account, half_life_s)
             last_account = now
@@ -161,7 +165,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
                 last_account, next_pass = now, now + usage_every_s
             while next_pass <= now:
                 for i in running:
-                    key = (jobs[i].user, jobs[i].user)
+                    key = (accounts[jobs[i].user], jobs[i].user)
                     usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (next_pass - max(last_account, starts[i]))
                 usage = decay(usage, next_pass - last_account, half_life_s)
                 last_account, next_pass = next_pass, next_pass + usage_every_s
@@ -169,7 +173,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
         while events and events[0][0] == now:
             _, kind, i = heapq.heappop(events)
             if kind == _SUBMIT:
-                pending[i] = request = to_request(jobs[i], i, largest)
+                pending[i] = request = to_request(jobs[i], i, largest, accounts[jobs[i].user])
                 smallest[_smallest(request)] += 1
                 happened = True
             elif kind == _END:
