@@ -43,7 +43,7 @@ def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node:
     """Replay TRACE through the scheduler and print JCT, waits, utilisation and fairness."""
     # with leaf switches declared, multi-node gangs are placed under the fewest of them
     levels = ("leaf",) if nodes_per_leaf and not nodes_csv else ()
-    named, half_life, account_of = Policy.named(policy, topology=levels), 7 * 86400.0, None
+    named, site_kwargs = Policy.named(policy, topology=levels), {}
     if config is not None:
         if ctx.get_parameter_source("policy") is not ParameterSource.DEFAULT:
             raise click.UsageError("give the policy either with --policy or in the config's scheduler.policy, "
@@ -56,7 +56,7 @@ def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node:
             click.echo("note: the trace's jobs name no partition or QOS; the config's partitions and qos are "
                        "not used", err=True)
         named = replace(site.policy, topology=levels, partitions=(), qos=())
-        policy, half_life, account_of = named.name, site.half_life_s, site.account_of
+        policy, site_kwargs = named.name, {"half_life_s": site.half_life_s, "account_of": site.account_of}
     if nodes_csv:
         views = [NodeView(name, gpus, 1e6, 1e9, model) for name, gpus, model in load_nodes_csv(nodes_csv) if gpus > 0]
         # one GPU pool: the trace's jobs name no GPU model
@@ -64,7 +64,7 @@ def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node:
     else:
         views = cluster(nodes, gpus_per_node, nodes_per_leaf)
     jobs = load_trace(trace, limit, seed, after)
-    result = simulate(jobs, views, named, half_life_s=half_life, account_of=account_of, **loop_of(policy, bf_interval))
+    result = simulate(jobs, views, named, **site_kwargs, **loop_of(policy, bf_interval))
     metrics = {"trace": trace.name, "policy": policy, "gpus": result.total_gpus, **result.metrics()}
     if as_json:
         click.echo(json.dumps(metrics))

@@ -45,13 +45,6 @@ def read_exit_file(run_dir: Path) -> int | None:
 
 
 def process_start_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
-def living_start_time(pid: int) -> float | None:
     """The start time of a process that still runs: None for a zombie too. A replica
     adopted after a crash is no child of ours, so when it dies it waits as a zombie until
     its new parent (the machine's init, which in a container may reap late or never)
@@ -94,7 +87,7 @@ class LocalExecutor:
                  launch.setup or "", launch.run or ""],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
                 env=launch.env, start_new_session=True, close_fds=True)
-        started = process_start_time(proc.pid) or 0.0
+        started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended, nothing to adopt
         handle = Handle(launch.key, proc.pid, started, launch.run_dir)
         with self._lock:
             self._children[proc.pid] = proc
@@ -114,7 +107,7 @@ class LocalExecutor:
             proc = self._children.get(handle.pid)
         if proc is not None:
             return proc.poll() is None
-        started = living_start_time(handle.pid)
+        started = process_start_time(handle.pid)
         return started is not None and abs(started - handle.started_at) < START_TIME_TOLERANCE_S
 
     def watch(self, handle: Handle) -> None:
