@@ -7,7 +7,8 @@ starts with it.
     scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
                 weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000,
                           expansion: 0},
-                max_age: 3d, favor_small: true, size_fades: true, size_by: gpus, expansion_cap: 1d, backfill: {max_reservations: 100, max_jobs: 500},
+                max_age: 3d, age_power: 1, favor_small: true, size_fades: true, size_by: gpus, expansion_cap: 1d,
+                starve_after: off, backfill: {max_reservations: 100, max_jobs: 500},
                 packing: best_fit, preemption: true}   # packing: best_fit (corral) | first_fit (Slurm's)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import fnmatch
 import getpass
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +39,15 @@ from corral.spec.quantity import parse_duration
 from corral.spec.source import Document, SourceError, load_documents
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _duration_or_off(value: object) -> float:
+    # YAML reads a bare `off` as false
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "never")):
+        return math.inf
+    return parse_duration(value)
+
+
 Mode = Literal["requeue", "cancel", "off"]
 
 
@@ -70,10 +81,13 @@ class SchedulerSettings(_Strict):
     policy: Literal["fifo", "slurm", "corral"] = "corral"
     weights: Weights = Weights()
     max_age: Duration | None = None
+    age_power: float | None = Field(default=None, ge=1, le=10)  # age factor = (waited / max_age) ** age_power
     favor_small: bool | None = None
     size_fades: bool | None = None
     size_by: Literal["gpus", "gpu_time"] | None = None  # what the job-size factor measures
     expansion_cap: Duration | None = Field(default=None, gt=0)
+    # a job pending this long x (1 - its size) queues first (PBS's max_starve); off: never
+    starve_after: Annotated[float, BeforeValidator(_duration_or_off)] | None = None
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -183,9 +197,11 @@ def _policy(config: SiteConfig) -> Policy:
         age=_pick(s.weights.age, w.age), fair_share=_pick(s.weights.fair_share, w.fair_share),
         job_size=_pick(s.weights.job_size, w.job_size), partition=_pick(s.weights.partition, w.partition),
         qos=_pick(s.weights.qos, w.qos), max_age_s=_pick(s.max_age, w.max_age_s),
+        age_power=_pick(s.age_power, w.age_power),
         favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades),
         size_by=_pick(s.size_by, w.size_by),
-        expansion=_pick(s.weights.expansion, w.expansion), expansion_cap_s=_pick(s.expansion_cap, w.expansion_cap_s))
+        expansion=_pick(s.weights.expansion, w.expansion), expansion_cap_s=_pick(s.expansion_cap, w.expansion_cap_s),
+        starve_after_s=_pick(s.starve_after, w.starve_after_s))
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
         _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,

@@ -8,6 +8,7 @@ import math
 from collections import defaultdict
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -248,5 +249,99 @@ def test_under_corral_a_job_at_max_age_outranks_every_younger_one(old_gpus: int,
     old = pending(1, old_gpus, old_limit, submitted=0.0)
     young = pending(2, gpus, limit, submitted=now - young_age)
     by_time = Policy.named("corral", weights=replace(CORRAL.weights, size_by="gpu_time", job_size=5000.0))
-    for policy in (CORRAL, by_time):
+    cubic = Policy.named("corral", weights=replace(CORRAL.weights, age_power=3.0))
+    for policy in (CORRAL, by_time, cubic):
         assert factors(old, now, policy, 0.3, 512).total > factors(young, now, policy, 0.3, 512).total
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(1.0, 10.0), st.integers(1, 64), st.floats(60, 30 * 86400), st.floats(0, 4 * 86400),
+       st.floats(0, 4 * 86400), st.sampled_from(["gpus", "gpu_time"]))
+def test_a_waiting_job_never_loses_priority_whatever_the_age_power(power: float, gpus: int, limit: float,
+                                                                   waited: float, more: float, size_by: str) -> None:
+    """With the age factor raised to ``age_power``, the size factor fades by the same powered
+    factor, so age gained always outweighs size lost (job_size <= age): a job never sinks in
+    the queue by waiting. (A linear fade under a cubic age would: the young job gains ~0 age
+    while losing size, and among equals the newest would go first.)"""
+    policy = Policy.named("corral", weights=replace(CORRAL.weights, age_power=power, size_by=size_by))
+    job = pending(1, gpus, limit, submitted=0.0)
+    earlier, later = factors(job, waited, policy, 0.3, 512), factors(job, waited + more, policy, 0.3, 512)
+    assert later.total >= earlier.total - 1e-9
+    assert earlier.age == pytest.approx(min(1.0, waited / (3 * 86400)) ** power)
+
+
+def test_a_starving_job_queues_ahead_of_higher_priority_ones_and_holds_its_reservation() -> None:
+    # 16 GPUs, 12 busy until t=8200. Job 1 (14 GPUs) has waited 2 h, from a heavy account;
+    # job 2 (4 GPUs, 5000 s) is new, from an idle account, so it outranks job 1 and would
+    # start now on the free 4, pushing job 1 back to t=12140.
+    now = 7200.0
+    snap = world([node("n", gpus=16)], [(9, 12, now + 1000)],
+                 [pending(1, 14, 3600, 0.0, account="heavy"), pending(2, 4, 5000, now - 60, account="idle")],
+                 usage={("heavy", "heavy"): 1e7})
+    ranks = priorities(snap, now, CORRAL)
+    assert ranks[2].total > ranks[1].total
+    assert [s.job_id for s in schedule(snap, now, CORRAL).starts] == [2]
+    # starve_after 1 h: job 1, 14 of the 16 GPUs, starves after 1 h x 2/16 = 450 s, goes
+    # first, reserves t=8200, and job 2 may not delay it
+    starving = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=3600.0))
+    ranks = priorities(snap, now, starving)
+    assert ranks[1].starve_s == 450.0 and ranks[2].starve_s == 2700.0
+    plan = schedule(snap, now, starving)
+    assert plan.starts == [] and plan.reserved_starts[1] == now + 1000
+    assert plan.reasons[2] == Reason.PRIORITY
+    # not yet starving after 300 s: priority decides as before
+    plan = schedule(snap, 300.0, starving)
+    assert [s.job_id for s in plan.starts] == [2]
+
+
+def test_starving_jobs_queue_oldest_first_whatever_their_priority() -> None:
+    # one free GPU; three 1-GPU jobs that all waited past the starve limit: the oldest
+    # starts although the idle account's younger job has far higher fair share
+    starving = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=3600.0))
+    jobs = [pending(1, 1, 600, 100.0, account="idle"), pending(2, 1, 600, 0.0, account="heavy"),
+            pending(3, 1, 600, 50.0, account="heavy")]
+    snap = world([node("n", gpus=2)], [(9, 1, 9000.0)], jobs, usage={("heavy", "heavy"): 1e7})
+    assert [s.job_id for s in schedule(snap, 5000.0, starving).starts] == [2]
+    assert [s.job_id for s in schedule(snap, 5000.0, CORRAL).starts] == [1]
+
+
+def test_larger_jobs_starve_sooner_and_no_limit_means_never() -> None:
+    policy = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=86400.0))
+    small, large, whole = pending(1, 1, 600), pending(2, 32, 600), pending(3, 64, 600)
+    got = {j.id: factors(j, 0.0, policy, 0.5, 64).starve_s for j in (small, large, whole)}
+    assert got == {1: 86400.0 * 63 / 64, 2: 43200.0, 3: 0.0}
+    by_time = Policy.named("corral", weights=replace(policy.weights, size_by="gpu_time"))
+    assert factors(pending(4, 1, 60), 0.0, by_time, 0.5, 64).starve_s > \
+        factors(pending(5, 1, 86400), 0.0, by_time, 0.5, 64).starve_s
+    assert factors(whole, 0.0, CORRAL, 0.5, 64).starve_s == math.inf  # off: never, even at full size
+    assert not factors(whole, 0.0, CORRAL, 0.5, 64).starving(1e12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(busy_world(), st.floats(0.0, 24.0))
+def test_the_oldest_starving_job_is_first_in_line(snap: Snapshot, starve: float) -> None:
+    """With a starve limit, the oldest starving job that does not start is reserved exactly
+    where it would be were only the older starving jobs ahead of it: nothing of higher
+    priority, and nothing backfilled, pushes it back."""
+    now = 13.0  # jobs were submitted at t = 1, 2, ...
+    policy = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=starve))
+    plan = schedule(snap, now, policy)
+    started = {s.job_id: s for s in plan.starts}
+    ranks = priorities(snap, now, policy)
+    starving = sorted((j for j in snap.pending if ranks[j.id].starving(now - j.submitted_at)),
+                      key=lambda j: (j.submitted_at, j.id))
+    first = next((j for j in starving if j.id not in started), None)
+    if first is None:
+        return
+    pool, timeline = FreePool(snap.nodes), Timeline()
+    for r in snap.running:
+        timeline.add(r.expected_end, r.allocations)
+    for j in starving[:starving.index(first)]:
+        for a in started[j.id].allocations:
+            pool.assume(a)
+        timeline.add(now + j.time_limit, started[j.id].allocations)
+    found = reserve(first, Book(pool), timeline, now, Scope())
+    if found is None:  # larger than the cluster
+        assert first.id not in plan.reserved_starts
+    else:
+        assert plan.reserved_starts[first.id] == found.start

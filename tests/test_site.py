@@ -121,6 +121,27 @@ def test_priority_order_and_the_priority_view(server) -> None:
     assert b["started_at"] < a["started_at"]
 
 
+@pytest.mark.parametrize("site_config", [SITE.replace("half_life: 1d}", "half_life: 1d, starve_after: 8s}")])
+def test_a_starving_job_is_first_in_line_and_shown_so(server) -> None:
+    blocker = submit(server, "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
+    wait_state(server, blocker["id"], "RUNNING")
+    # 3 of the 4 GPUs: starving after 8 s x (1 - its size), a few seconds
+    old = submit(server, "name: niced\nresources: {accelerators: H100:3}\nrun: echo a\n", scheduling={"nice": 5000})
+    wait_for(lambda: len(server.get("/v1/priority").json()) == 1)
+    new = submit(server, "name: plain\nresources: {accelerators: H100:3}\nrun: echo b\n")
+    wait_for(lambda: len(server.get("/v1/priority").json()) == 2)
+    ranked = server.get("/v1/priority").json()
+    if not ranked[0]["starving"]:  # while the old one is young, priority still decides
+        assert [r["id"] for r in ranked] == [new["id"], old["id"]]
+    wait_for(lambda: server.get("/v1/priority").json()[0]["starving"], timeout=15)
+    ranked = server.get("/v1/priority").json()
+    assert [r["id"] for r in ranked] == [old["id"], new["id"]]
+    assert ranked[0]["priority"] < ranked[1]["priority"]  # ahead despite the nice
+    server.post(f"/v1/jobs/{blocker['id']}/cancel")
+    a, b = wait_state(server, old["id"], "SUCCEEDED"), wait_state(server, new["id"], "SUCCEEDED")
+    assert a["started_at"] < b["started_at"]
+
+
 def test_reasons_for_qos_limits_and_dependencies(server) -> None:
     jobs = [submit(server, f"name: c{i}\nresources: {{accelerators: H100:1}}\nrun: sleep 30\n",
                    scheduling={"qos": "capped"}) for i in range(3)]
@@ -263,6 +284,18 @@ def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
     config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
                                    "scheduler: {policy: corral, half_life: 1d, expansion_cap: 0s}"))
     with pytest.raises(SpecError, match="scheduler.expansion_cap"):
+        load_site(config)
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: corral, age_power: 3}"))
+    assert load_site(config).policy.weights.age_power == 3
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: corral, age_power: 0.5}"))
+    with pytest.raises(SpecError, match="scheduler.age_power"):  # below 1, young jobs would age fastest
+        load_site(config)
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: corral, starve_after: 1d}"))
+    assert load_site(config).policy.weights.starve_after_s == 86400
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: corral, starve_after: off}"))
+    assert load_site(config).policy.weights.starve_after_s == float("inf")
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: corral, starve_after: soon}"))
+    with pytest.raises(SpecError, match="scheduler.starve_after"):
         load_site(config)
     config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: slurm, size_by: gpu_time}"))
     assert load_site(config).policy.weights.size_by == "gpu_time"

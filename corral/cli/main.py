@@ -152,7 +152,7 @@ def queue(show_all: bool, user: str | None, by_priority: bool, as_json: bool) ->
             table.add_row(str(j["id"]), j["name"], j["user"], j["account"], j["partition"], j["qos"],
                           f"{j['priority']:.0f}", f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}",
                           f"{j['partition_factor']:.0f}", f"{j['qos_factor']:.0f}", f"{j['expansion']:.0f}",
-                          str(j["nice"]), j["reason"])
+                          str(j["nice"]), j["reason"] + (" (starving)" if j.get("starving") else ""))
         out.print(table)
         return
     for col in ("ID", "NAME", "USER", "PARTITION", "STATE", "REASON", "TASKS", "GPUS", "AGE"):

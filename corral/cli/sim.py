@@ -32,9 +32,10 @@ from corral.spec.loader import SpecError
               help="slurm only: seconds between its backfill passes (bf_interval); its main scheduler runs on "
                    "every event. fifo and corral run a full cycle on every event, as corral's control loop does.")
 @click.option("--config", "config", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="A site's config.yaml: its scheduler section (policy, weights, max_age, size_by, half_life, "
-                   "backfill, packing …) and account tree replace --policy's defaults, so a site can try a knob "
-                   "on a trace before it sets it. The cluster still comes from the options above.")
+              help="A site's config.yaml: its scheduler section (policy, weights, max_age, age_power, size_by, "
+                   "starve_after, half_life, backfill, packing …) and account tree replace --policy's defaults, "
+                   "so a site can try a knob on a trace before it sets it. The cluster still comes from the "
+                   "options above.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
 def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node: int, nodes_per_leaf: int,

@@ -80,8 +80,8 @@ class SchedulingMixin:
         (read by API threads: works on copies)."""
         factors = dict(self.priorities)
         jobs = list(self.pending.values())
-        jobs.sort(key=lambda j: (-self.policy.partition(j.partition).priority_tier,
-                                 -(factors[j.id].total if j.id in factors else 0.0), j.submitted_at, j.id))
+        key, unscored = self.policy.queue_key(self.clock()), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored)))
         return [(j, factors.get(j.id), self._reasons.get(j.id, "None")) for j in jobs]
 
     def _holdings(self) -> list[Holding]:

@@ -6,7 +6,8 @@ The cycle, in numbered steps:
                 partition allows, wait with that reason (an unsatisfiable dependency is
                 reported, and cancels the job if it asked);
   2. order    — FIFO keeps submit order; ``slurm`` and ``corral`` sort by partition
-                priority tier, then multifactor priority, then submit time (Slurm's order);
+                priority tier, then multifactor priority, then submit time (Slurm's order),
+                with starving jobs (a site's ``starve_after``) first in their tier;
   3. pool     — a what-if copy of free resources, a timeline of when running jobs give
                 theirs back (start + time limit), and a tally of GPUs and GPU-minutes
                 for the QOS and account limits;
@@ -79,9 +80,8 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         if missing:
             prio.update(priorities(Snapshot(snapshot.nodes, missing, usage=snapshot.usage), now, policy))
         plan.priorities = prio
-        tiers = {p.name: p.priority_tier for p in policy.partitions}
-        default_tier = policy.default_partition.priority_tier
-        ready.sort(key=lambda j: (-tiers.get(j.partition, default_tier), -prio[j.id].total, j.submitted_at, j.id))
+        key = policy.queue_key(now)
+        ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id]))
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)

@@ -12,8 +12,12 @@ happens to their priorities over time."""
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Callable, Literal
+
+if TYPE_CHECKING:
+    from corral.scheduler.priority import Factors
 
 PreemptMode = Literal["requeue", "cancel", "off"]
 Packing = Literal["best_fit", "first_fit"]
@@ -49,6 +53,23 @@ class PriorityWeights:
     # JCT (README, "Simulator"), which is why corral's default leaves it out.
     expansion: float = 0.0
     expansion_cap_s: float = 86400.0
+    # corral's own (a site knob, 1 by default, as in Slurm): the age factor is
+    # (waited / max_age) ** age_power. Above 1 a young job barely ages, so for its first day
+    # or so fair share alone orders the users, and a light user's fresh jobs do not queue
+    # behind a heavy user's day-old backlog; the factor still reaches 1 at max_age, so the
+    # starvation bound stays. The size fade uses the same factor: were it linear, the age
+    # gained early (~0) would be less than the size lost, and a job would sink as it waited.
+    age_power: float = 1.0
+    # After PBS's help_starving_jobs / max_starve, scaled by size: a job is starving once it
+    # has waited starve_after_s x (1 - its size), size being the job-size measure in [0, 1]
+    # (GPUs, or GPU-time under size_by) before favor_small flips it. Starving jobs queue ahead
+    # of all others in their partition tier, oldest first, so the oldest gets the first
+    # reservation and backfill may not delay it: a bound on how long priority can pass a job
+    # over, whatever the weights. The larger the job, the more a size factor favouring small
+    # ones passes it over, and the sooner it is owed its turn; a flat bound long enough for
+    # the smallest jobs leaves the large ones waiting until the trace's end (README,
+    # "Simulator"). inf: never.
+    starve_after_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -119,8 +140,10 @@ class Policy:
             # Small gangs first (lower mean JCT) while young: the size factor fades with age, so
             # a job waiting 3 days queues by age alone, ahead of younger ones (no gang starves,
             # which also keeps the big ones from all ending last); a reservation for every
-            # blocked job examined. size_by="gpu_time" (SJF on declared areas) is a site knob,
-            # not the default: README, "Simulator", says what it won and lost.
+            # blocked job examined. size_by="gpu_time" (SJF on declared areas), age_power (fair
+            # share alone for a job's first day or so) and starve_after_s (a hard bound on being
+            # passed over) are site knobs, not the default: README, "Simulator", says what each
+            # won and lost.
             weights = PriorityWeights(favor_small=True, size_fades=True, age=5000.0, max_age_s=3 * 86400.0)
             return cls("corral", **{"weights": weights, "backfill": True, "max_reservations": 100,
                                     "max_backfill_jobs": 500, **overrides})
@@ -140,6 +163,19 @@ class Policy:
     @property
     def default_partition(self) -> Partition:
         return self.partitions[0] if self.partitions else _ALL
+
+    def queue_key(self, now: float) -> Callable[[str, float, int, Factors], tuple]:
+        """The order of a queue at ``now``, as a sort key of (partition, submitted_at, id,
+        factors): higher partition tier first, then starving jobs oldest first (see
+        ``starve_after_s``), then higher priority, then earlier submission."""
+        tiers = {p.name: p.priority_tier for p in self.partitions}
+        default_tier = self.default_partition.priority_tier
+
+        def key(partition: str, submitted_at: float, job_id: int, factors: Factors) -> tuple:
+            starving = now - submitted_at >= factors.starve_s
+            return (-tiers.get(partition, default_tier), not starving, submitted_at if starving else 0.0,
+                    -factors.total, submitted_at, job_id)
+        return key
 
     def qos_of(self, name: str) -> Qos:
         return self._qos.get(name) or _NORMAL

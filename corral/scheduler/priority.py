@@ -1,7 +1,8 @@
 """Slurm's multifactor priority, as a pure function of a pending job, the time and the
 fair-share factors of the cycle: a weighted sum of factors in [0, 1] minus the job's nice.
 
-  age        — waited time / max_age, capped at 1 (PriorityMaxAge)
+  age        — waited time / max_age, capped at 1 (PriorityMaxAge), to the power age_power
+               (1, Slurm's, unless a site sets it: see PriorityWeights)
   fair-share — from ``fairshare`` (the account tree, decayed usage)
   job size   — GPUs asked / GPUs in the cluster (favor_small flips it, PriorityFavorSmall);
                or, with size_by="gpu_time", log(1 + GPUs x time limit in minutes) over the
@@ -43,6 +44,10 @@ class Factors(NamedTuple):
     expansion: float
     nice: int
     total: float
+    starve_s: float = math.inf  # the wait after which it is starving (PriorityWeights.starve_after_s)
+
+    def starving(self, waited: float) -> bool:
+        return waited >= self.starve_s
 
 
 class Scorer:
@@ -58,6 +63,7 @@ class Scorer:
         self._w = (w.age, w.fair_share, w.job_size, w.partition, w.qos, w.expansion)
         self._per_gpu = 1.0 / cluster_gpus if cluster_gpus else 0.0
         self._by_time = w.size_by == "gpu_time"
+        self._starves = w.starve_after_s != math.inf  # (inf x 0 would be nan)
         # log(1 + GPU-minutes) over log(1 + the cluster's GPU-minutes in size_span_s)
         self._log_span = 1.0 / math.log1p(cluster_gpus * w.size_span_s / 60.0) if cluster_gpus else 0.0
 
@@ -78,8 +84,11 @@ class Scorer:
             size = job.gpus * self._per_gpu
         if size > 1.0:
             size = 1.0
+        starve_s = w.starve_after_s * (1.0 - size) if self._starves else math.inf
         if w.favor_small:
             size = 1.0 - size
+        if w.age_power != 1.0:
+            age **= w.age_power
         if w.size_fades:
             size *= 1.0 - age
         part = self._part.get(job.partition)
@@ -103,7 +112,7 @@ class Scorer:
         else:
             total = (w_age * age + w_fs * fair_share + w_size * size + w_part * part + w_qos * qos + w_exp * expansion
                      - job.nice)
-        return Factors(age, fair_share, size, part, qos, expansion, job.nice, total)
+        return Factors(age, fair_share, size, part, qos, expansion, job.nice, total, starve_s)
 
 
 def factors(job: PendingJob, now: float, policy: Policy, fair_share: float, cluster_gpus: int) -> Factors:

@@ -41,7 +41,7 @@ def share(state: StateDep):
 @router.get("/priority", response_model=list[PriorityOut])
 def priority(state: StateDep):
     """Pending jobs in scheduling order with the weighted factors of their priority."""
-    w = state.controller.policy.weights
+    w, now = state.controller.policy.weights, state.controller.clock()
     out = []
     for job, f, reason in state.controller.pending_priorities():
         out.append(PriorityOut(
@@ -51,5 +51,6 @@ def priority(state: StateDep):
             job_size=round(w.job_size * f.job_size, 3) if f else 0.0,
             partition_factor=round(w.partition * f.partition, 3) if f else 0.0,
             qos_factor=round(w.qos * f.qos, 3) if f else 0.0,
-            expansion=round(w.expansion * f.expansion, 3) if f else 0.0, nice=job.nice, reason=reason))
+            expansion=round(w.expansion * f.expansion, 3) if f else 0.0, nice=job.nice,
+            starving=f.starving(now - job.submitted_at) if f else False, reason=reason))
     return out
