@@ -172,7 +172,7 @@ class Policy:
         default_tier = self.default_partition.priority_tier
 
         def key(partition: str, submitted_at: float, job_id: int, factors: Factors) -> tuple:
-            starving = now - submitted_at >= factors.starve_s
+            starving = factors.starving(now - submitted_at)
             return (-tiers.get(partition, default_tier), not starving, submitted_at if starving else 0.0,
                     -factors.total, submitted_at, job_id)
         return key
