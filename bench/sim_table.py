@@ -6,6 +6,7 @@ offered load, each over several seeds of the users' time-limit over-estimates.
 
   python bench/sim_table.py [--traces tiresias,4vc,0e4a51,alibaba,pollux] [--seeds 0,1,2]
                             [--pollux-seeds 0] [--workers 2] [--with-expansion]
+                            [--variant LABEL=config.yaml ...] [--no-baselines]
 
 Prints one markdown row per trace and policy (means over the seeds) and, per trace, how
 many seeds corral met each target against slurm: lower mean JCT, utilisation at least
@@ -14,8 +15,12 @@ schedule can reach on that trace (its last job run the moment it arrives): when 
 already there, corral can only tie. philly-pollux (82k jobs) replays in 10-25 min per policy
 on one core (corral+x: ~40), so it gets one seed by default and no fifo (at that load FIFO's queue only
 grows). ``--with-expansion`` adds ``corral+x``: corral with the expansion factor (Maui's
-XFACTOR) weighted 10000, the variant its default leaves out. Results are also written to
-bench/results/sim_table.json."""
+XFACTOR) weighted 10000, the variant its default leaves out. ``--variant`` adds a row per
+site config (its scheduler section and account tree, as ``corral sim --config`` reads them),
+judged against slurm like corral; the README's variant tables come from the configs in
+bench/variants/. ``--no-baselines`` runs only slurm and the variants (slurm is what they are
+judged against). Results are also written to bench/results/sim_table.json (or, with
+variants, sim_variants.json)."""
 
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 from corral.scheduler import Policy  # noqa: E402
 from corral.sim.engine import cluster, loop_of, simulate  # noqa: E402
 from corral.sim.trace import load_trace  # noqa: E402
+from corral.site import load_site  # noqa: E402
+from corral.spec import SpecError  # noqa: E402
 
 TRACES_DIR = ROOT.parent / "shared" / "traces"
 # key: (file, nodes, GPUs per node, --after, description)
@@ -50,15 +57,20 @@ KEYS = ("avg_jct_s", "p50_jct_s", "utilization", "utilization_bound", "max_user_
         "sched_cpu_s")
 
 
-def run(args: tuple[str, str, int]) -> tuple[str, str, int, dict]:
-    key, policy, seed = args
+def run(args: tuple[str, str, int, str | None]) -> tuple[str, str, int, dict]:
+    key, policy, seed, config = args
     file, nodes, gpus, after, _ = TRACES[key]
     jobs = load_trace(TRACES_DIR / file, None, seed, after)
-    base = policy.removesuffix("+x")
-    named = Policy.named(base, topology=("leaf",))
-    if policy.endswith("+x"):
-        named = Policy.named(base, topology=("leaf",), weights=replace(named.weights, expansion=10000.0))
-    result = simulate(jobs, cluster(nodes, gpus, 8), named, **loop_of(base))
+    base, site_kwargs = policy.removesuffix("+x"), {}
+    if config is not None:  # a variant: the site's policy, as `corral sim --config` runs it
+        site = load_site(Path(config))
+        named = replace(site.policy, topology=("leaf",), partitions=(), qos=())
+        base, site_kwargs = named.name, {"half_life_s": site.half_life_s, "account_of": site.account_of}
+    else:
+        named = Policy.named(base, topology=("leaf",))
+        if policy.endswith("+x"):
+            named = Policy.named(base, topology=("leaf",), weights=replace(named.weights, expansion=10000.0))
+    result = simulate(jobs, cluster(nodes, gpus, 8), named, **site_kwargs, **loop_of(base))
     return key, policy, seed, result.metrics()
 
 
@@ -69,7 +81,22 @@ def main() -> None:
     parser.add_argument("--pollux-seeds", default="0")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--with-expansion", action="store_true")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=CONFIG",
+                        help="a row for the site config CONFIG, labelled LABEL (repeatable)")
+    parser.add_argument("--no-baselines", action="store_true", help="only slurm and the variants")
     args = parser.parse_args()
+    variants: dict[str, str] = {}
+    for item in args.variant:
+        label, sep, config = item.partition("=")
+        if not sep or not label or not Path(config).is_file():
+            parser.error(f"--variant {item!r}: expected LABEL=CONFIG with an existing config file")
+        if label in ("fifo", "slurm", "corral", "corral+x"):
+            parser.error(f"--variant {item!r}: the label {label!r} names a built-in row")
+        try:
+            load_site(Path(config))
+        except SpecError as exc:
+            parser.error(str(exc))
+        variants[label] = config
     keys = [k for k in args.traces.split(",") if k]
     unknown = [k for k in keys if k not in TRACES]
     if unknown:
@@ -79,8 +106,11 @@ def main() -> None:
         seeds = [int(s) for s in (args.pollux_seeds if key == "pollux" else args.seeds).split(",")]
         policies = ("slurm", "corral") if key == "pollux" else ("fifo", "slurm", "corral")
         policies += ("corral+x",) if args.with_expansion else ()
+        if args.no_baselines:
+            policies = ("slurm",)
+        policies += tuple(variants)
         # the long ones first, so the pool's last minutes are not one straggler
-        runs += [(key, p, s) for s in seeds for p in policies]
+        runs += [(key, p, s, variants.get(p)) for s in seeds for p in policies]
     runs.sort(key=lambda r: r[0] != "pollux")
     started = time.time()
     results: dict[tuple[str, str], dict[int, dict]] = {}
@@ -96,7 +126,7 @@ def main() -> None:
     verdicts = {}
     for key in keys:
         label = TRACES[key][4]
-        for policy in ("fifo", "slurm", "corral", "corral+x"):
+        for policy in ("fifo", "slurm", "corral", "corral+x", *variants):
             per_seed = results.get((key, policy))
             if not per_seed:
                 continue
@@ -105,25 +135,31 @@ def main() -> None:
                   f"{mean['utilization']:.4f} ({mean['utilization_bound']:.4f}) | {mean['max_user_wait_s']:,.0f} | "
                   f"{mean['bounded_slowdown']:.1f} | {mean['sched_cpu_s']:.1f} |")
             label = ""
-        slurm, corral = results.get((key, "slurm"), {}), results.get((key, "corral"), {})
-        seeds = sorted(set(slurm) & set(corral))
-        verdicts[key] = {
-            "seeds": len(seeds),
-            "lower_jct": sum(corral[s]["avg_jct_s"] < slurm[s]["avg_jct_s"] for s in seeds),
-            "util_at_least": sum(corral[s]["utilization"] >= slurm[s]["utilization"] for s in seeds),
-            "util_higher": sum(corral[s]["utilization"] > slurm[s]["utilization"] for s in seeds),
-            "worst_wait_no_worse": sum(corral[s]["max_user_wait_s"] <= slurm[s]["max_user_wait_s"] for s in seeds),
-        }
+        slurm = results.get((key, "slurm"), {})
+        for judged in ("corral", *variants):
+            mine = results.get((key, judged), {})
+            seeds = sorted(set(slurm) & set(mine))
+            if seeds:
+                verdicts[f"{key} {judged}"] = {
+                    "seeds": len(seeds),
+                    "lower_jct": sum(mine[s]["avg_jct_s"] < slurm[s]["avg_jct_s"] for s in seeds),
+                    "util_at_least": sum(mine[s]["utilization"] >= slurm[s]["utilization"] for s in seeds),
+                    "util_higher": sum(mine[s]["utilization"] > slurm[s]["utilization"] for s in seeds),
+                    "worst_wait_no_worse": sum(mine[s]["max_user_wait_s"] <= slurm[s]["max_user_wait_s"]
+                                               for s in seeds),
+                }
     print()
-    print("corral against slurm, seeds where the target holds:")
+    print("against slurm, seeds where the target holds:")
     for key, v in verdicts.items():
         print(f"  {key}: lower mean JCT {v['lower_jct']}/{v['seeds']}, utilisation >= {v['util_at_least']}/{v['seeds']}"
               f" (> {v['util_higher']}), worst user wait no worse {v['worst_wait_no_worse']}/{v['seeds']}")
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    record = {"at": datetime.now().isoformat(timespec="seconds"), "verdicts": verdicts,
-              "runs": [{"trace": k, "policy": p, "seed": s, **m} for (k, p), by in results.items() for s, m in by.items()]}
-    (out / "sim_table.json").write_text(json.dumps(record, indent=1) + "\n")
+    record = {"at": datetime.now().isoformat(timespec="seconds"), "verdicts": verdicts, "variants": variants,
+              "runs": [{"trace": k, "policy": p, "seed": s, **m}
+                       for (k, p), by in results.items() for s, m in by.items()]}
+    name = "sim_variants.json" if variants else "sim_table.json"
+    (out / name).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
