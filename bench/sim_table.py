@@ -63,9 +63,8 @@ def run(args: tuple[str, str, int, str | None]) -> tuple[str, str, int, dict]:
     jobs = load_trace(TRACES_DIR / file, None, seed, after)
     base, site_kwargs = policy.removesuffix("+x"), {}
     if config is not None:  # a variant: the site's policy, as `corral sim --config` runs it
-        site = load_site(Path(config))
-        named = replace(site.policy, topology=("leaf",), partitions=(), qos=())
-        base, site_kwargs = named.name, {"half_life_s": site.half_life_s, "account_of": site.account_of}
+        named, site_kwargs = load_site(Path(config)).replay(("leaf",))
+        base = named.name
     else:
         named = Policy.named(base, topology=("leaf",))
         if policy.endswith("+x"):

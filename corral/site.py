@@ -26,7 +26,7 @@ import fnmatch
 import getpass
 import math
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -156,6 +156,13 @@ class Site:
             if user in account.users:
                 return account.name
         return user
+
+    def replay(self, topology: tuple[str, ...]) -> tuple[Policy, dict[str, Any]]:
+        """The policy and ``simulate`` keywords a trace replay of this site uses (``corral sim
+        --config``, ``bench/sim_table.py --variant``): a trace's jobs name no partition or QOS,
+        so those are left out; usage decays with the site's half-life and charges its accounts."""
+        policy = replace(self.policy, topology=topology, partitions=(), qos=())
+        return policy, {"half_life_s": self.half_life_s, "account_of": self.account_of}
 
     def default_time(self, partition: str) -> float | None:
         p = self.policy.partition(partition)

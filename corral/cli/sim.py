@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -56,8 +55,8 @@ def sim(ctx: click.Context, trace: Path, policy: str, nodes: int, gpus_per_node:
         if site.policy.partitions or site.policy.qos:
             click.echo("note: the trace's jobs name no partition or QOS; the config's partitions and qos are "
                        "not used", err=True)
-        named = replace(site.policy, topology=levels, partitions=(), qos=())
-        policy, site_kwargs = named.name, {"half_life_s": site.half_life_s, "account_of": site.account_of}
+        named, site_kwargs = site.replay(levels)
+        policy = named.name
     if nodes_csv:
         views = [NodeView(name, gpus, 1e6, 1e9, model) for name, gpus, model in load_nodes_csv(nodes_csv) if gpus > 0]
         # one GPU pool: the trace's jobs name no GPU model
