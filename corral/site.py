@@ -5,10 +5,10 @@ half-life and usage weights, topology levels) — validated into the scheduler's
 starts with it.
 
     scheduler: {policy: corral, half_life: 7d, usage_weights: {gpu: 1, cpu: 0, memory: 0},
-                weights: {age: 5000, fair_share: 10000, job_size: 1000, partition: 1000, qos: 1000,
+                weights: {age: 5000, fair_share: 10000, job_size: 10000, partition: 1000, qos: 1000,
                           expansion: 0},
-                max_age: 3d, age_power: 1, favor_small: true, size_fades: true, size_by: gpus, expansion_cap: 1d,
-                starve_after: off, backfill: {max_reservations: 100, max_jobs: 500},
+                max_age: 3d, age_power: 1, favor_small: true, size_fades: true, size_by: gpu_time,
+                expansion_cap: 1d, starve_after: 1d, backfill: {max_reservations: 100, max_jobs: 500},
                 packing: best_fit, preemption: true}   # packing: best_fit (corral) | first_fit (Slurm's)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]

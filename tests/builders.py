@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from corral.control.lifecycle import JobView, ReplicaView, TaskView
-from corral.scheduler import NodeView, PendingJob, Snapshot, TaskRequest
+from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest
 from corral.states import JobState, ReplicaState
+
+# corral with its job size in GPUs weighted no more than age and no starve limit (its default
+# until session 9): the weights under which the size fade alone bounds how long a job waits,
+# and under which two jobs that differ only in time limit rank alike
+CORRAL_BY_GPUS = Policy.named("corral", weights=replace(Policy.named("corral").weights, job_size=1000.0, size_by="gpus",
+                                                        starve_after_s=math.inf))
 
 
 def node(name: str = "n0", gpus: int = 8, cpus: float = 32, memory: float = 256, gpu_type: str | None = "H100",

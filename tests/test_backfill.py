@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import node, task
+from builders import CORRAL_BY_GPUS, node, task
 from corral.scheduler import NodeView, PendingJob, Reason, Snapshot, priorities, schedule
 from corral.scheduler.backfill import Book, Timeline, reserve
 from corral.scheduler.core import Policy
 from corral.scheduler.placement import FreePool, Scope, place_gang
 from corral.scheduler import fairshare
-from corral.scheduler.policy import PriorityWeights
+from corral.scheduler.policy import Account, PriorityWeights
 from corral.scheduler.priority import decay, factors
 from corral.scheduler.snapshot import RunningJob
 
@@ -52,14 +52,13 @@ def test_backfill_starts_a_short_job_that_ends_before_the_reservation() -> None:
     assert [s.job_id for s in plan.starts] == [2]
     assert plan.reserved_starts[1] == 100.0
     assert plan.reasons[1] == Reason.RESOURCES and plan.reasons[3] == Reason.PRIORITY
-    # corral's size factor favors small jobs: job 3 outranks the 8-GPU job and simply starts
-    assert [s.job_id for s in schedule(snap, 0.0, CORRAL).starts] == [3]
-    # with size_by gpu_time the smallest GPUs x time limit goes first: job 2, then job 3,
-    # outrank the 8-GPU job; job 2 starts, and job 3 then finds no room
-    by_time = Policy.named("corral", weights=replace(CORRAL.weights, size_by="gpu_time"))
-    ranks = priorities(snap, 0.0, by_time)
+    # a size factor by GPUs favouring small jobs: job 3 outranks the 8-GPU job and simply starts
+    assert [s.job_id for s in schedule(snap, 0.0, CORRAL_BY_GPUS).starts] == [3]
+    # corral's default sizes by GPUs x time limit, smallest first: job 2, then job 3, outrank
+    # the 8-GPU job; job 2 starts, and job 3 then finds no room
+    ranks = priorities(snap, 0.0, CORRAL)
     assert ranks[2].total > ranks[3].total > ranks[1].total
-    plan = schedule(snap, 0.0, by_time)
+    plan = schedule(snap, 0.0, CORRAL)
     assert [s.job_id for s in plan.starts] == [2] and plan.reasons[3] == Reason.RESOURCES
 
 
@@ -118,7 +117,8 @@ def busy_world(draw):
         gpus = draw(st.integers(1, 8))
         allocs = place_gang(pool, pending(job_id, gpus, 1))  # leaves the pool as it was if it does not fit
         if allocs is not None:
-            running.append(RunningJob(job_id, allocs, float(draw(st.integers(1, 500)))))
+            user = draw(st.sampled_from("abc"))  # c: a user with nothing pending
+            running.append(RunningJob(job_id, allocs, float(draw(st.integers(1, 500))), user, user))
     jobs = [pending(i, draw(st.integers(1, 8)), float(draw(st.integers(1, 600))), float(i), draw(st.sampled_from("ab")),
                     replicas=draw(st.integers(1, 2))) for i in range(1, draw(st.integers(2, 12)))]
     return Snapshot(pool.views(), tuple(jobs), tuple(running), {("a", "a"): 50.0, ("b", "b"): 10.0})
@@ -241,33 +241,45 @@ def test_job_size_by_gpu_time_ranks_the_declared_area_on_a_log_scale() -> None:
        st.floats(0, 3 * 86400 - 1))
 def test_under_corral_a_job_at_max_age_outranks_every_younger_one(old_gpus: int, old_limit: float, gpus: int,
                                                                   limit: float, young_age: float) -> None:
-    """corral's size factor (favouring small, by GPUs or, as a knob, by GPUs x time limit)
-    fades with age and weighs no more than age, so however long or wide a job is, once it
-    has waited max_age (3 days) no younger job of the same fair share, however small, ranks
-    above it."""
+    """A size factor (favouring small, by GPUs or by GPUs x time limit) that fades with age
+    and weighs no more than age: however long or wide a job is, once it has waited max_age
+    (3 days) no younger job of the same fair share, however small, ranks above it. (corral's
+    default weighs size above age; its bound is the starve limit, tested below.)"""
     now = 3 * 86400.0
     old = pending(1, old_gpus, old_limit, submitted=0.0)
     young = pending(2, gpus, limit, submitted=now - young_age)
-    by_time = Policy.named("corral", weights=replace(CORRAL.weights, size_by="gpu_time", job_size=5000.0))
-    cubic = Policy.named("corral", weights=replace(CORRAL.weights, age_power=3.0))
-    for policy in (CORRAL, by_time, cubic):
+    by_time = Policy.named("corral", weights=replace(CORRAL.weights, job_size=5000.0))
+    cubic = Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, age_power=3.0))
+    for policy in (CORRAL_BY_GPUS, by_time, cubic):
         assert factors(old, now, policy, 0.3, 512).total > factors(young, now, policy, 0.3, 512).total
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.floats(1.0, 10.0), st.integers(1, 64), st.floats(60, 30 * 86400), st.floats(0, 4 * 86400),
-       st.floats(0, 4 * 86400), st.sampled_from(["gpus", "gpu_time"]))
-def test_a_waiting_job_never_loses_priority_whatever_the_age_power(power: float, gpus: int, limit: float,
-                                                                   waited: float, more: float, size_by: str) -> None:
-    """With the age factor raised to ``age_power``, the size factor fades by the same powered
-    factor, so age gained always outweighs size lost (job_size <= age): a job never sinks in
-    the queue by waiting. (A linear fade under a cubic age would: the young job gains ~0 age
-    while losing size, and among equals the newest would go first.)"""
-    policy = Policy.named("corral", weights=replace(CORRAL.weights, age_power=power, size_by=size_by))
+       st.floats(0, 4 * 86400), st.sampled_from(["gpus", "gpu_time"]),
+       st.sampled_from([1000.0, 5000.0, 10000.0, 20000.0]))
+def test_a_waiting_job_never_loses_priority_whatever_the_weights(power: float, gpus: int, limit: float, waited: float,
+                                                                 more: float, size_by: str, job_size: float) -> None:
+    """The size factor fades by the same powered age factor, and by at most what the age
+    weight brings in, so age gained always outweighs size lost: a job never sinks in the
+    queue by waiting, and no younger twin overtakes it. (A linear fade under a cubic age, or
+    a full fade of a size weight above the age weight, would: among equals the newest would
+    go first.)"""
+    policy = Policy.named("corral", weights=replace(CORRAL.weights, age_power=power, size_by=size_by,
+                                                    job_size=job_size))
     job = pending(1, gpus, limit, submitted=0.0)
     earlier, later = factors(job, waited, policy, 0.3, 512), factors(job, waited + more, policy, 0.3, 512)
     assert later.total >= earlier.total - 1e-9
     assert earlier.age == pytest.approx(min(1.0, waited / (3 * 86400)) ** power)
+
+
+def test_under_corral_an_older_twin_is_never_passed_by_a_younger_one() -> None:
+    # corral weighs size (10000) above age (5000): a full fade would let a small job lose
+    # size faster than it gains age, and a twin submitted 6 h later would pass it
+    snap = world([node("n", gpus=2)], [(9, 1, 9000.0)], [pending(1, 1, 3600, 0.0), pending(2, 1, 3600, 6 * 3600.0)])
+    ranks = priorities(snap, 6 * 3600.0, CORRAL)
+    assert ranks[1].total >= ranks[2].total and ranks[1].age > 0
+    assert [s.job_id for s in schedule(snap, 6 * 3600.0, CORRAL).starts] == [1]
 
 
 def test_a_starving_job_queues_ahead_of_higher_priority_ones_and_holds_its_reservation() -> None:
@@ -278,12 +290,12 @@ def test_a_starving_job_queues_ahead_of_higher_priority_ones_and_holds_its_reser
     snap = world([node("n", gpus=16)], [(9, 12, now + 1000)],
                  [pending(1, 14, 3600, 0.0, account="heavy"), pending(2, 4, 5000, now - 60, account="idle")],
                  usage={("heavy", "heavy"): 1e7})
-    ranks = priorities(snap, now, CORRAL)
+    ranks = priorities(snap, now, CORRAL_BY_GPUS)
     assert ranks[2].total > ranks[1].total
-    assert [s.job_id for s in schedule(snap, now, CORRAL).starts] == [2]
+    assert [s.job_id for s in schedule(snap, now, CORRAL_BY_GPUS).starts] == [2]
     # starve_after 1 h: job 1, 14 of the 16 GPUs, starves after 1 h x 2/16 = 450 s, goes
     # first, reserves t=8200, and job 2 may not delay it
-    starving = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=3600.0))
+    starving = Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, starve_after_s=3600.0))
     ranks = priorities(snap, now, starving)
     assert ranks[1].starve_s == 450.0 and ranks[2].starve_s == 2700.0
     plan = schedule(snap, now, starving)
@@ -297,38 +309,74 @@ def test_a_starving_job_queues_ahead_of_higher_priority_ones_and_holds_its_reser
 def test_starving_jobs_queue_oldest_first_whatever_their_priority() -> None:
     # one free GPU; three 1-GPU jobs that all waited past the starve limit: the oldest
     # starts although the idle account's younger job has far higher fair share
-    starving = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=3600.0))
+    starving = Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, starve_after_s=3600.0))
     jobs = [pending(1, 1, 600, 100.0, account="idle"), pending(2, 1, 600, 0.0, account="heavy"),
             pending(3, 1, 600, 50.0, account="heavy")]
     snap = world([node("n", gpus=2)], [(9, 1, 9000.0)], jobs, usage={("heavy", "heavy"): 1e7})
     assert [s.job_id for s in schedule(snap, 5000.0, starving).starts] == [2]
-    assert [s.job_id for s in schedule(snap, 5000.0, CORRAL).starts] == [1]
+    assert [s.job_id for s in schedule(snap, 5000.0, CORRAL_BY_GPUS).starts] == [1]
 
 
 def test_larger_jobs_starve_sooner_and_no_limit_means_never() -> None:
-    policy = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=86400.0))
+    policy = Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, starve_after_s=86400.0))
     small, large, whole = pending(1, 1, 600), pending(2, 32, 600), pending(3, 64, 600)
     got = {j.id: factors(j, 0.0, policy, 0.5, 64).starve_s for j in (small, large, whole)}
     assert got == {1: 86400.0 * 63 / 64, 2: 43200.0, 3: 0.0}
     by_time = Policy.named("corral", weights=replace(policy.weights, size_by="gpu_time"))
     assert factors(pending(4, 1, 60), 0.0, by_time, 0.5, 64).starve_s > \
         factors(pending(5, 1, 86400), 0.0, by_time, 0.5, 64).starve_s
-    assert factors(whole, 0.0, CORRAL, 0.5, 64).starve_s == math.inf  # off: never, even at full size
-    assert not factors(whole, 0.0, CORRAL, 0.5, 64).starving(1e12)
+    assert factors(whole, 0.0, CORRAL_BY_GPUS, 0.5, 64).starve_s == math.inf  # off: never, even at full size
+    assert not factors(whole, 0.0, CORRAL_BY_GPUS, 0.5, 64).starving(1e12)
+
+
+def test_only_users_short_of_their_share_of_the_gpus_may_starve() -> None:
+    # 16 GPUs, 4 free. heavy's 4-GPU job has waited 2 h (past the 1 h limit scaled to
+    # 45 min); light's is new, and outranks it on fair share. Two users with work: 8 GPUs each.
+    now, policy = 7200.0, Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, starve_after_s=3600.0))
+    jobs = [pending(1, 4, 600, 0.0, account="heavy"), pending(2, 4, 600, now - 60, account="light")]
+    usage = {("heavy", "heavy"): 1e7}
+
+    def snap(heavy_holds: int) -> Snapshot:
+        held = world([node("n", gpus=16)], [(9, heavy_holds, now + 1000), (8, 12 - heavy_holds, now + 1000)], jobs,
+                     usage)
+        owner = {9: "heavy", 8: "idle"}
+        running = tuple(replace(r, user=owner[r.id], account=owner[r.id]) for r in held.running)
+        return replace(held, running=running)
+
+    assert priorities(snap(12), now, policy)[2].total > priorities(snap(12), now, policy)[1].total
+    # heavy holds all 12 busy GPUs, more than its 16/3 (idle counts while it runs): priority decides
+    plan = schedule(snap(12), now, policy)
+    assert plan.hungry == {("light", "light")} and [s.job_id for s in plan.starts] == [2]
+    # heavy holds 4, under its 16/3: its starving job goes first
+    plan = schedule(snap(4), now, policy)
+    assert ("heavy", "heavy") in plan.hungry and [s.job_id for s in plan.starts] == [1]
+    # no starve limit, no lane: nobody is hungry
+    assert schedule(snap(4), now, CORRAL_BY_GPUS).hungry == frozenset()
+
+
+def test_entitlements_split_the_cluster_by_shares_among_those_with_work() -> None:
+    policy = Policy.named("corral", accounts=(Account("ml", shares=3, users=("ann", "bo")), Account("hep", shares=1),
+                                             Account("bio", shares=4)))
+    # bio has no work: its shares lend to the others; ml's 3/4 split between its two users
+    got = fairshare.entitlements(policy, {("ml", "ann"), ("ml", "bo"), ("hep", "cy")})
+    assert got == {("ml", "ann"): pytest.approx(3 / 8), ("ml", "bo"): pytest.approx(3 / 8),
+                   ("hep", "cy"): pytest.approx(1 / 4)}
+    assert fairshare.entitlements(policy, {("ml", "ann")}) == {("ml", "ann"): 1.0}
 
 
 @settings(max_examples=200, deadline=None)
 @given(busy_world(), st.floats(0.0, 24.0))
 def test_the_oldest_starving_job_is_first_in_line(snap: Snapshot, starve: float) -> None:
-    """With a starve limit, the oldest starving job that does not start is reserved exactly
-    where it would be were only the older starving jobs ahead of it: nothing of higher
-    priority, and nothing backfilled, pushes it back."""
+    """With a starve limit, the oldest starving job (of a user short of their share) that
+    does not start is reserved exactly where it would be were only the older starving jobs
+    ahead of it: nothing of higher priority, and nothing backfilled, pushes it back."""
     now = 13.0  # jobs were submitted at t = 1, 2, ...
     policy = Policy.named("corral", weights=replace(CORRAL.weights, starve_after_s=starve))
     plan = schedule(snap, now, policy)
     started = {s.job_id: s for s in plan.starts}
     ranks = priorities(snap, now, policy)
-    starving = sorted((j for j in snap.pending if ranks[j.id].starving(now - j.submitted_at)),
+    starving = sorted((j for j in snap.pending
+                       if j.assoc in plan.hungry and ranks[j.id].starving(now - j.submitted_at)),
                       key=lambda j: (j.submitted_at, j.id))
     first = next((j for j in starving if j.id not in started), None)
     if first is None:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import node, task
+from builders import CORRAL_BY_GPUS, node, task
 from corral.scheduler import (Account, Dependency, NodeView, Partition, PendingJob, Policy, PriorityWeights, Qos,
                               Reason, RunningJob, Shrinkable, Snapshot, TaskRequest, Topology, schedule)
 from corral.scheduler import fairshare
@@ -310,9 +310,11 @@ def test_builders_still_cover_plain_jobs() -> None:
 
 
 def test_size_fades_with_age_so_a_passed_over_gang_queues_first() -> None:
-    """corral's size factor favours small gangs among young jobs only: at max_age a job ranks
-    by age alone, ahead of every younger job, however small (slurm's factor never fades)."""
-    corral, slurm = Policy.named("corral"), Policy.named("slurm")
+    """A size factor weighted no more than age favours small gangs among young jobs only: at
+    max_age a job ranks by age alone, ahead of every younger job, however small (slurm's
+    factor never fades). corral's default weighs size above age: there the size term fades
+    to job_size - age, and the starve limit bounds the wait instead (test_backfill)."""
+    corral, slurm = CORRAL_BY_GPUS, Policy.named("slurm")
     day = 86400.0
     big_old = pj(1, gpus=8, replicas=2, submitted=0.0)
     small_new = pj(2, gpus=1, submitted=3 * day - 60)
@@ -357,7 +359,7 @@ def test_expansion_factor_is_the_wait_over_the_jobs_own_limit_capped() -> None:
     most 1; a job with no limit counts as the cap; limits under a minute count as a minute.
     Slurm has no such factor, and corral's default weighs it 0."""
     hour = 3600.0
-    corral = Policy.named("corral", weights=replace(Policy.named("corral").weights, expansion=10000.0))
+    corral = Policy.named("corral", weights=replace(CORRAL_BY_GPUS.weights, expansion=10000.0))
     jobs = (pj(1, limit=900.0, submitted=0.0),  # 300 s of 900
             pj(2, limit=2 * 86400.0, submitted=300.0 - 12 * hour),  # 12 h of the 1-day cap
             pj(3, limit=None, submitted=300.0 - 12 * hour),  # no limit: the cap
@@ -367,7 +369,7 @@ def test_expansion_factor_is_the_wait_over_the_jobs_own_limit_capped() -> None:
     assert [round(got[i].expansion, 6) for i in range(1, 6)] == [round(1 / 3, 6), 0.5, 0.5, 0.5, 1.0]
     # weighted into the total: job 5 (saturated) is 10000 × 2/3 above job 1 otherwise alike
     assert got[5].total - got[1].total == pytest.approx(corral.weights.expansion * (1 - 1 / 3), abs=1.0)
-    for plain in (Policy.named("slurm"), Policy.named("corral")):
+    for plain in (Policy.named("slurm"), CORRAL_BY_GPUS):  # (by GPUs: the limits differ)
         ranks = core_priorities(Snapshot(tuple(nodes(1)), jobs), 300.0, plain)
         assert ranks[5].total == pytest.approx(ranks[1].total)  # without the factor the two are alike
     wider = Policy.named("corral", weights=replace(corral.weights, expansion_cap_s=48 * hour))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import CORRAL_BY_GPUS
 from corral.scheduler import Policy
 from corral.sim.engine import cluster, loop_of, simulate
 from corral.sim.trace import ROUND_LIMITS_S, TraceJob, load_trace, requested_limit
@@ -96,7 +97,7 @@ def test_with_the_expansion_factor_a_passed_over_gang_catches_up_within_its_limi
     limit, and it gets the reservation. Mean JCT still beats Slurm's large-first order."""
     jobs = [TraceJob(f"s{i}", "u", i * 10.0, 1 + (i % 3 == 0), 130.0, 900.0) for i in range(150)]
     jobs = sorted(jobs + [TraceJob("gang", "u", 205.0, 8, 120.0, 900.0)], key=lambda j: j.submit_s)
-    plain = Policy.named("corral")
+    plain = CORRAL_BY_GPUS  # small-first by GPUs: the 15-minute limits are all alike
     runs = {name: simulate(jobs, cluster(2, 8), policy, **loop_of(loop))
             for name, policy, loop in (("expansion", Policy.named("corral", weights=replace(plain.weights,
                                                                                             expansion=10000.0)), "corral"),

@@ -123,7 +123,10 @@ def test_priority_order_and_the_priority_view(server) -> None:
 
 @pytest.mark.parametrize("site_config", [SITE.replace("half_life: 1d}", "half_life: 1d, starve_after: 8s}")])
 def test_a_starving_job_is_first_in_line_and_shown_so(server) -> None:
-    blocker = submit(server, "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
+    # bob holds the whole node; alice, who holds nothing, is short of her share: her jobs may starve
+    bob = {"X-Corral-User": "bob"}
+    text = "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 30\n"
+    blocker = server.post("/v1/jobs", headers=bob, json={"yaml": text}).json()["job"]
     wait_state(server, blocker["id"], "RUNNING")
     # 3 of the 4 GPUs: starving after 8 s x (1 - its size), a few seconds
     old = submit(server, "name: niced\nresources: {accelerators: H100:3}\nrun: echo a\n", scheduling={"nice": 5000})
@@ -137,7 +140,7 @@ def test_a_starving_job_is_first_in_line_and_shown_so(server) -> None:
     ranked = server.get("/v1/priority").json()
     assert [r["id"] for r in ranked] == [old["id"], new["id"]]
     assert ranked[0]["priority"] < ranked[1]["priority"]  # ahead despite the nice
-    server.post(f"/v1/jobs/{blocker['id']}/cancel")
+    server.post(f"/v1/jobs/{blocker['id']}/cancel", headers=bob)
     a, b = wait_state(server, old["id"], "SUCCEEDED"), wait_state(server, new["id"], "SUCCEEDED")
     assert a["started_at"] < b["started_at"]
 

@@ -193,5 +193,5 @@ class PriorityOut(BaseModel):
     qos_factor: float
     expansion: float
     nice: int
-    starving: bool = False  # pending past the site's starve_after: first in line, oldest first
+    starving: bool = False  # past the starve limit, its user short of their share: first in line, oldest first
     reason: str

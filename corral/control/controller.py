@@ -87,6 +87,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         w = site.usage_weights
         self.ledger = Ledger(site.half_life_s, w.gpu, w.cpu, w.memory)
         self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last cycle
+        self.hungry: frozenset[tuple[str, str]] = frozenset()  # short of their share, as of the last cycle
         self._priorities_at = 0.0
         self._ended_states: dict[int, str] = {}  # dependency targets that ended (never change again)
         # One writer at a time in this process: waiting on a Python lock wakes at once, where
@@ -360,6 +361,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         snapshot = self.snapshot()
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
+        self.hungry = plan.hungry
         pool = FreePool(snapshot.nodes)
         starts = []
         for start in plan.starts:

@@ -75,14 +75,16 @@ class SchedulingMixin:
                         self._ended_states[job_id] = state
         return states
 
-    def pending_priorities(self) -> list[tuple[JobRec, Factors | None, str]]:
-        """Pending jobs in the order the last cycle ranked them, with their factors and reason
-        (read by API threads: works on copies)."""
-        factors = dict(self.priorities)
+    def pending_priorities(self) -> list[tuple[JobRec, Factors | None, str, bool]]:
+        """Pending jobs in the order the last cycle ranked them, with their factors, reason
+        and whether they are starving (read by API threads: works on copies)."""
+        factors, hungry, now = dict(self.priorities), self.hungry, self.clock()
         jobs = list(self.pending.values())
-        key, unscored = self.policy.queue_key(self.clock()), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
-        jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored)))
-        return [(j, factors.get(j.id), self._reasons.get(j.id, "None")) for j in jobs]
+        key, unscored = self.policy.queue_key(now, hungry), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        assoc = {j.id: (j.account or j.user, j.user) for j in jobs}
+        jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
+        return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
+                 assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
 
     def _holdings(self) -> list[Holding]:
         out = []

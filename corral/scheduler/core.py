@@ -7,7 +7,8 @@ The cycle, in numbered steps:
                 reported, and cancels the job if it asked);
   2. order    — FIFO keeps submit order; ``slurm`` and ``corral`` sort by partition
                 priority tier, then multifactor priority, then submit time (Slurm's order),
-                with starving jobs (a site's ``starve_after``) first in their tier;
+                with starving jobs (a site's ``starve_after``, for users short of
+                their share of the GPUs) first in their tier;
   3. pool     — a what-if copy of free resources, a timeline of when running jobs give
                 theirs back (start + time limit), and a tally of GPUs and GPU-minutes
                 for the QOS and account limits;
@@ -29,11 +30,14 @@ no backfill); the simulator's ``slurm`` model runs it on every event and a full 
 Policies: ``fifo``; ``slurm`` models a typical Slurm site (multifactor with age, fair-share
 and a job-size factor favoring large jobs; backfill that reserves for every blocked job it
 examines, bounded like bf_max_job_test; cons_tres's first-fit node choice); ``corral``
-favors small gangs in a size factor that fades as a job ages and weighs age five times
-more, saturating in 3 days, so a job that has waited that long queues by age alone; same
-reservations, and fragmentation-aware best fit."""
+puts the smallest declared area (GPUs x time limit) first, a size factor that fades as a
+job ages by at most the age weight, and bounds how long that can pass a job over: one that
+waited a day x (1 - its size) goes first, oldest first, while its user holds less than
+their share of the GPUs; same reservations, and fragmentation-aware best fit."""
 
 from __future__ import annotations
+
+import math
 
 from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
@@ -44,7 +48,7 @@ from corral.scheduler.policy import Policy
 from corral.scheduler.priority import Factors, Scorer
 from corral.scheduler.snapshot import PendingJob, Snapshot
 
-__all__ = ["Policy", "schedule", "priorities"]
+__all__ = ["Policy", "schedule", "priorities", "hungry"]
 
 
 def priorities(snapshot: Snapshot, now: float, policy: Policy) -> dict[int, Factors]:
@@ -53,6 +57,21 @@ def priorities(snapshot: Snapshot, now: float, policy: Policy) -> dict[int, Fact
     shares = fairshare.factors(policy, snapshot.usage, {j.assoc for j in snapshot.pending})
     scorer = Scorer(policy, now, cluster_gpus)
     return {j.id: scorer.factors(j, shares.get(j.assoc, 0.5)) for j in snapshot.pending}
+
+
+def hungry(snapshot: Snapshot, policy: Policy) -> frozenset[tuple[str, str]]:
+    """The associations with pending jobs that hold fewer GPUs than their share of the
+    cluster (``fairshare.entitlements`` over those with work): only their jobs may starve
+    (``PriorityWeights.starve_after_s``). Empty when the site sets no starve limit."""
+    if policy.weights.starve_after_s == math.inf or not snapshot.pending:
+        return frozenset()
+    held: dict[tuple[str, str], int] = {}
+    for r in snapshot.running:
+        held[r.assoc] = held.get(r.assoc, 0) + r.gpus
+    waiting = {j.assoc for j in snapshot.pending}
+    share = fairshare.entitlements(policy, waiting | set(held))
+    total = sum(n.gpus for n in snapshot.nodes)
+    return frozenset(a for a in waiting if held.get(a, 0) < share[a] * total)
 
 
 def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bool = True) -> Plan:
@@ -80,8 +99,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         if missing:
             prio.update(priorities(Snapshot(snapshot.nodes, missing, usage=snapshot.usage), now, policy))
         plan.priorities = prio
-        key = policy.queue_key(now)
-        ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id]))
+        plan.hungry = hungry(snapshot, policy)
+        key = policy.queue_key(now, plan.hungry)
+        ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc))
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)

@@ -91,6 +91,28 @@ def _tree(policy: Policy, usage: dict[Assoc, float], extra: set[Assoc]) -> tuple
     return root, users, accounts
 
 
+def entitlements(policy: Policy, active: set[Assoc]) -> dict[Assoc, float]:
+    """The fraction of the cluster each active association may count on: its normalised
+    shares with only the active part of the tree counted (an idle user's or account's shares
+    go to its active siblings, as Kueue lends unused quota), so they sum to 1."""
+    root, users, _ = _tree(policy, {}, set(active))
+    live: set[int] = set()
+    for assoc in active:
+        node = users[assoc]
+        while node is not None and id(node) not in live:
+            live.add(id(node))
+            node = node.parent
+    out: dict[Assoc, float] = {}
+    for assoc in active:
+        node, share = users[assoc], 1.0
+        while node.parent is not None:
+            siblings = sum(c.shares for c in node.parent.children if id(c) in live)
+            share *= node.shares / siblings if siblings > 0 else 0.0
+            node = node.parent
+        out[assoc] = share
+    return out
+
+
 def factors(policy: Policy, usage: dict[Assoc, float], assocs: set[Assoc]) -> dict[Assoc, float]:
     """The fair-share factor of each association asked for."""
     rows = report(policy, usage, assocs)

@@ -68,6 +68,8 @@ class Plan:
     preemptions: list[Preemption] = field(default_factory=list)
     cancels: dict[int, str] = field(default_factory=dict)  # job -> why (an unsatisfiable dependency)
     priorities: dict[int, object] = field(default_factory=dict)  # job -> its Factors, for sprio-like views
+    # (account, user) holding less than its share of the GPUs: its starving jobs go first
+    hungry: frozenset[tuple[str, str]] = frozenset()
 
     def started_ids(self) -> set[int]:
         return {s.job_id for s in self.starts}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable, Collection, Literal
 
 if TYPE_CHECKING:
     from corral.scheduler.priority import Factors
@@ -35,9 +35,13 @@ class PriorityWeights:
     max_age_s: float = 7 * 86400.0
     favor_small: bool = False
     # corral's own: the job-size factor is scaled by (1 - age factor), so size orders young
-    # jobs and a job at max_age queues by age alone, ahead of every younger job of equal
-    # fair share when job_size <= age (a young job's age·a + size·s·(1 - a) stays below age
-    # while s < 1): a bound on how long a large or long job is passed over.
+    # jobs and, when job_size <= age, a job at max_age queues by age alone, ahead of every
+    # younger job of equal fair share (a young job's age·a + size·s·(1 - a) stays below age
+    # while s < 1): a bound on how long a large or long job is passed over. The fade never
+    # takes more than age brings in: age + size stay at least what they were when the job
+    # was new, so priority never falls as a job waits and no younger twin overtakes it.
+    # With job_size above age (corral's default) small jobs thus keep job_size x s - age of
+    # their lead, and the bound on being passed over is starve_after_s.
     size_fades: bool = False
     # What "size" means for the job-size factor: "gpus" (Slurm's: GPUs asked / GPUs in the
     # cluster) or "gpu_time" (corral's option: GPUs x time limit, the area the job asks
@@ -62,13 +66,18 @@ class PriorityWeights:
     age_power: float = 1.0
     # After PBS's help_starving_jobs / max_starve, scaled by size: a job is starving once it
     # has waited starve_after_s x (1 - its size), size being the job-size measure in [0, 1]
-    # (GPUs, or GPU-time under size_by) before favor_small flips it. Starving jobs queue ahead
-    # of all others in their partition tier, oldest first, so the oldest gets the first
-    # reservation and backfill may not delay it: a bound on how long priority can pass a job
-    # over, whatever the weights. The larger the job, the more a size factor favouring small
-    # ones passes it over, and the sooner it is owed its turn; a flat bound long enough for
-    # the smallest jobs leaves the large ones waiting until the trace's end (README,
-    # "Simulator"). inf: never.
+    # (GPUs, or GPU-time under size_by) before favor_small flips it, and its user holds
+    # fewer GPUs than their share of the cluster (``fairshare.entitlements``: the account
+    # tree's shares among the users with work). Starving jobs queue ahead of all others in
+    # their partition tier, oldest first, so the oldest gets the first reservation and
+    # backfill may not delay it: a bound on how long priority can pass a job over, whatever
+    # the weights, for every user still short of their share. The larger the job, the more a
+    # size factor favouring small ones passes it over, and the sooner it is owed its turn; a
+    # flat bound long enough for the smallest jobs leaves the large ones waiting until the
+    # trace's end. A user at or above their share gets no such lane (priority alone orders
+    # their jobs): otherwise a heavy user's backlog of thousands of day-old jobs would queue
+    # first-come-first-served ahead of everyone's fresh work, fair share and size unheard
+    # (philly-pollux; README, "Simulator"). inf: never.
     starve_after_s: float = math.inf
 
 
@@ -137,14 +146,15 @@ class Policy:
                                    "max_reservations": 100, "max_backfill_jobs": 500, "packing": "first_fit",
                                    **overrides})
         if name == "corral":
-            # Small gangs first (lower mean JCT) while young: the size factor fades with age, so
-            # a job waiting 3 days queues by age alone, ahead of younger ones (no gang starves,
-            # which also keeps the big ones from all ending last); a reservation for every
-            # blocked job examined. size_by="gpu_time" (SJF on declared areas), age_power (fair
-            # share alone for a job's first day or so) and starve_after_s (a hard bound on being
-            # passed over) are site knobs, not the default: README, "Simulator", says what each
-            # won and lost.
-            weights = PriorityWeights(favor_small=True, size_fades=True, age=5000.0, max_age_s=3 * 86400.0)
+            # Shortest declared area first (GPUs x time limit, weighted 10000: SJF on what users
+            # declare, for mean JCT), fading as a job ages (age 5000 over 3 days), fair share
+            # 10000; and a hard bound on being passed over: a job that waited 1 day x (1 - its
+            # size) goes first, oldest first, while its user holds less than their share of the
+            # GPUs, so the long and wide jobs that SJF passes over start in time and do not all
+            # end last. A reservation for every blocked job examined. age_power and the
+            # expansion factor are site knobs: README, "Simulator", says what each won and lost.
+            weights = PriorityWeights(favor_small=True, size_fades=True, age=5000.0, max_age_s=3 * 86400.0,
+                                      job_size=10000.0, size_by="gpu_time", starve_after_s=86400.0)
             return cls("corral", **{"weights": weights, "backfill": True, "max_reservations": 100,
                                     "max_backfill_jobs": 500, **overrides})
         raise ValueError(f"unknown policy {name!r}; use fifo, slurm or corral")
@@ -164,15 +174,16 @@ class Policy:
     def default_partition(self) -> Partition:
         return self.partitions[0] if self.partitions else _ALL
 
-    def queue_key(self, now: float) -> Callable[[str, float, int, Factors], tuple]:
+    def queue_key(self, now: float, hungry: Collection[tuple[str, str]] = ()) -> Callable[..., tuple]:
         """The order of a queue at ``now``, as a sort key of (partition, submitted_at, id,
-        factors): higher partition tier first, then starving jobs oldest first (see
-        ``starve_after_s``), then higher priority, then earlier submission."""
+        factors, assoc): higher partition tier first, then starving jobs oldest first (see
+        ``starve_after_s``; only the ``hungry`` associations' jobs, those short of their
+        share), then higher priority, then earlier submission."""
         tiers = {p.name: p.priority_tier for p in self.partitions}
         default_tier = self.default_partition.priority_tier
 
-        def key(partition: str, submitted_at: float, job_id: int, factors: Factors) -> tuple:
-            starving = factors.starving(now - submitted_at)
+        def key(partition: str, submitted_at: float, job_id: int, factors: Factors, assoc: tuple[str, str]) -> tuple:
+            starving = assoc in hungry and factors.starving(now - submitted_at)
             return (-tiers.get(partition, default_tier), not starving, submitted_at if starving else 0.0,
                     -factors.total, submitted_at, job_id)
         return key

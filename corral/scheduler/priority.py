@@ -7,7 +7,8 @@ fair-share factors of the cycle: a weighted sum of factors in [0, 1] minus the j
   job size   — GPUs asked / GPUs in the cluster (favor_small flips it, PriorityFavorSmall);
                or, with size_by="gpu_time", log(1 + GPUs x time limit in minutes) over the
                cluster's GPU-minutes in size_span_s (a CPU-only job counts as one GPU);
-               with ``size_fades`` (corral's) it is scaled by (1 - age), see PriorityWeights
+               with ``size_fades`` (corral's) it is scaled by (1 - age), but never below what
+               keeps age + size at its value when the job was new, see PriorityWeights
   partition  — the partition's job factor / the largest one (PriorityJobFactor)
   qos        — the QOS priority / the largest one
   expansion  — waited / min(time limit, cap), capped at 1 (Maui's XFACTOR; a job without a
@@ -90,7 +91,11 @@ class Scorer:
         if w.age_power != 1.0:
             age **= w.age_power
         if w.size_fades:
-            size *= 1.0 - age
+            faded = size * (1.0 - age)
+            # never below the priority it had when new: what size loses, age must bring in
+            if w_size * (size - faded) > w_age * age:
+                faded = size - w_age * age / w_size
+            size = faded
         part = self._part.get(job.partition)
         if part is None:
             part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor

@@ -41,9 +41,9 @@ def share(state: StateDep):
 @router.get("/priority", response_model=list[PriorityOut])
 def priority(state: StateDep):
     """Pending jobs in scheduling order with the weighted factors of their priority."""
-    w, now = state.controller.policy.weights, state.controller.clock()
+    w = state.controller.policy.weights
     out = []
-    for job, f, reason in state.controller.pending_priorities():
+    for job, f, reason, starving in state.controller.pending_priorities():
         out.append(PriorityOut(
             id=job.id, name=job.name, user=job.user, account=job.account, partition=job.partition, qos=job.qos,
             priority=round(f.total, 3) if f else 0.0, age=round(w.age * f.age, 3) if f else 0.0,
@@ -52,5 +52,5 @@ def priority(state: StateDep):
             partition_factor=round(w.partition * f.partition, 3) if f else 0.0,
             qos_factor=round(w.qos * f.qos, 3) if f else 0.0,
             expansion=round(w.expansion * f.expansion, 3) if f else 0.0, nice=job.nice,
-            starving=f.starving(now - job.submitted_at) if f else False, reason=reason))
+            starving=starving, reason=reason))
     return out
