@@ -273,13 +273,23 @@ def test_a_waiting_job_never_loses_priority_whatever_the_weights(power: float, g
     assert earlier.age == pytest.approx(min(1.0, waited / (3 * 86400)) ** power)
 
 
-def test_under_corral_an_older_twin_is_never_passed_by_a_younger_one() -> None:
-    # corral weighs size (10000) above age (5000): a full fade would let a small job lose
-    # size faster than it gains age, and a twin submitted 6 h later would pass it
-    snap = world([node("n", gpus=2)], [(9, 1, 9000.0)], [pending(1, 1, 3600, 0.0), pending(2, 1, 3600, 6 * 3600.0)])
-    ranks = priorities(snap, 6 * 3600.0, CORRAL)
-    assert ranks[1].total >= ranks[2].total and ranks[1].age > 0
-    assert [s.job_id for s in schedule(snap, 6 * 3600.0, CORRAL).starts] == [1]
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 16), st.floats(60, 30 * 86400), st.floats(0, 4 * 86400), st.floats(0, 4 * 86400))
+def test_under_corral_an_older_twin_is_never_passed_by_a_younger_one(gpus: int, limit: float, older: float,
+                                                                      younger: float) -> None:
+    """corral weighs size (10000) above age (5000): a full fade would let a small job lose
+    size faster than it gains age, and a twin submitted later would pass it; the floor
+    keeps the older one at least level (exactly: a rounding error once ordered twins
+    newest-first), so twins go in submit order."""
+    older, younger = max(older, younger), min(older, younger)
+    now = 4 * 86400.0
+    # room for one of them now: the older starts
+    running = [(9, 16 - gpus, now + 100)] if gpus < 16 else []
+    snap = world([node("n", gpus=16)], running, [pending(1, gpus, limit, now - older),
+                                                 pending(2, gpus, limit, now - younger)])
+    ranks = priorities(snap, now, CORRAL)
+    assert ranks[1].total >= ranks[2].total
+    assert [s.job_id for s in schedule(snap, now, CORRAL).starts] == [1]
 
 
 def test_a_starving_job_queues_ahead_of_higher_priority_ones_and_holds_its_reservation() -> None:

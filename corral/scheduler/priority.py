@@ -90,10 +90,14 @@ class Scorer:
             size = 1.0 - size
         if w.age_power != 1.0:
             age **= w.age_power
+        lift = None  # age and size together, when the fade's floor sets them
         if w.size_fades:
             faded = size * (1.0 - age)
             # never below the priority it had when new: what size loses, age must bring in
             if w_size * (size - faded) > w_age * age:
+                # exactly a new twin's sum, so twins tie (and go in submit order) rather than
+                # differ by a rounding error
+                lift = w_size * size
                 faded = size - w_age * age / w_size
             size = faded
         part = self._part.get(job.partition)
@@ -115,8 +119,9 @@ class Scorer:
         if job.priority is not None:
             total = job.priority
         else:
-            total = (w_age * age + w_fs * fair_share + w_size * size + w_part * part + w_qos * qos + w_exp * expansion
-                     - job.nice)
+            if lift is None:
+                lift = w_age * age + w_size * size
+            total = lift + w_fs * fair_share + w_part * part + w_qos * qos + w_exp * expansion - job.nice
         return Factors(age, fair_share, size, part, qos, expansion, job.nice, total, starve_s)
 
 
