@@ -163,6 +163,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
             if reservation is not None:
                 book.add(reservation, timeline)
                 plan.reserved_starts[job.id] = reservation.start
+                plan.reserved_on[job.id] = reservation.allocations
     return plan
 
 

@@ -65,6 +65,7 @@ class Plan:
     starts: list[Start] = field(default_factory=list)
     reasons: dict[int, Reason] = field(default_factory=dict)
     reserved_starts: dict[int, float] = field(default_factory=dict)  # blocked job -> its planned start
+    reserved_on: dict[int, tuple[Allocation, ...]] = field(default_factory=dict)  # ... and where
     preemptions: list[Preemption] = field(default_factory=list)
     cancels: dict[int, str] = field(default_factory=dict)  # job -> why (an unsatisfiable dependency)
     priorities: dict[int, object] = field(default_factory=dict)  # job -> its Factors, for sprio-like views
