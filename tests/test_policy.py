@@ -312,8 +312,8 @@ def test_builders_still_cover_plain_jobs() -> None:
 def test_size_fades_with_age_so_a_passed_over_gang_queues_first() -> None:
     """A size factor weighted no more than age favours small gangs among young jobs only: at
     max_age a job ranks by age alone, ahead of every younger job, however small (slurm's
-    factor never fades). corral's default weighs size above age: there the size term fades
-    to job_size - age, and the starve limit bounds the wait instead (test_backfill)."""
+    factor never fades). corral's default weighs size above age: there the fade stops where
+    the job's priority would fall, and the starve limit bounds the wait instead (test_backfill)."""
     corral, slurm = CORRAL_BY_GPUS, Policy.named("slurm")
     day = 86400.0
     big_old = pj(1, gpus=8, replicas=2, submitted=0.0)

@@ -81,7 +81,7 @@ class SchedulingMixin:
         factors, hungry, now = dict(self.priorities), self.hungry, self.clock()
         jobs = list(self.pending.values())
         key, unscored = self.policy.queue_key(now, hungry), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
-        assoc = {j.id: (j.account or j.user, j.user) for j in jobs}
+        assoc = {j.id: j.request.assoc for j in jobs}
         jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
         return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
                  assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
