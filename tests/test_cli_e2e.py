@@ -142,7 +142,9 @@ run: sleep 60
 
 
 def test_ctrl_c_detaches_and_the_job_keeps_running(corral, tmp_path: Path) -> None:
-    spec = write(tmp_path, "s.yaml", "name: detachme\nrun: echo started; sleep 3; echo finished\n")
+    release = tmp_path / "release"  # the job ends when the test says so, not after a sleep a slow CI may outlast
+    spec = write(tmp_path, "s.yaml", f"name: detachme\nrun: echo started; while [ ! -e {release} ]; do sleep 0.1; done; "
+                                     "echo finished\n")
     proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "launch", str(spec)], env=corral.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "detachme-0 | started"
@@ -150,6 +152,7 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(corral, tmp_path: Path) -> No
     _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 130 and "corral logs" in stderr and "keeps running" in stderr
     assert status(corral, "detachme")["state"] == "RUNNING"
+    release.touch()
     wait_for(lambda: status(corral, "detachme")["state"] == "SUCCEEDED", timeout=10)
     assert corral("logs", "detachme", check=True).stdout == "started\nfinished\n"
 
