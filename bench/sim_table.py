@@ -4,7 +4,7 @@ baseline, Slurm's main scheduler on every event and backfill every 30 s) and ``c
 (a full cycle on every event, as its control loop runs), on clusters sized for 70-95 %
 offered load, each over several seeds of the users' time-limit over-estimates.
 
-  python bench/sim_table.py [--traces tiresias,4vc,0e4a51,alibaba,pollux] [--seeds 0,1,2]
+  python bench/sim_table.py [--traces tiresias,4vc,0e4a51,alibaba,pollux] [--seeds 0,1,2,3,4,5,6,7]
                             [--pollux-seeds 0] [--workers 2] [--with-expansion]
                             [--variant LABEL=config.yaml ...] [--no-baselines]
 
@@ -12,10 +12,12 @@ Prints one markdown row per trace and policy (means over the seeds) and, per tra
 many seeds corral met each target against slurm: lower mean JCT, utilisation at least
 slurm's, worst per-user mean wait no worse. ``util bound`` is the highest utilisation any
 schedule can reach on that trace (its last job run the moment it arrives): when slurm is
-already there, corral can only tie. philly-pollux (82k jobs) replays in 10-25 min per policy
-on one core (corral+x: ~40), so it gets one seed by default and no fifo (at that load FIFO's queue only
-grows). ``--with-expansion`` adds ``corral+x``: corral with the expansion factor (Maui's
-XFACTOR) weighted 10000, the variant its default leaves out. ``--variant`` adds a row per
+already there, corral can only tie. The small traces get eight seeds: one long job decides
+utilisation, so three seeds flipped its mean. philly-pollux (82k jobs) replays in 10-25 min
+per policy on one core (corral+x: ~40), so it gets one seed by default (``--pollux-seeds
+0,1,2`` for more) and no fifo (at that load FIFO's queue only grows).
+``--with-expansion`` adds ``corral+x``: corral with the expansion factor (Maui's XFACTOR)
+weighted 10000, the variant its default leaves out. ``--variant`` adds a row per
 site config (its scheduler section and account tree, as ``corral sim --config`` reads them),
 judged against slurm like corral; the README's variant tables come from the configs in
 bench/variants/. ``--no-baselines`` runs only slurm and the variants (slurm is what they are
@@ -76,7 +78,7 @@ def run(args: tuple[str, str, int, str | None]) -> tuple[str, str, int, dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--traces", default=",".join(TRACES))
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2,3,4,5,6,7")
     parser.add_argument("--pollux-seeds", default="0")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--with-expansion", action="store_true")
