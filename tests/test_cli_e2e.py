@@ -143,8 +143,8 @@ run: sleep 60
 
 def test_ctrl_c_detaches_and_the_job_keeps_running(corral, tmp_path: Path) -> None:
     release = tmp_path / "release"  # the job ends when the test says so, not after a sleep a slow CI may outlast
-    spec = write(tmp_path, "s.yaml", f"name: detachme\nrun: echo started; while [ ! -e {release} ]; do sleep 0.1; done; "
-                                     "echo finished\n")
+    run = f"echo started; while [ ! -e {release} ]; do sleep 0.1; done; echo finished"
+    spec = write(tmp_path, "s.yaml", f"name: detachme\nrun: {run}\n")
     proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "launch", str(spec)], env=corral.env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "detachme-0 | started"
