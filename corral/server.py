@@ -2,7 +2,8 @@
 
 ``python -m corral.server`` serves on loopback (``CORRAL_PORT``, default: a free port),
 writes ``CORRAL_HOME/server.json`` with its URL and pid, and holds a lock so only one server
-runs per ``CORRAL_HOME``. Stopping it leaves replicas running; the next start adopts them."""
+runs per ``CORRAL_HOME`` and a claim on its database so only one runs per database.
+Stopping it leaves replicas running; the next start adopts them."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from corral.api.deps import ServerState
 from corral.control.controller import Controller
 from corral.site import load_site
 from corral.settings import Settings
-from corral.store.database import make_engine, migrate, session_factory
+from corral.store.database import Claim, make_engine, migrate, redacted, session_factory
 
 log = logging.getLogger("corral.server")
 
@@ -45,6 +46,11 @@ def main() -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         print(f"another corral server already serves {settings.home}", file=sys.stderr)
+        return 3
+    claim = Claim.take(settings.db_url)
+    if claim is None:
+        print(f"another corral server already runs jobs from the database {redacted(settings.db_url)}; "
+              "one server per database (stop it, or give this one its own CORRAL_DB_URL)", file=sys.stderr)
         return 3
     host = os.environ.get("CORRAL_HOST", "127.0.0.1")
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -79,6 +85,7 @@ def main() -> int:
                 settings.server_file.unlink()
         except (OSError, ValueError):
             pass
+        claim.release()
         log.info("corral server %s stopped", os.getpid())
     return 0
 

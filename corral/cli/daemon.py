@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -48,12 +49,21 @@ def start(settings: Settings, timeout: float = 20.0) -> dict[str, Any]:
             info = running(settings)  # lost a start race to another CLI: use the winner
             if info:
                 return info
-            raise CorralError(f"the corral server exited with code {proc.returncode}; see {settings.server_log}")
+            raise CorralError(f"the corral server exited with code {proc.returncode}: {_last_line(settings.server_log)}"
+                              f" (log: {settings.server_log})")
         info = running(settings)
         if info and info.get("pid") == proc.pid:
             return info
         time.sleep(0.05)
     raise CorralError(f"the corral server did not come up in {timeout:.0f}s; see {settings.server_log}")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "no log"
+    return lines[-1] if lines else "no output"
 
 
 def stop(settings: Settings, timeout: float = 15.0) -> bool:
