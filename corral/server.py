@@ -7,7 +7,6 @@ Stopping it leaves replicas running; the next start adopts them."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ from corral.api.deps import ServerState
 from corral.control.controller import Controller
 from corral.site import load_site
 from corral.settings import Settings
-from corral.store.database import Claim, make_engine, migrate, redacted, session_factory
+from corral.store.database import Claim, lock_file, make_engine, migrate, redacted, session_factory
 
 log = logging.getLogger("corral.server")
 
@@ -41,10 +40,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     settings.ensure_dirs()
-    lock = open(settings.home / "server.lock", "w")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    home_lock = lock_file(settings.home / "server.lock")  # held (open) until the process ends
+    if home_lock is None:
         print(f"another corral server already serves {settings.home}", file=sys.stderr)
         return 3
     claim = Claim.take(settings.db_url)

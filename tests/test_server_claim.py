@@ -14,11 +14,10 @@ from conftest import POOL
 from corral.store.database import redacted
 
 
-def cli(home: Path, db_url: str, *args: str) -> subprocess.CompletedProcess:
+def cli(home: Path, db_url: str, *args: str, module: str = "corral.cli.main") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=db_url)
-    return subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_a_second_server_on_the_same_database_refuses_to_start(db_url: str, tmp_path: Path) -> None:
@@ -34,6 +33,8 @@ def test_a_second_server_on_the_same_database_refuses_to_start(db_url: str, tmp_
         assert "another corral server already runs jobs from the database" in second.stderr
         assert not (homes[1] / "server.json").exists()
         assert cli(homes[1], db_url, "queue").returncode != 0  # nor does a command start one behind its back
+        same_home = cli(homes[0], db_url, module="corral.server")
+        assert same_home.returncode == 3 and "already serves" in same_home.stderr
         assert cli(homes[0], db_url, "server", "stop").returncode == 0
         again = cli(homes[1], db_url, "server", "start")  # the claim went with the first server
         assert again.returncode == 0, again.stderr

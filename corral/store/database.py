@@ -68,13 +68,8 @@ class Claim:
         if parsed.get_backend_name() == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 return cls(None)  # a private database: no other server can reach it
-            lock = open(f"{parsed.database}.server.lock", "w")
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                return None
-            return cls(lock)
+            lock = lock_file(f"{parsed.database}.server.lock")
+            return cls(lock) if lock is not None else None
         conn = create_engine(url, poolclass=NullPool).connect()
         if not conn.execute(text("SELECT pg_try_advisory_lock(:key)"), {"key": SERVER_LOCK_KEY}).scalar():
             conn.close()
@@ -85,6 +80,18 @@ class Claim:
     def release(self) -> None:
         if self._handle is not None:
             self._handle.close()
+
+
+def lock_file(path: Path | str) -> IO[str] | None:
+    """An open file holding an exclusive flock on ``path`` (freed when the process ends
+    however it ends), or None if another process holds it."""
+    lock = open(path, "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
 
 
 def redacted(url: str) -> str:
