@@ -17,6 +17,11 @@ starts with it.
                   max_gpus_per_user: 8, max_gpus_per_account: 16, max_gpus: 32, gpu_minutes: 1e6}]
     topology:   [leaf, spine]   # node label keys, leaf switch first
     operators:  [ann]           # may set priority / negative nice; default: the server's user
+    infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine
+
+A partition with ``infra: ray`` holds the Ray cluster's nodes (named ``ray-<ip>``, or the
+node's ``corral.node`` label), found at run time; other partitions hold the nodes their
+patterns match, of any infra, so one queue and one fair share span local and Ray nodes.
 
 The first partition is the default; a site without ``qos`` has one, ``normal``."""
 
@@ -97,6 +102,7 @@ class SchedulerSettings(_Strict):
 
 class PartitionEntry(_Strict):
     name: str
+    infra: Literal["local", "ray"] | None = None  # None: nodes of any infra its patterns match
     nodes: list[str] = ["*"]
     max_time: Duration | None = None
     default_time: Duration | None = None
@@ -126,8 +132,22 @@ class QosEntry(_Strict):
     gpu_minutes: float | None = Field(default=None, ge=0)
 
 
+class RayInfra(_Strict):
+    """A Ray cluster corral runs replicas on: ``auto`` (the cluster this machine belongs
+    to), a GCS address ``HOST:PORT``, or ``ray://HOST:PORT`` (Ray Client)."""
+
+    address: str = "auto"
+    node_prefix: str = Field(default="ray", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
+    namespace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,63}$")
+
+
+class InfraConfig(_Strict):
+    ray: RayInfra | None = None
+
+
 class SiteConfig(_Strict):
     nodes: list[NodeEntry] | None = None
+    infra: InfraConfig = InfraConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -149,6 +169,7 @@ class Site:
     # Who may set a job's fixed ``priority`` or a negative ``nice`` (Slurm: operators and
     # admins only); by default the user the server runs as, the machine's owner.
     operators: tuple[str, ...] = field(default_factory=_server_user)
+    ray: RayInfra | None = None  # the Ray cluster, when the site uses one
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -193,7 +214,8 @@ def load_site(config_path: Path) -> Site:
     if issues:
         raise SpecError(issues, source)
     operators = tuple(config.operators) if config.operators is not None else _server_user()
-    return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators)
+    return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
+                config.infra.ray)
 
 
 def _policy(config: SiteConfig) -> Policy:
@@ -212,7 +234,7 @@ def _policy(config: SiteConfig) -> Policy:
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
         _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,
-        partitions=tuple(Partition(p.name, tuple(p.nodes), p.max_time, p.default_time,
+        partitions=tuple(Partition(p.name, _patterns(p, config), p.max_time, p.default_time,
                                    tuple(p.accounts) if p.accounts is not None else None, p.priority_tier,
                                    p.job_factor, p.preempt_mode) for p in config.partitions),
         qos=tuple(Qos(q.name, q.priority, tuple(q.preempt), q.preempt_mode, q.max_gpus_per_user,
@@ -220,6 +242,20 @@ def _policy(config: SiteConfig) -> Policy:
         accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
                        for a in config.accounts),
         topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing))
+
+
+def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:
+    """Node name patterns of a partition. A Ray partition's nodes exist only at run time,
+    all named under the cluster's prefix, so "*" there means every Ray node."""
+    if p.infra == "ray" and config.infra.ray is not None:
+        prefix = config.infra.ray.node_prefix + "-"
+        return tuple(n if n.startswith(prefix) else prefix + n for n in p.nodes)
+    if p.infra == "local":
+        ray_prefix = config.infra.ray.node_prefix + "-" if config.infra.ray is not None else None
+        local = [n.name for n in (expand_nodes(config.nodes, None, "") if config.nodes else [local_machine()])]
+        return tuple(name for name in local if any(fnmatch.fnmatchcase(name, pat) for pat in p.nodes)
+                     and not (ray_prefix and name.startswith(ray_prefix))) or ("\0none",)
+    return tuple(p.nodes)
 
 
 def _pick(value, default):
@@ -241,9 +277,20 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
     names = [n.name for n in nodes]
     accounts = {a.name for a in config.accounts}
     qos = {q.name for q in config.qos}
+    ray = config.infra.ray
     for i, p in enumerate(config.partitions):
+        if p.infra == "ray" and ray is None:
+            issue(("partitions", i, "infra"), "infra ray needs a Ray cluster: add infra: {ray: {address: auto}}")
+        if ray is not None:
+            for j, node in enumerate(names):
+                if node.startswith(ray.node_prefix + "-"):
+                    issue(("nodes",), f"node {node!r} is named like a Ray node (prefix {ray.node_prefix!r}-); "
+                                      "rename it or set infra.ray.node_prefix")
+                    break
         for j, pattern in enumerate(p.nodes):
-            if not fnmatch.filter(names, pattern):
+            if p.infra == "ray":
+                continue  # Ray's nodes are known only at run time
+            if not fnmatch.filter(names, pattern) and not (p.infra is None and ray is not None):
                 issue(("partitions", i, "nodes", j), f"{pattern!r} matches no node of the pool")
         if p.max_time is not None and p.default_time is not None and p.default_time > p.max_time:
             issue(("partitions", i, "default_time"), "default_time is longer than max_time")

@@ -56,7 +56,8 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
                                       ReplicaState.SUCCEEDED}),
     ReplicaState.RUNNING: frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED, ReplicaState.KILLED,
                                      ReplicaState.RESTARTING}),
-    ReplicaState.RESTARTING: frozenset({ReplicaState.STARTING, ReplicaState.KILLED}),
+    # A replica whose node went away is placed again (PENDING) when its restart is due.
+    ReplicaState.RESTARTING: frozenset({ReplicaState.STARTING, ReplicaState.PENDING, ReplicaState.KILLED}),
     # A rank retired by a scale-down comes back when the task grows again.
     ReplicaState.KILLED: frozenset({ReplicaState.PENDING}),
 }

@@ -1,17 +1,41 @@
-"""The local executor with real processes: adoption after a crash must see a dead replica as
-dead at once, whatever state its leftover process is in."""
+"""The local executor on the v2 contract, with real processes: adoption after a crash sees a
+dead attempt as dead at once, an attempt that never started is ABSENT (never another
+attempt's exit), and an attempt's whole process tree ends before its end is reported."""
 
 from __future__ import annotations
 
 import os
-import threading
+import signal
+import subprocess
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from corral.executors.base import Handle
-from corral.executors.local import EXIT_FILE, LocalExecutor
+from corral.executors.base import Kind, Launch, LaunchError, Observed
+from corral.executors.local import LocalExecutor
+from corral.executors.noderunner import EXIT_FILE, STARTED_FILE
+from corral.pool import NodeSpec
+
+
+def _executor(tmp_path: Path) -> LocalExecutor:
+    return LocalExecutor([NodeSpec(name="n0", gpus=2, cpus=2)], tmp_path / "runs", tmp_path / "logs",
+                         tmp_path / "run", scope=f"t{os.getpid()}{tmp_path.name[-6:]}")
+
+
+def _launch(key: str, run: str, job_id: int = 1, label: str = "main-0", env: dict | None = None) -> Launch:
+    return Launch(key=key, job_id=job_id, label=label, node="n0", gpus=(), cpus=0.1, memory=0.0, setup=None,
+                  run=run, env={"PATH": os.environ["PATH"], **(env or {})})
+
+
+def _wait_events(executor: LocalExecutor, n: int = 1, timeout: float = 10.0) -> list[Observed]:
+    out: list[Observed] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out += executor.drain()
+        time.sleep(0.02)
+    return out
 
 
 def _zombie(exit_code: int) -> int:
@@ -27,18 +51,19 @@ def _zombie(exit_code: int) -> int:
     raise AssertionError("the child did not exit")
 
 
-def test_an_adopted_zombie_is_reported_dead_during_watch_itself(tmp_path: Path) -> None:
-    reports: list[tuple[str, int | None, str]] = []
-    executor = LocalExecutor(lambda h, code: reports.append((h.key, code, threading.current_thread().name)))
+def test_an_adopted_zombie_is_reported_dead_during_adopt_itself(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
     pid = _zombie(3)
     try:
-        (tmp_path / EXIT_FILE).write_text("7\n")  # the wrapper's record wins over anything else
-        handle = Handle("1.side.0.r0", pid, psutil.Process(pid).create_time(), tmp_path)
-        assert not executor.alive(handle)
-        executor.watch(handle)
-        # Reported synchronously, so a restart collects every exit that happened while it was
-        # down in one batch, before the lifecycle acts on any of them.
-        assert reports == [("1.side.0.r0", 7, threading.current_thread().name)]
+        run_dir = tmp_path / "runs" / "1.side.0.a1"
+        run_dir.mkdir(parents=True)
+        (run_dir / STARTED_FILE).write_text(f"{pid}\n")
+        (run_dir / EXIT_FILE).write_text("7\n")  # the wrapper's record wins over anything else
+        handle = {"pid": pid, "started_at": psutil.Process(pid).create_time(), "key": "1.side.0.a1"}
+        executor.adopt([("1.side.0.a1", handle)])
+        # Reported before adopt returns, so a restart sees every exit that happened while it
+        # was down in one batch, before the lifecycle acts on any of them.
+        assert executor.drain() == [Observed("1.side.0.a1", Kind.EXITED, code=7)]
         assert not executor.signal(handle, 15)
     finally:
         os.waitpid(pid, 0)
@@ -46,14 +71,7 @@ def test_an_adopted_zombie_is_reported_dead_during_watch_itself(tmp_path: Path) 
 
 
 def test_an_adopted_live_process_is_watched_until_it_exits(tmp_path: Path) -> None:
-    reports: list[tuple[str, int | None]] = []
-    done = threading.Event()
-
-    def on_exit(handle: Handle, code: int | None) -> None:
-        reports.append((handle.key, code))
-        done.set()
-
-    executor = LocalExecutor(on_exit)
+    executor = _executor(tmp_path)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # lives until the parent closes the pipe
@@ -62,26 +80,156 @@ def test_an_adopted_live_process_is_watched_until_it_exits(tmp_path: Path) -> No
         os._exit(0)
     os.close(read_fd)
     try:
-        handle = Handle("1.main.0.r0", pid, psutil.Process(pid).create_time(), tmp_path)
-        assert executor.alive(handle)
-        executor.watch(handle)
-        assert reports == []
+        handle = {"pid": pid, "started_at": psutil.Process(pid).create_time(), "key": "1.main.0.a1"}
+        executor.adopt([("1.main.0.a1", handle)])
+        started = executor.drain()
+        assert [e.kind for e in started] == [Kind.STARTED] and started[0].handle["pid"] == pid
         os.close(write_fd)
-        assert done.wait(5)
-        assert reports == [("1.main.0.r0", None)]  # no exit file: the code cannot be known
+        events = _wait_events(executor)
+        assert [(e.key, e.kind) for e in events] == [("1.main.0.a1", Kind.LOST)]  # no exit file: code unknown
     finally:
         os.waitpid(pid, 0)
         executor.close()
 
 
 def test_a_recycled_pid_is_not_the_replica(tmp_path: Path) -> None:
-    reports: list[int | None] = []
-    executor = LocalExecutor(lambda h, code: reports.append(code))
+    executor = _executor(tmp_path)
     try:
         me = psutil.Process(os.getpid())
-        handle = Handle("1.x.0.r0", os.getpid(), me.create_time() - 100.0, tmp_path)
-        assert not executor.alive(handle)
-        executor.watch(handle)
-        assert reports == [None]
+        handle = {"pid": os.getpid(), "started_at": me.create_time() - 100.0, "key": "1.x.0.a1"}
+        executor.adopt([("1.x.0.a1", handle)])
+        assert [e.kind for e in executor.drain()] == [Kind.LOST]
+        assert psutil.pid_exists(os.getpid())  # and it was not killed for it
+    finally:
+        executor.close()
+
+
+def test_an_attempt_that_never_started_is_absent_not_the_previous_attempts_exit(tmp_path: Path) -> None:
+    """A restart committed before the crash, launched never: recovery must not read the
+    previous attempt's exit file as the new attempt's result."""
+    executor = _executor(tmp_path)
+    try:
+        handle = executor.start(_launch("5.w.0.a1", "exit 3"))
+        assert [(e.kind, e.code) for e in _wait_events(executor)] == [(Kind.EXITED, 3)]
+        assert handle["key"] == "5.w.0.a1"
+        executor.adopt([("5.w.0.a2", None)])  # the next attempt's key: nothing ran under it
+        assert [e.kind for e in executor.drain()] == [Kind.ABSENT]
+    finally:
+        executor.close()
+
+
+def test_a_started_attempt_without_a_stored_handle_is_adopted(tmp_path: Path) -> None:
+    """The server died between spawning an attempt and storing its handle."""
+    first = _executor(tmp_path)
+    first.start(_launch("6.w.0.a1", "sleep 30"))
+    _wait_file(tmp_path / "runs" / "6.w.0.a1" / STARTED_FILE)
+    first.close()
+    second = _executor(tmp_path)
+    try:
+        second.adopt([("6.w.0.a1", None)])
+        events = second.drain()
+        assert [e.kind for e in events] == [Kind.STARTED]
+        assert second.signal(events[0].handle, signal.SIGKILL)
+        # killed before it could record a code, and no child of this server: the code is unknown
+        assert [e.kind for e in _wait_events(second)] == [Kind.LOST]
+    finally:
+        second.close()
+
+
+def _detached_child(marker: Path) -> str:
+    """A run that leaves a grandchild in its own session (escapes the process group) and
+    records its pid."""
+    return f"setsid bash -c 'echo $$ > {marker}; exec sleep 300' & sleep 300"
+
+
+def _wait_file(path: Path, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return int(path.read_text().strip())
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_a_killed_wrapper_takes_its_whole_tree_with_it(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    marker = tmp_path / "child.pid"
+    try:
+        handle = executor.start(_launch("7.w.0.a1", _detached_child(marker)))
+        child = _wait_file(marker)
+        os.kill(handle["pid"], signal.SIGKILL)  # the wrapper dies; its detached child would live on
+        events = _wait_events(executor)
+        assert [e.kind for e in events] == [Kind.EXITED] and events[0].code == 137
+        # reported only once nothing of the attempt is left
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        executor.close()
+
+
+def test_a_wrapper_killed_while_the_server_was_down_leaves_nothing_running(tmp_path: Path) -> None:
+    first = _executor(tmp_path)
+    marker = tmp_path / "child.pid"
+    handle = first.start(_launch("8.w.0.a1", _detached_child(marker)))
+    child = _wait_file(marker)
+    first.close()  # the server goes down; the attempt runs on
+    os.kill(handle["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(handle["pid"]) and psutil.Process(handle["pid"]).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second = _executor(tmp_path)
+    try:
+        second.adopt([("8.w.0.a1", handle)])
+        assert [e.kind for e in second.drain()] in ([Kind.LOST], [Kind.EXITED])
+        assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        second.close()
+        try:
+            os.waitpid(handle["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def test_an_unlaunchable_command_is_a_launch_error_and_leaves_nothing(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    try:
+        with pytest.raises(LaunchError):
+            executor.start(_launch("9.w.0.a1", "true\0"))
+        with pytest.raises(LaunchError, match="not a directory"):
+            executor.start(Launch(key="9.w.0.a2", job_id=9, label="w-0", node="n0", gpus=(), cpus=0.1, memory=0.0,
+                                  setup=None, run="true", env={}, cwd=str(tmp_path / "missing")))
+        assert executor.drain() == []
+    finally:
+        executor.close()
+
+
+def test_names_resolve_for_every_program_through_etc_hosts(tmp_path: Path) -> None:
+    executor = _executor(tmp_path)
+    if executor.runner.hosts_mode != "mount-namespace":
+        executor.close()
+        pytest.skip("this machine gives no mount namespaces (not root, no unshare): names resolve in Python only")
+    out = tmp_path / "out.txt"
+    try:
+        executor.publish(10, {"n0"}, "127.9.9.9\tweb-0.demo web-0\n", "{}")
+        executor.start(_launch("10.w.0.a1", f"getent hosts web-0.demo > {out}", job_id=10))
+        assert [(e.kind, e.code) for e in _wait_events(executor)] == [(Kind.EXITED, 0)]
+        assert out.read_text().split()[:2] == ["127.9.9.9", "web-0.demo"]
+        # the name is the job's, not the machine's
+        assert subprocess.run(["getent", "hosts", "web-0.demo"], capture_output=True).returncode != 0
+    finally:
+        executor.close()
+
+
+def test_an_attempt_caught_before_it_recorded_its_start_is_ended_and_absent(tmp_path: Path) -> None:
+    """Adopted before its wrapper's first line ran: it must not run on beside the attempt
+    that replaces it."""
+    executor = _executor(tmp_path)
+    try:
+        proc = subprocess.Popen(["bash", "-c", "sleep 30"], env={**os.environ, "CORRAL_ATTEMPT": "11.w.0.a1"},
+                                start_new_session=True)
+        executor.adopt([("11.w.0.a1", None)])
+        assert [e.kind for e in executor.drain()] == [Kind.ABSENT]
+        assert proc.wait(timeout=5) == -signal.SIGKILL
     finally:
         executor.close()

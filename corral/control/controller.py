@@ -14,24 +14,25 @@ cancel, a replica exit, a deadline) and then runs one coalesced cycle:
 
 State lives in memory (``records``) and every change is written through a ``Journal`` that
 is flushed and committed at the end of each phase. Replicas are launched only after their
-STARTING rows are committed, and only once: recovery adopts processes by pid *and* start
-time (or finds them by their launch key in /proc) before it launches a STARTING replica."""
+STARTING rows are committed, and only once: every attempt has its own key, committed before
+it launches, and recovery asks each executor to adopt the attempts the store knows of; an
+attempt the executor finds no trace of (ABSENT) is launched again under a new key.
+
+Replicas run on executors (``corral.executors``): the node a replica is placed on names its
+infra (local processes, a Ray cluster), and the loop speaks to that executor only through
+the v2 contract: handles it stores but never reads, and events it drains each cycle."""
 
 from __future__ import annotations
 
 import heapq
 import logging
 import os
-import shutil
 import signal
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from pathlib import Path
 
-import psutil
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -42,10 +43,9 @@ from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec, load_records, record_of
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
-from corral.executors.base import Executor, Handle, Launch
-from corral.executors.local import EXIT_FILE, LocalExecutor
+from corral import executors as executor_registry
+from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, Observed
 from corral.pool import NodeSpec
-from corral.runtime.discovery import loopback_address
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
 from corral.scheduler.placement import FreePool
@@ -68,20 +68,12 @@ def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
                  for n in nodes)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Controller(SchedulingMixin, ServicesMixin):
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], site: Site,
                  clock: Callable[[], float] = time.time, write_lock: threading.RLock | None = None):
         self.settings = settings
         self.sessions = sessions
         self.site = site
-        self.nodes = site.nodes
-        self.views = node_views(site.nodes)
         self.clock = clock
         self.policy: Policy = site.policy
         w = site.usage_weights
@@ -93,16 +85,21 @@ class Controller(SchedulingMixin, ServicesMixin):
         # One writer at a time in this process: waiting on a Python lock wakes at once, where
         # SQLite's busy handler would sleep in 1–100 ms steps.
         self.write_lock = write_lock or threading.RLock()
-        self.executor: Executor = LocalExecutor(self._on_exit)
-        self.base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_"))}
+        self._wake = threading.Event()
+        self.executors: dict[str, Executor] = executor_registry.build(settings, site, self._wake_soon)
+        self.nodes: list[NodeSpec] = []
+        self.views: tuple[NodeView, ...] = ()
+        self.node_infra: dict[str, str] = {}
+        self.down_nodes: dict[str, NodeSpec] = {}  # nodes an executor reported once and lost since
+        self._inventory_versions: tuple[int, ...] | None = None
+        self.refresh_inventory()
         self.journal = Journal()
         self.pending: dict[int, JobRec] = {}  # queue order = id order
         self.active: dict[int, JobRec] = {}  # STARTING or RUNNING
         self._reasons: dict[int, str] = {}
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
-        self._handles: dict[int, Handle] = {}  # replica id -> its process
-        self._by_key: dict[str, tuple[int, int]] = {}  # launch key -> (job id, replica id)
-        self._exits: deque[tuple[Handle, int | None]] = deque()
+        self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
+        self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
         self._inbox: deque[tuple[str, object]] = deque()  # from API threads: new jobs, cancels
         self._next_rescan = 0.0
         # The scheduler runs when something it reads changed (a job queued, resources freed,
@@ -113,7 +110,6 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
-        self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
@@ -135,7 +131,8 @@ class Controller(SchedulingMixin, ServicesMixin):
             self.ledger.flush(s, self.clock(), force=True)
             s.commit()
         self.prober.close()
-        self.executor.close()
+        for executor in self.executors.values():
+            executor.close()
 
     def notify(self) -> None:
         self._wake.set()
@@ -176,9 +173,35 @@ class Controller(SchedulingMixin, ServicesMixin):
                 log.exception("control cycle failed")
                 time.sleep(0.2)
 
-    def _on_exit(self, handle: Handle, code: int | None) -> None:  # executor thread
-        self._exits.append((handle, code))
+    def _wake_soon(self) -> None:  # executor threads: something was observed
         self._wake.set()
+
+    # -- nodes --------------------------------------------------------------------------
+    def refresh_inventory(self) -> bool:
+        """Take the executors' node lists when any changed (a Ray node joined or left); a
+        node that disappears is DOWN: nothing new is placed on it."""
+        versions = tuple(e.inventory_version for e in self.executors.values())
+        if versions == self._inventory_versions:
+            return False
+        self._inventory_versions = versions
+        nodes, infra = [], {}
+        for name, executor in self.executors.items():
+            for node in executor.nodes():
+                if node.name not in infra:
+                    nodes.append(node)
+                    infra[node.name] = name
+        for old in self.nodes:
+            if old.name not in infra:
+                self.down_nodes[old.name] = old
+        for node in nodes:
+            self.down_nodes.pop(node.name, None)
+        self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
+        self.site.nodes[:] = nodes  # admission checks requests against the live pool
+        self._sched_needed = True
+        return True
+
+    def executor_of(self, replica: ReplicaRec) -> Executor:
+        return self.executors[replica.infra or self.node_infra.get(replica.node or "", "local")]
 
     def cycle(self) -> None:
         self.cycles += 1
@@ -201,8 +224,9 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._next_rescan = time.monotonic() + self.settings.rescan_interval_s
                 self._ingest(s)
                 cancels += self._requested_cancels(s)
+            self.refresh_inventory()
             self.ledger.accrue(now, self._holdings())
-            self._collect_exits(now)
+            self._collect_observed(now)
             self._collect_probe_results(now)
             self._collect_cancels(s, cancels, now)
             while self._timers and self._timers[0][0] <= now:
@@ -216,6 +240,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             self._launch_ready(now)
             self.ledger.flush(s, now)
             self._commit(s)
+            self._forget_ended()
         self._publish_marked(now)
         if self._dirty or self._launch_check:  # work found while working: look again at once
             self._wake.set()
@@ -244,35 +269,78 @@ class Controller(SchedulingMixin, ServicesMixin):
         for job in load_records(s, new).values() if new else ():
             self._enqueue(job)
 
-    # -- 2. exits -----------------------------------------------------------------------
-    def _collect_exits(self, now: float) -> None:
-        while self._exits:
-            handle, code = self._exits.popleft()
-            job_id, replica_id = self._by_key.pop(handle.key, (None, None))
-            job = self.active.get(job_id)
-            if job is None:
-                continue
-            self._handles.pop(replica_id, None)
-            self._forget_probes(handle.key)
-            replica = next(r for r in job.replicas if r.id == replica_id)
-            if replica.state.terminal:
-                continue
-            self._publish.add(job.id)
-            if startorder.waiting(job):
-                self._launch_check.add(job.id)  # a task may wait for this one to succeed
-            self._dirty.add(job.id)
-            if replica.stop_requested_at is None and self._maybe_restart(job, replica, code, now):
-                continue
-            replica.ready = False
-            if replica.stop_requested_at is not None:
-                new, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
-            elif code == 0:
-                new, cause = ReplicaState.SUCCEEDED, "exited"
+    # -- 2. what executors observed ----------------------------------------------------
+    def _collect_observed(self, now: float) -> None:
+        for infra, executor in self.executors.items():
+            for event in executor.drain():
+                self._observed(infra, event, now)
+
+    def _observed(self, infra: str, event: Observed, now: float) -> None:
+        job_id, replica_id = self._by_key.get(event.key, (None, None))
+        job = self.active.get(job_id)
+        replica = next((r for r in job.replicas if r.id == replica_id), None) if job is not None else None
+        if replica is None or replica.launch_key != event.key:
+            if event.handle is not None and event.kind != Kind.ABSENT:
+                self.executors[infra].signal(event.handle, signal.SIGKILL)  # nobody's attempt: never alive twice
+            return
+        if event.kind == Kind.STARTED:  # adopted after a restart, still running
+            replica.handle, replica.infra = event.handle, infra
+            columns: dict[str, object] = {"handle": event.handle, "infra": infra}
+            if replica.state == ReplicaState.STARTING:
+                replica.started_at = replica.started_at or now
+                self._replica_to(replica, ReplicaState.RUNNING, "adopted", now, "running after a server restart",
+                                 started_at=replica.started_at, **columns)
             else:
-                new, cause = ReplicaState.FAILED, "exited" if code is not None else "lost"
-            message = (f"exit code {code}" if code is not None else
-                       "the process ended while corral was down and left no exit code")
-            self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False)
+                self.journal.replica(replica.id, **columns)
+                self.journal.event(job.id, now, replica.label, "adopted", message="running after a server restart")
+            if replica.kill_at is not None:
+                heapq.heappush(self._timers, (replica.kill_at, job.id))
+            self._watch_probes(job, replica)
+            self._arm_time_limit(job, replica)
+            return
+        self._by_key.pop(event.key, None)
+        if event.kind == Kind.ABSENT:
+            if replica.state == ReplicaState.STARTING:
+                # Never ran: a fresh attempt, under a new key committed before it launches.
+                replica.handle, replica.attempt = None, replica.attempt + 1
+                self.journal.replica(replica.id, handle=None, attempt=replica.attempt)
+                self._launch_check.add(job.id)
+                return
+            event = Observed(event.key, Kind.LOST, reason=event.reason, node=event.node)
+        self._forget_probes(event.key)
+        handle, replica.handle = replica.handle, None
+        if handle is not None:
+            self._forget.append((infra, handle))
+        if replica.state.terminal:
+            return
+        self._publish.add(job.id)
+        if startorder.waiting(job):
+            self._launch_check.add(job.id)  # a task may wait for this one to succeed
+        self._dirty.add(job.id)
+        code = event.code if event.kind == Kind.EXITED else None
+        lost = event.kind == Kind.LOST
+        if replica.stop_requested_at is None and self._maybe_restart(job, replica, code, now, event):
+            return
+        replica.ready = False
+        if replica.stop_requested_at is not None:
+            new, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
+        elif code == 0:
+            new, cause = ReplicaState.SUCCEEDED, "exited"
+        else:
+            new, cause = ReplicaState.FAILED, "lost" if lost else "exited"
+        message = f"exit code {code}" if code is not None else f"lost: {event.reason or 'exit code unknown'}"
+        if event.reason and code is not None:
+            message += f" ({event.reason})"
+        self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False, handle=None)
+
+    def _forget_ended(self) -> None:
+        """Executors drop an attempt's records only once its end is committed."""
+        forget, self._forget = self._forget, []
+        for infra, handle in forget:
+            try:
+                self.executors[infra].forget(handle)
+            except Exception:  # bookkeeping only: never fail a cycle over it
+                log.exception("forgetting an attempt failed")
 
     # -- 3. cancels ---------------------------------------------------------------------
     def _requested_cancels(self, s: Session) -> list[int]:
@@ -307,8 +375,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._fail_blocked(job, now)
         self._check_time_limits(job, now)
         for replica in job.replicas:  # grace periods that ran out
-            if replica.kill_at is not None and replica.kill_at <= now and replica.id in self._handles:
-                if self.executor.signal(self._handles[replica.id], signal.SIGKILL):
+            if replica.kill_at is not None and replica.kill_at <= now and replica.handle is not None:
+                if self.executor_of(replica).signal(replica.handle, signal.SIGKILL):
                     self.journal.event(job.id, now, replica.label, "killed", message="grace period over: SIGKILL")
                 replica.kill_at = None
                 self.journal.replica(replica.id, kill_at=None)
@@ -332,12 +400,12 @@ class Controller(SchedulingMixin, ServicesMixin):
             self._job_to(job, end.state, now, end.cause, end.message, exit_code=end.exit_code, message=end.message)
             self.active.pop(job.id)
             self._publish.discard(job.id)
-            shutil.rmtree(self._job_dir(job.id), ignore_errors=True)  # tmpfs is memory: free it
+            self._release_job(job)
 
     def _stop_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float) -> None:
         replica.stop_requested_at, replica.stop_cause = now, cause
         self.journal.replica(replica.id, stop_requested_at=now, stop_cause=cause)
-        if self._handles.get(replica.id) is None:  # nothing runs for it (waiting, or between restarts)
+        if replica.handle is None:  # nothing runs for it (waiting, or between restarts)
             self._replica_to(replica, ReplicaState.KILLED, cause, now, ended_at=now, ready=False)
             self._publish.add(job.id)
         else:
@@ -412,22 +480,39 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.active[job.id] = job
         self.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
                            f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}")
-        for task in job.tasks:
-            task.master_port = free_port()
-            self.journal.task(task.id, master_port=task.master_port)
         by_slot = {(a.task, a.rank): a for a in allocations}
+        for task in job.tasks:
+            first = by_slot.get((task.name, 0)) or allocations[0]
+            task.master_port = self._executor_for_node(first.node).rendezvous_port(first.node)
+            self.journal.task(task.id, master_port=task.master_port)
         for replica in job.replicas:
-            alloc = by_slot[(replica.task, replica.rank)]
-            replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
-            replica.addr = loopback_address(replica.id)
-            self._allocs[replica.id] = alloc
-            self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
-                             gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr)
+            self._place(job, replica, by_slot[(replica.task, replica.rank)], now)
         self._launch_check.add(job.id)
+
+    def _executor_for_node(self, node: str) -> Executor:
+        return self.executors[self.node_infra.get(node, "local")]
+
+    def _place(self, job: JobRec, replica: ReplicaRec, alloc: Allocation, now: float) -> None:
+        """Bind a replica to its allocation: the executor of the node gives its address and
+        ports; a new attempt key is committed with STARTING, before anything launches."""
+        infra = self.node_infra.get(alloc.node, "local")
+        executor = self.executors[infra]
+        previous = None
+        if replica.addr and replica.node == alloc.node and replica.ports is not None:
+            previous = Binding(replica.addr, dict(replica.ports))
+        binding = executor.bind(job.id, replica.id, alloc.node, job.task(replica.task).service.ports, previous)
+        replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
+        replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
+        replica.attempt += 1
+        replica.handle = None
+        self._allocs[replica.id] = alloc
+        self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
+                         gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr,
+                         ports=replica.ports, infra=infra, attempt=replica.attempt, handle=None)
 
     def _launch_ready(self, now: float) -> None:
         """Launch every placed replica whose start order allows it (after the commit that
-        made its STARTING state durable)."""
+        made its STARTING state and attempt key durable)."""
         checks, self._launch_check = self._launch_check, set()
         for job_id in sorted(checks):
             job = self.active.get(job_id)
@@ -436,26 +521,54 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._publish_job(job, now, launching=frozenset(r.id for r in replicas))
                 self._launch(job, replicas, now)
 
-    def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
+    def _reserve(self, job: JobRec, replicas: list[ReplicaRec]) -> str | None:
+        """Hold the replicas' resources in each engine's own accounting, a gang at a time,
+        before any starts; the error when an engine refuses."""
+        by_infra: dict[str, list[ReplicaRec]] = {}
         for replica in replicas:
-            launch = self._launch_for(job, replica)
+            by_infra.setdefault(replica.infra or "local", []).append(replica)
+        for infra, group in by_infra.items():
+            slots = [(r.label, r.node or "", tuple(r.gpus), r.cpus, r.memory) for r in group]
             try:
-                handle = self.executor.start(launch)
-            except OSError as exc:
-                self._replica_to(replica, ReplicaState.FAILED, "launch_failed", now, str(exc), ended_at=now)
+                self.executors[infra].reserve(job.id, job.requeues, slots)
+            except LaunchError as exc:
+                return str(exc)
+        return None
+
+    def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
+        refused = self._reserve(job, replicas)
+        for replica in replicas:
+            executor = self.executor_of(replica)
+            try:
+                launch = self._launch_for(job, replica)
+                if refused is not None:
+                    raise LaunchError(refused)
+                handle = executor.start(launch)
+            except Exception as exc:  # any failure ends the attempt and frees what it held
+                message = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+                self._replica_to(replica, ReplicaState.FAILED, "launch_failed", now, message, ended_at=now)
                 self._dirty.add(job.id)
                 self._publish.add(job.id)
                 continue
-            self._track(job, replica, handle)
-            replica.pid, replica.pid_started_at, replica.started_at = handle.pid, handle.started_at, now
+            self._by_key[launch.key] = (job.id, replica.id)
+            replica.handle, replica.started_at = handle, now
+            columns: dict[str, object] = {}
+            if handle.get("gpus") is not None and tuple(handle["gpus"]) != tuple(replica.gpus):
+                # the engine bound these GPUs (Ray picks indices itself): show and account those
+                replica.gpus = tuple(int(g) for g in handle["gpus"])
+                alloc = self._allocs.get(replica.id)
+                if alloc is not None:
+                    self._allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
+                                                          alloc.cpus, alloc.memory)
+                columns["gpus"] = list(replica.gpus)
             replica.ready = job.task(replica.task).service.readiness_probe is None
             self._arm_time_limit(job, replica)
+            where = f"pid {handle['pid']} " if handle.get("pid") else ""
             self._replica_to(replica, ReplicaState.RUNNING, "launched", now,
-                             f"pid {handle.pid} on {replica.node} at {replica.addr}",
-                             pid=handle.pid, pid_started_at=handle.started_at, started_at=now,
-                             log_path=str(launch.log_path), ready=replica.ready, kill_at=None)
+                             f"{where}on {replica.node} at {replica.addr} (attempt {replica.attempt})",
+                             handle=handle, started_at=now, log_path=executor.log_path(job.id, replica.label),
+                             ready=replica.ready, kill_at=None, **columns)
             self._watch_probes(job, replica, launch.env, launch.cwd)
-            self.executor.watch(handle)
         if startorder.waiting(job):
             self._launch_check.add(job.id)  # others may wait for these to start
         if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
@@ -467,42 +580,51 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     def _launch_for(self, job: JobRec, replica: ReplicaRec) -> Launch:
         task = job.task(replica.task)
+        executor = self.executor_of(replica)
         checkpoint = self.settings.checkpoints_dir / str(job.id) / replica.task
-        checkpoint.mkdir(parents=True, exist_ok=True)
+        if executor.name == "local":
+            checkpoint.mkdir(parents=True, exist_ok=True)
         envs = {**task.spec.get("envs", {}), **task.spec.get("secrets", {})}
+        peers = job.replicas_of(replica.task)
+        master = next((r for r in peers if r.rank == 0), replica)
         ctx = ReplicaContext(
             job_id=job.id, job_name=job.name, is_group=job.is_group, task=replica.task, rank=replica.rank,
             num_replicas=task.num_nodes, node=replica.node or "",
-            node_ips=tuple(r.addr or "127.0.0.1" for r in job.replicas_of(replica.task)),
+            node_ips=tuple(r.addr or "127.0.0.1" for r in peers),
             addr=replica.addr or "127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
-            user=job.user, task_envs=tuple(sorted(envs.items())))
-        env = replica_env(self.base_env, ctx)
-        env.update(self._discovery_env(job, replica))
+            user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "")
+        env = replica_env({}, ctx)
+        env.update(executor.attempt_env(job.id))
+        for name, port in (replica.ports or task.service.ports).items():
+            env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
-        return Launch(key=replica.launch_key, run_dir=self._run_dir(replica), log_path=self._log_path(replica),
+        return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
+                      gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env, cwd=task.spec.get("workdir"))
 
-    def _run_dir(self, replica: ReplicaRec) -> Path:
-        return self.settings.runs_dir / str(replica.job_id) / replica.label
-
-    def _log_path(self, replica: ReplicaRec) -> Path:
-        return self.settings.logs_dir / str(replica.job_id) / f"{replica.label}.log"
+    def _release_job(self, job: JobRec) -> None:
+        """The job ended: engines give back its reservations and drop its runtime files."""
+        for executor in self.executors.values():
+            try:
+                executor.release(job.id)
+                executor.cleanup_job(job.id)
+            except Exception:
+                log.exception("releasing job %s on %s failed", job.id, executor.name)
 
     # -- recovery -----------------------------------------------------------------------
     def recover(self) -> None:
-        """Rebuild memory from the store after a (re)start: adopt live replicas (and their
-        probes), record exits that happened while the server was down, re-arm kill and
-        restart deadlines. Replicas placed but never launched are launched by the next
-        cycle once their start order allows, and only after a search for their launch key
-        shows no process was started for them before the crash."""
+        """Rebuild memory from the store after a (re)start: each executor adopts the
+        attempts the store knows of (alive ones are watched again, ones that ended while the
+        server was down report their exits, ones that never started are launched anew under
+        a new key), and kill and restart deadlines are re-armed."""
         now = self.clock()
         with self.write_lock, self.sessions() as s:
             ids = list(s.scalars(select(Job.id).where(Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value,
                                                                       JobState.PREEMPTED.value]))))
             self.active = load_records(s, ids)
             self.ledger.load(s, now)
-            to_watch: list[Handle] = []
+            adopt: dict[str, list[tuple[str, dict | None]]] = {}
             for job in self.active.values():
                 self._dirty.add(job.id)
                 self._launch_check.add(job.id)
@@ -515,37 +637,26 @@ class Controller(SchedulingMixin, ServicesMixin):
                     if replica.state == ReplicaState.RESTARTING:
                         heapq.heappush(self._timers, (replica.restart_at or now, job.id))
                         continue
-                    if replica.pid is None:
-                        found = find_launched(replica.launch_key)
-                        if found is None and not (self._run_dir(replica) / EXIT_FILE).exists():
-                            continue
-                        replica.pid, replica.pid_started_at = found or (0, 0.0)
-                        self._replica_to(replica, ReplicaState.RUNNING, "adopted", now, pid=replica.pid,
-                                         pid_started_at=replica.pid_started_at)
-                    if replica.kill_at is not None:
-                        heapq.heappush(self._timers, (replica.kill_at, job.id))
-                    handle = Handle(replica.launch_key, replica.pid, replica.pid_started_at or 0.0,
-                                    self._run_dir(replica))
-                    self._track(job, replica, handle)
-                    to_watch.append(handle)
-                    launch = self._launch_for(job, replica)
-                    self._watch_probes(job, replica, launch.env, launch.cwd)
-                    self._arm_time_limit(job, replica)
-                    self.journal.event(job.id, now, replica.label, "adopted", message=f"pid {replica.pid} after restart")
+                    infra = replica.infra or self.node_infra.get(replica.node, "local")
+                    replica.infra = infra
+                    self._by_key[replica.launch_key] = (job.id, replica.id)
+                    adopt.setdefault(infra, []).append((replica.launch_key, replica.handle))
             for job in self.active.values():  # scale requests that were not carried out yet
                 for task in job.tasks:
                     if task.num_nodes != len(job.replicas_of(task.name)):
                         self._reconcile_scale(s, job, task.name, task.num_nodes, now)
             self._commit(s)
-            for handle in to_watch:
-                self.executor.watch(handle)  # an exit while we were down is reported at once
+            for infra, attempts in adopt.items():
+                executor = self.executors.get(infra)
+                if executor is None:  # the site no longer has this infra: its attempts are lost
+                    gone = self.executors.setdefault("_gone", _Gone())
+                    for key, _ in attempts:
+                        gone.lost(key, f"infra {infra!r} is not configured any more")
+                    continue
+                executor.adopt(attempts)  # reported before it returns: the first cycle sees all of it
         self._wake.set()
 
     # -- state changes ------------------------------------------------------------------
-    def _track(self, job: JobRec, replica: ReplicaRec, handle: Handle) -> None:
-        self._handles[replica.id] = handle
-        self._by_key[handle.key] = (job.id, replica.id)
-
     def _replica_to(self, replica: ReplicaRec, new: ReplicaState, cause: str, now: float,
                     message: str | None = None, **columns: object) -> None:
         old = replica.state
@@ -574,13 +685,36 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.journal.event(job.id, now, "job", cause, old.value, new.value, event_message)
 
 
-def find_launched(key: str) -> tuple[int, float] | None:
-    """A process of ours that carries this launch key, if one exists (the window between
-    spawning a replica and recording its pid)."""
-    for proc in psutil.process_iter(["pid", "create_time"]):
-        try:
-            if proc.environ().get("CORRAL_LAUNCH_KEY") == key and proc.pid == os.getpgid(proc.pid):
-                return proc.pid, proc.info["create_time"]
-        except (psutil.Error, OSError):
-            continue
-    return None
+class _Gone:
+    """Stands in for an infra the site dropped while attempts ran on it: reports them lost."""
+
+    name = "gone"
+    inventory_version = 0
+
+    def __init__(self) -> None:
+        self._events: list[Observed] = []
+
+    def lost(self, key: str, reason: str) -> None:
+        self._events.append(Observed(key, Kind.LOST, reason=reason))
+
+    def nodes(self) -> list[NodeSpec]:
+        return []
+
+    def drain(self) -> list[Observed]:
+        out, self._events = self._events, []
+        return out
+
+    def signal(self, handle, signum) -> bool:
+        return False
+
+    def forget(self, handle) -> None:
+        return None
+
+    def release(self, job_id: int) -> None:
+        return None
+
+    def cleanup_job(self, job_id: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

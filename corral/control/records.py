@@ -52,8 +52,8 @@ class ReplicaRec:
     gpus: tuple[int, ...] = ()
     cpus: float = 0.0
     memory: float = 0.0
-    pid: int | None = None
-    pid_started_at: float | None = None
+    infra: str | None = None  # the executor its current attempt runs on
+    handle: dict | None = None  # its current attempt's, opaque (None: not launched)
     exit_code: int | None = None
     restarts: int = 0
     stop_requested_at: float | None = None
@@ -64,6 +64,8 @@ class ReplicaRec:
     restart_at: float | None = None
     last_exit_code: int | None = None
     started_at: float | None = None  # of the current attempt
+    attempt: int = 0  # attempts launched so far; the current one's key uses it
+    ports: dict | None = None  # name -> port bound on its node
 
     @property
     def label(self) -> str:
@@ -75,7 +77,9 @@ class ReplicaRec:
 
     @property
     def launch_key(self) -> str:
-        return f"{self.job_id}.{self.task}.{self.rank}.r{self.restarts}"
+        """The current attempt's key: never reused, so no record of one attempt (its exit
+        file, its process) is ever taken for another's."""
+        return f"{self.job_id}.{self.task}.{self.rank}.a{self.attempt}"
 
     def allocation(self) -> Allocation:
         return Allocation(self.task, self.rank, self.node or "", self.gpus, self.cpus, self.memory)
@@ -192,6 +196,6 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
                                  .order_by(Replica.job_id, Replica.task_position, Replica.rank)):
             out[r.job_id].replicas.append(ReplicaRec(
                 r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), r.node, tuple(r.gpus or ()), r.cpus, r.memory,
-                r.pid, r.pid_started_at, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at,
-                r.addr, r.ready, r.restart_at, r.last_exit_code, r.started_at))
+                r.infra, r.handle, r.exit_code, r.restarts, r.stop_requested_at, r.stop_cause, r.kill_at,
+                r.addr, r.ready, r.restart_at, r.last_exit_code, r.started_at, r.attempt or 0, r.ports))
     return out

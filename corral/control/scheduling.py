@@ -6,8 +6,6 @@ cancel) and elastic shrinks."""
 
 from __future__ import annotations
 
-import shutil
-
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -133,15 +131,16 @@ class SchedulingMixin:
         if mode != "requeue" or job.cancel_requested:
             why = "cancel requested while preempted" if job.cancel_requested else "preempted (preempt mode cancel)"
             self._job_to(job, JobState.CANCELLED, now, "preempted", why, message=why)
-            shutil.rmtree(self._job_dir(job.id), ignore_errors=True)
+            self._release_job(job)
             return
+        self._release_job(job)
         job.requeues += 1
         for replica in job.members:
             replica.restarts += 1
-            replica.node, replica.gpus, replica.pid, replica.ready = None, (), None, False
+            replica.node, replica.gpus, replica.handle, replica.ready = None, (), None, False
             replica.stop_requested_at = replica.stop_cause = replica.kill_at = replica.exit_code = None
-            self._replica_to(replica, ReplicaState.PENDING, "requeued", now, node=None, gpus=[], pid=None,
-                             pid_started_at=None, stop_requested_at=None, stop_cause=None, kill_at=None,
+            self._replica_to(replica, ReplicaState.PENDING, "requeued", now, node=None, gpus=[], handle=None,
+                             stop_requested_at=None, stop_cause=None, kill_at=None,
                              exit_code=None, ended_at=None, ready=False, restarts=replica.restarts)
         for task in job.tasks:
             task.termination_deadline = None

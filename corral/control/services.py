@@ -7,19 +7,18 @@ the loop's one thread and share its records and journal."""
 from __future__ import annotations
 
 import heapq
-import os
+import json
 from collections import deque
-from pathlib import Path
 
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
-from corral.runtime.discovery import RESOLVER_DIR, loopback_address, peers_document, write_discovery
+from corral.runtime.discovery import hosts_text, peers_document
 from corral.scheduler import TaskRequest
 from corral.scheduler.placement import FreePool, place_replica
 from corral.store import repository
 from corral.runtime.probes import Prober, ProbeTarget
 from corral.spec.service import signal_number
-from corral.states import ReplicaState
+from corral.states import JobState, ReplicaState
 
 
 class ServicesMixin:
@@ -36,9 +35,6 @@ class ServicesMixin:
         self._wake.set()
 
     # -- discovery ------------------------------------------------------------------------
-    def _job_dir(self, job_id: int) -> Path:
-        return self.settings.runtime_dir / str(job_id)
-
     def _publish_job(self, job: JobRec, now: float, launching: frozenset[int] = frozenset()) -> None:
         """Write the job's discovery files. Replicas in ``launching`` are about to start and
         are written as RUNNING already, so one write before the launch serves both the new
@@ -50,8 +46,19 @@ class ServicesMixin:
 
         tasks = [{"name": t.name, "ports": t.service.ports,
                   "replicas": [{"rank": r.rank, "addr": r.addr, "state": state(r)[0], "ready": state(r)[1],
-                                "restarts": r.restarts} for r in job.replicas_of(t.name)]} for t in job.tasks]
-        write_discovery(self._job_dir(job.id), peers_document(job.id, job.name, tasks, now))
+                                "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node}
+                               for r in job.replicas_of(t.name)]} for t in job.tasks]
+        peers = peers_document(job.id, job.name, tasks, now)
+        hosts, text = hosts_text(peers), json.dumps(peers, indent=1)
+        by_infra: dict[str, set[str]] = {}
+        for r in job.replicas:
+            if r.node is not None and not r.state.terminal:
+                by_infra.setdefault(r.infra or self.node_infra.get(r.node, "local"), set()).add(r.node)
+        by_infra.setdefault("local", set())  # the server's copy: API and local replicas read it
+        for infra, nodes in by_infra.items():
+            executor = self.executors.get(infra)
+            if executor is not None:
+                executor.publish(job.id, nodes, hosts, text)
         self._publish.discard(job.id)
 
     def _publish_marked(self, now: float) -> None:
@@ -61,22 +68,25 @@ class ServicesMixin:
                 self._publish_job(job, now)
         self._publish.clear()
 
-    def _discovery_env(self, job: JobRec, replica: ReplicaRec) -> dict[str, str]:
-        directory = self._job_dir(job.id)
-        env = {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json")}
-        for name, port in job.task(replica.task).service.ports.items():
-            env[f"CORRAL_PORT_{name.upper()}"] = str(port)
-        path = self.base_env.get("PYTHONPATH")
-        env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
-        return env
-
     # -- probes ---------------------------------------------------------------------------
-    def _watch_probes(self, job: JobRec, replica: ReplicaRec, env: dict[str, str], cwd: str | None) -> None:
+    def _watch_probes(self, job: JobRec, replica: ReplicaRec, env: dict[str, str] | None = None,
+                      cwd: str | None = None) -> None:
         service = job.task(replica.task).service
-        for kind, probe in (("readiness", service.readiness_probe), ("liveness", service.liveness_probe)):
-            if probe is not None:
-                self.prober.watch(ProbeTarget(replica.launch_key, kind, probe, replica.addr or "127.0.0.1",
-                                              service.ports, env, cwd))
+        probes = [(kind, probe) for kind, probe in (("readiness", service.readiness_probe),
+                                                     ("liveness", service.liveness_probe)) if probe is not None]
+        if not probes:
+            return
+        if env is None:
+            launch = self._launch_for(job, replica)
+            env, cwd = launch.env, launch.cwd
+        executor, handle = self.executor_of(replica), replica.handle
+
+        def run_exec(command: str, timeout: float) -> tuple[bool, str]:  # where the replica runs
+            return executor.exec_probe(handle, command, env, cwd, timeout)
+
+        for kind, probe in probes:
+            self.prober.watch(ProbeTarget(replica.launch_key, kind, probe, replica.addr or "127.0.0.1",
+                                          dict(replica.ports or service.ports), env, cwd, run_exec))
 
     def _forget_probes(self, key: str) -> None:
         self.prober.forget(key)
@@ -117,9 +127,9 @@ class ServicesMixin:
 
     def _signal_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float, message: str) -> bool:
         """Send the task's stop signal and arm SIGKILL after its grace period."""
-        handle = self._handles.get(replica.id)
+        handle = replica.handle
         service = job.task(replica.task).service
-        if handle is None or not self.executor.signal(handle, signal_number(service.stop_signal)):
+        if handle is None or not self.executor_of(replica).signal(handle, signal_number(service.stop_signal)):
             return False
         replica.kill_at = now + service.grace_period
         self.journal.replica(replica.id, kill_at=replica.kill_at)
@@ -152,27 +162,29 @@ class ServicesMixin:
             key = (replica.launch_key, "time_limit_warning")
             if warn is not None and now >= limit_at - warn.seconds and key not in self._warned:
                 self._warned.add(key)
-                handle = self._handles.get(replica.id)
-                if handle is not None and self.executor.signal(handle, signal_number(warn.signal)):
+                handle = replica.handle
+                if handle is not None and self.executor_of(replica).signal(handle, signal_number(warn.signal)):
                     self.journal.event(job.id, now, replica.label, "time_limit_warning",
                                        message=f"{warn.signal} sent {max(0.0, limit_at - now):.1f}s before the time limit")
             if now >= limit_at:
                 self._stop_replica(job, replica, "time_limit", now)
 
     # -- restarts -------------------------------------------------------------------------
-    def _maybe_restart(self, job: JobRec, replica: ReplicaRec, code: int | None, now: float) -> bool:
+    def _maybe_restart(self, job: JobRec, replica: ReplicaRec, code: int | None, now: float, event=None) -> bool:
         """After an exit corral did not ask for: restart per the task's policy, keeping the
-        replica's rank, name, address and GPUs (its allocation is held meanwhile)."""
+        replica's rank, name, address and GPUs (its allocation is held meanwhile). A replica
+        lost with its node is placed again elsewhere when its restart is due (same name, new
+        address)."""
         policy = job.task(replica.task).service.restart
-        if job.cancel_requested or not policy.should_restart(code, replica.restarts):
+        if job.cancel_requested or job.state == JobState.PREEMPTED or not policy.should_restart(code, replica.restarts):
             return False
         delay = policy.backoff.delay(replica.restarts)
-        replica.restart_at, replica.ready, replica.pid = now + delay, False, None
-        why = f"exit code {code}" if code is not None else "lost while corral was down"
+        replica.restart_at, replica.ready, replica.handle = now + delay, False, None
+        why = f"exit code {code}" if code is not None else f"lost ({event.reason if event and event.reason else 'exit code unknown'})"
         self._replica_to(replica, ReplicaState.RESTARTING, "restart_scheduled", now,
                          f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
                          f"(policy {policy.policy})", exit_code=code, last_exit_code=code, ended_at=now,
-                         restart_at=replica.restart_at, ready=False, pid=None, pid_started_at=None, kill_at=None)
+                         restart_at=replica.restart_at, ready=False, handle=None, kill_at=None)
         heapq.heappush(self._timers, (replica.restart_at, job.id))
         return True
 
@@ -182,8 +194,20 @@ class ServicesMixin:
                     and replica.restart_at is not None and replica.restart_at <= now:
                 replica.restarts += 1
                 replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
-                self._replica_to(replica, ReplicaState.STARTING, "restart", now, f"attempt {replica.restarts + 1}",
-                                 restarts=replica.restarts, restart_at=None, exit_code=None)
+                if replica.node not in self.node_infra:  # its node is gone: placed again elsewhere
+                    self._allocs.pop(replica.id, None)
+                    self._sched_needed = True
+                    replica.node, replica.gpus, replica.handle = None, (), None
+                    self._replica_to(replica, ReplicaState.PENDING, "restart", now,
+                                     f"restart {replica.restarts}: its node is down; placing it again",
+                                     restarts=replica.restarts, restart_at=None, exit_code=None, node=None, gpus=[],
+                                     handle=None)
+                    continue
+                replica.attempt += 1  # a new key, committed before the launch
+                replica.handle = None
+                self._replica_to(replica, ReplicaState.STARTING, "restart", now, f"attempt {replica.attempt}",
+                                 restarts=replica.restarts, restart_at=None, exit_code=None, attempt=replica.attempt,
+                                 handle=None)
                 self._launch_check.add(job.id)
 
     # -- elastic scale --------------------------------------------------------------------
@@ -204,10 +228,10 @@ class ServicesMixin:
             for rank in ranks:
                 if rank in retired:
                     r = retired[rank]
-                    r.stop_requested_at = r.stop_cause = r.exit_code = r.kill_at = r.pid = r.node = None
+                    r.stop_requested_at = r.stop_cause = r.exit_code = r.kill_at = r.handle = r.node = None
                     r.ready, r.gpus = False, ()
                     self._replica_to(r, ReplicaState.PENDING, "scale_up", now, stop_requested_at=None, stop_cause=None,
-                                     exit_code=None, kill_at=None, pid=None, pid_started_at=None, node=None, gpus=[],
+                                     exit_code=None, kill_at=None, handle=None, node=None, gpus=[],
                                      ended_at=None, ready=False)
             job.replicas.sort(key=lambda r: ([t.name for t in job.tasks].index(r.task), r.rank))
         else:
@@ -240,11 +264,7 @@ class ServicesMixin:
                                   replica.rank, allowed)
             if alloc is None:
                 continue  # tried again next cycle, as resources free up
-            replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
-            replica.addr = loopback_address(replica.id)
-            self._allocs[replica.id] = alloc
-            self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node, gpus=list(alloc.gpus),
-                             cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr)
+            self._place(job, replica, alloc, now)
             self._launch_check.add(job.id)
 
     def _fail_blocked(self, job: JobRec, now: float) -> None:

@@ -34,7 +34,7 @@ def condition_impossible(replicas: list[ReplicaRec]) -> bool:
 
 def waiting(job: JobRec) -> list[ReplicaRec]:
     """Replicas placed (or due to restart) with no process yet."""
-    return [r for r in job.replicas if r.state == ReplicaState.STARTING and r.pid is None]
+    return [r for r in job.replicas if r.state == ReplicaState.STARTING and r.handle is None]
 
 
 def launchable(job: JobRec) -> list[ReplicaRec]:

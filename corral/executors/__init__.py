@@ -1,3 +1,31 @@
-"""executors: thin adapters that start, signal, watch and adopt replicas. ``local`` runs
-processes on this machine (the embedded default); engines beyond one machine (Ray, a Slurm
-allocation, Kubernetes) plug in behind the same protocol."""
+"""Executors: where replicas run. ``local`` (processes on this machine, the embedded
+default) and ``ray`` (a Ray cluster, imported only when a site configures one). The
+contract is in ``base``; ``build`` makes the executors a site asks for."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+from corral.executors.base import Executor
+from corral.settings import Settings
+
+
+def scope_of(settings: Settings) -> str:
+    """One name per CORRAL_HOME, so two servers' cgroups, Ray actors and files never mix."""
+    return hashlib.sha1(str(settings.home).encode()).hexdigest()[:10]
+
+
+def build(settings: Settings, site, wake: Callable[[], None]) -> dict[str, Executor]:
+    import os
+
+    from corral.executors.local import LocalExecutor
+
+    executors: dict[str, Executor] = {
+        "local": LocalExecutor(site.nodes, settings.runs_dir, settings.logs_dir, settings.runtime_dir,
+                               scope_of(settings), wake, os.environ.get("PYTHONPATH"))}
+    if getattr(site, "ray", None) is not None:
+        from corral.executors.ray import RayExecutor  # Ray is an optional extra: imported only here
+
+        executors["ray"] = RayExecutor(site.ray, settings, scope_of(settings), wake)
+    return executors

@@ -1,71 +1,51 @@
-"""The local executor: each replica is a process group in its own session on this machine,
-so it outlives a server restart. A small bash wrapper runs ``setup`` then ``run`` and writes
-the exit code to a file before it exits, so an exit that happens while the server is down is
-still recorded. Exits are observed through pidfds (which also work for adopted processes
-that are not our children) on one watcher thread; no polling."""
+"""The local executor: replicas are processes on this machine (the embedded default).
+
+Each attempt is a process group in its own session, so it outlives a server restart, in its
+own cgroup where the machine allows (see ``proctree``). Exits are observed through pidfds
+(which also work for adopted processes that are not our children) on one watcher thread;
+no polling. Every replica gets its own loopback address (Linux routes all of 127.0.0.0/8 to
+``lo``), derived from its row id, so two replicas may listen on one port and a restarted
+replica keeps its address."""
 
 from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
+import socket
 import subprocess
 import threading
+from collections import deque
 from pathlib import Path
 
-import psutil
-
-from corral.executors.base import ExitCallback, Handle, Launch
-
-# Traps (not ignores) so the wrapper survives the group signal long enough to record the
-# exit code, while its children start with default signal dispositions.
-WRAPPER = r"""
-trap : TERM INT HUP USR1 USR2 QUIT PIPE
-exec 3>&2
-rc=0
-if [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-printf '%s\n' "$rc" > "$1"
-exit "$rc"
-"""
-# The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
-# so they see default signal handling and no positional arguments of the wrapper; their
-# stderr is the log (fd 3) while the wrapper's own "Terminated" notices go to /dev/null. The
-# exit file is only read once the wrapper has exited, so a plain write is enough.
-
-EXIT_FILE = "exit_code"
-START_TIME_TOLERANCE_S = 0.05
+from corral.executors.base import Binding, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, process_start_time
+from corral.pool import NodeSpec
+from corral.runtime.discovery import RESOLVER_DIR, loopback_address
 
 
-def read_exit_file(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / EXIT_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def process_start_time(pid: int) -> float | None:
-    """The start time of a process that still runs: None for a zombie too. A replica
-    adopted after a crash is no child of ours, so when it dies it waits as a zombie until
-    its new parent (the machine's init, which in a container may reap late or never)
-    reaps it; counting that zombie as alive would report its exit later, on the watcher
-    thread, after exits found at once, and the lifecycle would act on a partial picture."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, on_exit: ExitCallback):
-        self._on_exit = on_exit
-        self._children: dict[int, subprocess.Popen] = {}
-        self._watched: dict[int, tuple[Handle, int]] = {}  # pidfd -> (handle, pid)
+    def __init__(self, nodes: list[NodeSpec], runs_dir: Path, logs_dir: Path, runtime_dir: Path, scope: str,
+                 wake: Wake = lambda: None, base_pythonpath: str | None = None):
+        self._nodes = list(nodes)
+        self.logs_dir = logs_dir
+        self.runner = NodeRunner(runs_dir, runtime_dir, scope)
+        self._wake_loop = wake
+        self._pythonpath = base_pythonpath
+        # The server's environment, less corral's own and a scheduler's job variables.
+        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_"))}
+        self._events: deque[Observed] = deque()
+        self._children: dict[str, subprocess.Popen] = {}  # key -> our child wrapper
+        self._watched: dict[int, tuple[str, int]] = {}  # pidfd -> (key, pid)
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -75,61 +55,106 @@ class LocalExecutor:
         self._thread = threading.Thread(target=self._run, name="corral-local-watcher", daemon=True)
         self._thread.start()
 
-    # -- the protocol -------------------------------------------------------------------
+    # -- inventory and binding ------------------------------------------------------------
+    def nodes(self) -> list[NodeSpec]:
+        return list(self._nodes)
+
+    @property
+    def inventory_version(self) -> int:
+        return 0  # declared in config.yaml: fixed while the server runs
+
+    def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
+             previous: Binding | None) -> Binding:
+        return Binding(loopback_address(replica_id), dict(ports))
+
+    def rendezvous_port(self, node: str) -> int:
+        return free_port()
+
+    def reserve(self, job_id, generation, slots) -> None:
+        return None  # corral's own allocation is the only accounting on this machine
+
+    def release(self, job_id: int) -> None:
+        return None
+
+    # -- attempts -------------------------------------------------------------------------
     def start(self, launch: Launch) -> Handle:
-        launch.run_dir.mkdir(parents=True, exist_ok=True)
-        launch.log_path.parent.mkdir(parents=True, exist_ok=True)
-        (launch.run_dir / EXIT_FILE).unlink(missing_ok=True)
-        cwd = launch.cwd if launch.cwd and os.path.isdir(launch.cwd) else None
-        with open(launch.log_path, "ab", buffering=0) as log:
-            proc = subprocess.Popen(
-                ["bash", "-c", WRAPPER, "corral-replica", str(launch.run_dir / EXIT_FILE),
-                 launch.setup or "", launch.run or ""],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd,
-                env=launch.env, start_new_session=True, close_fds=True)
-        started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended, nothing to adopt
-        handle = Handle(launch.key, proc.pid, started, launch.run_dir)
+        try:
+            proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
+                                     {**self._base_env, **launch.env}, launch.cwd,
+                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts)
+        except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
+            self.runner.end_tree(launch.key, None)
+            raise LaunchError(str(exc)) from exc
+        started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended
+        handle = {"pid": proc.pid, "started_at": started, "key": launch.key}
         with self._lock:
-            self._children[proc.pid] = proc
+            self._children[launch.key] = proc
+        self._watch(launch.key, proc.pid)
         return handle
 
+    def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
+        for key, handle in attempts:
+            pid = int(handle["pid"]) if handle and handle.get("pid") else self.runner.started_pid(key)
+            if pid is None:
+                # Never recorded that it started: whatever the tree holds (a wrapper caught
+                # between spawn and its first line) is ended, and the attempt never ran.
+                self.runner.end_tree(key, None, thorough=True)
+                self._emit(Observed(key, Kind.ABSENT, reason="no process was started for this attempt"))
+                continue
+            if self._alive(pid, key, handle.get("started_at") if handle else None):
+                new = {"pid": pid, "started_at": process_start_time(pid), "key": key}
+                self._emit(Observed(key, Kind.STARTED, handle=new))
+                self._watch(key, pid)
+                continue
+            self._report(key, pid)
+
     def signal(self, handle: Handle, signum: int) -> bool:
-        if not self.alive(handle):
+        key, pid = handle["key"], int(handle.get("pid") or 0)
+        if pid <= 0 or not self._alive(pid, key, handle.get("started_at")):
             return False
+        if signum == signal.SIGKILL:
+            self.runner.end_tree(key, pid)
+            return True
         try:
-            os.killpg(handle.pid, signum)
+            os.killpg(pid, signum)
             return True
         except ProcessLookupError:
             return False
 
-    def alive(self, handle: Handle) -> bool:
-        with self._lock:
-            proc = self._children.get(handle.pid)
-        if proc is not None:
-            return proc.poll() is None
-        started = process_start_time(handle.pid)
-        return started is not None and abs(started - handle.started_at) < START_TIME_TOLERANCE_S
+    def drain(self) -> list[Observed]:
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
 
-    def watch(self, handle: Handle) -> None:
-        if handle.pid <= 0:  # never had a process of its own; only its files can tell
-            self._report(handle)
-            return
-        try:
-            pidfd = os.pidfd_open(handle.pid)
-        except ProcessLookupError:
-            self._report(handle)
-            return
-        # The pid may have been reused since we recorded it: only the same process counts.
-        with self._lock:
-            own = handle.pid in self._children
-        if not own and not self.alive(handle):
-            os.close(pidfd)
-            self._report(handle)
-            return
-        with self._lock:
-            self._watched[pidfd] = (handle, handle.pid)
-            self._poll.register(pidfd, select.POLLIN)
-        os.write(self._wake_w, b"x")
+    def forget(self, handle: Handle) -> None:
+        self.runner.forget(handle["key"])
+
+    # -- discovery, probes, logs ------------------------------------------------------------
+    def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
+        self.runner.publish(job_id, hosts, peers)
+
+    def attempt_env(self, job_id: int) -> dict[str, str]:
+        directory = self.runner.job_dir(job_id)
+        path = self._pythonpath
+        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json"),
+                "CORRAL_NAMES": self.runner.hosts_mode,
+                "PYTHONPATH": str(RESOLVER_DIR) + (os.pathsep + path if path else "")}
+
+    def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
+                   timeout: float) -> tuple[bool, str]:
+        pid = int(handle.get("pid") or 0)
+        if self.runner.hosts_mode == "mount-namespace" and pid > 0 and shutil.which("nsenter"):
+            # in the attempt's mount namespace, so the probe resolves names as the replica does
+            return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,
+                                          timeout)
+        return self.runner.exec_probe(command, env, cwd, timeout)
+
+    def log_path(self, job_id: int, label: str) -> str:
+        return str(self.logs_dir / str(job_id) / f"{label}.log")
+
+    def cleanup_job(self, job_id: int) -> None:
+        self.runner.cleanup_job(job_id)
 
     def close(self) -> None:
         self._closed = True
@@ -139,7 +164,36 @@ class LocalExecutor:
             pass
         self._thread.join(timeout=2)
 
-    # -- the watcher thread --------------------------------------------------------------
+    # -- watching -----------------------------------------------------------------------------
+    def _alive(self, pid: int, key: str, recorded: float | None) -> bool:
+        with self._lock:
+            proc = self._children.get(key)
+        if proc is not None and proc.pid == pid:
+            return proc.poll() is None
+        started = process_start_time(pid)
+        if started is None:
+            return False
+        # Without a recorded start time (the handle was never stored), the wrapper's pid from
+        # its own "started" file is trusted only while that process still carries the key.
+        if recorded:
+            return abs(started - float(recorded)) < START_TIME_TOLERANCE_S
+        return pid in self.runner.trees.members(key)
+
+    def _watch(self, key: str, pid: int) -> None:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._report(key, pid)
+            return
+        with self._lock:
+            self._watched[pidfd] = (key, pid)
+            self._poll.register(pidfd, select.POLLIN)
+        os.write(self._wake_w, b"x")
+
+    def _emit(self, event: Observed) -> None:
+        self._events.append(event)
+        self._wake_loop()
+
     def _run(self) -> None:
         while not self._closed:
             for fd, _ in self._poll.poll(1000):
@@ -147,27 +201,31 @@ class LocalExecutor:
                     os.read(self._wake_r, 4096)
                     continue
                 with self._lock:
-                    handle, _pid = self._watched.pop(fd, (None, None))
+                    key, pid = self._watched.pop(fd, (None, None))
                     self._poll.unregister(fd)
                 os.close(fd)
-                if handle is not None:
-                    self._report(handle)
+                if key is not None:
+                    self._report(key, pid)
 
-    def _report(self, handle: Handle) -> None:
+    def _report(self, key: str, pid: int) -> None:
+        """The wrapper ended: end what is left of its tree, then report the exit."""
         with self._lock:
-            proc = self._children.pop(handle.pid, None)
-        code: int | None
-        if proc is not None:
-            # Reap only after cleaning the group: stragglers the replica left behind are
-            # killed like Slurm ends a step, and the zombie keeps the pgid from being reused.
-            try:
-                os.killpg(handle.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            rc = proc.wait()
-            code = read_exit_file(handle.run_dir)
-            if code is None:
-                code = 128 - rc if rc < 0 else rc
+            proc = self._children.pop(key, None)
+        survivors = self.runner.end_tree(key, pid)
+        rc = proc.wait() if proc is not None else None  # reaped only now: the pgid stayed ours
+        code = self.runner.exit_code(key)
+        if code is None and rc is not None:
+            code = 128 - rc if rc < 0 else rc
+        if survivors:
+            reason = f"processes {survivors} of the attempt could not be killed"
         else:
-            code = read_exit_file(handle.run_dir)
-        self._on_exit(handle, code)
+            reason = ""
+        if code is None:
+            self._emit(Observed(key, Kind.LOST, reason=reason or
+                                "the process ended while corral was down and left no exit code"))
+        else:
+            self._emit(Observed(key, Kind.EXITED, code=code, reason=reason))
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"

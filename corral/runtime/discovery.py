@@ -1,18 +1,18 @@
 """Names and addresses of replicas, and the files through which processes find their peers.
 
-Every replica has a stable name ``{task}-{rank}.{job}`` and, on the local executor, its own
-loopback address (Linux routes all of 127.0.0.0/8 to ``lo``), so two replicas may listen on
-the same port. The address derives from the replica's row id, so it survives restarts.
+Every replica has a stable name ``{task}-{rank}.{job}``; its address and ports are its
+executor's choice (on the local executor its own loopback address, derived from the
+replica's row id, so two replicas may listen on the same port; on Ray its node's IP with
+ports assigned per replica).
 
-Per job, two files are rewritten atomically whenever membership, state or readiness
-changes: a hosts-format file (``CORRAL_HOSTS_FILE``) for tools that read one, and a JSON
-peers file (``CORRAL_PEERS_FILE``). ``resolver/sitecustomize.py`` makes Python's ordinary
-``socket.getaddrinfo`` resolve the names from the hosts file."""
+Per job, two documents are rebuilt whenever membership, state or readiness changes: hosts
+lines (the executor binds them over ``/etc/hosts`` where it can, and writes
+``CORRAL_HOSTS_FILE``) and a JSON peers file (``CORRAL_PEERS_FILE``).
+``resolver/sitecustomize.py`` makes Python's ``socket.getaddrinfo`` resolve the names from
+the hosts file where the system resolver cannot."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,9 @@ def peers_document(job_id: int, job_name: str, tasks: list[dict[str, Any]], upda
                     "state": r["state"],
                     "ready": r["ready"],
                     "restarts": r["restarts"],
-                    "endpoints": {name: f"{r['addr']}:{port}" for name, port in t["ports"].items()},
+                    "node": r.get("node"),
+                    "ports": r.get("ports", t["ports"]),
+                    "endpoints": {name: f"{r['addr']}:{port}" for name, port in r.get("ports", t["ports"]).items()},
                 } for r in t["replicas"]],
             } for t in tasks
         },
@@ -59,17 +61,6 @@ def hosts_text(peers: dict[str, Any]) -> str:
     lines = [f"# corral names of job {peers['job_id']} ({peers['job']}); rewritten as replicas change"]
     for task, data in peers["tasks"].items():
         for r in data["replicas"]:
-            lines.append(f"{r['addr']}\t{r['hostname']} {task}-{r['rank']}")
+            if r["addr"]:
+                lines.append(f"{r['addr']}\t{r['hostname']} {task}-{r['rank']}")
     return "\n".join(lines) + "\n"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_discovery(directory: Path, peers: dict[str, Any]) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    write_atomically(directory / "peers.json", json.dumps(peers, indent=1))
-    write_atomically(directory / "hosts", hosts_text(peers))

@@ -26,6 +26,7 @@ class ReplicaContext:
     restart_count: int
     user: str
     task_envs: tuple[tuple[str, str], ...] = ()
+    master_addr: str = ""  # the address of the task's rank 0 (its node's IP beyond this machine)
 
 
 def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
@@ -46,7 +47,7 @@ def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
         "CORRAL_CHECKPOINT_DIR": ctx.checkpoint_dir,
         "CORRAL_RESTART_COUNT": str(ctx.restart_count),
         "CORRAL_USER": ctx.user,
-        "MASTER_ADDR": ctx.node_ips[0] if ctx.node_ips else ctx.addr,
+        "MASTER_ADDR": ctx.master_addr or (ctx.node_ips[0] if ctx.node_ips else ctx.addr),
         "MASTER_PORT": str(ctx.master_port),
         "WORLD_SIZE": str(ctx.num_replicas),
         "RANK": str(ctx.rank),

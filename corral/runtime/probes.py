@@ -28,6 +28,8 @@ class ProbeTarget:
     ports: dict[str, int]
     env: dict[str, str]
     cwd: str | None
+    # Runs an exec probe where the replica runs (its executor's node); None: here.
+    run_exec: Callable[[str, float], tuple[bool, str]] | None = None
 
 
 ResultCallback = Callable[[ProbeTarget, bool, str], None]
@@ -44,6 +46,8 @@ def run_check(target: ProbeTarget) -> tuple[bool, str]:
             port = resolve_port(probe.tcp, target.ports)
             with socket.create_connection((target.addr, port), timeout=probe.timeout):
                 return True, f"tcp {port} open"
+        if target.run_exec is not None:
+            return target.run_exec(probe.exec or "true", probe.timeout)
         done = subprocess.run(["bash", "-c", probe.exec or "true"], env=target.env, cwd=target.cwd,
                               capture_output=True, timeout=probe.timeout)
         return done.returncode == 0, f"exit code {done.returncode}"

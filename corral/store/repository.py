@@ -53,8 +53,8 @@ def create_job(session: Session, spec: JobSpec, user: str, now: float, *, partit
                                  termination_deadline=None, master_port=None)
                  for position, task in enumerate(spec.tasks)]
     job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
-                                    state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
-                                    pid=None, pid_started_at=None, exit_code=None, restarts=0, started_at=None,
+                                    state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0, pid=None,
+                                    infra=None, handle=None, attempt=0, ports=None, exit_code=None, restarts=0, started_at=None,
                                     ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None,
                                     addr=None, ready=False, restart_at=None, last_exit_code=None)
                     for t in job.tasks for rank in range(t.num_nodes)]
@@ -124,7 +124,7 @@ def job_events(session: Session, job_id: int) -> list[Event]:
 def add_replicas(session: Session, job_id: int, task: str, task_position: int, ranks: list[int]) -> list[int]:
     """New replica rows (PENDING) for a task that grows; returns their ids in rank order."""
     rows = [dict(job_id=job_id, task=task, task_position=task_position, rank=rank, state=ReplicaState.PENDING.value,
-                 node=None, gpus=[], cpus=0.0, memory=0.0, pid=None, pid_started_at=None, exit_code=None, restarts=0,
+                 node=None, gpus=[], cpus=0.0, memory=0.0, infra=None, handle=None, attempt=0, ports=None, exit_code=None, restarts=0,
                  started_at=None, ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None,
                  log_path=None, addr=None, ready=False, restart_at=None, last_exit_code=None) for rank in ranks]
     return list(session.connection().execute(_INSERT_REPLICAS, rows).scalars().all()) if rows else []

@@ -2,8 +2,10 @@
 clock use the same numbers; the API turns them into ISO timestamps.
 
 Desired and observed state are separate columns: ``cancel_requested_at`` and
-``stop_requested_at``/``kill_at`` say what corral wants; ``state``, ``pid`` and ``exit_code``
-say what was observed."""
+``stop_requested_at``/``kill_at`` say what corral wants; ``state``, ``handle`` and ``exit_code``
+say what was observed. A replica's ``handle`` is its current attempt's, opaque to the core
+(the executor named by ``infra`` defines it); ``attempt`` counts attempts launched, so every
+attempt has its own key and nothing of one attempt is ever taken for another's."""
 
 from __future__ import annotations
 
@@ -90,8 +92,10 @@ class Replica(Base):
     gpus: Mapped[list[int]] = mapped_column(JSON, default=list)
     cpus: Mapped[float] = mapped_column(Float, default=0.0)
     memory: Mapped[float] = mapped_column(Float, default=0.0)
-    pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    pid_started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    infra: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the executor it runs on
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ports: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)  # name -> port, bound per replica
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -113,6 +117,12 @@ class Replica(Base):
     @property
     def label(self) -> str:
         return f"{self.task}-{self.rank}"
+
+    @property
+    def pid(self) -> int | None:
+        """The attempt's process id where the executor has one (local), for people to read."""
+        value = (self.handle or {}).get("pid")
+        return int(value) if value else None
 
 
 class Event(Base):

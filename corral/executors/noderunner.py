@@ -1,0 +1,195 @@
+"""What runs attempts on one node: the part of an executor that must live where the
+processes live. The local executor uses it in the server process; the Ray executor runs it
+inside an actor on the node Ray placed the replica on. It owns pids, exit files, the
+attempt's process tree, the job's hosts file and exec probes; nothing above it sees them.
+
+Each attempt has its own run directory (``runs/KEY``), never shared with another attempt:
+the wrapper writes ``started`` as its first act and ``exit_code`` as its last, so after a
+crash an attempt that never started is told apart from one that ran and ended.
+
+Names resolve for every program, not only Python: where this process may create a mount
+namespace (root, or CAP_SYS_ADMIN), each attempt runs in its own one with the job's hosts
+file (the machine's ``/etc/hosts`` plus the job's names) bound over ``/etc/hosts``, so
+``curl``, ``getent``, C, Go and Java programs resolve ``task-rank.job`` through the system
+resolver. Elsewhere names resolve inside Python (an injected ``sitecustomize``) and through
+``CORRAL_HOSTS_FILE``; ``hosts_mode`` says which holds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from corral.executors.proctree import ATTEMPT_VAR, ProcessTrees
+
+# Traps (not ignores) so the wrapper survives the group signal long enough to record the
+# exit code, while its children start with default signal dispositions. Its first acts put
+# it in the attempt's cgroup (children inherit it), bind the hosts file (inside its own mount
+# namespace) and record that it started.
+WRAPPER = r"""
+trap : TERM INT HUP USR1 USR2 QUIT PIPE
+if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
+if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null; fi
+printf '%s\n' "$$" > "$1/started"
+exec 3>&2
+rc=0
+if [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+printf '%s\n' "$rc" > "$1/exit_code"
+exit "$rc"
+"""
+# The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
+# so they see default signal handling and no positional arguments of the wrapper; their
+# stderr is the log (fd 3) while the wrapper's own "Terminated" notices go to /dev/null. The
+# exit file is only read once the wrapper has exited, so a plain write is enough.
+
+EXIT_FILE = "exit_code"
+STARTED_FILE = "started"
+START_TIME_TOLERANCE_S = 0.05
+
+
+def process_start_time(pid: int) -> float | None:
+    """The start time of a process that still runs: None for a zombie too. A replica
+    adopted after a crash is no child of ours, so when it dies it waits as a zombie until
+    its new parent reaps it (in a container, maybe never); counting that zombie as alive
+    would report its exit late and out of order."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def _mount_namespaces() -> bool:
+    """Whether an attempt can get a private mount namespace with /etc/hosts bound over."""
+    if shutil.which("unshare") is None or shutil.which("mount") is None or not os.path.exists("/etc/hosts"):
+        return False
+    try:
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                              capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+class NodeRunner:
+    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str):
+        self.runs_dir = runs_dir
+        self.runtime_dir = runtime_dir
+        self.trees = ProcessTrees(scope)
+        self.hosts_mode = "mount-namespace" if _mount_namespaces() else "python"
+
+    # -- attempts -------------------------------------------------------------------------
+    def run_dir(self, key: str) -> Path:
+        return self.runs_dir / key
+
+    def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
+              cwd: str | None, log_path: Path, hosts: bool) -> subprocess.Popen:
+        """Start the attempt's wrapper in its own session (it outlives the server) and
+        return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
+        run_dir = self.run_dir(key)
+        run_dir.mkdir(parents=True, exist_ok=False)  # a key is never reused
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if cwd and not os.path.isdir(cwd):
+            raise OSError(f"workdir {cwd!r} is not a directory on this node")
+        procs = self.trees.prepare(key) or ""
+        hosts_file = ""
+        argv = ["bash", "-c", WRAPPER, "corral-replica", str(run_dir), setup or "", run or "", procs]
+        if hosts and self.hosts_mode == "mount-namespace":
+            hosts_file = str(self.hosts_file(job_id))
+            if not os.path.exists(hosts_file):
+                self.write_hosts(job_id, "")
+            argv = ["unshare", "--mount", "--propagation", "private"] + argv
+        argv.append(hosts_file)
+        env = {**env, ATTEMPT_VAR: key}
+        with open(log_path, "ab", buffering=0) as log:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=cwd or None, env=env, start_new_session=True, close_fds=True)
+
+    def exit_code(self, key: str) -> int | None:
+        try:
+            return int((self.run_dir(key) / EXIT_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def started_pid(self, key: str) -> int | None:
+        """The wrapper's pid if it recorded that it started."""
+        try:
+            return int((self.run_dir(key) / STARTED_FILE).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def end_tree(self, key: str, pid: int | None, thorough: bool = False) -> list[int]:
+        """End whatever is left of the attempt (stragglers, detached children), like Slurm
+        ends a step; returns pids that could not be killed. ``thorough`` (at adoption)
+        also finds processes by the attempt's key in their environment."""
+        if pid:
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return self.trees.kill(key, thorough=thorough)
+
+    def forget(self, key: str) -> None:
+        shutil.rmtree(self.run_dir(key), ignore_errors=True)
+
+    # -- discovery files --------------------------------------------------------------------
+    def job_dir(self, job_id: int) -> Path:
+        return self.runtime_dir / str(job_id)
+
+    def hosts_file(self, job_id: int) -> Path:
+        return self.job_dir(job_id) / "hosts"
+
+    def write_hosts(self, job_id: int, names: str) -> None:
+        """The machine's own hosts plus the job's names, rewritten in place: a bind mount
+        holds the inode, so a rename would leave running attempts reading the old file."""
+        try:
+            system = Path("/etc/hosts").read_text()
+        except OSError:
+            system = "127.0.0.1\tlocalhost\n"
+        text = (system.rstrip("\n") + "\n" + names).encode()
+        path = self.hosts_file(job_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, text)
+            os.ftruncate(fd, len(text))
+        finally:
+            os.close(fd)
+
+    def publish(self, job_id: int, hosts: str, peers: str) -> None:
+        directory = self.job_dir(job_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".peers.json.{os.getpid()}.tmp"
+        tmp.write_text(peers)
+        os.replace(tmp, directory / "peers.json")
+        self.write_hosts(job_id, hosts)
+
+    def cleanup_job(self, job_id: int) -> None:
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+
+    # -- probes and logs ----------------------------------------------------------------------
+    @staticmethod
+    def exec_probe(command: str, env: dict[str, str], cwd: str | None, timeout: float) -> tuple[bool, str]:
+        try:
+            done = subprocess.run(["bash", "-c", command], env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
+                                  capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout:g}s"
+        except OSError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return done.returncode == 0, f"exit code {done.returncode}"
+
+    @staticmethod
+    def read_log(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(limit)
+        except OSError:
+            return b""

@@ -1,0 +1,472 @@
+"""The Ray executor: replicas run on the nodes of an existing Ray cluster (``infra: {ray:
+{address: auto}}`` in config.yaml). corral's scheduler decides placement; Ray realises it.
+
+* Nodes come from Ray's own view (``ray.nodes()``): GPUs, the ``accelerator_type:*``
+  resource as GPU type, CPUs, memory, and node labels (``switch``/``leaf`` for topology). A
+  node that joins is schedulable; one that leaves is DOWN, and its attempts are lost.
+* Each replica's resources are held in Ray's accounting by a placement group pinned to the
+  node corral chose (a bundle label selector on ``ray.io/node-id``), so no other Ray user can
+  take them between decision and start. A gang's groups are all made ready before any of
+  its replicas starts, and all removed if one cannot be (all or none). A restart reuses its
+  replica's group: same node, same GPUs.
+* Each attempt is a detached actor named after its key (``rayactor.ReplicaActor``) that runs
+  ``setup``/``run`` as a process on that node with the same environment contract as locally;
+  ``CUDA_VISIBLE_DEVICES`` are the GPUs Ray assigned. Addresses are node IPs, and ports are
+  chosen per replica on its node (the declared port when free), so replicas never collide.
+* Logs are pulled from the node into the server's log directory while attempts run, so
+  ``corral logs`` works unchanged and keeps what a dead node wrote before it died.
+* After a server restart the actors are found again by name: running ones are adopted, ended
+  ones report their exit, and none is started twice."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from corral.executors.base import Binding, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.pool import NodeSpec
+
+log = logging.getLogger("corral.ray")
+
+RESERVE_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
+CALL_TIMEOUT_S = 15.0
+POLL_S = 0.5
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, config, settings, scope: str, wake: Wake = lambda: None):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+        from corral.executors import rayactor
+
+        self._ray = ray
+        self._affinity = NodeAffinitySchedulingStrategy
+        self._in_group = PlacementGroupSchedulingStrategy
+        self.scope = scope
+        self.prefix = config.node_prefix
+        self.namespace = config.namespace or f"corral-{scope}"
+        self.logs_dir: Path = settings.logs_dir
+        if not ray.is_initialized():
+            ray.init(address=config.address, namespace=self.namespace, log_to_driver=False,
+                     logging_level=logging.WARNING, configure_logging=False)
+        self._actor_class = ray.remote(rayactor.ReplicaActor)
+        self._free_ports = ray.remote(rayactor.free_ports)
+        self._kill_tree = ray.remote(rayactor.kill_tree)
+        self._cleanup = ray.remote(rayactor.cleanup_job)
+        self._runtime_dir = rayactor.node_dirs(scope)[2]
+        self._wake_loop = wake
+        self._lock = threading.RLock()
+        self._events: deque[Observed] = deque()
+        self._nodes: dict[str, NodeSpec] = {}
+        self._node_ids: dict[str, tuple[str, str]] = {}  # name -> (Ray node id, IP)
+        self._version = 0
+        self._groups: dict[tuple[int, str], Any] = {}  # (job, label) -> its placement group
+        self._live: dict[str, dict] = {}  # key -> {"actor", "ref", "job", "node", "label", "offset"}
+        self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
+        self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
+        self._closed = threading.Event()
+        self._refresh_nodes()
+        self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
+        self._thread.start()
+
+    # -- inventory ---------------------------------------------------------------------------
+    def nodes(self) -> list[NodeSpec]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    @property
+    def inventory_version(self) -> int:
+        return self._version
+
+    def _node_name(self, info: dict, shared_ip: bool) -> str:
+        """``corral.node`` if the node carries that label, else the prefix and its IP (and
+        its raylet's port where several nodes share one IP, as in a one-host test)."""
+        labels = info.get("Labels") or {}
+        if labels.get("corral.node"):
+            return str(labels["corral.node"])
+        name = f"{self.prefix}-{info['NodeManagerAddress'].replace('.', '-').replace(':', '-')}"
+        return f"{name}-{info['NodeManagerPort']}" if shared_ip else name
+
+    def _refresh_nodes(self) -> list[str]:
+        """Take Ray's view of its nodes; returns the names of nodes that went away."""
+        nodes, ids = {}, {}
+        alive = [info for info in self._ray.nodes() if info.get("Alive")]
+        ips = [info["NodeManagerAddress"] for info in alive]
+        for info in alive:
+            res = info.get("Resources") or {}
+            gpu_types = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
+            labels = {str(k): str(v) for k, v in (info.get("Labels") or {}).items()
+                      if not str(k).startswith("ray.io/") and k != "corral.node"}
+            name = self._node_name(info, ips.count(info["NodeManagerAddress"]) > 1)
+            nodes[name] = NodeSpec(name=name, gpus=int(res.get("GPU", 0)), gpu_type=gpu_types[0] if gpu_types else None,
+                                   cpus=max(float(res.get("CPU", 0.0)), 0.001),
+                                   memory=round(float(res.get("memory", 0.0)) / 2**30, 3), labels=labels)
+            ids[name] = (info["NodeID"], info["NodeManagerAddress"])
+        with self._lock:
+            gone = [n for n in self._nodes if n not in nodes]
+            if nodes != self._nodes:
+                self._nodes, self._node_ids = nodes, ids
+                self._version += 1
+                self._wake_loop()
+        return gone
+
+    def _ip(self, node: str) -> str:
+        with self._lock:
+            if node not in self._node_ids:
+                raise LaunchError(f"Ray node {node} is not in the cluster")
+            return self._node_ids[node][1]
+
+    def _node_id(self, node: str) -> str:
+        with self._lock:
+            if node not in self._node_ids:
+                raise LaunchError(f"Ray node {node} is not in the cluster")
+            return self._node_ids[node][0]
+
+    def _pinned(self, node: str):
+        with self._lock:
+            if node not in self._node_ids:
+                raise LaunchError(f"Ray node {node} is not in the cluster")
+            return self._affinity(self._node_ids[node][0], soft=False)
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
+             previous: Binding | None) -> Binding:
+        ip = self._ip(node)
+        if previous is not None and previous.addr == ip and set(previous.ports) == set(ports):
+            return previous
+        chosen = self._ports(node, list(ports.values()), 0)
+        return Binding(ip, dict(zip(ports, chosen)))
+
+    def rendezvous_port(self, node: str) -> int:
+        return self._ports(node, [], 1)[0]
+
+    def _ports(self, node: str, wanted: list[int], extra: int) -> list[int]:
+        with self._lock:
+            taken = sorted(self._handed.setdefault(node, set()))
+        ref = self._free_ports.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(wanted, extra, taken)
+        try:
+            ports = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except Exception as exc:
+            raise LaunchError(f"could not pick ports on {node}: {exc}") from exc
+        with self._lock:
+            self._handed[node].update(ports)
+        return ports
+
+    # -- reservations ----------------------------------------------------------------------------
+    def reserve(self, job_id: int, generation: int, slots) -> None:
+        made, waits = [], []
+        for label, node, gpus, cpus, memory in slots:
+            name = f"corral-{self.scope}-j{job_id}g{generation}-{label}-{node}"
+            with self._lock:
+                existing = self._groups.get((job_id, label))
+            if existing is not None and existing[0] == name:
+                continue
+            try:
+                pg = self._ray.util.get_placement_group(name)  # made before a server restart
+            except ValueError:
+                bundle: dict[str, float] = {"CPU": cpus}
+                if len(gpus):
+                    bundle["GPU"] = float(len(gpus))
+                if memory > 0:
+                    bundle["memory"] = float(int(memory * 2**30))
+                pg = self._ray.util.placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime="detached",
+                                                    bundle_label_selector=[{"ray.io/node-id": self._node_id(node)}])
+                made.append(pg)
+            waits.append(((job_id, label), name, pg))
+        try:
+            self._ray.get([pg.ready() for _, _, pg in waits], timeout=RESERVE_TIMEOUT_S)
+        except Exception as exc:
+            for pg in made:  # all or none: nothing of the gang stays held
+                self._ray.util.remove_placement_group(pg)
+            raise LaunchError(f"Ray could not reserve {len(waits)} replica(s) within {RESERVE_TIMEOUT_S:g}s: "
+                              f"{type(exc).__name__}") from exc
+        with self._lock:
+            for slot, name, pg in waits:
+                old = self._groups.get(slot)
+                if old is not None and old[0] != name:  # placed again elsewhere: the old hold goes
+                    self._remove_group(old[1])
+                self._groups[slot] = (name, pg)
+
+    def release(self, job_id: int) -> None:
+        with self._lock:
+            mine = [k for k in self._groups if k[0] == job_id]
+            groups = [self._groups.pop(k)[1] for k in mine]
+            self._docs.pop(job_id, None)
+        for pg in groups:
+            self._remove_group(pg)
+        prefix = f"corral-{self.scope}-j{job_id}g"
+        for info in self._ray.util.placement_group_table().values():  # those of an earlier server
+            if str(info.get("name", "")).startswith(prefix) and info.get("state") != "REMOVED":
+                try:
+                    self._remove_group(self._ray.util.get_placement_group(info["name"]))
+                except ValueError:
+                    pass
+
+    def _remove_group(self, pg) -> None:
+        try:
+            self._ray.util.remove_placement_group(pg)
+        except Exception:
+            log.debug("placement group already gone", exc_info=True)
+
+    # -- attempts ------------------------------------------------------------------------------
+    def _actor_name(self, key: str) -> str:
+        return f"corral-{self.scope}-{key}"
+
+    def start(self, launch: Launch) -> Handle:
+        with self._lock:
+            group = self._groups.get((launch.job_id, launch.label))
+            hosts, peers = self._docs.get(launch.job_id, ("", "{}"))
+        if group is None:
+            raise LaunchError(f"no Ray reservation for {launch.label}")
+        name = self._actor_name(launch.key)
+        options: dict[str, Any] = {"name": name, "namespace": self.namespace, "lifetime": "detached",
+                                   "num_cpus": launch.cpus, "num_gpus": len(launch.gpus), "max_restarts": 0,
+                                   "max_concurrency": 16,
+                                   "scheduling_strategy": self._in_group(group[1], placement_group_bundle_index=0)}
+        if launch.memory > 0:
+            options["memory"] = int(launch.memory * 2**30)
+        actor = self._actor_class.options(**options).remote(self.scope)
+        data = {"key": launch.key, "job_id": launch.job_id, "setup": launch.setup, "run": launch.run,
+                "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts}
+        try:
+            info = self._ray.get(actor.start.remote(data, hosts, peers), timeout=START_TIMEOUT_S)
+        except Exception as exc:
+            self._ray.kill(actor, no_restart=True)
+            raise LaunchError(f"Ray could not start the replica on {launch.node}: {_short(exc)}") from exc
+        handle = {"actor": name, "key": launch.key, "node": launch.node, "node_pid": info["node_pid"],
+                  "gpus": info["gpus"]}
+        self._track(launch.key, actor, launch.job_id, launch.node, launch.label, 0)
+        return handle
+
+    def _track(self, key: str, actor, job_id: int, node: str, label: str, offset: int) -> None:
+        with self._lock:
+            self._live[key] = {"actor": actor, "ref": actor.wait.remote(), "job": job_id, "node": node,
+                               "label": label, "offset": offset}
+
+    def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
+        for key, handle in attempts:
+            try:
+                actor = self._ray.get_actor(self._actor_name(key), namespace=self.namespace)
+            except ValueError:
+                actor = None
+            if actor is None:
+                if handle is None:
+                    self._emit(Observed(key, Kind.ABSENT, reason="no Ray actor was started for this attempt"))
+                else:
+                    node = handle.get("node")
+                    self._end_remote_tree(key, node)
+                    self._emit(Observed(key, Kind.LOST, node=node,
+                                        reason=f"its Ray actor on {node} is gone (node down or actor killed)"))
+                continue
+            try:
+                status = self._ray.get(actor.status.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:
+                node = (handle or {}).get("node")
+                self._emit(Observed(key, Kind.LOST, node=node, reason=f"its Ray actor does not answer: {_short(exc)}"))
+                continue
+            job_id, label = _job_and_label(key)
+            node = (handle or {}).get("node") or ""
+            offset = _offset_file(self._log_file(job_id, label), key)
+            if status["state"] == "absent":
+                self._ray.kill(actor, no_restart=True)
+                self._emit(Observed(key, Kind.ABSENT, reason="its Ray actor never started the process"))
+            elif status["state"] == "running":
+                new = dict(handle or {"actor": self._actor_name(key), "key": key, "node": node})
+                new["node_pid"] = status.get("node_pid")
+                self._track(key, actor, job_id, node, label, offset)
+                self._emit(Observed(key, Kind.STARTED, handle=new))
+            else:
+                self._pump(key, actor, job_id, label, offset, final=True)
+                self._emit(Observed(key, Kind.EXITED, code=status.get("code")))
+
+    def signal(self, handle: Handle, signum: int) -> bool:
+        with self._lock:
+            live = self._live.get(handle["key"])
+        if live is None:
+            return False
+        try:
+            return bool(self._ray.get(live["actor"].signal.remote(signum), timeout=CALL_TIMEOUT_S))
+        except Exception:
+            return False
+
+    def drain(self) -> list[Observed]:
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
+
+    def forget(self, handle: Handle) -> None:
+        try:
+            actor = self._ray.get_actor(handle["actor"], namespace=self.namespace)
+        except (ValueError, KeyError):
+            return
+        try:
+            self._ray.get(actor.forget.remote(), timeout=CALL_TIMEOUT_S)
+        except Exception:
+            pass
+        self._ray.kill(actor, no_restart=True)  # its bundle is free for the replica's next attempt
+
+    # -- discovery, probes, logs ------------------------------------------------------------------
+    def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
+        with self._lock:
+            self._docs[job_id] = (hosts, peers)
+            actors = [v["actor"] for v in self._live.values() if v["job"] == job_id]
+        for actor in actors:  # one per attempt; the files are per node, written by each
+            actor.publish.remote(job_id, hosts, peers)
+
+    def attempt_env(self, job_id: int) -> dict[str, str]:
+        directory = self._runtime_dir / str(job_id)
+        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json")}
+
+    def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
+                   timeout: float) -> tuple[bool, str]:
+        with self._lock:
+            live = self._live.get(handle["key"]) if handle else None
+        if live is None:
+            return False, "the replica is not running"
+        try:
+            ok, detail = self._ray.get(live["actor"].exec_probe.remote(command, env, cwd, timeout),
+                                       timeout=timeout + CALL_TIMEOUT_S)
+            return bool(ok), str(detail)
+        except Exception as exc:
+            return False, f"probe on the node failed: {_short(exc)}"
+
+    def log_path(self, job_id: int, label: str) -> str:
+        return str(self._log_file(job_id, label))
+
+    def _log_file(self, job_id: int, label: str) -> Path:
+        return self.logs_dir / str(job_id) / f"{label}.log"
+
+    def cleanup_job(self, job_id: int) -> None:
+        with self._lock:
+            nodes = list(self._node_ids)
+        for node in nodes:
+            try:
+                self._cleanup.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(self.scope, job_id)
+            except LaunchError:
+                continue
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        # Detached actors and placement groups outlive the server; the next one adopts them.
+        self._ray.shutdown()
+
+    # -- the watcher thread -------------------------------------------------------------------------
+    def _watch(self) -> None:
+        next_nodes = time.monotonic() + 1.0
+        next_logs = 0.0
+        while not self._closed.is_set():
+            with self._lock:
+                refs = {v["ref"]: k for k, v in self._live.items()}
+            try:
+                if refs:
+                    ready, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
+                else:
+                    ready = []
+                    self._closed.wait(POLL_S)
+                for ref in ready:
+                    self._ended(refs[ref], ref)
+                if time.monotonic() >= next_logs:
+                    next_logs = time.monotonic() + POLL_S
+                    self._pump_all()
+                if time.monotonic() >= next_nodes:
+                    next_nodes = time.monotonic() + 1.0
+                    for node in self._refresh_nodes():
+                        self._node_gone(node)
+            except Exception:  # the watcher must outlive a flaky call to the cluster
+                log.exception("Ray watcher step failed")
+                self._closed.wait(1.0)
+
+    def _ended(self, key: str, ref) -> None:
+        with self._lock:
+            live = self._live.pop(key, None)
+        if live is None:
+            return
+        try:
+            code = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except Exception as exc:
+            self._end_remote_tree(key, live["node"])
+            self._emit(Observed(key, Kind.LOST, node=live["node"],
+                                reason=f"its Ray actor on {live['node']} died ({type(exc).__name__})"))
+            return
+        self._pump(key, live["actor"], live["job"], live["label"], live["offset"], final=True)
+        self._emit(Observed(key, Kind.EXITED, code=code))
+
+    def _node_gone(self, node: str) -> None:
+        with self._lock:
+            keys = [k for k, v in self._live.items() if v["node"] == node]
+            lost = [self._live.pop(k) for k in keys]
+        for key, _ in zip(keys, lost):
+            self._emit(Observed(key, Kind.LOST, node=node, reason=f"node {node} left the Ray cluster"))
+
+    def _end_remote_tree(self, key: str, node: str | None) -> None:
+        """An actor died while its node lives: end what its attempt left running there."""
+        if not node:
+            return
+        try:
+            ref = self._kill_tree.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(self.scope, key)
+            self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except Exception:
+            log.debug("could not reach %s to end %s", node, key, exc_info=True)
+
+    def _pump_all(self) -> None:
+        with self._lock:
+            live = list(self._live.items())
+        for key, entry in live:
+            self._pump(key, entry["actor"], entry["job"], entry["label"], entry["offset"])
+
+    def _pump(self, key: str, actor, job_id: int, label: str, offset: int, final: bool = False) -> None:
+        """Copy what the attempt wrote on its node since ``offset`` into the server's log."""
+        path = self._log_file(job_id, label)
+        while True:
+            try:
+                data = self._ray.get(actor.read_log.remote(offset), timeout=CALL_TIMEOUT_S)
+            except Exception:
+                return
+            if not data:
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "ab") as fh:
+                fh.write(data)
+            offset += len(data)
+            _offset_file(path, key, offset)
+            with self._lock:
+                if key in self._live:
+                    self._live[key]["offset"] = offset
+            if not final and len(data) < (1 << 20):
+                return
+
+    def _emit(self, event: Observed) -> None:
+        self._events.append(event)
+        self._wake_loop()
+
+
+def _job_and_label(key: str) -> tuple[int, str]:
+    job, task, rank, _ = key.split(".")
+    return int(job), f"{task}-{rank}"
+
+
+def _offset_file(log_path: Path, key: str, value: int | None = None) -> int:
+    """How much of an attempt's node log the server has copied (survives a server restart)."""
+    marker = log_path.with_name(f".{log_path.name}.{key}.offset")
+    if value is None:
+        try:
+            return int(marker.read_text())
+        except (OSError, ValueError):
+            return 0
+    marker.write_text(str(value))
+    return value
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
