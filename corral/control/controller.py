@@ -100,6 +100,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
         self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
         self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
+        self._requeue_on_loss: set[int] = set()  # jobs preempted by a node failure: always requeued
         self._inbox: deque[tuple[str, object]] = deque()  # from API threads: new jobs, cancels
         self._next_rescan = 0.0
         # The scheduler runs when something it reads changed (a job queued, resources freed,
@@ -234,7 +235,6 @@ class Controller(SchedulingMixin, ServicesMixin):
             dirty, self._dirty = self._dirty, set()
             for job_id in sorted(dirty):
                 self._evaluate(job_id, now)
-            self._place_growth(now)
             self._schedule(s, now)
             self._commit(s)  # STARTING is durable before any process exists
             self._launch_ready(now)
@@ -319,7 +319,22 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._dirty.add(job.id)
         code = event.code if event.kind == Kind.EXITED else None
         lost = event.kind == Kind.LOST
+        if lost and event.node:
+            self.refresh_inventory()  # the node may have left with it: never restart there
         if replica.stop_requested_at is None and self._maybe_restart(job, replica, code, now, event):
+            return
+        if lost and replica.stop_requested_at is None and replica.node not in self.node_infra \
+                and job.state in (JobState.RUNNING, JobState.STARTING) and not job.cancel_requested:
+            # Its node is gone and it may not restart: requeue the whole job, as Slurm does
+            # for a job whose node failed (same id, same names, same checkpoint directory).
+            self._requeue_on_loss.add(job.id)
+            self._replica_to(replica, ReplicaState.FAILED, "lost", now, f"lost: {event.reason}", ended_at=now,
+                             ready=False, handle=None)
+            self._job_to(job, JobState.PREEMPTED, now, "node_lost",
+                         f"node {replica.node} is down ({replica.label} was lost); the job is requeued")
+            for other in job.members:
+                if not other.state.terminal and other.stop_requested_at is None:
+                    self._stop_replica(job, other, "node_lost", now)
             return
         replica.ready = False
         if replica.stop_requested_at is not None:
@@ -414,7 +429,8 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     # -- 5. schedule (the snapshot and preemption live in scheduling.py) -----------------
     def _schedule(self, s: Session, now: float) -> None:
-        if not self.pending:
+        growth = self._growth_requests(now)
+        if not self.pending and not growth:
             self.priorities = {}
             return
         if not self._sched_needed and time.monotonic() < self._sched_refresh_at:
@@ -426,7 +442,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         if time.monotonic() >= self._priorities_at:
             self._priorities_at = time.monotonic() + CALC_PERIOD_S
             self.priorities = {}
-        snapshot = self.snapshot()
+        snapshot = self.snapshot(growth)
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry
@@ -439,11 +455,14 @@ class Controller(SchedulingMixin, ServicesMixin):
             except ValueError:
                 log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
                 continue
+            if start.job_id < 0:  # a replica of a running job, placed like any job: limits hold
+                self._place_growth(-start.job_id, start.allocations[0], now)
+                continue
             starts.append(start)
         if self.journal:
             self.journal.flush(s)  # a job requeued this cycle is PENDING in the store before its claim
         claimed = self._claim(s, [start.job_id for start in starts])
-        if len(claimed) < len(plan.starts):
+        if len(claimed) < len(starts):
             self._sched_needed = True  # a stale or lost start: look again next cycle
         for start in starts:
             job = self.pending.pop(start.job_id)
@@ -453,7 +472,8 @@ class Controller(SchedulingMixin, ServicesMixin):
                 job.rank_priority = factors.total if factors is not None else 0.0
                 self._admit(job, start.allocations, now)
         for preemption in plan.preemptions:
-            self._preempt(s, preemption, now)
+            if preemption.for_job > 0:  # elastic growth never preempts: it waits for free resources
+                self._preempt(s, preemption, now)
         for job_id, why in plan.cancels.items():
             job = self.pending.pop(job_id, None)
             if job is not None:
@@ -462,7 +482,7 @@ class Controller(SchedulingMixin, ServicesMixin):
                 for replica in job.replicas:
                     self._replica_to(replica, ReplicaState.KILLED, "dependency", now, ended_at=now)
         for job_id, reason in plan.reasons.items():
-            if job_id in plan.cancels:
+            if job_id in plan.cancels or job_id < 0:
                 continue
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value

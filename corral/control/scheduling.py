@@ -25,11 +25,12 @@ class SchedulingMixin:
             pool.assume(alloc)
         return pool.views()
 
-    def snapshot(self) -> Snapshot:
-        """The scheduler's input: free resources, pending jobs in queue order, running jobs
-        (what they hold, their expected ends, elastic surplus), usage and dependency states."""
+    def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
+        """The scheduler's input: free resources, pending jobs in queue order (and replicas
+        of running jobs waiting for a place), running jobs (what they hold, their expected
+        ends, elastic surplus), usage and dependency states."""
         nodes = self.free_views()
-        pending = tuple(job.request for job in list(self.pending.values()))
+        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values()))
         running = tuple(self._running_view(job) for job in list(self.active.values()))
         return Snapshot(nodes, pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)
@@ -128,6 +129,9 @@ class SchedulingMixin:
         self.active.pop(job.id)
         self._publish.discard(job.id)
         mode = self.policy.preempt_mode(job.partition, job.qos)
+        if job.id in self._requeue_on_loss:
+            self._requeue_on_loss.discard(job.id)
+            mode = "requeue"
         if mode != "requeue" or job.cancel_requested:
             why = "cancel requested while preempted" if job.cancel_requested else "preempted (preempt mode cancel)"
             self._job_to(job, JobState.CANCELLED, now, "preempted", why, message=why)
@@ -146,6 +150,6 @@ class SchedulingMixin:
             task.termination_deadline = None
         job.started_at = None
         job.forget_request()
-        self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues} after preemption",
+        self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}",
                      requeues=job.requeues, started_at=None, reason="None")
         self._enqueue(job)

@@ -13,8 +13,7 @@ from collections import deque
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
 from corral.runtime.discovery import hosts_text, peers_document
-from corral.scheduler import TaskRequest
-from corral.scheduler.placement import FreePool, place_replica
+from corral.scheduler import Allocation, PendingJob, TaskRequest
 from corral.store import repository
 from corral.runtime.probes import Prober, ProbeTarget
 from corral.spec.service import signal_number
@@ -218,6 +217,7 @@ class ServicesMixin:
         task.num_nodes = count
         members = sorted(job.replicas_of(task_name), key=lambda r: r.rank)
         if count > len(members):
+            self._sched_needed = True  # the new ranks are placed by the scheduler
             retired = {r.rank: r for r in job.replicas if r.task == task_name and r.retired}
             ranks = list(range(len(members), count))
             fresh = [rank for rank in ranks if rank not in retired]
@@ -247,25 +247,36 @@ class ServicesMixin:
         self._publish.add(job.id)
         self._dirty.add(job.id)
 
-    def _place_growth(self, now: float) -> None:
-        """Place replicas added to running jobs (each on its own: growth is elastic, not a gang)."""
-        growing = [(job, r) for job in self.active.values() for r in job.replicas if r.state == ReplicaState.PENDING]
-        if not growing:
-            return
-        pool = FreePool(self.views)
-        for alloc in self._allocs.values():
-            pool.assume(alloc)
-        for job, replica in growing:
-            task = job.task(replica.task)
-            partition = self.policy.partition(job.partition)
-            allowed = None if partition.nodes == ("*",) else frozenset(n.name for n in self.views
-                                                                      if partition.holds(n.name))
-            alloc = place_replica(pool, TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory, task.gpu_type),
-                                  replica.rank, allowed)
-            if alloc is None:
-                continue  # tried again next cycle, as resources free up
-            self._place(job, replica, alloc, now)
-            self._launch_check.add(job.id)
+    def _growth_requests(self, now: float) -> list[PendingJob]:
+        """Replicas of running jobs waiting for a place (a task scaled up, or a replica whose
+        node went away), each as a one-replica request the scheduler ranks and places like
+        any job, so QOS and account limits, partitions and priorities hold at every instant.
+        Their ids are the replicas' ids, negated."""
+        out = []
+        for job in self.active.values():
+            if job.state not in (JobState.RUNNING, JobState.STARTING) or job.cancel_requested:
+                continue
+            for r in job.replicas:
+                if r.state != ReplicaState.PENDING:
+                    continue
+                task = job.task(r.task)
+                limit = job.time_limit_of(task)
+                if limit is not None and job.started_at is not None:
+                    limit = max(1.0, limit - (now - job.started_at))
+                out.append(PendingJob(-r.id, (TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory,
+                                                          task.gpu_type),),
+                                      job.submitted_at, job.user, job.account, limit, job.nice, job.partition,
+                                      job.qos, job.priority, (), job.name))
+        return out
+
+    def _place_growth(self, replica_id: int, alloc: Allocation, now: float) -> None:
+        for job in self.active.values():
+            replica = next((r for r in job.replicas if r.id == replica_id), None)
+            if replica is not None and replica.state == ReplicaState.PENDING:
+                self._place(job, replica, Allocation(replica.task, replica.rank, alloc.node, alloc.gpus, alloc.cpus,
+                                                     alloc.memory), now)
+                self._launch_check.add(job.id)
+                return
 
     def _fail_blocked(self, job: JobRec, now: float) -> None:
         for replica, why in startorder.blocked_forever(job):

@@ -1,0 +1,141 @@
+"""The control loop on the executor contract, with a real server and real processes: every
+limit holds while a job grows (growth goes through the scheduler), and a crash between
+committing an attempt and launching it never records a run that did not happen."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import POOL, wait_for
+from test_api import submit, wait_state
+
+QOS_SITE = POOL + """
+qos:
+  - {name: normal, max_gpus_per_user: 2}
+"""
+
+
+@pytest.fixture
+def site_config() -> str:
+    return QOS_SITE
+
+
+def _gpus_held(server, user_jobs: list[int]) -> int:
+    held = 0
+    for job_id in user_jobs:
+        job = server.get(f"/v1/jobs/{job_id}").json()
+        for task in job["tasks"]:
+            held += sum(len(r["gpus"]) for r in task["replicas"] if r["state"] in ("STARTING", "RUNNING"))
+    return held
+
+
+def test_scale_up_respects_qos_limits_at_every_instant(server, tmp_path: Path) -> None:
+    job = submit(server, """
+name: elastic
+execution: parallel
+primary_tasks: [trainer]
+---
+name: rollout
+num_nodes: {min: 1, max: 4, initial: 2}
+resources: {accelerators: H100:1}
+run: sleep 60
+---
+name: trainer
+run: sleep 60
+""")
+    wait_state(server, job["id"], "RUNNING")
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 4}).status_code == 200
+    other = submit(server, "name: small\nresources: {accelerators: H100:1}\nrun: sleep 60\n")
+    samples = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(_gpus_held(server, [job["id"], other["id"]]))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        # the new replicas wait with the user's other job: the QOS allows 2 GPUs at once
+        reasons = wait_for(lambda: (lambda j: j if j["reason"] == "QOSMaxGPUsPerUser" else None)(
+            server.get(f"/v1/jobs/{other['id']}").json()))
+        assert reasons["state"] == "PENDING"
+        time.sleep(1.0)
+        grown = server.get(f"/v1/jobs/{job['id']}").json()
+        rollout = next(t for t in grown["tasks"] if t["name"] == "rollout")["replicas"]
+        assert sorted(r["state"] for r in rollout) == ["PENDING", "PENDING", "RUNNING", "RUNNING"]
+        # shrinking frees GPUs: the waiting job starts, and the growth still may not
+        assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 1}).status_code == 200
+        wait_state(server, other["id"], "RUNNING")
+    finally:
+        stop.set()
+        watcher.join()
+    assert samples and max(samples) <= 2, max(samples)
+    for job_id in (job["id"], other["id"]):
+        server.post(f"/v1/jobs/{job_id}/cancel")
+
+
+class _Crash(BaseException):
+    """Ends the control loop's thread the way a kill -9 ends the server: mid-cycle."""
+
+
+def test_a_crash_between_commit_and_launch_records_no_run(corral_home: Path, db_url: str, tmp_path: Path) -> None:
+    from corral.control.controller import Controller
+    from corral.server import build_state
+    from corral.settings import Settings
+    from corral.store import repository
+    from corral.spec import load_job
+
+    markers = tmp_path / "markers"
+    settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.1)
+    state = build_state(settings)
+    first: Controller = state.controller
+    real_start = first.executors["local"].start
+    calls = []
+
+    def start_then_crash(launch):
+        calls.append(launch.key)
+        if len(calls) == 2:  # the restart is committed (its key too); the process never starts
+            raise _Crash()
+        return real_start(launch)
+
+    first.executors["local"].start = start_then_crash
+    first.start()
+    spec = load_job(f"""
+name: flaky
+run: echo $CORRAL_LAUNCH_KEY >> {markers}; exit 3
+restart: {{policy: on_failure, max_restarts: 2, backoff: {{initial: 0s}}}}
+""", source="flaky.yaml").spec
+    with state.sessions() as s:
+        job = repository.create_job(s, spec, "alice", time.time(), partition="", account="alice", qos="normal")
+        s.commit()
+        job_id = job.id
+    first.notify()
+    wait_for(lambda: len(calls) >= 2 and not first._thread.is_alive())
+    first.executors["local"].close()
+    first.prober.close()
+
+    second = Controller(settings, state.sessions, state.site)
+    second.start()
+    try:
+        def ended():
+            with state.sessions() as s:
+                row = repository.load_job(s, job_id)
+                return row if row.state == "FAILED" else None
+
+        row = wait_for(ended, timeout=30)
+        ran = markers.read_text().split()
+        assert len(ran) == len(set(ran)) == 3  # three attempts ran, each under its own key
+        assert calls[1] not in ran  # the crashed launch ran nothing
+        with state.sessions() as s:
+            exits = [e for e in repository.job_events(s, job_id) if e.cause in ("exited", "restart_scheduled")]
+        # one recorded exit per attempt that really ran, no more
+        assert len(exits) == 3, [(e.cause, e.message) for e in exits]
+        assert row.replicas[0].restarts == 2
+    finally:
+        second.stop()
