@@ -48,6 +48,7 @@ from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, 
 from corral.pool import NodeSpec
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
+from corral.scheduler.applier import apply_starts
 from corral.scheduler.placement import FreePool
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.settings import Settings
@@ -446,15 +447,12 @@ class Controller(SchedulingMixin, ServicesMixin):
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry
-        pool = FreePool(snapshot.nodes)
+        # the one applier (the simulator's too) re-checks every start, a gang all or none
+        accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
+        for start in stale:
+            log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
         starts = []
-        for start in plan.starts:
-            try:  # the applier re-checks every allocation before it claims anything
-                for alloc in start.allocations:
-                    pool.assume(alloc)
-            except ValueError:
-                log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
-                continue
+        for start in accepted:
             if start.job_id < 0:  # a replica of a running job, placed like any job: limits hold
                 self._place_growth(-start.job_id, start.allocations[0], now)
                 continue
@@ -462,7 +460,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         if self.journal:
             self.journal.flush(s)  # a job requeued this cycle is PENDING in the store before its claim
         claimed = self._claim(s, [start.job_id for start in starts])
-        if len(claimed) < len(starts):
+        if stale or len(claimed) < len(starts):
             self._sched_needed = True  # a stale or lost start: look again next cycle
         for start in starts:
             job = self.pending.pop(start.job_id)

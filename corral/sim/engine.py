@@ -19,9 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from corral.scheduler import NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
+from corral.scheduler.applier import apply_starts
 from corral.scheduler.placement import FreePool
 from corral.scheduler.priority import CALC_PERIOD_S, decay
 from corral.scheduler.snapshot import RunningJob
+from corral.scheduler.usage import Holding, UsageLedger
 from corral.sim.trace import TraceJob
 
 
@@ -133,6 +135,7 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
     largest = max(n.gpus for n in nodes)
     pool = FreePool(nodes)
     usage: dict[tuple[str, str], float] = {}
+    ledger = UsageLedger(half_life_s)  # corral's rule, the server's ledger; Slurm's passes are modelled below
     events: list[tuple[float, int, int]] = []  # (time, kind, job index)
     unplaceable = 0
     for i, job in enumerate(jobs):
@@ -154,12 +157,9 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
         now = events[0][0]
         # charge the jobs that ran up to now, before this instant's ends take them away
         if usage_every_s is None:
-            if last_account > -math.inf:
-                for i in running:
-                    key = (accounts[jobs[i].user], jobs[i].user)
-                    usage[key] = usage.get(key, 0.0) + jobs[i].gpus * (now - last_account)
-                usage = decay(usage, now - last_account, half_life_s)
-            last_account = now
+            ledger.accrue(now, [Holding(accounts[jobs[i].user], jobs[i].user, "", jobs[i].gpus, 0.0, 0.0)
+                                for i in running])
+            usage = ledger.usage()
         else:
             if next_pass == -math.inf:
                 last_account, next_pass = now, now + usage_every_s
@@ -204,12 +204,11 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
         sched_cpu += time.process_time() - t0
         cached = plan.priorities or None
         cycles += 1
-        for start in plan.starts:
-            for alloc in start.allocations:
-                pool.assume(alloc)
+        accepted, _ = apply_starts(pool, plan)  # the control loop's applier
+        for start in accepted:
             job = jobs[start.job_id]
-            running[start.job_id] = RunningJob(start.job_id, start.allocations, now + job.time_limit_s, job.user, job.user,
-                                               started_at=now)
+            running[start.job_id] = RunningJob(start.job_id, start.allocations, now + job.time_limit_s, job.user,
+                                               accounts[job.user], started_at=now)
             starts[start.job_id] = now
             size = _smallest(pending.pop(start.job_id))
             smallest[size] -= 1
