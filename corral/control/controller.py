@@ -238,10 +238,10 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._evaluate(job_id, now)
             self._schedule(s, now)
             self._commit(s)  # STARTING is durable before any process exists
+            self._forget_ended()  # ends are durable too: an engine may free what they held
             self._launch_ready(now)
             self.ledger.flush(s, now)
             self._commit(s)
-            self._forget_ended()
         self._publish_marked(now)
         if self._dirty or self._launch_check:  # work found while working: look again at once
             self._wake.set()
@@ -284,13 +284,14 @@ class Controller(SchedulingMixin, ServicesMixin):
             if event.handle is not None and event.kind != Kind.ABSENT:
                 self.executors[infra].signal(event.handle, signal.SIGKILL)  # nobody's attempt: never alive twice
             return
-        if event.kind == Kind.STARTED:  # adopted after a restart, still running
+        if event.kind == Kind.STARTED:  # a start the engine confirmed late, or adopted after a restart
+            launched = bool(replica.handle and replica.handle.get("pending"))
             replica.handle, replica.infra = event.handle, infra
             columns: dict[str, object] = {"handle": event.handle, "infra": infra}
             if replica.state == ReplicaState.STARTING:
-                replica.started_at = replica.started_at or now
-                self._replica_to(replica, ReplicaState.RUNNING, "adopted", now, "running after a server restart",
-                                 started_at=replica.started_at, **columns)
+                self._running(job, replica, event.handle, now, "launched" if launched else "adopted",
+                              None if launched else "running after a server restart")
+                return
             else:
                 self.journal.replica(replica.id, **columns)
                 self.journal.event(job.id, now, replica.label, "adopted", message="running after a server restart")
@@ -569,32 +570,52 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._publish.add(job.id)
                 continue
             self._by_key[launch.key] = (job.id, replica.id)
-            replica.handle, replica.started_at = handle, now
-            columns: dict[str, object] = {}
-            if handle.get("gpus") is not None and tuple(handle["gpus"]) != tuple(replica.gpus):
-                # the engine bound these GPUs (Ray picks indices itself): show and account those
-                replica.gpus = tuple(int(g) for g in handle["gpus"])
-                alloc = self._allocs.get(replica.id)
-                if alloc is not None:
-                    self._allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
-                                                          alloc.cpus, alloc.memory)
-                columns["gpus"] = list(replica.gpus)
-            replica.ready = job.task(replica.task).service.readiness_probe is None
-            self._arm_time_limit(job, replica)
-            where = f"pid {handle['pid']} " if handle.get("pid") else ""
-            self._replica_to(replica, ReplicaState.RUNNING, "launched", now,
-                             f"{where}on {replica.node} at {replica.addr} (attempt {replica.attempt})",
-                             handle=handle, started_at=now, log_path=executor.log_path(job.id, replica.label),
-                             ready=replica.ready, kill_at=None, **columns)
-            self._watch_probes(job, replica, launch.env, launch.cwd)
+            replica.handle = handle
+            if handle.get("pending"):  # the engine confirms the start later (a STARTED event)
+                self.journal.replica(replica.id, handle=handle)
+                continue
+            self._running(job, replica, handle, now, "launched", None, launch)
         if startorder.waiting(job):
             self._launch_check.add(job.id)  # others may wait for these to start
+        self._wake.set()  # launch failures and instant exits are handled next cycle
+
+    def _running(self, job: JobRec, replica: ReplicaRec, handle: dict, now: float, cause: str,
+                 message: str | None, launch: Launch | None = None) -> None:
+        """An attempt's process runs: RUNNING, with the GPUs the engine bound, its probes and
+        time limit armed; the job is RUNNING once none of its replicas is still starting."""
+        executor = self.executor_of(replica)
+        columns: dict[str, object] = {}
+        if handle.get("gpus") is not None and tuple(handle["gpus"]) != tuple(replica.gpus):
+            # the engine bound these GPUs (Ray picks indices itself): show and account those
+            replica.gpus = tuple(int(g) for g in handle["gpus"])
+            alloc = self._allocs.get(replica.id)
+            if alloc is not None:
+                self._allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
+                                                      alloc.cpus, alloc.memory)
+            columns["gpus"] = list(replica.gpus)
+        replica.handle = handle
+        replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
+        replica.ready = job.task(replica.task).service.readiness_probe is None
+        self._arm_time_limit(job, replica)
+        where = f"pid {handle['pid']} " if handle.get("pid") else ""
+        self._replica_to(replica, ReplicaState.RUNNING, cause, now,
+                         message or f"{where}on {replica.node} at {replica.addr} (attempt {replica.attempt})",
+                         handle=handle, started_at=replica.started_at,
+                         log_path=executor.log_path(job.id, replica.label), ready=replica.ready, kill_at=None,
+                         infra=replica.infra, **columns)
+        if launch is not None:
+            self._watch_probes(job, replica, launch.env, launch.cwd)
+        else:
+            self._watch_probes(job, replica)
+        if startorder.waiting(job):
+            self._launch_check.add(job.id)
+        if launch is None:  # confirmed late or adopted: peers see it running now
+            self._publish.add(job.id)
         if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
             job.state = JobState.RUNNING
             job.started_at = now
             self.journal.job(job.id, state=JobState.RUNNING.value, started_at=now)
             self.journal.event(job.id, now, "job", "launched", JobState.STARTING.value, JobState.RUNNING.value)
-        self._wake.set()  # launch failures and instant exits are handled next cycle
 
     def _launch_for(self, job: JobRec, replica: ReplicaRec) -> Launch:
         task = job.task(replica.task)

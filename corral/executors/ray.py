@@ -70,6 +70,7 @@ class RayExecutor:
         self._version = 0
         self._groups: dict[tuple[int, str], Any] = {}  # (job, label) -> its placement group
         self._live: dict[str, dict] = {}  # key -> {"actor", "ref", "job", "node", "label", "offset"}
+        self._starting: dict[str, dict] = {}  # key -> {"ref", "actor", "handle", "job", "label", "deadline"}
         self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
         self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
         self._closed = threading.Event()
@@ -233,18 +234,41 @@ class RayExecutor:
                                    "scheduling_strategy": self._in_group(group[1], placement_group_bundle_index=0)}
         if launch.memory > 0:
             options["memory"] = int(launch.memory * 2**30)
-        actor = self._actor_class.options(**options).remote(self.scope)
+        try:
+            actor = self._actor_class.options(**options).remote(self.scope)
+        except Exception as exc:
+            raise LaunchError(f"Ray refused the replica's actor: {_short(exc)}") from exc
         data = {"key": launch.key, "job_id": launch.job_id, "setup": launch.setup, "run": launch.run,
                 "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts}
-        try:
-            info = self._ray.get(actor.start.remote(data, hosts, peers), timeout=START_TIMEOUT_S)
-        except Exception as exc:
-            self._ray.kill(actor, no_restart=True)
-            raise LaunchError(f"Ray could not start the replica on {launch.node}: {_short(exc)}") from exc
-        handle = {"actor": name, "key": launch.key, "node": launch.node, "node_pid": info["node_pid"],
-                  "gpus": info["gpus"]}
-        self._track(launch.key, actor, launch.job_id, launch.node, launch.label, 0)
+        handle = {"actor": name, "key": launch.key, "node": launch.node, "pending": True}
+        with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
+            self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
+                                          "handle": handle, "job": launch.job_id, "label": launch.label,
+                                          "deadline": time.monotonic() + START_TIMEOUT_S}
         return handle
+
+    def _confirm(self, key: str, entry: dict, ready: bool) -> None:
+        """The actor answered its start (or ran out of time): STARTED with the GPUs Ray
+        bound, or LOST with why, and nothing of the attempt left behind."""
+        handle = dict(entry["handle"])
+        node = handle["node"]
+        try:
+            if not ready:
+                raise TimeoutError(f"not started within {START_TIMEOUT_S:g}s")
+            info = self._ray.get(entry["ref"], timeout=CALL_TIMEOUT_S)
+        except Exception as exc:
+            try:
+                self._ray.kill(entry["actor"], no_restart=True)
+            except Exception:
+                pass
+            self._end_remote_tree(key, node)
+            self._emit(Observed(key, Kind.LOST, node=node,
+                                reason=f"could not start on {node}: {_short(exc)}"))
+            return
+        handle.pop("pending", None)
+        handle.update(node_pid=info["node_pid"], gpus=info["gpus"])
+        self._track(key, entry["actor"], entry["job"], node, entry["label"], 0)
+        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node))
 
     def _track(self, key: str, actor, job_id: int, node: str, label: str, offset: int) -> None:
         with self._lock:
@@ -280,7 +304,8 @@ class RayExecutor:
                 self._emit(Observed(key, Kind.ABSENT, reason="its Ray actor never started the process"))
             elif status["state"] == "running":
                 new = dict(handle or {"actor": self._actor_name(key), "key": key, "node": node})
-                new["node_pid"] = status.get("node_pid")
+                new.pop("pending", None)
+                new.update(node_pid=status.get("node_pid"), gpus=status.get("gpus"))
                 self._track(key, actor, job_id, node, label, offset)
                 self._emit(Observed(key, Kind.STARTED, handle=new))
             else:
@@ -290,6 +315,18 @@ class RayExecutor:
     def signal(self, handle: Handle, signum: int) -> bool:
         with self._lock:
             live = self._live.get(handle["key"])
+            starting = self._starting.get(handle["key"])
+        if live is None and starting is not None and signum == 9:
+            # killed before its start was confirmed: it must never run
+            with self._lock:
+                self._starting.pop(handle["key"], None)
+            try:
+                self._ray.kill(starting["actor"], no_restart=True)
+            except Exception:
+                pass
+            self._end_remote_tree(handle["key"], handle.get("node"))
+            self._emit(Observed(handle["key"], Kind.LOST, node=handle.get("node"), reason="killed while starting"))
+            return True
         if live is None:
             return False
         try:
@@ -367,14 +404,27 @@ class RayExecutor:
         while not self._closed.is_set():
             with self._lock:
                 refs = {v["ref"]: k for k, v in self._live.items()}
+                starts = {v["ref"]: k for k, v in self._starting.items()}
             try:
-                if refs:
-                    ready, _ = self._ray.wait(list(refs), num_returns=len(refs), timeout=POLL_S)
+                everything = list(refs) + list(starts)
+                if everything:
+                    ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=POLL_S)
                 else:
                     ready = []
                     self._closed.wait(POLL_S)
                 for ref in ready:
-                    self._ended(refs[ref], ref)
+                    if ref in starts:
+                        with self._lock:
+                            entry = self._starting.pop(starts[ref], None)
+                        if entry is not None:
+                            self._confirm(starts[ref], entry, True)
+                    else:
+                        self._ended(refs[ref], ref)
+                with self._lock:
+                    late = [k for k, v in self._starting.items() if v["deadline"] < time.monotonic()]
+                    entries = [(k, self._starting.pop(k)) for k in late]
+                for key, entry in entries:
+                    self._confirm(key, entry, False)
                 if time.monotonic() >= next_logs:
                     next_logs = time.monotonic() + POLL_S
                     self._pump_all()

@@ -31,8 +31,14 @@ class ReplicaActor:
         self.code: int | None = None
         self.done = threading.Event()
         self.log_file: Path | None = None
+        self.lock = threading.Lock()  # a status asked while the start runs waits for it
+        self.gpus: list[int] = []
 
     def start(self, launch: dict, hosts: str, peers: str) -> dict:
+        with self.lock:
+            return self._start(launch, hosts, peers)
+
+    def _start(self, launch: dict, hosts: str, peers: str) -> dict:
         import ray
 
         from corral.runtime.discovery import RESOLVER_DIR
@@ -52,8 +58,9 @@ class ReplicaActor:
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)))
         threading.Thread(target=self._reap, daemon=True).start()
+        self.gpus = [int(float(g)) for g in gpus]
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,
-                "gpus": [int(float(g)) for g in gpus], "names": self.runner.hosts_mode}
+                "gpus": self.gpus, "names": self.runner.hosts_mode}
 
     def _reap(self) -> None:
         assert self.proc is not None and self.key is not None
@@ -64,10 +71,14 @@ class ReplicaActor:
         self.done.set()
 
     def status(self) -> dict:
+        with self.lock:
+            return self._status()
+
+    def _status(self) -> dict:
         if self.proc is None:
             return {"state": "absent"}
         if not self.done.is_set():
-            return {"state": "running", "node_pid": self.proc.pid}
+            return {"state": "running", "node_pid": self.proc.pid, "gpus": self.gpus}
         return {"state": "exited", "code": self.code}
 
     def wait(self) -> int | None:
