@@ -139,3 +139,28 @@ restart: {{policy: on_failure, max_restarts: 2, backoff: {{initial: 0s}}}}
         assert row.replicas[0].restarts == 2
     finally:
         second.stop()
+
+
+def test_a_bad_stored_job_fails_alone_and_the_loop_keeps_scheduling(server, tmp_path: Path) -> None:
+    """A row written around the API (or by an older version) that the loop cannot run must
+    fail with a reason, not stop scheduling for every other job."""
+    from sqlalchemy import update
+
+    from corral.spec import load_job
+    from corral.store import repository
+    from corral.store.tables import Job
+
+    state = server.state
+    spec = load_job("name: bad\nrun: 'true'\n", source="bad.yaml").spec
+    with state.sessions() as s:
+        bad = repository.create_job(s, spec, "alice", time.time(), account="alice", qos="normal").id
+        broken = spec.model_dump(mode="json")
+        broken["tasks"][0]["run"] = "true\x00"
+        broken["tasks"][0]["restart"] = {"policy": "sometimes"}
+        s.execute(update(Job).where(Job.id == bad).values(spec=broken))
+        s.commit()
+    good = submit(server, "name: good\nrun: 'true'\n")
+    assert wait_state(server, good["id"], "SUCCEEDED")["state"] == "SUCCEEDED"
+    failed = wait_state(server, bad, "FAILED")
+    assert failed["reason"] == "InvalidSpec" and "invalid stored job" in failed["message"]
+    assert state.controller.failing_cycles == 0

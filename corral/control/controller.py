@@ -115,6 +115,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        self.failing_cycles = 0  # in a row; /v1/health reports a loop that keeps failing
+        self.last_error: str | None = None
         self._init_services()
 
     # -- the loop ------------------------------------------------------------------------
@@ -171,8 +173,11 @@ class Controller(SchedulingMixin, ServicesMixin):
             last = time.monotonic()
             try:
                 self.cycle()
-            except Exception:  # the loop must outlive one bad cycle; the next one retries
+                self.failing_cycles, self.last_error = 0, None
+            except Exception as exc:  # the loop must outlive one bad cycle; the next one retries
                 log.exception("control cycle failed")
+                self.failing_cycles += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 time.sleep(0.2)
 
     def _wake_soon(self) -> None:  # executor threads: something was observed
@@ -235,7 +240,11 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
             for job_id in sorted(dirty):
-                self._evaluate(job_id, now)
+                try:
+                    self._evaluate(job_id, now)
+                except Exception as exc:  # isolate the job, keep the loop going for the rest
+                    log.exception("evaluating job %s failed; failing it", job_id)
+                    self._quarantine(job_id, exc, now)
             self._schedule(s, now)
             self._commit(s)  # STARTING is durable before any process exists
             self._forget_ended()  # ends are durable too: an engine may free what they held
@@ -255,6 +264,14 @@ class Controller(SchedulingMixin, ServicesMixin):
     def _enqueue(self, job: JobRec) -> None:
         if job.id in self.pending or job.id in self.active or job.state != JobState.PENDING:
             return
+        problem = _unusable(job, self.policy)
+        if problem is not None:  # one bad job must not stop the loop for everyone
+            now = self.clock()
+            self._job_to(job, JobState.FAILED, now, "invalid", problem, reason="InvalidSpec", message=problem)
+            for replica in job.replicas:
+                if not replica.state.terminal:
+                    self._replica_to(replica, ReplicaState.KILLED, "invalid", now, ended_at=now)
+            return
         self._sched_needed = True
         in_order = not self.pending or job.id > next(reversed(self.pending))
         self.pending[job.id] = job
@@ -267,8 +284,24 @@ class Controller(SchedulingMixin, ServicesMixin):
         for gone in set(self.pending) - ids:
             self.pending.pop(gone, None)
         new = sorted(ids - set(self.pending))
-        for job in load_records(s, new).values() if new else ():
+        try:
+            loaded = load_records(s, new) if new else {}
+        except Exception:  # a row the loop cannot even read: load one by one, fail the bad ones
+            loaded = {}
+            for job_id in new:
+                try:
+                    loaded.update(load_records(s, [job_id]))
+                except Exception as exc:
+                    log.exception("job %s cannot be loaded; failing it", job_id)
+                    self._fail_unreadable(s, job_id, f"{type(exc).__name__}: {exc}")
+        for job in loaded.values():
             self._enqueue(job)
+
+    def _fail_unreadable(self, s: Session, job_id: int, why: str) -> None:
+        now = self.clock()
+        message = f"corral cannot read this job ({why[:300]})"
+        self.journal.job(job_id, state=JobState.FAILED.value, ended_at=now, reason="InvalidSpec", message=message)
+        self.journal.event(job_id, now, "job", "invalid", JobState.PENDING.value, JobState.FAILED.value, message)
 
     # -- 2. what executors observed ----------------------------------------------------
     def _collect_observed(self, now: float) -> None:
@@ -349,6 +382,29 @@ class Controller(SchedulingMixin, ServicesMixin):
         if event.reason and code is not None:
             message += f" ({event.reason})"
         self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False, handle=None)
+
+    def _quarantine(self, job_id: int, exc: Exception, now: float) -> None:
+        """A job the loop cannot handle: end its attempts (whole trees) and fail it, written
+        straight to the journal (its in-memory state is not to be trusted)."""
+        job = self.active.pop(job_id, None)
+        if job is None:
+            return
+        why = f"internal error: {type(exc).__name__}: {exc}"[:500]
+        for replica in job.replicas:
+            if replica.handle is not None:
+                try:
+                    self.executor_of(replica).signal(replica.handle, signal.SIGKILL)
+                except Exception:
+                    log.exception("could not kill %s of job %s", replica.label, job_id)
+                self._by_key.pop(replica.launch_key, None)
+            if self._allocs.pop(replica.id, None) is not None:
+                self._sched_needed = True
+            if not replica.state.terminal:
+                self.journal.replica(replica.id, state=ReplicaState.KILLED.value, ended_at=now, handle=None)
+        self.journal.job(job_id, state=JobState.FAILED.value, ended_at=now, message=why)
+        self.journal.event(job_id, now, "job", "internal_error", job.state.value, JobState.FAILED.value, why)
+        self._publish.discard(job_id)
+        self._release_job(job)
 
     def _forget_ended(self) -> None:
         """Executors drop an attempt's records only once its end is committed."""
@@ -722,6 +778,22 @@ class Controller(SchedulingMixin, ServicesMixin):
             self._sched_needed = True  # jobs may depend on this one
         self.journal.job(job.id, **values)
         self.journal.event(job.id, now, "job", cause, old.value, new.value, event_message)
+
+
+def _unusable(job: JobRec, policy: Policy) -> str | None:
+    """Why the loop could not schedule or run this job (a row stored by an older version, or
+    written around the API), or None."""
+    try:
+        job.request  # noqa: B018 - builds and validates what the scheduler reads
+        for task in job.tasks:
+            task.service  # noqa: B018
+            for key in ("setup", "run", "workdir"):
+                value = task.spec.get(key)
+                if value is not None and (not isinstance(value, str) or "\0" in value):
+                    return f"task {task.name!r}: {key} cannot be run (not text, or holds a NUL byte)"
+    except Exception as exc:
+        return f"invalid stored job: {type(exc).__name__}: {str(exc)[:300]}"
+    return None
 
 
 class _Gone:

@@ -54,6 +54,8 @@ class ReplicaActor:
         env["CORRAL_NAMES"] = self.runner.hosts_mode
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
+        if env.get("CORRAL_CHECKPOINT_DIR"):  # node-local unless the site mounts shared storage there
+            Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
         self.log_file = self.logs / f"{self.key}.log"
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)))
