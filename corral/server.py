@@ -37,9 +37,14 @@ def build_state(settings: Settings, clock=time.time) -> ServerState:
 
 
 def main() -> int:
+    # Everything the server writes (database, logs, server.json) is private to its owner;
+    # replicas start with the umask the server was started with (see LocalExecutor).
+    os.environ.setdefault("CORRAL_USER_UMASK", oct(os.umask(0o077)))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = Settings.from_env()
     settings.ensure_dirs()
+    if settings.server_log.exists():  # opened by whoever started us, perhaps world-readable
+        os.chmod(settings.server_log, 0o600)
     home_lock = lock_file(settings.home / "server.lock")  # held (open) until the process ends
     if home_lock is None:
         print(f"another corral server already serves {settings.home}", file=sys.stderr)

@@ -66,5 +66,17 @@ class Settings:
         return self.home / "server.log"
 
     def ensure_dirs(self) -> None:
+        """CORRAL_HOME and everything corral keeps in it are its owner's alone: the database
+        holds jobs' ``secrets``, logs may print them."""
         for path in (self.home, self.logs_dir, self.runs_dir, self.checkpoints_dir, self.runtime_dir):
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for path in (self.home, self.runtime_dir):
+            try:
+                os.chmod(path, 0o700)
+            except OSError:
+                pass
+        if self.runtime_dir.parent.name.startswith("corral-"):
+            try:
+                os.chmod(self.runtime_dir.parent, 0o700)
+            except OSError:
+                pass

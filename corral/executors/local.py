@@ -41,8 +41,11 @@ class LocalExecutor:
         self.runner = NodeRunner(runs_dir, runtime_dir, scope)
         self._wake_loop = wake
         self._pythonpath = base_pythonpath
-        # The server's environment, less corral's own and a scheduler's job variables.
-        self._base_env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_"))}
+        self._base_env = base_environment(os.environ)
+        try:  # replicas create files as the user would, not with the server's private umask
+            self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
+        except ValueError:
+            self._umask = 0o022
         self._events: deque[Observed] = deque()
         self._children: dict[str, subprocess.Popen] = {}  # key -> our child wrapper
         self._watched: dict[int, tuple[str, int]] = {}  # pidfd -> (key, pid)
@@ -81,7 +84,7 @@ class LocalExecutor:
         try:
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
                                      {**self._base_env, **launch.env}, launch.cwd,
-                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts)
+                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts, self._umask)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
@@ -225,6 +228,19 @@ class LocalExecutor:
                                 "the process ended while corral was down and left no exit code"))
         else:
             self._emit(Observed(key, Kind.EXITED, code=code, reason=reason))
+
+
+# What a replica inherits from the machine it runs on: where programs and libraries are,
+# who and where it is, locale and numerics settings. Never the rest of the server's
+# environment (a team server's own credentials must not reach every job); a job says what
+# else it needs in ``envs``/``secrets`` or with ``--env``.
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+             "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS")
+
+
+def base_environment(environ) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k in INHERITED or k.startswith("LC_")}
 
 
 def _quote(text: str) -> str:

@@ -89,7 +89,7 @@ class NodeRunner:
         return self.runs_dir / key
 
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
-              cwd: str | None, log_path: Path, hosts: bool) -> subprocess.Popen:
+              cwd: str | None, log_path: Path, hosts: bool, umask: int = -1) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
         run_dir = self.run_dir(key)
@@ -109,7 +109,7 @@ class NodeRunner:
         env = {**env, ATTEMPT_VAR: key}
         with open(log_path, "ab", buffering=0) as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=cwd or None, env=env, start_new_session=True, close_fds=True)
+                                    cwd=cwd or None, env=env, start_new_session=True, close_fds=True, umask=umask)
 
     def exit_code(self, key: str) -> int | None:
         try:
@@ -156,6 +156,7 @@ class NodeRunner:
         path = self.hosts_file(job_id)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.fchmod(fd, 0o644)  # read by the replica's processes, whatever the server's umask
         try:
             os.write(fd, text)
             os.ftruncate(fd, len(text))

@@ -47,7 +47,9 @@ class ReplicaActor:
         job_id = int(launch["job_id"])
         self.runner.publish(job_id, hosts, peers)
         gpus = [str(g) for g in ray.get_gpu_ids()]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SKYPILOT_", "SLURM_", "RAY_"))}
+        from corral.executors.local import base_environment
+
+        env = base_environment(os.environ)  # the node's, as the local executor takes the server's
         env.update(launch["env"])
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # the GPUs Ray assigned this bundle
         env["SLURM_JOB_GPUS"] = env["CUDA_VISIBLE_DEVICES"]
