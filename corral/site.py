@@ -18,6 +18,7 @@ starts with it.
     topology:   [leaf, spine]   # node label keys, leaf switch first
     operators:  [ann]           # may set priority / negative nice; default: the server's user
     infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine
+    retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
 
 A partition with ``infra: ray`` holds the Ray cluster's nodes (named ``ray-<ip>``, or the
 node's ``corral.node`` label), found at run time; other partitions hold the nodes their
@@ -40,7 +41,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
 from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
 from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest, find_cycle
-from corral.spec.quantity import parse_duration
+from corral.spec.quantity import parse_duration, parse_memory
 from corral.spec.source import Document, SourceError, load_documents
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -145,9 +146,19 @@ class InfraConfig(_Strict):
     ray: RayInfra | None = None
 
 
+class RetentionConfig(_Strict):
+    """How long the logs and checkpoint directories of ended jobs are kept (``off``: for
+    ever), and the size at which a replica's log or the server's is rotated."""
+
+    logs: Annotated[float, BeforeValidator(_duration_or_off)] = 30 * 86400.0
+    checkpoints: Annotated[float, BeforeValidator(_duration_or_off)] = 30 * 86400.0
+    max_log_size: Annotated[float, BeforeValidator(parse_memory)] = 100 / 1024  # GB
+
+
 class SiteConfig(_Strict):
     nodes: list[NodeEntry] | None = None
     infra: InfraConfig = InfraConfig()
+    retention: RetentionConfig = RetentionConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -170,6 +181,7 @@ class Site:
     # admins only); by default the user the server runs as, the machine's owner.
     operators: tuple[str, ...] = field(default_factory=_server_user)
     ray: RayInfra | None = None  # the Ray cluster, when the site uses one
+    retention: RetentionConfig = RetentionConfig()
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -215,7 +227,7 @@ def load_site(config_path: Path) -> Site:
         raise SpecError(issues, source)
     operators = tuple(config.operators) if config.operators is not None else _server_user()
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
-                config.infra.ray)
+                config.infra.ray, config.retention)
 
 
 def _policy(config: SiteConfig) -> Policy:

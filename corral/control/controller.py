@@ -37,6 +37,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.control.accounting import Ledger
+from corral.control.retention import Housekeeper, Retention
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
@@ -115,6 +116,10 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        r = site.retention
+        self.housekeeper = Housekeeper(settings, sessions, Retention(r.logs, r.checkpoints,
+                                                                      max(1, int(r.max_log_size * 2**30))),
+                                       self._live_logs, clock)
         self.failing_cycles = 0  # in a row; /v1/health reports a loop that keeps failing
         self.last_error: str | None = None
         self._init_services()
@@ -124,11 +129,13 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="corral-control", daemon=True)
         self._thread.start()
+        self.housekeeper.start()
 
     def stop(self) -> None:
         """Stop the loop; running replicas keep running and are adopted on the next start."""
         self._stopping.set()
         self._wake.set()
+        self.housekeeper.stop()
         if self._thread:
             self._thread.join(timeout=10)
         with self.write_lock, self.sessions() as s:  # keep the usage accrued since the last flush
@@ -179,6 +186,15 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self.failing_cycles += 1
                 self.last_error = f"{type(exc).__name__}: {exc}"[:500]
                 time.sleep(0.2)
+
+    def _live_logs(self) -> list[str]:
+        """Logs replicas are writing now (read by the housekeeper's thread: works on copies)."""
+        out = []
+        for job in list(self.active.values()):
+            for replica in list(job.replicas):
+                if replica.state == ReplicaState.RUNNING:
+                    out.append(self.executor_of(replica).log_path(job.id, replica.label))
+        return out
 
     def _wake_soon(self) -> None:  # executor threads: something was observed
         self._wake.set()
