@@ -164,3 +164,22 @@ def test_a_bad_stored_job_fails_alone_and_the_loop_keeps_scheduling(server, tmp_
     failed = wait_state(server, bad, "FAILED")
     assert failed["reason"] == "InvalidSpec" and "invalid stored job" in failed["message"]
     assert state.controller.failing_cycles == 0
+
+
+def test_health_reports_a_loop_that_keeps_failing(server) -> None:
+    controller = server.state.controller
+    real = controller.refresh_inventory
+    assert server.get("/v1/health").json()["status"] == "ok"
+
+    def broken() -> bool:
+        raise RuntimeError("the store is unreachable")
+
+    controller.refresh_inventory = broken
+    try:
+        wait_for(lambda: controller.failing_cycles >= 3, timeout=20)
+        response = server.get("/v1/health")
+        assert response.status_code == 503
+        assert response.json()["status"] == "failing" and "unreachable" in response.json()["loop_error"]
+    finally:
+        controller.refresh_inventory = real
+    wait_for(lambda: server.get("/v1/health").status_code == 200, timeout=20)

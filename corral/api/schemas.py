@@ -140,6 +140,8 @@ class NodeOut(BaseModel):
     free_gpus: list[int]
     free_cpus: float
     free_memory: float
+    state: str = Field(default="UP", description="UP, or DOWN: its executor lost it (nothing new is placed there)")
+    infra: str = Field(default="local", description="where its replicas run: local or ray")
 
 
 class ScaleRequest(BaseModel):
@@ -160,6 +162,7 @@ class Health(BaseModel):
     pid: int
     nodes: int
     cycles: int
+    loop_error: str | None = Field(default=None, description="why the control loop keeps failing (status failing)")
 
 
 class ShareOut(BaseModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from corral import __version__
 from corral.api.deps import StateDep
@@ -16,17 +16,29 @@ router = APIRouter(prefix="/v1", tags=["cluster"])
 
 @router.get("/nodes", response_model=list[NodeOut])
 def nodes(state: StateDep):
-    free = {n.name: n for n in state.controller.free_views()}
-    return [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
-                    free_gpus=sorted(free[n.name].free_gpus), free_cpus=round(free[n.name].free_cpus, 3),
-                    free_memory=round(free[n.name].free_memory, 3)) for n in state.nodes]
+    controller = state.controller
+    free = {n.name: n for n in controller.free_views()}
+    infra = dict(controller.node_infra)
+    up = [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
+                  free_gpus=sorted(free[n.name].free_gpus), free_cpus=round(free[n.name].free_cpus, 3),
+                  free_memory=round(free[n.name].free_memory, 3), infra=infra.get(n.name, "local"))
+          for n in list(controller.nodes) if n.name in free]
+    down = [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
+                    free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN", infra="ray")
+            for n in list(controller.down_nodes.values())]
+    return up + down
 
 
-@router.get("/health", response_model=Health)
-def health(state: StateDep):
+@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "the control loop keeps failing"}})
+def health(state: StateDep, response: Response):
     dialect = state.settings.db_url.split(":", 1)[0].split("+", 1)[0]
-    return Health(status="ok", version=__version__, database=dialect, pid=os.getpid(), nodes=len(state.nodes),
-                  cycles=state.controller.cycles)
+    controller = state.controller
+    failing = controller.failing_cycles >= 3  # one bad cycle is retried; several in a row are an outage
+    if failing:
+        response.status_code = 503
+    return Health(status="failing" if failing else "ok", version=__version__, database=dialect, pid=os.getpid(),
+                  nodes=len(controller.nodes), cycles=controller.cycles,
+                  loop_error=controller.last_error if failing else None)
 
 
 @router.get("/share", response_model=list[ShareOut])
