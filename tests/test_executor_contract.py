@@ -183,3 +183,13 @@ def test_health_reports_a_loop_that_keeps_failing(server) -> None:
     finally:
         controller.refresh_inventory = real
     wait_for(lambda: server.get("/v1/health").status_code == 200, timeout=20)
+
+
+def test_a_job_without_workdir_runs_where_its_file_is(server, tmp_path: Path) -> None:
+    here = tmp_path / "project"
+    here.mkdir()
+    response = server.post("/v1/jobs", json={"yaml": "name: where\nrun: pwd > where.txt\n",
+                                             "source": str(here / "where.yaml"), "base_dir": str(here)})
+    assert response.status_code == 201, response.text
+    wait_state(server, response.json()["job"]["id"], "SUCCEEDED")
+    assert (here / "where.txt").read_text().strip() == str(here.resolve())

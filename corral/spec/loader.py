@@ -159,7 +159,9 @@ def _task_doc(docs: list[Document], task: TaskSpec) -> Document:
 def _resolve_workdirs(spec: JobSpec, base: Path, docs: list[Document], source: str) -> JobSpec:
     issues, tasks = [], []
     for task in spec.tasks:
-        if task.workdir is not None:
+        if task.workdir is None:  # like sbatch's submit directory: where the file was launched from
+            task = task.model_copy(update={"workdir": str(base.resolve())})
+        else:
             path = (base / Path(task.workdir).expanduser()).resolve()
             if not path.is_dir():
                 doc = _task_doc(docs, task)
