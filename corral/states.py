@@ -58,8 +58,11 @@ REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
                                      ReplicaState.RESTARTING}),
     # A replica whose node went away is placed again (PENDING) when its restart is due.
     ReplicaState.RESTARTING: frozenset({ReplicaState.STARTING, ReplicaState.PENDING, ReplicaState.KILLED}),
-    # A rank retired by a scale-down comes back when the task grows again.
+    # A rank retired by a scale-down comes back when the task grows again; a requeued job
+    # (preempted, or its node failed) starts every replica again, however it ended.
     ReplicaState.KILLED: frozenset({ReplicaState.PENDING}),
+    ReplicaState.FAILED: frozenset({ReplicaState.PENDING}),
+    ReplicaState.SUCCEEDED: frozenset({ReplicaState.PENDING}),
 }
 
 

@@ -233,3 +233,23 @@ def test_an_attempt_caught_before_it_recorded_its_start_is_ended_and_absent(tmp_
         assert proc.wait(timeout=5) == -signal.SIGKILL
     finally:
         executor.close()
+
+
+def test_a_replica_is_named_after_itself(tmp_path: Path) -> None:
+    """Its hostname is its corral name and resolves to its own address, so a library that
+    advertises gethostname() to peers (gloo) gives the replica's address."""
+    executor = _executor(tmp_path)
+    if executor.runner.hosts_mode != "mount-namespace":
+        executor.close()
+        pytest.skip("no mount/UTS namespaces here")
+    out = tmp_path / "out.txt"
+    try:
+        executor.publish(12, {"n0"}, "127.9.9.12\tw-0.named w-0\n", "{}")
+        executor.start(_launch("12.w.0.a1", f"hostname > {out}; getent hosts $(hostname) >> {out}", job_id=12,
+                               env={"CORRAL_HOSTNAME": "w-0.named"}))
+        assert [(e.kind, e.code) for e in _wait_events(executor)] == [(Kind.EXITED, 0)]
+        name, resolved = out.read_text().splitlines()
+        assert name == "w-0.named" and resolved.split()[0] == "127.9.9.12"
+        assert subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip() != "w-0.named"
+    finally:
+        executor.close()

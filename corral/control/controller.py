@@ -256,11 +256,12 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
             for job_id in sorted(dirty):
+                job = self.active.get(job_id)
                 try:
                     self._evaluate(job_id, now)
                 except Exception as exc:  # isolate the job, keep the loop going for the rest
                     log.exception("evaluating job %s failed; failing it", job_id)
-                    self._quarantine(job_id, exc, now)
+                    self._quarantine(job, exc, now)
             self._schedule(s, now)
             self._commit(s)  # STARTING is durable before any process exists
             self._forget_ended()  # ends are durable too: an engine may free what they held
@@ -399,12 +400,14 @@ class Controller(SchedulingMixin, ServicesMixin):
             message += f" ({event.reason})"
         self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False, handle=None)
 
-    def _quarantine(self, job_id: int, exc: Exception, now: float) -> None:
+    def _quarantine(self, job: JobRec | None, exc: Exception, now: float) -> None:
         """A job the loop cannot handle: end its attempts (whole trees) and fail it, written
         straight to the journal (its in-memory state is not to be trusted)."""
-        job = self.active.pop(job_id, None)
         if job is None:
             return
+        job_id = job.id
+        self.active.pop(job_id, None)
+        self.pending.pop(job_id, None)
         why = f"internal error: {type(exc).__name__}: {exc}"[:500]
         for replica in job.replicas:
             if replica.handle is not None:

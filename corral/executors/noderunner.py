@@ -11,7 +11,9 @@ Names resolve for every program, not only Python: where this process may create 
 namespace (root, or CAP_SYS_ADMIN), each attempt runs in its own one with the job's hosts
 file (the machine's ``/etc/hosts`` plus the job's names) bound over ``/etc/hosts``, so
 ``curl``, ``getent``, C, Go and Java programs resolve ``task-rank.job`` through the system
-resolver. Elsewhere names resolve inside Python (an injected ``sitecustomize``) and through
+resolver, and in its own UTS namespace with that name as its hostname (as a Kubernetes pod
+is named), so libraries that advertise ``gethostname()`` to peers (gloo, NCCL's bootstrap)
+give the replica's own address. Elsewhere names resolve inside Python (an injected ``sitecustomize``) and through
 ``CORRAL_HOSTS_FILE``; ``hosts_mode`` says which holds."""
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null; fi
+if [ -n "$6" ]; then hostname "$6" 2>/dev/null; fi
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
@@ -70,7 +73,7 @@ def _mount_namespaces() -> bool:
     if shutil.which("unshare") is None or shutil.which("mount") is None or not os.path.exists("/etc/hosts"):
         return False
     try:
-        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+        done = subprocess.run(["unshare", "--mount", "--uts", "--propagation", "private", "true"],
                               capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
@@ -100,12 +103,14 @@ class NodeRunner:
         procs = self.trees.prepare(key) or ""
         hosts_file = ""
         argv = ["bash", "-c", WRAPPER, "corral-replica", str(run_dir), setup or "", run or "", procs]
+        name = ""
         if hosts and self.hosts_mode == "mount-namespace":
             hosts_file = str(self.hosts_file(job_id))
             if not os.path.exists(hosts_file):
                 self.write_hosts(job_id, "")
-            argv = ["unshare", "--mount", "--propagation", "private"] + argv
-        argv.append(hosts_file)
+            argv = ["unshare", "--mount", "--uts", "--propagation", "private"] + argv
+            name = env.get("CORRAL_HOSTNAME", "")[:64]
+        argv += [hosts_file, name]
         env = {**env, ATTEMPT_VAR: key}
         with open(log_path, "ab", buffering=0) as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

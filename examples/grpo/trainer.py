@@ -48,7 +48,7 @@ if CHECKPOINT.exists():  # resume after a restart or a requeue
 def peer_url(task: str, port_name: str = "http") -> str:
     peers = json.loads(Path(os.environ["CORRAL_PEERS_FILE"]).read_text())
     replica = peers["tasks"][task]["replicas"][0]
-    return f"http://{replica['hostname']}:{peers['tasks'][task]['ports'][port_name]}"
+    return f"http://{replica['hostname']}:{replica['ports'][port_name]}"  # ports are per replica
 
 
 def rollout_urls() -> list[str]:
@@ -56,7 +56,7 @@ def rollout_urls() -> list[str]:
     while True:
         peers = json.loads(Path(os.environ["CORRAL_PEERS_FILE"]).read_text())
         task = peers["tasks"]["rollout"]
-        urls = [f"http://{r['hostname']}:{task['ports']['http']}" for r in task["replicas"]
+        urls = [f"http://{r['hostname']}:{r['ports']['http']}" for r in task["replicas"]
                 if r["state"] == "RUNNING" and r["ready"]]
         if urls:
             return urls

@@ -1,0 +1,208 @@
+"""A real multi-node Ray cluster on this one machine, for tests and benchmarks.
+
+The head runs in the root network namespace; each worker runs in a network namespace of
+its own with its own IP on a veth pair into a bridge the lab creates (172.31.N.0/24, an
+address range made here and used only between the lab's own namespaces), so traffic and
+name resolution between replicas really cross hosts. Where namespaces cannot be made (not
+root, no ``ip``), every node runs on loopback and ``lab.isolated`` is False.
+
+Each node is ``ray start --block`` in its own process group, so a node is stopped by
+killing that group (``ray stop`` would stop every Ray process on the machine). Killing a
+worker also kills every process left in its namespace: what a machine's death does."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+# Fast node-death detection (Ray's default takes ~15 s): one health check a second, three misses.
+SYSTEM_CONFIG = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
+                 "health_check_initial_delay_ms": 1000}
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, check=check)
+
+
+def can_isolate() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = f"crlprobe{os.getpid()}"
+    ok = _run("ip", "netns", "add", probe, check=False).returncode == 0
+    if ok:
+        _run("ip", "netns", "del", probe, check=False)
+    return ok
+
+
+@dataclass
+class Node:
+    name: str
+    ip: str
+    proc: subprocess.Popen
+    netns: str | None = None
+    gpus: int = 0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class RayLab:
+    head_ip: str
+    port: int
+    isolated: bool
+    tag: str
+    temp: Path
+    bridge: str | None = None
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.port}"
+
+    @property
+    def workers(self) -> list[Node]:
+        return [n for n in self.nodes if n.name != "head"]
+
+    def kill(self, node: Node) -> None:
+        """The node dies: its Ray processes and everything else in its namespace."""
+        try:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if node.netns:
+            pids = _run("ip", "netns", "pids", node.netns, check=False).stdout.split()
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+        try:
+            node.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            self.kill(node)
+        if self.isolated:
+            for node in self.nodes:
+                if node.netns:
+                    _run("ip", "netns", "del", node.netns, check=False)
+            if self.bridge:
+                _run("ip", "link", "del", self.bridge, check=False)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def wait_nodes(self, count: int, timeout: float = 60.0) -> list[dict]:
+        """Ray's view of its alive nodes, once ``count`` are up (asked in a subprocess, so
+        the caller's process is not a Ray driver)."""
+        code = ("import json, ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR');"
+                "print(json.dumps([n for n in ray.nodes() if n['Alive']]))" % self.address)
+        deadline = time.monotonic() + timeout
+        nodes: list[dict] = []
+        while time.monotonic() < deadline:
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+            if done.returncode == 0:
+                nodes = json.loads(done.stdout.strip().splitlines()[-1])
+                if len(nodes) >= count:
+                    return nodes
+            time.sleep(1)
+        raise RuntimeError(f"only {len(nodes)} of {count} Ray nodes came up")
+
+
+def _free_subnet() -> int:
+    used = _run("ip", "-4", "addr", check=False).stdout
+    for _ in range(100):
+        n = random.randint(100, 250)
+        if f"172.31.{n}." not in used:
+            return n
+    raise RuntimeError("no free 172.31.N.0/24 for the lab")
+
+
+def _cleanup_leftovers() -> None:
+    """Namespaces and bridges of earlier runs that died without tearing down."""
+    for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        if name.startswith("crl") and name[3:].split("w")[0].isdigit():
+            pid = int(name[3:].split("w")[0])
+            if not Path(f"/proc/{pid}").exists():
+                for pid_ in _run("ip", "netns", "pids", name, check=False).stdout.split():
+                    try:
+                        os.kill(int(pid_), signal.SIGKILL)
+                    except (ProcessLookupError, ValueError):
+                        pass
+                _run("ip", "netns", "del", name, check=False)
+    for line in _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith("crlbr") and name[5:].isdigit() and not Path(f"/proc/{name[5:]}").exists():
+            _run("ip", "link", "del", name, check=False)
+
+
+def _start(argv: list[str], netns: str | None, log: Path) -> subprocess.Popen:
+    if netns:
+        argv = ["ip", "netns", "exec", netns] + argv
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2) -> RayLab:
+    """A head (no GPUs) and ``workers`` nodes with ``gpus`` declared GPUs of ``gpu_type``,
+    labelled ``switch=leaf{i}``."""
+    isolated = can_isolate()
+    tag = str(os.getpid())
+    temp = Path(tempfile.mkdtemp(prefix=f"crl{tag}-", dir="/tmp"))
+    common = ["--disable-usage-stats", "--object-store-memory", str(80 * 2**20), "--block"]
+    if isolated:
+        _cleanup_leftovers()
+        net = _free_subnet()
+        bridge = f"crlbr{tag}"[:15]
+        head_ip = f"172.31.{net}.1"
+        _run("ip", "link", "add", bridge, "type", "bridge")
+        _run("ip", "addr", "add", f"{head_ip}/24", "dev", bridge)
+        _run("ip", "link", "set", bridge, "up")
+    else:
+        bridge, head_ip, net = None, "127.0.0.1", 0
+    port = random.randint(20000, 29000)
+    lab = RayLab(head_ip, port, isolated, tag, temp, bridge)
+    try:
+        head = _start([RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
+                       "--num-gpus", "0", "--temp-dir", str(temp), "--system-config", json.dumps(SYSTEM_CONFIG),
+                       "--ray-client-server-port", str(port + 1), "--include-dashboard=false", *common], None,
+                      temp / "head.log")
+        lab.nodes.append(Node("head", head_ip, head))
+        for i in range(workers):
+            netns, ip = None, "127.0.0.1"
+            if isolated:
+                netns, ip = f"crl{tag}w{i}", f"172.31.{net}.{10 + i}"
+                host_end, ns_end = f"crl{tag}h{i}"[:15], f"crl{tag}n{i}"[:15]
+                _run("ip", "netns", "add", netns)
+                _run("ip", "link", "add", host_end, "type", "veth", "peer", "name", ns_end)
+                _run("ip", "link", "set", ns_end, "netns", netns)
+                _run("ip", "link", "set", host_end, "master", bridge)
+                _run("ip", "link", "set", host_end, "up")
+                _run("ip", "netns", "exec", netns, "ip", "addr", "add", f"{ip}/24", "dev", ns_end)
+                _run("ip", "netns", "exec", netns, "ip", "link", "set", ns_end, "up")
+                _run("ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up")
+                _run("ip", "netns", "exec", netns, "ip", "route", "add", "default", "via", head_ip)
+            lab.wait_nodes(i + 1)  # one at a time: raylets starting together on one machine can time out
+            proc = _start([RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
+                           "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
+                           "--labels", f"switch=leaf{i}", *common], netns, temp / f"worker{i}.log")
+            lab.nodes.append(Node(f"worker{i}", ip, proc, netns, gpus))
+        lab.wait_nodes(workers + 1)
+    except BaseException as exc:
+        logs = "\n".join(f"--- {log.name}\n" + log.read_text()[-1500:] for log in sorted(temp.glob("*.log")))
+        lab.stop()
+        raise RuntimeError(f"the Ray lab did not come up: {exc}\n{logs}") from exc
+    return lab
