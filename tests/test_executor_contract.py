@@ -193,3 +193,34 @@ def test_a_job_without_workdir_runs_where_its_file_is(server, tmp_path: Path) ->
     assert response.status_code == 201, response.text
     wait_state(server, response.json()["job"]["id"], "SUCCEEDED")
     assert (here / "where.txt").read_text().strip() == str(here.resolve())
+
+
+def test_cancel_takes_effect_at_once_during_restart_backoff(server) -> None:
+    job = submit(server, """
+name: backoff
+run: exit 1
+restart: {policy: always, max_restarts: 5, backoff: {initial: 30s}}
+""")
+    wait_for(lambda: server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]["state"] == "RESTARTING")
+    started = time.monotonic()
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    ended = wait_state(server, job["id"], "CANCELLED", timeout=10)
+    assert time.monotonic() - started < 5
+    assert ended["tasks"][0]["replicas"][0]["state"] == "KILLED"
+
+
+def test_a_cancel_in_the_same_cycle_as_a_restart_is_not_lost(server, tmp_path: Path) -> None:
+    """Restart due and cancel requested together: the cancel wins, nothing runs on."""
+    job = submit(server, f"""
+name: racy
+num_nodes: 3
+run: echo $CORRAL_LAUNCH_KEY >> {tmp_path / 'starts'}; exit 1
+restart: {{policy: always, max_restarts: 1000, backoff: {{initial: 0s}}}}
+""")
+    wait_for(lambda: (tmp_path / "starts").exists() and len((tmp_path / "starts").read_text().split()) > 6)
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    ended = wait_state(server, job["id"], "CANCELLED", timeout=10)
+    assert all(r["state"] == "KILLED" for r in ended["tasks"][0]["replicas"])
+    count = len((tmp_path / "starts").read_text().split())
+    time.sleep(1.0)
+    assert len((tmp_path / "starts").read_text().split()) == count  # nothing started after the end

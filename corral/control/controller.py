@@ -500,6 +500,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         if replica.handle is None:  # nothing runs for it (waiting, or between restarts)
             self._replica_to(replica, ReplicaState.KILLED, cause, now, ended_at=now, ready=False)
             self._publish.add(job.id)
+            self._dirty.add(job.id)  # the job may be over now: look again at once, not at the next timer
         else:
             self._signal_replica(job, replica, cause, now, "stop requested")
         # if the signal found the process gone, its exit report is on its way
