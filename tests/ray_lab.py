@@ -80,13 +80,17 @@ class RayLab:
             os.killpg(node.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        if node.netns:
+        deadline = time.monotonic() + 10
+        while node.netns and time.monotonic() < deadline:  # until nothing of the machine is left
             pids = _run("ip", "netns", "pids", node.netns, check=False).stdout.split()
+            if not pids:
+                break
             for pid in pids:
                 try:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
+            time.sleep(0.05)
         try:
             node.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

@@ -36,6 +36,7 @@ RESERVE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
 POLL_S = 0.5
+UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
 
 
 class RayExecutor:
@@ -66,6 +67,7 @@ class RayExecutor:
         self._lock = threading.RLock()
         self._events: deque[Observed] = deque()
         self._nodes: dict[str, NodeSpec] = {}
+        self._gone_nodes: set[str] = set()
         self._node_ids: dict[str, tuple[str, str]] = {}  # name -> (Ray node id, IP)
         self._version = 0
         self._groups: dict[tuple[int, str], Any] = {}  # (job, label) -> its placement group
@@ -113,6 +115,7 @@ class RayExecutor:
             ids[name] = (info["NodeID"], info["NodeManagerAddress"])
         with self._lock:
             gone = [n for n in self._nodes if n not in nodes]
+            self._gone_nodes = (self._gone_nodes | set(gone)) - set(nodes)
             if nodes != self._nodes:
                 self._nodes, self._node_ids = nodes, ids
                 self._version += 1
@@ -444,6 +447,20 @@ class RayExecutor:
         try:
             code = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
         except Exception as exc:
+            if type(exc).__name__ == "ActorUnavailableError" and time.monotonic() < live.setdefault(
+                    "unavailable_until", time.monotonic() + UNAVAILABLE_S):
+                # Unreachable is not dead: ask again, unless its node left (then _node_gone says
+                # lost) or it stays unreachable too long. Declaring it lost while it may still
+                # run would start a second one beside it.
+                if live["node"] in self._refresh_nodes_and_gone():
+                    self._emit(Observed(key, Kind.LOST, node=live["node"],
+                                        reason=f"node {live['node']} left the Ray cluster"))
+                    return
+                time.sleep(0.2)
+                with self._lock:
+                    live["ref"] = live["actor"].wait.remote()
+                    self._live[key] = live
+                return
             self._end_remote_tree(key, live["node"])
             self._emit(Observed(key, Kind.LOST, node=live["node"],
                                 reason=f"its Ray actor on {live['node']} died ({type(exc).__name__})"))
@@ -454,9 +471,20 @@ class RayExecutor:
     def _node_gone(self, node: str) -> None:
         with self._lock:
             keys = [k for k, v in self._live.items() if v["node"] == node]
-            lost = [self._live.pop(k) for k in keys]
-        for key, _ in zip(keys, lost):
+            for k in keys:
+                self._live.pop(k)
+            starting = [k for k, v in self._starting.items() if v["handle"]["node"] == node]
+            for k in starting:
+                self._starting.pop(k)
+        for key in keys + starting:
             self._emit(Observed(key, Kind.LOST, node=node, reason=f"node {node} left the Ray cluster"))
+
+    def _refresh_nodes_and_gone(self) -> set[str]:
+        """Nodes that are gone now (refreshing Ray's view first)."""
+        for node in self._refresh_nodes():
+            self._node_gone(node)
+        with self._lock:
+            return set(self._gone_nodes)
 
     def _end_remote_tree(self, key: str, node: str | None) -> None:
         """An actor died while its node lives: end what its attempt left running there."""
