@@ -224,3 +224,20 @@ restart: {{policy: always, max_restarts: 1000, backoff: {{initial: 0s}}}}
     count = len((tmp_path / "starts").read_text().split())
     time.sleep(1.0)
     assert len((tmp_path / "starts").read_text().split()) == count  # nothing started after the end
+
+
+def test_a_readiness_probe_that_never_passes_fails_the_start_with_its_error(server) -> None:
+    job = submit(server, """
+name: never
+run: sleep 60
+readiness_probe: {tcp: 1, period: 0.2s}
+startup_timeout: 1s
+restart: {policy: on_failure, max_restarts: 1, backoff: {initial: 0s}}
+""")
+    ended = wait_state(server, job["id"], "FAILED", timeout=20)
+    replica = ended["tasks"][0]["replicas"][0]
+    assert replica["restarts"] == 1  # restarted once per its policy, then failed
+    story = server.get(f"/v1/jobs/{job['id']}/events").json()
+    timeouts = [e for e in story if e["cause"] == "startup_timeout"]
+    assert len(timeouts) == 2 and "readiness probe failing: " in timeouts[0]["message"]
+    assert "refused" in timeouts[0]["message"].lower() or "error" in timeouts[0]["message"].lower()

@@ -28,6 +28,8 @@ class ServicesMixin:
         self._publish: set[int] = set()  # jobs whose discovery files are stale
         self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
         self._warned: set[tuple[str, str]] = set()  # (launch key, warning) already signalled
+        self._probe_last: dict[str, str] = {}  # launch key -> its readiness probe's last failure
+        self._been_ready: set[str] = set()  # attempts whose readiness probe passed once
 
     def _on_probe(self, target: ProbeTarget, ok: bool, detail: str) -> None:  # prober threads
         self._probe_results.append((target, ok, detail))
@@ -91,6 +93,8 @@ class ServicesMixin:
         self.prober.forget(key)
         for kind in ("readiness", "liveness"):
             self._probe_streaks.pop((key, kind), None)
+        self._probe_last.pop(key, None)
+        self._been_ready.discard(key)
 
     def _collect_probe_results(self, now: float) -> None:
         while self._probe_results:
@@ -107,6 +111,8 @@ class ServicesMixin:
             self._probe_streaks[(target.key, target.kind)] = (oks, fails)
             probe = target.probe
             if target.kind == "readiness":
+                if not ok:
+                    self._probe_last[target.key] = detail
                 if not replica.ready and oks >= probe.success_threshold:
                     self._set_ready(job, replica, True, now, detail)
                 elif replica.ready and fails >= probe.failure_threshold:
@@ -118,6 +124,8 @@ class ServicesMixin:
 
     def _set_ready(self, job: JobRec, replica: ReplicaRec, ready: bool, now: float, detail: str) -> None:
         replica.ready = ready
+        if ready:
+            self._been_ready.add(replica.launch_key)
         self.journal.replica(replica.id, ready=ready)
         self.journal.event(job.id, now, replica.label, "ready" if ready else "not_ready", message=detail)
         self._publish.add(job.id)
@@ -141,6 +149,10 @@ class ServicesMixin:
     def _arm_time_limit(self, job: JobRec, replica: ReplicaRec) -> None:
         task = job.task(replica.task)
         service, limit = task.service, job.time_limit_of(task)
+        if service.readiness_probe is not None and replica.started_at is not None:
+            if replica.ready:
+                self._been_ready.add(replica.launch_key)
+            heapq.heappush(self._timers, (replica.started_at + service.startup_timeout, job.id))
         if limit is None or replica.started_at is None:
             return
         limit_at = replica.started_at + limit
@@ -148,8 +160,24 @@ class ServicesMixin:
         if service.signal_before_timeout is not None:
             heapq.heappush(self._timers, (limit_at - service.signal_before_timeout.seconds, job.id))
 
+    def _check_startup(self, job: JobRec, now: float) -> None:
+        """A replica whose readiness probe never passed within its task's startup_timeout
+        failed to start: its stop signal, then its restart policy decides (not left
+        STARTING-forever with no reason)."""
+        for replica in job.replicas:
+            service = job.task(replica.task).service
+            if service.readiness_probe is None or replica.state != ReplicaState.RUNNING or replica.ready \
+                    or replica.started_at is None or replica.stop_requested_at is not None \
+                    or replica.kill_at is not None or replica.launch_key in self._been_ready \
+                    or now < replica.started_at + service.startup_timeout:
+                continue
+            last = self._probe_last.get(replica.launch_key, "no probe answered yet")
+            self._signal_replica(job, replica, "startup_timeout", now,
+                                 f"readiness probe failing: {last}; not ready {service.startup_timeout:g}s after start")
+
     def _check_time_limits(self, job: JobRec, now: float) -> None:
         """Warn (Slurm's --signal) and then stop replicas whose task's time limit ran out."""
+        self._check_startup(job, now)
         for replica in job.replicas:
             task = job.task(replica.task)
             service, limit = task.service, job.time_limit_of(task)

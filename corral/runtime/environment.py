@@ -58,6 +58,8 @@ def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
         "SKYPILOT_NUM_NODES": str(ctx.num_replicas),
         "SKYPILOT_NUM_GPUS_PER_NODE": str(ctx.gpus_per_replica),
         "SKYPILOT_TASK_ID": f"corral-{ctx.job_id}-{ctx.task}",
+        "SKYPILOT_JOB_ID": str(ctx.job_id),
+        "SKYPILOT_ROOT_JOB_ID": str(ctx.job_id),
         "SKYPILOT_CLUSTER_INFO": json.dumps({"cluster_name": ctx.job_name, "num_nodes": ctx.num_replicas,
                                              "provider_name": "corral-local"}),
         "SLURM_JOB_ID": str(ctx.job_id),

@@ -113,6 +113,9 @@ class TaskSpec(BaseModel):
     grace_period: Duration = DEFAULT_GRACE_S
     time_limit: Duration | None = None
     signal_before_timeout: WarnBeforeTimeout | None = None
+    # A replica whose readiness probe has not passed this long after it started has failed
+    # to start: it gets its stop signal and is restarted (or fails) per its restart policy.
+    startup_timeout: Duration = Field(default=600.0, gt=0)
     topology: TopologyRequest | None = None
 
     @model_validator(mode="before")
