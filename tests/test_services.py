@@ -280,7 +280,10 @@ run: sleep 60
 
     # grow again: retired ranks come back under the same names
     assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": 2}).status_code == 200
-    assert wait_for(lambda: [(r["rank"], r["state"]) for r in rollouts()] == [(0, "RUNNING"), (1, "RUNNING")],
-                    timeout=10)
+    try:
+        wait_for(lambda: [(r["rank"], r["state"]) for r in rollouts()] == [(0, "RUNNING"), (1, "RUNNING")], timeout=10)
+    except AssertionError:
+        raise AssertionError(json.dumps(events(server, job["id"])[-12:], indent=0)
+                             + json.dumps(server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0])) from None
     server.post(f"/v1/jobs/{job['id']}/cancel")
     assert wait_state(server, job["id"], "CANCELLED")["state"] == "CANCELLED"
