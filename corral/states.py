@@ -52,8 +52,9 @@ TERMINAL_REPLICA_STATES = frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED
 
 REPLICA_TRANSITIONS: dict[ReplicaState, frozenset[ReplicaState]] = {
     ReplicaState.PENDING: frozenset({ReplicaState.STARTING, ReplicaState.KILLED}),
+    # STARTING -> RESTARTING: an attempt lost before its start was confirmed (its node died).
     ReplicaState.STARTING: frozenset({ReplicaState.RUNNING, ReplicaState.FAILED, ReplicaState.KILLED,
-                                      ReplicaState.SUCCEEDED}),
+                                      ReplicaState.SUCCEEDED, ReplicaState.RESTARTING}),
     ReplicaState.RUNNING: frozenset({ReplicaState.SUCCEEDED, ReplicaState.FAILED, ReplicaState.KILLED,
                                      ReplicaState.RESTARTING}),
     # A replica whose node went away is placed again (PENDING) when its restart is due.

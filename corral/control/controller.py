@@ -322,9 +322,19 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     # -- 2. what executors observed ----------------------------------------------------
     def _collect_observed(self, now: float) -> None:
-        for infra, executor in self.executors.items():
+        for infra, executor in list(self.executors.items()):
             for event in executor.drain():
-                self._observed(infra, event, now)
+                try:
+                    self._observed(infra, event, now)
+                except Exception as exc:  # one job's surprise must not stop the loop for all
+                    log.exception("handling %s of %s failed; failing its job", event.kind.value, event.key)
+                    job_id, _ = self._by_key.get(event.key, (None, None))
+                    if job_id is None:
+                        try:
+                            job_id = int(event.key.split(".", 1)[0])
+                        except ValueError:
+                            continue
+                    self._quarantine(self.active.get(job_id), exc, now)
 
     def _observed(self, infra: str, event: Observed, now: float) -> None:
         job_id, replica_id = self._by_key.get(event.key, (None, None))

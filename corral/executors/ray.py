@@ -488,11 +488,11 @@ class RayExecutor:
 
     def _end_remote_tree(self, key: str, node: str | None) -> None:
         """An actor died while its node lives: end what its attempt left running there."""
-        if not node:
-            return
+        if not node or node in self._refresh_nodes_and_gone():
+            return  # a node that is gone took its processes with it
         try:
             ref = self._kill_tree.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(self.scope, key)
-            self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+            self._ray.get(ref, timeout=5.0)
         except Exception:
             log.debug("could not reach %s to end %s", node, key, exc_info=True)
 
