@@ -36,6 +36,7 @@ RESERVE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
 POLL_S = 0.5
+PORT_BATCH = 32  # free ports fetched per call to a node
 UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
 
 
@@ -75,6 +76,7 @@ class RayExecutor:
         self._starting: dict[str, dict] = {}  # key -> {"ref", "actor", "handle", "job", "label", "deadline"}
         self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
         self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
+        self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
         self._closed = threading.Event()
         self._refresh_nodes()
         self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
@@ -153,15 +155,27 @@ class RayExecutor:
         return self._ports(node, [], 1)[0]
 
     def _ports(self, node: str, wanted: list[int], extra: int) -> list[int]:
+        """``wanted`` ports where free on ``node`` (else others), then ``extra`` free ones.
+        Free ports are fetched from the node in batches, so most placements cost no call."""
+        if not wanted and not extra:
+            return []
         with self._lock:
+            pool = self._port_pool.setdefault(node, [])
+            if not wanted and len(pool) >= extra:
+                ports = [pool.pop() for _ in range(extra)]
+                self._handed.setdefault(node, set()).update(ports)
+                return ports
             taken = sorted(self._handed.setdefault(node, set()))
-        ref = self._free_ports.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(wanted, extra, taken)
+        batch = extra + PORT_BATCH
+        ref = self._free_ports.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(wanted, batch, taken)
         try:
-            ports = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+            found = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
         except Exception as exc:
-            raise LaunchError(f"could not pick ports on {node}: {exc}") from exc
+            raise LaunchError(f"could not pick ports on {node}: {_short(exc)}") from exc
+        ports = found[:len(wanted) + extra]
         with self._lock:
             self._handed[node].update(ports)
+            self._port_pool[node] = [p for p in found[len(wanted) + extra:] if p not in self._handed[node]]
         return ports
 
     # -- reservations ----------------------------------------------------------------------------
@@ -410,8 +424,10 @@ class RayExecutor:
                 starts = {v["ref"]: k for k, v in self._starting.items()}
             try:
                 everything = list(refs) + list(starts)
-                if everything:
-                    ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=POLL_S)
+                if everything:  # wake at the first answer, then take every answer there is
+                    ready, _ = self._ray.wait(everything, num_returns=1, timeout=POLL_S)
+                    if ready:
+                        ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=0)
                 else:
                     ready = []
                     self._closed.wait(POLL_S)
