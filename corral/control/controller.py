@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import signal
 import threading
 import time

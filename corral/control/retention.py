@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import threading
 import time

@@ -17,6 +17,7 @@ twice):
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
@@ -78,6 +79,25 @@ class Observed:
 
 
 Wake = Callable[[], None]
+
+
+class EventStream:
+    """What an executor observed, queued from its own threads for the loop to drain; every
+    event wakes the loop."""
+
+    def __init__(self, wake: Wake):
+        self._events: deque[Observed] = deque()
+        self._wake_loop = wake
+
+    def _emit(self, event: Observed) -> None:
+        self._events.append(event)
+        self._wake_loop()
+
+    def drain(self) -> list[Observed]:
+        out = []
+        while self._events:
+            out.append(self._events.popleft())
+        return out
 
 
 class Executor(Protocol):

@@ -16,10 +16,9 @@ import signal
 import socket
 import subprocess
 import threading
-from collections import deque
 from pathlib import Path
 
-from corral.executors.base import Binding, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
 from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, process_start_time
 from corral.pool import NodeSpec
 from corral.runtime.discovery import RESOLVER_DIR, loopback_address
@@ -31,22 +30,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-class LocalExecutor:
+class LocalExecutor(EventStream):
     name = "local"
 
     def __init__(self, nodes: list[NodeSpec], runs_dir: Path, logs_dir: Path, runtime_dir: Path, scope: str,
                  wake: Wake = lambda: None, base_pythonpath: str | None = None):
+        super().__init__(wake)
         self._nodes = list(nodes)
         self.logs_dir = logs_dir
         self.runner = NodeRunner(runs_dir, runtime_dir, scope)
-        self._wake_loop = wake
         self._pythonpath = base_pythonpath
         self._base_env = base_environment(os.environ)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
         except ValueError:
             self._umask = 0o022
-        self._events: deque[Observed] = deque()
         self._children: dict[str, subprocess.Popen] = {}  # key -> our child wrapper
         self._watched: dict[int, tuple[str, int]] = {}  # pidfd -> (key, pid)
         self._lock = threading.Lock()
@@ -124,12 +122,6 @@ class LocalExecutor:
         except ProcessLookupError:
             return False
 
-    def drain(self) -> list[Observed]:
-        out = []
-        while self._events:
-            out.append(self._events.popleft())
-        return out
-
     def forget(self, handle: Handle) -> None:
         self.runner.forget(handle["key"])
 
@@ -192,10 +184,6 @@ class LocalExecutor:
             self._watched[pidfd] = (key, pid)
             self._poll.register(pidfd, select.POLLIN)
         os.write(self._wake_w, b"x")
-
-    def _emit(self, event: Observed) -> None:
-        self._events.append(event)
-        self._wake_loop()
 
     def _run(self) -> None:
         while not self._closed:

@@ -23,11 +23,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-from corral.executors.base import Binding, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
 from corral.pool import NodeSpec
 
 log = logging.getLogger("corral.ray")
@@ -40,10 +39,11 @@ PORT_BATCH = 32  # free ports fetched per call to a node
 UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
 
 
-class RayExecutor:
+class RayExecutor(EventStream):
     name = "ray"
 
     def __init__(self, config, settings, scope: str, wake: Wake = lambda: None):
+        super().__init__(wake)
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
@@ -64,9 +64,7 @@ class RayExecutor:
         self._kill_tree = ray.remote(rayactor.kill_tree)
         self._cleanup = ray.remote(rayactor.cleanup_job)
         self._runtime_dir = rayactor.node_dirs(scope)[2]
-        self._wake_loop = wake
         self._lock = threading.RLock()
-        self._events: deque[Observed] = deque()
         self._nodes: dict[str, NodeSpec] = {}
         self._gone_nodes: set[str] = set()
         self._node_ids: dict[str, tuple[str, str]] = {}  # name -> (Ray node id, IP)
@@ -351,12 +349,6 @@ class RayExecutor:
         except Exception:
             return False
 
-    def drain(self) -> list[Observed]:
-        out = []
-        while self._events:
-            out.append(self._events.popleft())
-        return out
-
     def forget(self, handle: Handle) -> None:
         try:
             actor = self._ray.get_actor(handle["actor"], namespace=self.namespace)
@@ -538,10 +530,6 @@ class RayExecutor:
                     self._live[key]["offset"] = offset
             if not final and len(data) < (1 << 20):
                 return
-
-    def _emit(self, event: Observed) -> None:
-        self._events.append(event)
-        self._wake_loop()
 
 
 def _job_and_label(key: str) -> tuple[int, str]:
