@@ -75,6 +75,7 @@ class RayExecutor(EventStream):
         self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
         self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
         self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
+        self._earlier: dict[int, list[str]] | None = None  # job -> placement groups of an earlier server
         self._closed = threading.Event()
         self._refresh_nodes()
         self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
@@ -218,13 +219,25 @@ class RayExecutor(EventStream):
             self._docs.pop(job_id, None)
         for pg in groups:
             self._remove_group(pg)
-        prefix = f"corral-{self.scope}-j{job_id}g"
-        for info in self._ray.util.placement_group_table().values():  # those of an earlier server
-            if str(info.get("name", "")).startswith(prefix) and info.get("state") != "REMOVED":
-                try:
-                    self._remove_group(self._ray.util.get_placement_group(info["name"]))
-                except ValueError:
-                    pass
+        for name in self._earlier_groups().pop(job_id, []):  # made before a server restart
+            try:
+                self._remove_group(self._ray.util.get_placement_group(name))
+            except ValueError:
+                pass
+
+    def _earlier_groups(self) -> dict[int, list[str]]:
+        """Live placement groups of this scope that an earlier server made, by job: read from
+        Ray's table once (it keeps removed groups too, so reading it per job would grow)."""
+        if self._earlier is None:
+            self._earlier = {}
+            prefix = f"corral-{self.scope}-j"
+            for info in self._ray.util.placement_group_table().values():
+                name = str(info.get("name", ""))
+                if name.startswith(prefix) and info.get("state") != "REMOVED":
+                    job = name[len(prefix):].split("g", 1)[0]
+                    if job.isdigit():
+                        self._earlier.setdefault(int(job), []).append(name)
+        return self._earlier
 
     def _remove_group(self, pg) -> None:
         try:
