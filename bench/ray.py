@@ -179,7 +179,7 @@ run: exec sleep 600
 """)
     job = corral.wait(job_id, ("RUNNING",))
     node = job["tasks"][0]["replicas"][0]["node"]
-    victim = next(w for w in lab.workers if node.endswith(w.ip.replace(".", "-"))) if lab.isolated else lab.workers[0]
+    victim = next(w for w in lab.workers if w.is_named(node))
     t0 = time.perf_counter()
     lab.kill(victim)
     while True:

@@ -4,7 +4,8 @@ The head runs in the root network namespace; each worker runs in a network names
 its own with its own IP on a veth pair into a bridge the lab creates (172.31.N.0/24, an
 address range made here and used only between the lab's own namespaces), so traffic and
 name resolution between replicas really cross hosts. Where namespaces cannot be made (not
-root, no ``ip``), every node runs on loopback and ``lab.isolated`` is False.
+root, no ``ip``, or ``CORRAL_RAY_LAB_LOOPBACK`` set), every node runs on loopback and
+``lab.isolated`` is False.
 
 Each node is ``ray start --block`` in its own process group, so a node is stopped by
 killing that group (``ray stop`` would stop every Ray process on the machine). Killing a
@@ -35,7 +36,7 @@ def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 def can_isolate() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
+    if os.environ.get("CORRAL_RAY_LAB_LOOPBACK") or os.geteuid() != 0 or shutil.which("ip") is None:
         return False
     probe = f"crlprobe{os.getpid()}"
     ok = _run("ip", "netns", "add", probe, check=False).returncode == 0
@@ -51,9 +52,16 @@ class Node:
     proc: subprocess.Popen
     netns: str | None = None
     gpus: int = 0
+    manager_port: int = 0
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def is_named(self, corral_name: str) -> bool:
+        """Whether corral's name for a Ray node (``ray-IP`` or ``ray-IP-PORT``) is this node."""
+        if corral_name.endswith(f"-{self.manager_port}"):  # nodes sharing an IP are told apart by port
+            return True
+        return self.netns is not None and corral_name.endswith("-" + self.ip.replace(".", "-"))
 
 
 @dataclass
@@ -200,10 +208,12 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
                 _run("ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up")
                 _run("ip", "netns", "exec", netns, "ip", "route", "add", "default", "via", head_ip)
             lab.wait_nodes(i + 1)  # one at a time: raylets starting together on one machine can time out
+            manager_port = port + 10 + i
             proc = _start([RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
+                           "--node-manager-port", str(manager_port),
                            "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
                            "--labels", f"switch=leaf{i}", *common], netns, temp / f"worker{i}.log")
-            lab.nodes.append(Node(f"worker{i}", ip, proc, netns, gpus))
+            lab.nodes.append(Node(f"worker{i}", ip, proc, netns, gpus, manager_port))
         lab.wait_nodes(workers + 1)
     except BaseException as exc:
         logs = "\n".join(f"--- {log.name}\n" + log.read_text()[-1500:] for log in sorted(temp.glob("*.log")))

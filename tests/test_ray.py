@@ -252,8 +252,7 @@ run: sleep 300
     before = replicas(status(corral, job))["rollout-0"]
     assert replicas(status(corral, other))["solo-0"]["node"] == before["node"]  # best fit: the same node
     assert replicas(status(corral, job))["trainer-0"]["node"] != before["node"]  # CPU-only: the GPU-less head
-    victim = next(w for w in lab.workers if w.alive() and (not lab.isolated
-                                                           or before["node"].endswith(w.ip.replace(".", "-"))))
+    victim = next(w for w in lab.workers if w.alive() and w.is_named(before["node"]))
     killed_at = time.monotonic()
     lab.kill(victim)
     lost = wait_for(lambda: next((e for e in events(corral, job) if e["subject"] == "rollout-0"
