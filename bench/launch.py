@@ -185,6 +185,8 @@ def main() -> None:
     parser.add_argument("--with-slurm", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if getattr(args, "with_slurm", False) and not SLURM_LAB.is_dir():
+        sys.exit(f"launch: --with-slurm needs slurm-lab at {SLURM_LAB} (the shared tools beside the checkout)")
     results: dict[str, object] = {"corral": run_corral(args)}
     if args.with_slurm:
         samples = min(args.latency_samples, 10)

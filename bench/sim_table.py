@@ -86,6 +86,9 @@ def main() -> None:
                         help="a row for the site config CONFIG, labelled LABEL (repeatable)")
     parser.add_argument("--no-baselines", action="store_true", help="only slurm and the variants")
     args = parser.parse_args()
+    if not TRACES_DIR.is_dir():
+        sys.exit(f"sim_table: the traces are not here ({TRACES_DIR}); this benchmark replays the shared public "
+                 "traces that sit beside the checkout (the tests use the small copies in tests/data/traces)")
     variants: dict[str, str] = {}
     for item in args.variant:
         label, sep, config = item.partition("=")

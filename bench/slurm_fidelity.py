@@ -220,6 +220,9 @@ def main() -> None:
                         help="log Slurm's backfill decisions (DebugFlags=Backfill,BackfillMap) to $LAB/log/slurmctld.log")
     parser.add_argument("--replay", type=Path, help="compare with this recorded run instead of running Slurm")
     args = parser.parse_args()
+    if not TOOLS.is_dir() and not args.replay:
+        sys.exit(f"slurm_fidelity: no slurm-lab at {TOOLS}; it runs a real Slurm from the shared tools beside the "
+                 "checkout (--replay CSV rescores a recorded run without it)")
     trace = ROOT.parent / "shared" / "traces" / args.trace
     jobs = compress(load_trace(trace, args.jobs, args.seed), args.span, args.seed, args.accounts)
     accounts = sorted({j.user for j in jobs} - {"lab"})

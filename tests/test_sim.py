@@ -16,7 +16,7 @@ from corral.scheduler import Policy
 from corral.sim.engine import cluster, loop_of, simulate
 from corral.sim.trace import ROUND_LIMITS_S, TraceJob, load_trace, requested_limit
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"  # shared/ sits beside the checkout, in CI too
+TRACES = Path(__file__).resolve().parent / "data" / "traces"  # small public traces kept in the repository
 KEYS = {"jobs", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_wait_s", "p99_wait_s", "bounded_slowdown", "utilization",
         "makespan_s", "jain_fairness", "max_user_wait_s", "sched_cpu_s", "placements_per_cpu_s"}
 
@@ -50,7 +50,7 @@ def test_replay_finishes_every_job_with_sane_metrics(policy: str) -> None:
 
 
 def test_backfill_policies_beat_strict_fifo_on_waits() -> None:
-    jobs = load_trace(TRACES / "philly-gavel-4vc.csv", limit=400)
+    jobs = load_trace(TRACES / "philly-gavel-4vc-head400.csv", limit=400)
     fifo = simulate(jobs, cluster(6, 8), Policy.named("fifo")).metrics()
     corral = simulate(jobs, cluster(6, 8), Policy.named("corral")).metrics()
     assert corral["avg_wait_s"] < fifo["avg_wait_s"] and corral["avg_jct_s"] < fifo["avg_jct_s"]
