@@ -74,6 +74,15 @@ def test_name_and_env_overrides() -> None:
     assert spec.tasks[0].envs == {"A": "1", "TOKEN": "s3cret", "B": "2"}
 
 
+def test_null_secrets_behave_like_null_envs() -> None:
+    text = "name: t\nsecrets: {HF_TOKEN: null}\nrun: echo\n"
+    with pytest.raises(SpecError) as info:
+        load_job(text)
+    assert info.value.issues[0].field == "secrets.HF_TOKEN" and info.value.issues[0].line == 2
+    task = load_job(text, env={"HF_TOKEN": "s3cret", "B": "2"}).spec.tasks[0]
+    assert task.secrets == {"HF_TOKEN": "s3cret"} and task.envs == {"B": "2"}  # a secret stays a secret
+
+
 def test_workdir_is_resolved_and_must_exist(tmp_path: Path) -> None:
     (tmp_path / "code").mkdir()
     spec = load_job("workdir: code\nrun: ls\n", base_dir=str(tmp_path)).spec

@@ -267,16 +267,19 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
 
 def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues: list[SpecIssue],
                source: str) -> JobSpec:
-    """``--env K=V`` overrides every task's envs; a declared env left without a value is an error."""
+    """``--env K=V`` overrides every task's envs and fills its secrets (a key a task declares as a
+    secret stays one); a declared env or secret left without a value is an error."""
     tasks = []
     for task in spec.tasks:
-        merged = {k: env.get(k, v) for k, v in task.envs.items()} | {k: v for k, v in env.items()}
-        for key, value in merged.items():
-            if value is None:
-                doc = _task_doc(docs, task)
-                issues.append(SpecIssue(f"task {task.name!r}", f"envs.{key}", doc.line_of(("envs", key)),
-                                        f"has no value; pass one with --env {key}=VALUE"))
-        tasks.append(task.model_copy(update={"envs": merged}))
+        secrets = {k: env.get(k, v) for k, v in task.secrets.items()}
+        merged = {k: env.get(k, v) for k, v in task.envs.items()} | {k: v for k, v in env.items() if k not in secrets}
+        for section, values in (("envs", merged), ("secrets", secrets)):
+            for key, value in values.items():
+                if value is None:
+                    doc = _task_doc(docs, task)
+                    issues.append(SpecIssue(f"task {task.name!r}", f"{section}.{key}", doc.line_of((section, key)),
+                                            f"has no value; pass one with --env {key}=VALUE"))
+        tasks.append(task.model_copy(update={"envs": merged, "secrets": secrets}))
     if issues:
         raise SpecError(issues, source)
     return spec.model_copy(update={"tasks": tuple(tasks)})
