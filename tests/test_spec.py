@@ -137,3 +137,10 @@ def test_quantities() -> None:
 def test_renamed_plain_job_keeps_its_task_primary() -> None:
     spec = load_job("name: orig\nrun: echo\n", name="renamed").spec
     assert spec.name == "renamed" and spec.tasks[0].name == "orig" and spec.primary_tasks == ("orig",)
+
+
+def test_a_duplicate_key_is_an_error_with_both_lines() -> None:
+    with pytest.raises(SpecError) as info:
+        load_job("name: t\nrun: echo one\nresources: {cpus: 1}\nrun: echo two\n", source="dup.yaml")
+    assert info.value.issues[0].line == 4 and "line 2" in info.value.issues[0].message
+    assert "'run'" in info.value.issues[0].message

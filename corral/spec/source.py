@@ -80,9 +80,16 @@ def _walk(node: yaml.Node, path: Path, lines: dict[Path, int], depth: int, count
     if depth > MAX_DEPTH:
         raise SourceError(f"the document nests deeper than {MAX_DEPTH} levels", node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
         for key_node, value_node in node.value:
             key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
-            lines.setdefault(path + (key,), key_node.start_mark.line + 1)
+            line = key_node.start_mark.line + 1
+            if isinstance(key_node, yaml.ScalarNode) and key != "<<":
+                if key in seen:  # YAML would keep the last one silently
+                    shown = key if len(key) <= 60 else key[:57] + "..."
+                    raise SourceError(f"duplicate key {shown!r}: on line {seen[key]} and again on line {line}", line)
+                seen[key] = line
+            lines.setdefault(path + (key,), line)
             _walk(value_node, path + (key,), lines, depth + 1, count)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
