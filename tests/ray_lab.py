@@ -13,6 +13,7 @@ worker also kills every process left in its namespace: what a machine's death do
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -186,11 +187,14 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
     else:
         bridge, head_ip, net = None, "127.0.0.1", 0
     port = random.randint(20000, 29000)
+    # Ray's client server (ray://) needs ray[client]; without it Ray refuses the option. The
+    # lab speaks to the GCS directly, so the port is only pinned to keep clear of 10001.
+    client_port = ["--ray-client-server-port", str(port + 1)] if importlib.util.find_spec("grpc") else []
     lab = RayLab(head_ip, port, isolated, tag, temp, bridge)
     try:
         head = _start([RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
                        "--num-gpus", "0", "--temp-dir", str(temp), "--system-config", json.dumps(SYSTEM_CONFIG),
-                       "--ray-client-server-port", str(port + 1), "--include-dashboard=false", *common], None,
+                       *client_port, "--include-dashboard=false", *common], None,
                       temp / "head.log")
         lab.nodes.append(Node("head", head_ip, head))
         for i in range(workers):

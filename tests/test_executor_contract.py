@@ -25,11 +25,13 @@ def site_config() -> str:
 
 
 def _gpus_held(server, user_jobs: list[int]) -> int:
+    # One request, so both jobs' replicas come from one read: two GETs could see the first job
+    # before a replica of it ended and the second after it started, and count a GPU twice.
     held = 0
-    for job_id in user_jobs:
-        job = server.get(f"/v1/jobs/{job_id}").json()
-        for task in job["tasks"]:
-            held += sum(len(r["gpus"]) for r in task["replicas"] if r["state"] in ("STARTING", "RUNNING"))
+    for job in server.get("/v1/jobs", params={"all": "true"}).json():
+        if job["id"] in user_jobs:
+            for task in job["tasks"]:
+                held += sum(len(r["gpus"]) for r in task["replicas"] if r["state"] in ("STARTING", "RUNNING"))
     return held
 
 

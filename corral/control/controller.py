@@ -43,6 +43,7 @@ from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec, load_records, record_of
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
+from corral.control.supervisor import AttemptEnded
 from corral import executors as executor_registry
 from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, Observed
 from corral.pool import NodeSpec
@@ -357,7 +358,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             if replica.kill_at is not None:
                 heapq.heappush(self._timers, (replica.kill_at, job.id))
             self._watch_probes(job, replica)
-            self._arm_time_limit(job, replica)
+            self._arm(job, replica)
             return
         self._by_key.pop(event.key, None)
         if event.kind == Kind.ABSENT:
@@ -378,36 +379,12 @@ class Controller(SchedulingMixin, ServicesMixin):
         if startorder.waiting(job):
             self._launch_check.add(job.id)  # a task may wait for this one to succeed
         self._dirty.add(job.id)
-        code = event.code if event.kind == Kind.EXITED else None
         lost = event.kind == Kind.LOST
         if lost and event.node:
             self.refresh_inventory()  # the node may have left with it: never restart there
-        if replica.stop_requested_at is None and self._maybe_restart(job, replica, code, now, event):
-            return
-        if lost and replica.stop_requested_at is None and replica.node not in self.node_infra \
-                and job.state in (JobState.RUNNING, JobState.STARTING) and not job.cancel_requested:
-            # Its node is gone and it may not restart: requeue the whole job, as Slurm does
-            # for a job whose node failed (same id, same names, same checkpoint directory).
-            self._requeue_on_loss.add(job.id)
-            self._replica_to(replica, ReplicaState.FAILED, "lost", now, f"lost: {event.reason}", ended_at=now,
-                             ready=False, handle=None)
-            self._job_to(job, JobState.PREEMPTED, now, "node_lost",
-                         f"node {replica.node} is down ({replica.label} was lost); the job is requeued")
-            for other in job.members:
-                if not other.state.terminal and other.stop_requested_at is None:
-                    self._stop_replica(job, other, "node_lost", now)
-            return
-        replica.ready = False
-        if replica.stop_requested_at is not None:
-            new, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
-        elif code == 0:
-            new, cause = ReplicaState.SUCCEEDED, "exited"
-        else:
-            new, cause = ReplicaState.FAILED, "lost" if lost else "exited"
-        message = f"exit code {code}" if code is not None else f"lost: {event.reason or 'exit code unknown'}"
-        if event.reason and code is not None:
-            message += f" ({event.reason})"
-        self._replica_to(replica, new, cause, now, message, exit_code=code, ended_at=now, ready=False, handle=None)
+        ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, event.reason,
+                             replica.node in self.node_infra)
+        self._apply(job, self.supervisor.attempt_ended(job, replica, ended, now), now)
 
     def _quarantine(self, job: JobRec | None, exc: Exception, now: float) -> None:
         """A job the loop cannot handle: end its attempts (whole trees) and fail it, written
@@ -472,15 +449,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         job = self.active.get(job_id)
         if job is None:
             return
-        self._start_due_restarts(job, now)
-        self._fail_blocked(job, now)
-        self._check_time_limits(job, now)
-        for replica in job.replicas:  # grace periods that ran out
-            if replica.kill_at is not None and replica.kill_at <= now and replica.handle is not None:
-                if self.executor_of(replica).signal(replica.handle, signal.SIGKILL):
-                    self.journal.event(job.id, now, replica.label, "killed", message="grace period over: SIGKILL")
-                replica.kill_at = None
-                self.journal.replica(replica.id, kill_at=None)
+        self._apply(job, self.supervisor.review(job, now, lambda node: node in self.node_infra), now)
         if job.state == JobState.PREEMPTED:
             self._finish_preemption(job, now)
             return
@@ -681,7 +650,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         replica.handle = handle
         replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
         replica.ready = job.task(replica.task).service.readiness_probe is None
-        self._arm_time_limit(job, replica)
+        self._arm(job, replica)
         where = f"pid {handle['pid']} " if handle.get("pid") else ""
         self._replica_to(replica, ReplicaState.RUNNING, cause, now,
                          message or f"{where}on {replica.node} at {replica.addr} (attempt {replica.attempt})",

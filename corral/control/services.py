@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import heapq
 import json
+import signal
 from collections import deque
 
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
+from corral.control.supervisor import (Decision, End, Kill, ProbeAnswered, Relaunch, Replace, RequeueJob, Restart,
+                                       SetReady, Signal, Stop, Supervisor, check)
 from corral.runtime.discovery import hosts_text, peers_document
 from corral.scheduler import Allocation, PendingJob, TaskRequest
 from corral.store import repository
@@ -24,12 +27,9 @@ class ServicesMixin:
     def _init_services(self) -> None:
         self.prober = Prober(self._on_probe)
         self._probe_results: deque[tuple[ProbeTarget, bool, str]] = deque()
-        self._probe_streaks: dict[tuple[str, str], tuple[int, int]] = {}  # (key, kind) -> (oks, fails) in a row
+        self.supervisor = Supervisor()
         self._publish: set[int] = set()  # jobs whose discovery files are stale
         self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
-        self._warned: set[tuple[str, str]] = set()  # (launch key, warning) already signalled
-        self._probe_last: dict[str, str] = {}  # launch key -> its readiness probe's last failure
-        self._been_ready: set[str] = set()  # attempts whose readiness probe passed once
 
     def _on_probe(self, target: ProbeTarget, ok: bool, detail: str) -> None:  # prober threads
         self._probe_results.append((target, ok, detail))
@@ -91,10 +91,7 @@ class ServicesMixin:
 
     def _forget_probes(self, key: str) -> None:
         self.prober.forget(key)
-        for kind in ("readiness", "liveness"):
-            self._probe_streaks.pop((key, kind), None)
-        self._probe_last.pop(key, None)
-        self._been_ready.discard(key)
+        self.supervisor.forget(key)
 
     def _collect_probe_results(self, now: float) -> None:
         while self._probe_results:
@@ -104,138 +101,104 @@ class ServicesMixin:
             if job is None:
                 continue
             replica = next(r for r in job.replicas if r.id == replica_id)
-            if replica.state != ReplicaState.RUNNING:
+            if replica.launch_key != target.key:
                 continue
-            oks, fails = self._probe_streaks.get((target.key, target.kind), (0, 0))
-            oks, fails = (oks + 1, 0) if ok else (0, fails + 1)
-            self._probe_streaks[(target.key, target.kind)] = (oks, fails)
-            probe = target.probe
-            if target.kind == "readiness":
-                if not ok:
-                    self._probe_last[target.key] = detail
-                if not replica.ready and oks >= probe.success_threshold:
-                    self._set_ready(job, replica, True, now, detail)
-                elif replica.ready and fails >= probe.failure_threshold:
-                    self._set_ready(job, replica, False, now, detail)
-            elif fails >= probe.failure_threshold and replica.kill_at is None:
-                self._probe_streaks.pop((target.key, target.kind), None)
-                self._signal_replica(job, replica, "liveness_failed", now,
-                                     f"liveness probe failed {fails}x ({detail})")
+            self._apply(job, self.supervisor.probe_answered(job, replica, ProbeAnswered(replica.id, target.kind, ok,
+                                                                                        detail), now), now)
+
+    def _arm(self, job: JobRec, replica: ReplicaRec) -> None:
+        for at in self.supervisor.watch(job, replica):
+            heapq.heappush(self._timers, (at, job.id))
+
+    # -- carrying out the supervisor's decisions -------------------------------------------
+    def _apply(self, job: JobRec, decisions: list[Decision], now: float) -> None:
+        """Execute and journal what the supervisor decided, each with its cause."""
+        by_id = {r.id: r for r in job.replicas}
+        for d in decisions:
+            replica = by_id[d.replica_id]
+            check(d, replica.state)
+            if isinstance(d, SetReady):
+                self._set_ready(job, replica, d.ready, now, d.detail)
+            elif isinstance(d, Signal):
+                self._signal_replica(job, replica, d.cause, now, d.message, d.signal, d.grace)
+            elif isinstance(d, Kill):
+                if self.executor_of(replica).signal(replica.handle, signal.SIGKILL):
+                    self.journal.event(job.id, now, replica.label, "killed", message="grace period over: SIGKILL")
+                replica.kill_at = None
+                self.journal.replica(replica.id, kill_at=None)
+            elif isinstance(d, Stop):
+                self._stop_replica(job, replica, d.cause, now)
+            elif isinstance(d, Restart):
+                replica.restart_at, replica.ready, replica.handle = d.at, False, None
+                self._replica_to(replica, ReplicaState.RESTARTING, "restart_scheduled", now, d.message,
+                                 exit_code=d.exit_code, last_exit_code=d.exit_code, ended_at=now,
+                                 restart_at=d.at, ready=False, handle=None, kill_at=None)
+                replica.kill_at = None
+                heapq.heappush(self._timers, (d.at, job.id))
+            elif isinstance(d, Relaunch):
+                replica.restarts += 1
+                replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
+                replica.attempt += 1  # a new key, committed before the launch
+                replica.handle = None
+                self._replica_to(replica, ReplicaState.STARTING, "restart", now, d.message,
+                                 restarts=replica.restarts, restart_at=None, exit_code=None, attempt=replica.attempt,
+                                 handle=None)
+                self._launch_check.add(job.id)
+            elif isinstance(d, Replace):
+                replica.restarts += 1
+                replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
+                self._allocs.pop(replica.id, None)
+                self._sched_needed = True
+                replica.node, replica.gpus, replica.handle = None, (), None
+                self._replica_to(replica, ReplicaState.PENDING, "restart", now, d.message,
+                                 restarts=replica.restarts, restart_at=None, exit_code=None, node=None, gpus=[],
+                                 handle=None)
+            elif isinstance(d, RequeueJob):
+                # Its node is gone and it may not restart: requeue the whole job, as Slurm does
+                # for a job whose node failed (same id, same names, same checkpoint directory).
+                self._requeue_on_loss.add(job.id)
+                replica.ready = False
+                self._replica_to(replica, ReplicaState.FAILED, "lost", now, d.message, ended_at=now,
+                                 ready=False, handle=None)
+                self._job_to(job, JobState.PREEMPTED, now, "node_lost", d.job_message)
+                for other in job.members:
+                    if not other.state.terminal and other.stop_requested_at is None:
+                        self._stop_replica(job, other, "node_lost", now)
+            elif isinstance(d, End):
+                replica.ready = False
+                self._replica_to(replica, d.state, d.cause, now, d.message, exit_code=d.exit_code, ended_at=now,
+                                 ready=False, handle=None)
+                self._dirty.add(job.id)
+            else:  # pragma: no cover - a decision kind without an executor is a bug
+                raise TypeError(f"no way to carry out {d!r}")
 
     def _set_ready(self, job: JobRec, replica: ReplicaRec, ready: bool, now: float, detail: str) -> None:
         replica.ready = ready
-        if ready:
-            self._been_ready.add(replica.launch_key)
         self.journal.replica(replica.id, ready=ready)
         self.journal.event(job.id, now, replica.label, "ready" if ready else "not_ready", message=detail)
         self._publish.add(job.id)
         if startorder.waiting(job):
             self._launch_check.add(job.id)
 
-    def _signal_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float, message: str) -> bool:
-        """Send the task's stop signal and arm SIGKILL after its grace period."""
+    def _signal_replica(self, job: JobRec, replica: ReplicaRec, cause: str, now: float, message: str,
+                        signame: str | None = None, grace: float | None = -1.0) -> bool:
+        """Send a signal (the task's stop signal by default) and, unless ``grace`` is None
+        (a warning), arm SIGKILL after the grace period (the task's by default)."""
         handle = replica.handle
         service = job.task(replica.task).service
-        if handle is None or not self.executor_of(replica).signal(handle, signal_number(service.stop_signal)):
+        signame = signame or service.stop_signal
+        if handle is None or not self.executor_of(replica).signal(handle, signal_number(signame)):
             return False
-        replica.kill_at = now + service.grace_period
+        if grace is None:
+            self.journal.event(job.id, now, replica.label, cause, message=message)
+            return True
+        grace = service.grace_period if grace < 0 else grace
+        replica.kill_at = now + grace
         self.journal.replica(replica.id, kill_at=replica.kill_at)
         heapq.heappush(self._timers, (replica.kill_at, job.id))
         self.journal.event(job.id, now, replica.label, cause,
-                           message=f"{message}; {service.stop_signal} sent, SIGKILL after {service.grace_period:g}s")
+                           message=f"{message}; {signame} sent, SIGKILL after {grace:g}s")
         return True
-
-    # -- time limits ----------------------------------------------------------------------
-    def _arm_time_limit(self, job: JobRec, replica: ReplicaRec) -> None:
-        task = job.task(replica.task)
-        service, limit = task.service, job.time_limit_of(task)
-        if service.readiness_probe is not None and replica.started_at is not None:
-            if replica.ready:
-                self._been_ready.add(replica.launch_key)
-            heapq.heappush(self._timers, (replica.started_at + service.startup_timeout, job.id))
-        if limit is None or replica.started_at is None:
-            return
-        limit_at = replica.started_at + limit
-        heapq.heappush(self._timers, (limit_at, job.id))
-        if service.signal_before_timeout is not None:
-            heapq.heappush(self._timers, (limit_at - service.signal_before_timeout.seconds, job.id))
-
-    def _check_startup(self, job: JobRec, now: float) -> None:
-        """A replica whose readiness probe never passed within its task's startup_timeout
-        failed to start: its stop signal, then its restart policy decides (not left
-        STARTING-forever with no reason)."""
-        for replica in job.replicas:
-            service = job.task(replica.task).service
-            if service.readiness_probe is None or replica.state != ReplicaState.RUNNING or replica.ready \
-                    or replica.started_at is None or replica.stop_requested_at is not None \
-                    or replica.kill_at is not None or replica.launch_key in self._been_ready \
-                    or now < replica.started_at + service.startup_timeout:
-                continue
-            last = self._probe_last.get(replica.launch_key, "no probe answered yet")
-            self._signal_replica(job, replica, "startup_timeout", now,
-                                 f"readiness probe failing: {last}; not ready {service.startup_timeout:g}s after start")
-
-    def _check_time_limits(self, job: JobRec, now: float) -> None:
-        """Warn (Slurm's --signal) and then stop replicas whose task's time limit ran out."""
-        self._check_startup(job, now)
-        for replica in job.replicas:
-            task = job.task(replica.task)
-            service, limit = task.service, job.time_limit_of(task)
-            if limit is None or replica.state != ReplicaState.RUNNING or replica.started_at is None \
-                    or replica.stop_requested_at is not None:
-                continue
-            limit_at = replica.started_at + limit
-            warn = service.signal_before_timeout
-            key = (replica.launch_key, "time_limit_warning")
-            if warn is not None and now >= limit_at - warn.seconds and key not in self._warned:
-                self._warned.add(key)
-                handle = replica.handle
-                if handle is not None and self.executor_of(replica).signal(handle, signal_number(warn.signal)):
-                    self.journal.event(job.id, now, replica.label, "time_limit_warning",
-                                       message=f"{warn.signal} sent {max(0.0, limit_at - now):.1f}s before the time limit")
-            if now >= limit_at:
-                self._stop_replica(job, replica, "time_limit", now)
-
-    # -- restarts -------------------------------------------------------------------------
-    def _maybe_restart(self, job: JobRec, replica: ReplicaRec, code: int | None, now: float, event=None) -> bool:
-        """After an exit corral did not ask for: restart per the task's policy, keeping the
-        replica's rank, name, address and GPUs (its allocation is held meanwhile). A replica
-        lost with its node is placed again elsewhere when its restart is due (same name, new
-        address)."""
-        policy = job.task(replica.task).service.restart
-        if job.cancel_requested or job.state == JobState.PREEMPTED or not policy.should_restart(code, replica.restarts):
-            return False
-        delay = policy.backoff.delay(replica.restarts)
-        replica.restart_at, replica.ready, replica.handle = now + delay, False, None
-        why = f"exit code {code}" if code is not None else f"lost ({event.reason if event and event.reason else 'exit code unknown'})"
-        self._replica_to(replica, ReplicaState.RESTARTING, "restart_scheduled", now,
-                         f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
-                         f"(policy {policy.policy})", exit_code=code, last_exit_code=code, ended_at=now,
-                         restart_at=replica.restart_at, ready=False, handle=None, kill_at=None)
-        heapq.heappush(self._timers, (replica.restart_at, job.id))
-        return True
-
-    def _start_due_restarts(self, job: JobRec, now: float) -> None:
-        for replica in job.replicas:
-            if replica.state == ReplicaState.RESTARTING and replica.stop_requested_at is None \
-                    and replica.restart_at is not None and replica.restart_at <= now:
-                replica.restarts += 1
-                replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
-                if replica.node not in self.node_infra:  # its node is gone: placed again elsewhere
-                    self._allocs.pop(replica.id, None)
-                    self._sched_needed = True
-                    replica.node, replica.gpus, replica.handle = None, (), None
-                    self._replica_to(replica, ReplicaState.PENDING, "restart", now,
-                                     f"restart {replica.restarts}: its node is down; placing it again",
-                                     restarts=replica.restarts, restart_at=None, exit_code=None, node=None, gpus=[],
-                                     handle=None)
-                    continue
-                replica.attempt += 1  # a new key, committed before the launch
-                replica.handle = None
-                self._replica_to(replica, ReplicaState.STARTING, "restart", now, f"attempt {replica.attempt}",
-                                 restarts=replica.restarts, restart_at=None, exit_code=None, attempt=replica.attempt,
-                                 handle=None)
-                self._launch_check.add(job.id)
 
     # -- elastic scale --------------------------------------------------------------------
     def _reconcile_scale(self, s, job: JobRec, task_name: str, count: int, now: float) -> None:
@@ -305,8 +268,3 @@ class ServicesMixin:
                                                      alloc.memory), now)
                 self._launch_check.add(job.id)
                 return
-
-    def _fail_blocked(self, job: JobRec, now: float) -> None:
-        for replica, why in startorder.blocked_forever(job):
-            self._replica_to(replica, ReplicaState.FAILED, "dependency_failed", now, why, ended_at=now)
-            self._dirty.add(job.id)

@@ -1,0 +1,297 @@
+"""Replica supervision as pure decisions: typed events in, decisions out, no I/O.
+
+The control loop is drain → decide → journal → execute. This module is the "decide" for
+everything that happens to a replica once its job holds resources:
+
+  * an attempt ended (``AttemptEnded``: exit code, or lost with a reason) → restart after
+    the policy's backoff, requeue the whole job (its node is gone and it may not restart),
+    or end the replica SUCCEEDED / FAILED / KILLED;
+  * a probe answered (``ProbeAnswered``) → ready / not ready after the success / failure
+    thresholds, or the stop signal for a liveness failure (the restart policy decides next);
+  * time passed (``review``) → due restarts (same node: a new attempt; node gone: placed
+    again by the scheduler, so every limit holds), waiting replicas whose dependency can
+    never be met, startup timeouts, time-limit warnings and stops, grace periods over.
+
+Job-level rules (primaries, termination delays, job ends) stay in ``lifecycle.evaluate``.
+The ``Supervisor`` keeps the little memory supervision needs between events (probe
+streaks, warnings sent) — like dask's worker state machine it never touches a process, a
+file or the store; the controller carries each decision out and journals it with its
+cause. Every decision that moves a replica names its target state, and ``MOVES`` is the
+table of which states each kind of decision may move a replica from; ``check`` holds each
+decision to it and to ``states.REPLICA_TRANSITIONS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from corral.control import startorder
+from corral.control.records import JobRec, ReplicaRec
+from corral.states import JobState, ReplicaState, TransitionError, check_replica_transition
+
+# -- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttemptEnded:
+    """The executor saw an attempt end: an exit code, or lost (no code) with a reason."""
+    replica_id: int
+    code: int | None
+    lost: bool = False
+    reason: str | None = None
+    node_up: bool = True  # its node is still in the inventory
+
+
+@dataclass(frozen=True)
+class ProbeAnswered:
+    replica_id: int
+    kind: str  # "readiness" | "liveness"
+    ok: bool
+    detail: str = ""
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Restart:
+    """RESTARTING until ``at`` (the backoff); its resources stay held meanwhile."""
+    replica_id: int
+    at: float
+    exit_code: int | None
+    message: str
+
+
+@dataclass(frozen=True)
+class Relaunch:
+    """A due restart on the same node: a new attempt key, committed before it launches."""
+    replica_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Replace:
+    """A due restart whose node is gone: back to PENDING, placed again by the scheduler."""
+    replica_id: int
+    message: str
+
+
+@dataclass(frozen=True)
+class End:
+    replica_id: int
+    state: ReplicaState
+    cause: str
+    message: str
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class RequeueJob:
+    """Lost with its node and may not restart: the replica FAILED, the job PREEMPTED, its
+    other replicas stopped, and the job requeued once they have (Slurm on node failure)."""
+    replica_id: int
+    message: str
+    job_message: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop for good: the stop signal, SIGKILL after the grace period (or KILLED at once if
+    no process runs for it)."""
+    replica_id: int
+    cause: str
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send ``signal``; with ``grace`` set, SIGKILL follows after it (the attempt's exit then
+    goes to the restart policy); without, it is a warning only."""
+    replica_id: int
+    signal: str
+    cause: str
+    message: str
+    grace: float | None
+
+
+@dataclass(frozen=True)
+class Kill:
+    """The grace period ran out: SIGKILL."""
+    replica_id: int
+
+
+@dataclass(frozen=True)
+class SetReady:
+    replica_id: int
+    ready: bool
+    detail: str
+
+
+Decision = Restart | Relaunch | Replace | End | RequeueJob | Stop | Signal | Kill | SetReady
+
+_LIVE = frozenset({ReplicaState.STARTING, ReplicaState.RUNNING})
+# Which states each kind of decision may move a replica from, and to which.
+MOVES: dict[type, tuple[frozenset[ReplicaState], ReplicaState | None]] = {
+    Restart: (_LIVE, ReplicaState.RESTARTING),
+    Relaunch: (frozenset({ReplicaState.RESTARTING}), ReplicaState.STARTING),
+    Replace: (frozenset({ReplicaState.RESTARTING}), ReplicaState.PENDING),
+    RequeueJob: (_LIVE, ReplicaState.FAILED),
+    End: (_LIVE, None),  # to the decision's own (terminal) state
+}
+
+
+def target(decision: Decision) -> ReplicaState | None:
+    if isinstance(decision, End):
+        return decision.state
+    move = MOVES.get(type(decision))
+    return move[1] if move else None
+
+
+def check(decision: Decision, state: ReplicaState) -> None:
+    """Raise ``TransitionError`` if the decision may not move a replica in ``state``."""
+    move = MOVES.get(type(decision))
+    if move is None:
+        return
+    sources, _ = move
+    if state not in sources:
+        raise TransitionError(f"{type(decision).__name__} cannot apply to a {state.value} replica")
+    new = target(decision)
+    if isinstance(decision, End) and (new is None or not new.terminal):
+        raise TransitionError(f"End must name a terminal state, not {new}")
+    check_replica_transition(state, new)  # type: ignore[arg-type]
+
+
+class Supervisor:
+    """Decides; never does. One per control loop, fed on its one thread."""
+
+    def __init__(self) -> None:
+        self._streaks: dict[tuple[str, str], tuple[int, int]] = {}  # (attempt key, kind) -> (oks, fails) in a row
+        self._last_failure: dict[str, str] = {}  # attempt key -> its readiness probe's last failure
+        self._been_ready: set[str] = set()  # attempts whose readiness probe passed once
+        self._warned: set[str] = set()  # attempts sent their time-limit warning
+
+    def forget(self, key: str) -> None:
+        """An attempt ended: drop what was kept about it."""
+        for kind in ("readiness", "liveness"):
+            self._streaks.pop((key, kind), None)
+        self._last_failure.pop(key, None)
+        self._been_ready.discard(key)
+        self._warned.discard(key)
+
+    def watch(self, job: JobRec, replica: ReplicaRec) -> list[float]:
+        """An attempt runs (launched, confirmed or adopted): the times at which ``review``
+        must look at its job again (startup timeout, time-limit warning, time limit)."""
+        task = job.task(replica.task)
+        service, limit = task.service, job.time_limit_of(task)
+        if replica.started_at is None:
+            return []
+        out = []
+        if service.readiness_probe is not None:
+            if replica.ready:
+                self._been_ready.add(replica.launch_key)
+            out.append(replica.started_at + service.startup_timeout)
+        if limit is not None:
+            out.append(replica.started_at + limit)
+            if service.signal_before_timeout is not None:
+                out.append(replica.started_at + limit - service.signal_before_timeout.seconds)
+        return out
+
+    # -- events ----------------------------------------------------------------------------
+    def attempt_ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float) -> list[Decision]:
+        self.forget(replica.launch_key)
+        if replica.state.terminal or replica.state not in _LIVE:
+            return []
+        asked = replica.stop_requested_at is not None
+        policy = job.task(replica.task).service.restart
+        code = None if event.lost else event.code
+        if not asked and not job.cancel_requested and job.state != JobState.PREEMPTED \
+                and policy.should_restart(code, replica.restarts):
+            delay = policy.backoff.delay(replica.restarts)
+            why = f"exit code {code}" if code is not None else f"lost ({event.reason or 'exit code unknown'})"
+            return [Restart(replica.id, now + delay, code,
+                            f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
+                            f"(policy {policy.policy})")]
+        if event.lost and not asked and not event.node_up and not job.cancel_requested \
+                and job.state in (JobState.RUNNING, JobState.STARTING):
+            return [RequeueJob(replica.id, f"lost: {event.reason}",
+                               f"node {replica.node} is down ({replica.label} was lost); the job is requeued")]
+        if asked:
+            state, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
+        elif code == 0:
+            state, cause = ReplicaState.SUCCEEDED, "exited"
+        else:
+            state, cause = ReplicaState.FAILED, "lost" if event.lost else "exited"
+        message = f"exit code {code}" if code is not None else f"lost: {event.reason or 'exit code unknown'}"
+        if event.reason and code is not None:
+            message += f" ({event.reason})"
+        return [End(replica.id, state, cause, message, code)]
+
+    def probe_answered(self, job: JobRec, replica: ReplicaRec, event: ProbeAnswered, now: float) -> list[Decision]:
+        if replica.state != ReplicaState.RUNNING:
+            return []
+        key = replica.launch_key
+        service = job.task(replica.task).service
+        oks, fails = self._streaks.get((key, event.kind), (0, 0))
+        oks, fails = (oks + 1, 0) if event.ok else (0, fails + 1)
+        self._streaks[(key, event.kind)] = (oks, fails)
+        if event.kind == "readiness":
+            probe = service.readiness_probe
+            if probe is None:
+                return []
+            if not event.ok:
+                self._last_failure[key] = event.detail
+            if not replica.ready and oks >= probe.success_threshold:
+                self._been_ready.add(key)
+                return [SetReady(replica.id, True, event.detail)]
+            if replica.ready and fails >= probe.failure_threshold:
+                return [SetReady(replica.id, False, event.detail)]
+            return []
+        probe = service.liveness_probe
+        if probe is None or fails < probe.failure_threshold or replica.kill_at is not None:
+            return []
+        self._streaks.pop((key, event.kind), None)
+        return [Signal(replica.id, service.stop_signal, "liveness_failed",
+                       f"liveness probe failed {fails}x ({event.detail})", service.grace_period)]
+
+    def review(self, job: JobRec, now: float, node_up: Callable[[str | None], bool]) -> list[Decision]:
+        """What time alone decides for a job's replicas at ``now``."""
+        out: list[Decision] = []
+        for replica in job.replicas:
+            if replica.state == ReplicaState.RESTARTING and replica.stop_requested_at is None \
+                    and replica.restart_at is not None and replica.restart_at <= now:
+                number = replica.restarts + 1
+                if node_up(replica.node):
+                    out.append(Relaunch(replica.id, f"attempt {replica.attempt + 1}"))
+                else:
+                    out.append(Replace(replica.id, f"restart {number}: its node is down; placing it again"))
+        for replica, why in startorder.blocked_forever(job):
+            out.append(End(replica.id, ReplicaState.FAILED, "dependency_failed", why))
+        for replica in job.replicas:
+            out.extend(self._timed(job, replica, now))
+        return out
+
+    def _timed(self, job: JobRec, replica: ReplicaRec, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        task = job.task(replica.task)
+        service, limit = task.service, job.time_limit_of(task)
+        running = replica.state == ReplicaState.RUNNING and replica.started_at is not None
+        if replica.kill_at is not None and replica.kill_at <= now and replica.handle is not None:
+            out.append(Kill(replica.id))
+        if not running or replica.stop_requested_at is not None:
+            return out
+        limit_at = replica.started_at + limit if limit is not None else None  # type: ignore[operator]
+        warn = service.signal_before_timeout
+        key = replica.launch_key
+        if limit_at is not None and warn is not None and now >= limit_at - warn.seconds and key not in self._warned:
+            self._warned.add(key)
+            out.append(Signal(replica.id, warn.signal, "time_limit_warning",
+                              f"{warn.signal} sent {max(0.0, limit_at - now):.1f}s before the time limit", None))
+        if limit_at is not None and now >= limit_at:
+            out.append(Stop(replica.id, "time_limit"))
+            return out
+        if service.readiness_probe is not None and not replica.ready and replica.kill_at is None \
+                and key not in self._been_ready and now >= replica.started_at + service.startup_timeout:  # type: ignore[operator]
+            last = self._last_failure.get(key, "no probe answered yet")
+            out.append(Signal(replica.id, service.stop_signal, "startup_timeout",
+                              f"readiness probe failing: {last}; not ready {service.startup_timeout:g}s after start",
+                              service.grace_period))
+        return out
