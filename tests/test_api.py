@@ -222,7 +222,7 @@ run: echo b1
 def test_active_job_names_are_unique_per_user(server) -> None:
     first = submit(server, "name: dup\nrun: sleep 30\n")
     clash = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"})
-    assert clash.status_code == 409 and f"job {first['id']}" in clash.json()["detail"]["message"]
+    assert clash.status_code == 409 and f"job {first['id']}" in clash.json()["detail"]
     other_user = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}, headers={"X-Corral-User": "bob"})
     assert other_user.status_code == 201
     server.post(f"/v1/jobs/{first['id']}/cancel")
@@ -240,3 +240,52 @@ def test_list_filters_and_unknown_job(server) -> None:
     assert server.get("/v1/jobs", params={"all": True, "user": "bob"}).json() == []
     assert server.get("/v1/jobs/quick").json()["id"] == job["id"]
     assert server.get("/v1/jobs/999").status_code == 404
+
+
+def test_hostile_identifiers_and_filters_are_refused_not_500(server) -> None:
+    job = submit(server, "name: quick\nrun: 'true'\n")
+    for path in ("/v1/jobs/%C2%B2", f"/v1/jobs/{2**63}", f"/v1/jobs/{10**40}", "/v1/jobs/" + "x" * 300,
+                 "/v1/jobs/..%2F..%2Fetc"):
+        assert server.get(path).status_code == 404, path
+    for params in ({"name": "a\x00b"}, {"user": "\x00"}, {"state": "RUNNING\x00"}):
+        response = server.get("/v1/jobs", params=params)
+        assert response.status_code == 422, params
+        assert response.json()["detail"][0]["loc"][0] == "query" and "NUL" in response.json()["detail"][0]["msg"]
+    assert server.get("/v1/jobs/a%00b").status_code == 422
+    assert server.get("/v1/jobs", params={"name": "n" * 64, "all": True}).json() == []
+    assert server.get("/v1/jobs", params={"user": "u" * 65, "all": True}).json() == []
+    bogus = server.get("/v1/jobs", params={"state": "AAA"})
+    (issue,) = bogus.json()["detail"]
+    assert bogus.status_code == 422 and issue["loc"] == ["query", "state"] and "AAA" in issue["msg"]
+    assert server.get(f"/v1/jobs/{job['id']}").status_code == 200
+    assert server.get("/v1/health").json()["status"] == "ok"
+
+
+def test_the_body_passes_the_same_rules_as_the_file_and_nothing_is_stored(server) -> None:
+    base = {"yaml": "run: echo hi\n"}
+    cases = [({"name": "my job"}, "name"), ({"name": "../etc"}, "name"), ({"name": "x" * 64}, "name"),
+             ({"name": "n" * 10_000}, "name"), ({"env": {"A=B": "1"}}, "env"), ({"env": {"A": "a\x00b"}}, "env.A"),
+             ({"base_dir": "relative/dir"}, "base_dir"), ({"scheduling": {"partition": "p\x00"}}, "partition"),
+             ({"yaml": "run: \"echo \\0\"\n"}, "run"), ({"yaml": "run: true\n"}, "run"),
+             ({"yaml": "name: a\nname: b\nrun: echo\n"}, "")]
+    for extra, field in cases:
+        response = server.post("/v1/jobs", json={**base, **extra})
+        assert response.status_code == 422, (extra, response.text[:300])
+        errors = response.json()["detail"]["errors"]
+        assert any(e["field"] == field for e in errors), (extra, errors)
+        assert len(response.text) < 2000  # a 10 KB name is not echoed back
+    huge = server.post("/v1/jobs", content=b'{"yaml": "' + b"x" * (9 << 20) + b'"}',
+                       headers={"content-type": "application/json"})
+    assert huge.status_code == 413
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+    # and the loop keeps scheduling: a good job still runs to the end
+    job = submit(server, "name: fine\nrun: 'true'\n")
+    assert wait_state(server, job["id"], "SUCCEEDED")["exit_code"] == 0
+    assert server.get("/v1/health").json()["status"] == "ok"
+
+
+def test_logs_are_whole_past_a_megabyte(server) -> None:
+    job = submit(server, "name: chatty\nrun: python3 -c \"print(('x' * 1023 + chr(10)) * 3072, end='')\"\n")
+    wait_state(server, job["id"], "SUCCEEDED")
+    text = server.get(f"/v1/jobs/{job['id']}/logs").content
+    assert len(text) == 3 << 20 and text.count(b"\n") == 3072

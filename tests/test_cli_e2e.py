@@ -83,6 +83,19 @@ def test_invalid_file_reports_file_line_and_field(corral, tmp_path: Path) -> Non
     assert json.loads(corral("queue", "--all", "--json", check=True).stdout) == []
     missing = corral("launch", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "nope.yaml" in missing.stderr
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: t\nrun: echo café\n".encode("latin-1"))
+    proc = corral("launch", str(latin1))
+    assert proc.returncode == 2 and "not UTF-8 text" in proc.stderr and "line 2" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    boolean = corral("launch", str(write(tmp_path, "bool.yaml", "run: true\n")))
+    assert boolean.returncode == 2 and "quote it" in boolean.stderr and "'true'" in boolean.stderr
+    for bad_name, words in (("my job", "not a valid job name"), ("x" * 10_000, "not a valid job name")):
+        proc = corral("launch", "--name", bad_name, str(write(tmp_path, "ok.yaml", "run: echo\n")))
+        assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr) < 2000, proc.stderr[:300]
+    proc = corral("launch", "--env", "A B=1", str(write(tmp_path, "ok.yaml", "run: echo\n")))
+    assert proc.returncode == 2 and "'A B' is not a valid environment variable name" in proc.stderr
+    assert json.loads(corral("queue", "--all", "--json", check=True).stdout) == []
 
 
 def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:

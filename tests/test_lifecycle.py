@@ -53,6 +53,14 @@ def test_failed_primary_stops_everything_at_once_and_fails_the_job() -> None:
     assert d.end.state == JobState.FAILED and d.end.exit_code == 3 and "trainer-1" in d.end.message
 
 
+def test_a_replica_lost_without_an_exit_code_is_said_so_not_exit_code_none() -> None:
+    g = group().replica("trainer-1", S.FAILED, None)
+    for label in ("trainer-0", "rollout-0", "rollout-1", "reward-0"):
+        g.replica(label, S.KILLED, 143, stopping=True)
+    d = evaluate(g.build(), now=11)
+    assert d.end.state == JobState.FAILED and "None" not in d.end.message and "no exit code" in d.end.message
+
+
 def test_failed_auxiliary_does_not_stop_primaries_but_fails_the_job() -> None:
     g = group().replica("reward-0", S.FAILED, 1)
     d = evaluate(g.build(), now=10)

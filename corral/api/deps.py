@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
+from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.control.controller import Controller
@@ -49,7 +50,11 @@ async def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callab
 
 async def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
     # The embedded server listens on loopback only, where the caller is this machine's user.
-    return (x_corral_user or getpass.getuser())[:64]
+    user = (x_corral_user or getpass.getuser())[:64]
+    if not user.isprintable():
+        raise RequestValidationError([{"loc": ["header", "x-corral-user"], "type": "value_error",
+                                       "msg": "a user name holds only printable characters"}])
+    return user
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]

@@ -90,9 +90,13 @@ def launch(file: Path, detach: bool, name: str | None, envs: tuple[str, ...], pa
             raise click.BadParameter(f"{item!r} is not K=V", param_hint="--env")
         env[key] = value
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise click.BadParameter(f"cannot read {file}: {exc.strerror}", param_hint="FILE") from None
+    except UnicodeDecodeError as exc:
+        line = file.read_bytes()[:exc.start].count(b"\n") + 1
+        raise click.BadParameter(f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
+                                 "job files are read as UTF-8", param_hint="FILE") from None
     client = _client()
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=name, env=env,

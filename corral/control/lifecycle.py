@@ -101,7 +101,7 @@ def evaluate(job: JobView, now: float) -> Decisions:
         if not live:
             out.end = EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
                              f"primary replica {failed_primary.task}-{failed_primary.rank} failed "
-                             f"(exit code {failed_primary.exit_code})")
+                             f"({_how(failed_primary.exit_code)})")
         return out
 
     primaries = [r for r in job.replicas if r.task in primary_tasks]
@@ -125,10 +125,15 @@ def evaluate(job: JobView, now: float) -> Decisions:
             if failed_aux is not None:
                 out.end = EndJob(JobState.FAILED, failed_aux.exit_code, "auxiliary_failed",
                                  f"auxiliary replica {failed_aux.task}-{failed_aux.rank} failed "
-                                 f"(exit code {failed_aux.exit_code})")
+                                 f"({_how(failed_aux.exit_code)})")
             else:
                 out.end = EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded")
     return out
+
+
+def _how(exit_code: int | None) -> str:
+    # A replica lost with its node, or killed before it reported, has no exit code to show.
+    return f"exit code {exit_code}" if exit_code is not None else "no exit code: it was lost or killed"
 
 
 def _stop(out: Decisions, replicas: list[ReplicaView], cause: str) -> None:

@@ -4,7 +4,8 @@ its replica (``trainer-0 | ``) when several replicas are shown together."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 16
@@ -25,6 +26,9 @@ class LogTail:
         for label, path in self.files.items():
             try:
                 with open(path, "rb") as fh:
+                    if os.fstat(fh.fileno()).st_size < self.offsets[label]:
+                        self.offsets[label] = 0  # rotated (copied, then truncated): read on from its start
+                        self.partial[label] = b""
                     fh.seek(self.offsets[label])
                     data = fh.read(CHUNK * 16)
             except FileNotFoundError:
@@ -39,6 +43,20 @@ class LogTail:
             head = f"{label.ljust(self.width)} | ".encode() if self.prefix else b""
             out.extend(head + line + b"\n" for line in lines)
         return out
+
+
+    def drain(self) -> Iterator[bytes]:
+        """Everything there is now, however large, a chunk at a time."""
+        while True:
+            before = dict(self.offsets)
+            lines = self.read()
+            if lines:
+                yield b"".join(lines)
+            elif self.offsets == before:  # nothing new: what is left is an unfinished last line
+                break
+        rest = self.read(final=True)
+        if rest:
+            yield b"".join(rest)
 
 
 async def follow(tail: LogTail, ended: Callable[[], Awaitable[bool]], interval: float = 0.1) -> AsyncIterator[bytes]:

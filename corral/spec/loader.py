@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from corral.spec.models import NAME_RE, GroupHeader, JobSpec, Resources, TaskSpec
+from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
 
@@ -33,11 +33,17 @@ class SpecIssue:
         return {"document": self.document, "field": self.field, "line": self.line, "message": self.message}
 
 
+MAX_ISSUES = 50  # a 5,000-document file with one mistake each needs the first few, not a 500 KB answer
+
+
 class SpecError(ValueError):
     def __init__(self, issues: list[SpecIssue], source: str = "<spec>"):
+        issues = sorted(issues, key=lambda i: (i.line or 0))
+        if len(issues) > MAX_ISSUES:
+            more = len(issues) - MAX_ISSUES + 1
+            issues = issues[:MAX_ISSUES - 1] + [SpecIssue("file", "", None, f"... and {more} more problems")]
         self.issues = issues
         self.source = source
-        self.issues.sort(key=lambda i: (i.line or 0))
         super().__init__("\n".join(f"{source}:{i.line}: {i.document}: {i.field + ': ' if i.field else ''}{i.message}"
                                    if i.line else f"{source}: {i}" for i in self.issues))
 
@@ -66,6 +72,10 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         if not isinstance(doc.data, dict):
             issues.append(SpecIssue(_doc_label(doc, len(docs)), "", doc.line,
                                     "expected a mapping of fields (key: value)"))
+        else:
+            issues += [SpecIssue(_doc_label(doc, len(docs)), _dotted(path), doc.line_of(path), NUL_MESSAGE)
+                       for path in nul_paths(doc.data)]
+    issues += _option_issues(name, env, base_dir, scheduling)
     if issues:
         raise SpecError(issues, source)
 
@@ -124,6 +134,45 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     if base_dir is not None:
         spec = _resolve_workdirs(spec, Path(base_dir), docs, source)
     return LoadedJob(spec, warnings)
+
+
+NUL_MESSAGE = "holds a NUL byte (\\0), which no command, argument or environment variable can carry"
+
+
+def nul_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """The paths of every key or string under ``value`` that holds a NUL byte."""
+    if isinstance(value, str):
+        return [path] if "\x00" in value else []
+    found: list[tuple] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and "\x00" in key:
+                found.append(path + (key,))
+            found += nul_paths(item, path + (key,))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += nul_paths(item, path + (i,))
+    return found
+
+
+def _option_issues(name: str | None, env: dict[str, str] | None, base_dir: str | None,
+                   scheduling: dict[str, Any] | None) -> list[SpecIssue]:
+    """Values given beside the file (``--name``, ``--env``, the API body) pass the same
+    rules as the file's own: what the control loop would later refuse is refused here."""
+    issues = []
+    if name is not None and not NAME_RE.fullmatch(name):
+        issues.append(SpecIssue("options", "name", None, f"{shown(name)} is not a valid job name: {NAME_RULE}"))
+    for key, value in (env or {}).items():
+        if not ENV_NAME_RE.fullmatch(key):
+            issues.append(SpecIssue("options", "env", None, f"{shown(key)} is not a valid environment variable "
+                                    "name (letters, digits and '_', not starting with a digit)"))
+        elif not isinstance(value, str) or "\x00" in value:
+            issues.append(SpecIssue("options", f"env.{key}", None, NUL_MESSAGE))
+    if base_dir is not None and ("\x00" in base_dir or not Path(base_dir).is_absolute()):
+        issues.append(SpecIssue("options", "base_dir", None, f"{shown(base_dir)} must be an absolute path "
+                                "(the directory relative workdirs are resolved against)"))
+    issues += [SpecIssue("options", _dotted(path), None, NUL_MESSAGE) for path in nul_paths(scheduling or {})]
+    return issues
 
 
 def _time_limit_override(overrides: dict[str, Any], issues: list[SpecIssue]) -> float | None:
@@ -324,7 +373,10 @@ def _suggest(word: str, choices: set[str]) -> str:
 def _dotted(loc: tuple) -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if not isinstance(part, int):  # a key as the user wrote it: printable and short
+            part = str(part).replace("\x00", "\\0")
+            part = part if len(part) <= 60 else part[:57] + "..."
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out
 
 

@@ -6,17 +6,22 @@ fields that only make sense on a cloud are accepted and reported as ignored warn
 from __future__ import annotations
 
 import re
+from datetime import date
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
                       model_validator)
 
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
+from corral.spec.source import shown
 from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, Scheduling, SignalName, TopologyRequest,
                                  WarnBeforeTimeout, check_ports, resolve_port)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+NAME_RULE = "letters, digits, '-' and '_', starting with a letter or digit, at most 63 characters"
 
 # Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
 IGNORED_RESOURCE_FIELDS = frozenset({
@@ -163,8 +168,7 @@ class TaskSpec(BaseModel):
     @classmethod
     def _name(cls, value: str | None) -> str | None:
         if value is not None and not NAME_RE.fullmatch(value):
-            raise ValueError("a name uses letters, digits, '-' and '_', starts with a letter or digit, "
-                             "and is at most 63 characters")
+            raise ValueError(f"a name uses {NAME_RULE}")
         return value
 
     @field_validator("envs", "secrets")
@@ -172,12 +176,17 @@ class TaskSpec(BaseModel):
     def _env_names(cls, value: dict[str, str | None]) -> dict[str, str | None]:
         for key in value:
             if not ENV_NAME_RE.fullmatch(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+                raise ValueError(f"{shown(key)} is not a valid environment variable name")
         return value
 
     @field_validator("setup", "run", mode="before")
     @classmethod
     def _script(cls, value: Any) -> Any:
+        if isinstance(value, (bool, int, float, date)):  # run: true, run: 0 … YAML read a command as a value
+            written = str(value).lower() if isinstance(value, bool) else str(value)
+            kind = "boolean" if isinstance(value, bool) else "date" if isinstance(value, date) else "number"
+            raise ValueError(f"YAML reads {written} here as a {kind}, not a command; "
+                             f"quote it to run it: '{written}'")
         if isinstance(value, list):  # a list of commands, one per line
             if not all(isinstance(v, str) for v in value):
                 raise ValueError("a list of commands must hold only strings")

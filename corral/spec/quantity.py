@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import re
 
+from corral.spec.source import shown
+
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|min|s|m|h|d)")
 
@@ -17,15 +19,15 @@ def parse_duration(value: object) -> float:
     """Seconds from ``30``, ``"30s"``, ``"5m"``, ``"1h30m"``, ``"2d"`` or Slurm's
     ``"HH:MM:SS"`` / ``"D-HH:MM:SS"``."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration like '30s' or '5m', got {value!r}")
+        raise ValueError(f"expected a duration like '30s' or '5m', got {shown(value)}")
     if isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
         seconds = _parse_duration_text(value.strip())
     else:
-        raise ValueError(f"expected a duration like '30s' or '5m', got {value!r}")
+        raise ValueError(f"expected a duration like '30s' or '5m', got {shown(value)}")
     if seconds < 0 or math.isnan(seconds) or math.isinf(seconds):
-        raise ValueError(f"a duration must be a finite number of seconds >= 0, got {value!r}")
+        raise ValueError(f"a duration must be a finite number of seconds >= 0, got {shown(value)}")
     return seconds
 
 
@@ -56,15 +58,15 @@ def _parse_duration_text(text: str) -> float:
 def parse_cpus(value: object) -> float:
     """CPUs from ``4``, ``0.5``, ``"4"`` or ``"4+"`` (at least 4: corral reserves the minimum)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a CPU count like 4, 0.5 or '4+', got {value!r}")
+        raise ValueError(f"expected a CPU count like 4, 0.5 or '4+', got {shown(value)}")
     if isinstance(value, (int, float)):
         cpus = float(value)
     elif isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\+?\s*", value):
         cpus = float(value.strip().rstrip("+"))
     else:
-        raise ValueError(f"expected a CPU count like 4, 0.5 or '4+', got {value!r}")
+        raise ValueError(f"expected a CPU count like 4, 0.5 or '4+', got {shown(value)}")
     if not cpus > 0 or math.isinf(cpus):
-        raise ValueError(f"a CPU count must be > 0, got {value!r}")
+        raise ValueError(f"a CPU count must be > 0, got {shown(value)}")
     return cpus
 
 
@@ -76,18 +78,18 @@ def parse_memory(value: object) -> float:
     """Memory in GB from ``32``, ``"32+"``, ``"32GB"``, ``"512MB"`` or ``"1TB"`` (a bare number
     means GB, as in SkyPilot; binary and decimal suffixes are treated alike)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a memory size like 32, '32GB' or '32+', got {value!r}")
+        raise ValueError(f"expected a memory size like 32, '32GB' or '32+', got {shown(value)}")
     if isinstance(value, (int, float)):
         gb = float(value)
     elif isinstance(value, str):
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*\+?\s*", value)
         if not m or m.group(2).lower() not in _MEMORY_UNITS:
-            raise ValueError(f"cannot read {value!r} as memory; use e.g. 32, '32GB', '512MB' or '32+'")
+            raise ValueError(f"cannot read {shown(value)} as memory; use e.g. 32, '32GB', '512MB' or '32+'")
         gb = float(m.group(1)) * _MEMORY_UNITS[m.group(2).lower()]
     else:
-        raise ValueError(f"expected a memory size like 32, '32GB' or '32+', got {value!r}")
+        raise ValueError(f"expected a memory size like 32, '32GB' or '32+', got {shown(value)}")
     if gb < 0 or math.isinf(gb):
-        raise ValueError(f"memory must be >= 0, got {value!r}")
+        raise ValueError(f"memory must be >= 0, got {shown(value)}")
     return gb
 
 
@@ -101,7 +103,7 @@ def parse_accelerators(value: object) -> tuple[str | None, int]:
     if value is None:
         return None, 0
     if isinstance(value, bool):
-        raise ValueError(f"expected accelerators like 'H100:8', got {value!r}")
+        raise ValueError(f"expected accelerators like 'H100:8', got {shown(value)}")
     if isinstance(value, int):
         return None, _gpu_count(value, value)
     if isinstance(value, dict):
@@ -121,22 +123,22 @@ def parse_accelerators(value: object) -> tuple[str | None, int]:
         try:
             number = float(count)
         except ValueError:
-            raise ValueError(f"cannot read the count in {value!r}; use e.g. 'H100:8'") from None
+            raise ValueError(f"cannot read the count in {shown(value)}; use e.g. 'H100:8'") from None
         return _gpu_type(name), _gpu_count(number, value)
-    raise ValueError(f"expected accelerators like 'H100:8', got {value!r}")
+    raise ValueError(f"expected accelerators like 'H100:8', got {shown(value)}")
 
 
 def _gpu_type(name: str) -> str:
     if not _GPU_TYPE.fullmatch(name):
-        raise ValueError(f"{name!r} is not a valid accelerator type")
+        raise ValueError(f"{shown(name)} is not a valid accelerator type")
     return name
 
 
 def _gpu_count(count: object, original: object) -> int:
-    if isinstance(count, bool) or not isinstance(count, (int, float)):
-        raise ValueError(f"the GPU count in {original!r} must be a number")
+    if isinstance(count, bool) or not isinstance(count, (int, float)) or not math.isfinite(count):
+        raise ValueError(f"the GPU count in {shown(original)} must be a finite number")
     if count != int(count):
-        raise ValueError(f"fractional GPUs ({original!r}) are not supported; ask for whole GPUs")
+        raise ValueError(f"fractional GPUs ({shown(original)}) are not supported; ask for whole GPUs")
     if count < 0:
-        raise ValueError(f"the GPU count in {original!r} must be >= 0")
+        raise ValueError(f"the GPU count in {shown(original)} must be >= 0")
     return int(count)

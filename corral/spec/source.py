@@ -18,6 +18,12 @@ Path = tuple[object, ...]
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``repr`` of a user's value, cut short: an error must not echo ten kilobytes back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + "...'"
+
+
 class SourceError(ValueError):
     """The text is not YAML corral will read; carries the line when known."""
 

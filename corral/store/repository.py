@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session, selectinload
 
-from corral.spec.models import JobSpec
+from corral.spec.models import NAME_RE, JobSpec
 from corral.states import TERMINAL_JOB_STATES, JobState, ReplicaState
 from corral.store.tables import Event, Job, Replica, Task
 
@@ -81,14 +81,18 @@ def load_job(session: Session, job_id: int) -> Job | None:
 
 def find_job(session: Session, ident: str) -> Job | None:
     """A job by id, or the newest job with that name."""
-    if ident.isdigit():
-        return load_job(session, int(ident))
+    if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
+        return load_job(session, int(ident)) if int(ident) < 2**63 else None
+    if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
+        return None
     job_id = session.scalars(select(Job.id).where(Job.name == ident).order_by(Job.id.desc()).limit(1)).first()
     return load_job(session, job_id) if job_id is not None else None
 
 
 def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable[str] = (),
               user: str | None = None, name: str | None = None, limit: int = 1000) -> list[Job]:
+    if (name and not NAME_RE.fullmatch(name)) or (user and len(user) > 64):
+        return []  # longer than the column: no job can match, and the database need not be asked
     query = select(Job).options(selectinload(Job.tasks), selectinload(Job.replicas)).order_by(Job.id)
     states = list(states)
     if states:

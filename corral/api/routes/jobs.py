@@ -5,34 +5,37 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
+from corral.api.errors import documented, invalid_parameter, printable_parameters
 from corral.api.schemas import CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
 from corral.admission import Refusal, admit
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
+from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
 from corral.store.tables import Job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(printable_parameters)])
 
 
 def _job_or_404(session, ident: str) -> Job:
     job = repository.find_job(session, ident)
     if job is None:
-        raise HTTPException(404, f"no job {ident!r}")
+        raise HTTPException(404, f"no job {shown(ident)}")
     return job
 
 
-@router.post("", status_code=201, response_model=SubmitResponse,
-             responses={422: {"description": "The spec is invalid or can never run on this pool"}})
+@router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 409, 413, 422))
 def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
-    source = body.source or "<spec>"
+    """Submit a task or job-group YAML. 422 lists every problem of the file with its field and
+    line (or says why it can never run on this site); 409 names the active job of the same name."""
+    source = shown(body.source, 200)[1:-1] if body.source else "<spec>"
     default_name = Path(source).stem if body.source else None
     try:
         loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
@@ -51,11 +54,10 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
     with state.controller.write_lock:  # the name check and the insert are one step
         clash = None if singleton else repository.active_job_named(session, spec.name, user)
         if clash is not None:
-            return JSONResponse(status_code=409, content={"detail": {
-                "message": f"you already have an active job named {spec.name!r} (job {clash}); replica names "
-                           f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
-                           f"(--name), cancel job {clash}, or queue it behind with dependency: singleton",
-                "errors": []}})
+            return JSONResponse(status_code=409, content={"detail": (
+                f"you already have an active job named {spec.name!r} (job {clash}); replica names "
+                f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
+                f"(--name), cancel job {clash}, or queue it behind with dependency: singleton")})
         job = repository.create_job(session, spec, user, clock(), partition=admitted.partition,
                                     account=admitted.account, qos=admitted.qos, time_limit=admitted.time_limit)
         session.commit()
@@ -70,17 +72,18 @@ def list_jobs(session: SessionDep, all: bool = False, state: Annotated[list[str]
     states = [s.upper() for s in state or []]
     unknown = [s for s in states if s not in JobState.__members__]
     if unknown:
-        raise HTTPException(422, f"unknown state(s) {unknown}; valid: {', '.join(JobState.__members__)}")
+        raise invalid_parameter("query", "state", f"unknown state(s) {shown(unknown)}; valid: "
+                                f"{', '.join(JobState.__members__)}", "enum")
     jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit)
     return [JobOut.of(j) for j in jobs]
 
 
-@router.get("/{job}", response_model=JobOut)
+@router.get("/{job}", response_model=JobOut, responses=documented(404))
 def get_job(job: str, session: SessionDep):
     return JobOut.of(_job_or_404(session, job))
 
 
-@router.post("/{job}/cancel", response_model=CancelResponse)
+@router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(404))
 def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     found = _job_or_404(session, job)
     with state.controller.write_lock:
@@ -91,7 +94,7 @@ def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock:
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
 
 
-@router.post("/{job}/scale", response_model=JobOut)
+@router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 404, 409, 413))
 def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     """Set a task's replica count within its elastic bounds; the control loop places new
     replicas or stops the highest ranks with the task's stop signal and grace period."""
@@ -106,7 +109,7 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, us
     if not low <= body.replicas <= high:
         detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
                   f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
-        raise HTTPException(422, detail)
+        raise invalid_parameter("body", "replicas", detail)
     with state.controller.write_lock:
         repository.set_desired_replicas(session, found.id, body.task, body.replicas)
         repository.add_event(session, found.id, clock(), body.task, "scale_requested",
@@ -117,7 +120,7 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, us
     return JobOut.of(repository.load_job(session, found.id))
 
 
-@router.get("/{job}/endpoints")
+@router.get("/{job}/endpoints", responses=documented(404))
 def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
     """Every replica of every task with rank, name, address, ports, state and readiness:
     the same document as the job's CORRAL_PEERS_FILE."""
@@ -130,14 +133,15 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
     return peers_document(found.id, found.name, tasks, clock())
 
 
-@router.get("/{job}/events", response_model=list[EventOut])
+@router.get("/{job}/events", response_model=list[EventOut], responses=documented(404))
 def events(job: str, session: SessionDep):
     found = _job_or_404(session, job)
     return [EventOut.of(e) for e in repository.job_events(session, found.id)]
 
 
 @router.get("/{job}/logs", response_class=StreamingResponse,
-            responses={200: {"content": {"text/plain": {}}, "description": "Log lines"}})
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
+                       **documented(404)})
 async def logs(job: str, state: StateDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
                prefix: bool | None = None):
     def lookup():
@@ -163,5 +167,5 @@ async def logs(job: str, state: StateDep, replica: str | None = None, follow_log
         return await run_in_threadpool(check)
 
     if not follow_logs:
-        return StreamingResponse(iter([b"".join(tail.read(final=True))]), media_type="text/plain")
+        return StreamingResponse(tail.drain(), media_type="text/plain")
     return StreamingResponse(follow(tail, ended), media_type="text/plain")
