@@ -74,8 +74,7 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
                                               t.resources.memory, t.resources.gpu_type) for t in spec.tasks),
                          user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
-    nodes = [n for n in site.nodes if partition.holds(n.name)]
-    reason = why_infeasible(node_views(nodes), request)
+    reason = _infeasible(site, partition, request)
     if reason is not None:
         where = f" in partition {partition.name!r}" if policy.partitions else ""
         return Refusal("resources", f"can never run{where}: {reason}")
@@ -83,3 +82,25 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
         return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                               f"{account!r} ever allows")
     return Admitted(partition.name, account, qos, limit)
+
+
+# Whether a request shape can ever fit a partition's pool, by (pool, partition, shape): a flood
+# of submissions asks the same few shapes, and placing each on an idle copy of a large pool
+# costs more than everything else admission does. The key holds the node objects themselves,
+# by identity, so a pool that changed (a Ray node joined) is a different key.
+_FEASIBLE: dict[tuple, tuple] = {}  # key -> the pool (kept alive, so its ids stay its own)
+
+
+def _infeasible(site: Site, partition, request: PendingJob) -> str | None:  # noqa: ANN001 - a Partition
+    pool = tuple(site.nodes)
+    key = (tuple(map(id, pool)), partition.name,
+           tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type) for t in request.tasks))
+    if key in _FEASIBLE:
+        return None
+    reason = why_infeasible(node_views([n for n in pool if partition.holds(n.name)]), request)
+    if reason is None:
+        if len(_FEASIBLE) >= 256:
+            _FEASIBLE.clear()
+        _FEASIBLE[key] = pool
+    return reason
+

@@ -65,10 +65,10 @@ def main() -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, int(os.environ.get("CORRAL_PORT", "0"))))
     port = sock.getsockname()[1]
-    # API threads and the control loop share one GIL. With the default 5 ms switch interval
-    # every thread hop of an HTTP request can stall behind a control cycle; 0.2 ms measured
-    # best (bench/launch.py: ~57 -> ~100 jobs/s end to end on 2 cores).
-    sys.setswitchinterval(0.0002)
+    # API threads, the intake and the control loop share one GIL. Submissions are handled on
+    # the event loop (no thread hop), so Python's default 5 ms switch interval serves best:
+    # bench/submit.py 507 vs 372 accepted/s at 0.2 ms, bench/launch.py unchanged (~100 jobs/s).
+    sys.setswitchinterval(0.005)
     state = build_state(settings)
     app = create_app(state)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)

@@ -13,6 +13,7 @@ from fastapi import Depends, Header, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from corral.api.intake import Intake
 from corral.control.controller import Controller
 from corral.pool import NodeSpec
 from corral.settings import Settings
@@ -26,6 +27,10 @@ class ServerState:
     site: Site
     controller: Controller
     clock: Callable[[], float] = field(default=time.time)
+    intake: Intake = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.intake = Intake(self.sessions, self.clock, self.controller.submitted)
 
     @property
     def nodes(self) -> list[NodeSpec]:

@@ -59,6 +59,8 @@ from corral.store.tables import Job
 
 log = logging.getLogger("corral.control")
 
+ARRIVAL_SPACING = 4.0  # a pass for new jobs alone waits 4x the last pass's cost: scheduling <= ~20% of the loop
+
 _JOBS = Job.__table__
 _CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
                               _JOBS.c.cancel_requested_at.is_(None))
@@ -110,6 +112,13 @@ class Controller(SchedulingMixin, ServicesMixin):
         # topology waits drift slowly): on events, coalesced, not every cycle.
         self._sched_needed = True
         self._sched_refresh_at = 0.0
+        # New jobs alone do not call for a pass over the whole queue at once: while a flood of
+        # submissions arrives, passes are spaced by a multiple of what the last one cost, so
+        # scheduling a long queue takes at most about a fifth of the loop's time (with a
+        # short queue a pass costs microseconds and nothing waits).
+        self._arrivals = False
+        self._sched_cost = 0.0
+        self._sched_done_at = 0.0
         self._dirty: set[int] = set()
         self._cancels_seen: set[int] = set()
         self._timers: list[tuple[float, int]] = []
@@ -168,6 +177,8 @@ class Controller(SchedulingMixin, ServicesMixin):
             timeout = self.settings.poll_interval_s
             if self._timers:
                 timeout = max(0.0, min(timeout, self._timers[0][0] - self.clock()))
+            if self._arrivals:  # new jobs wait for a spaced pass (see _arrivals)
+                timeout = max(0.0, min(timeout, self._next_arrival_pass() - time.monotonic()))
             self._wake.wait(timeout)
             self._wake.clear()
             if self._stopping.is_set():
@@ -289,7 +300,7 @@ class Controller(SchedulingMixin, ServicesMixin):
                 if not replica.state.terminal:
                     self._replica_to(replica, ReplicaState.KILLED, "invalid", now, ended_at=now)
             return
-        self._sched_needed = True
+        self._arrivals = True
         in_order = not self.pending or job.id > next(reversed(self.pending))
         self.pending[job.id] = job
         if not in_order:
@@ -489,10 +500,12 @@ class Controller(SchedulingMixin, ServicesMixin):
         if not self.pending and not growth:
             self.priorities = {}
             return
-        if not self._sched_needed and time.monotonic() < self._sched_refresh_at:
+        clock = time.monotonic()
+        if not self._sched_needed and clock < self._sched_refresh_at and not (
+                self._arrivals and clock >= self._next_arrival_pass()):
             return
-        self._sched_needed = False
-        self._sched_refresh_at = time.monotonic() + self.settings.rescan_interval_s
+        self._sched_needed = self._arrivals = False
+        self._sched_refresh_at = clock + self.settings.rescan_interval_s
         # Priorities are recomputed for every pending job every few seconds (age and usage
         # drift slowly; Slurm's PriorityCalcPeriod is 5 min); in between only new jobs are scored.
         if time.monotonic() >= self._priorities_at:
@@ -504,6 +517,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.hungry = plan.hungry
         # the one applier (the simulator's too) re-checks every start, a gang all or none
         accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
+        self._sched_done_at = time.monotonic()
+        self._sched_cost = self._sched_done_at - clock
         for start in stale:
             log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
         starts = []
@@ -540,6 +555,9 @@ class Controller(SchedulingMixin, ServicesMixin):
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value
                 self.journal.job(job_id, reason=reason.value)
+
+    def _next_arrival_pass(self) -> float:
+        return self._sched_done_at + ARRIVAL_SPACING * self._sched_cost
 
     def _claim(self, s: Session, job_ids: list[int]) -> set[int]:
         """Compare-and-swap PENDING → STARTING for a whole plan in one statement; a job

@@ -4,6 +4,7 @@ and records requests (cancel); the control loop alone moves states."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from sqlalchemy import bindparam, insert, select, update
@@ -17,7 +18,6 @@ TERMINAL = [s.value for s in TERMINAL_JOB_STATES]
 
 # Statements built once: values travel as parameters, so SQLAlchemy compiles each only once.
 _JOBS, _TASKS, _REPLICAS, _EVENTS = Job.__table__, Task.__table__, Replica.__table__, Event.__table__
-_INSERT_JOB = insert(_JOBS).returning(_JOBS.c.id)
 _INSERT_TASKS = insert(_TASKS).returning(_TASKS.c.id, sort_by_parameter_order=True)
 _INSERT_REPLICAS = insert(_REPLICAS).returning(_REPLICAS.c.id, sort_by_parameter_order=True)
 _INSERT_EVENT = insert(_EVENTS)
@@ -31,39 +31,73 @@ def add_event(session: Session, job_id: int, ts: float, subject: str, cause: str
 
 def create_job(session: Session, spec: JobSpec, user: str, now: float, *, partition: str = "", account: str = "",
                qos: str = "", time_limit: float | None = None) -> SimpleNamespace:
-    """Insert a job with its tasks, replicas and first event in four Core statements (the
-    submit hot path). Returns the rows as plain objects with ids filled in, shaped like the
-    ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care.
-    ``partition``, ``account``, ``qos`` and ``time_limit`` are as the site resolved them."""
+    """Insert one job with its tasks, replicas and first event (see ``create_jobs``)."""
+    return create_jobs(session, [NewJob(spec, user, partition, account, qos, time_limit)], now)[0]
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated, admitted submission; ``partition``, ``account``, ``qos`` and
+    ``time_limit`` are as the site resolved them."""
+
+    spec: JobSpec
+    user: str
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time_limit: float | None = None
+
+
+_INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
+
+
+def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleNamespace]:
+    """Insert jobs with their tasks, replicas and first events in four Core statements for the
+    whole batch (the submit hot path). Returns the rows as plain objects with ids filled in,
+    shaped like the ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care."""
     conn = session.connection()
-    sched = spec.scheduling
-    job = SimpleNamespace(name=spec.name, user=user, state=JobState.PENDING.value, reason="None", message=None,
-                          exit_code=None, spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now,
-                          started_at=None, ended_at=None, cancel_requested_at=None, version=0,
-                          partition=partition, account=account or user, qos=qos, nice=sched.nice,
-                          priority=sched.priority, time_limit=time_limit if time_limit is not None else spec.time_limit,
-                          dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
-                          kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0)
-    job.id = conn.execute(_INSERT_JOB, vars(job)).scalar_one()
-    job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
-                                 primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,
-                                 gpus=task.resources.gpus, gpu_type=task.resources.gpu_type, cpus=task.resources.cpus,
-                                 memory=task.resources.memory, grace_period=task.grace_period,
-                                 termination_delay=spec.termination_delay.get(task.name, 0.0),
-                                 termination_deadline=None, master_port=None)
-                 for position, task in enumerate(spec.tasks)]
-    job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
-                                    state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0, pid=None,
-                                    infra=None, handle=None, attempt=0, ports=None, exit_code=None, restarts=0, started_at=None,
-                                    ended_at=None, stop_requested_at=None, stop_cause=None, kill_at=None, log_path=None,
-                                    addr=None, ready=False, restart_at=None, last_exit_code=None)
-                    for t in job.tasks for rank in range(t.num_nodes)]
-    for stmt, rows in ((_INSERT_TASKS, job.tasks), (_INSERT_REPLICAS, job.replicas)):
+    jobs = []
+    for item in new:
+        spec, sched = item.spec, item.spec.scheduling
+        jobs.append(SimpleNamespace(
+            name=spec.name, user=item.user, state=JobState.PENDING.value, reason="None", message=None, exit_code=None,
+            spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
+            cancel_requested_at=None, version=0, partition=item.partition, account=item.account or item.user,
+            qos=item.qos, nice=sched.nice, priority=sched.priority,
+            time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
+            dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
+            kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0))
+    for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
+        job.id = new_id
+    tasks, replicas = [], []
+    for job, item in zip(jobs, new):
+        spec = item.spec
+        job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
+                                     primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,
+                                     gpus=task.resources.gpus, gpu_type=task.resources.gpu_type,
+                                     cpus=task.resources.cpus, memory=task.resources.memory,
+                                     grace_period=task.grace_period,
+                                     termination_delay=spec.termination_delay.get(task.name, 0.0),
+                                     termination_deadline=None, master_port=None)
+                     for position, task in enumerate(spec.tasks)]
+        job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
+                                        state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
+                                        pid=None, infra=None, handle=None, attempt=0, ports=None, exit_code=None,
+                                        restarts=0, started_at=None, ended_at=None, stop_requested_at=None,
+                                        stop_cause=None, kill_at=None, log_path=None, addr=None, ready=False,
+                                        restart_at=None, last_exit_code=None)
+                        for t in job.tasks for rank in range(t.num_nodes)]
+        tasks += job.tasks
+        replicas += job.replicas
+    for stmt, rows in ((_INSERT_TASKS, tasks), (_INSERT_REPLICAS, replicas)):
         for row, new_id in zip(rows, conn.execute(stmt, [vars(r) for r in rows]).scalars().all()):
             row.id = new_id
-    add_event(session, job.id, now, "job", "submitted", None, JobState.PENDING.value,
-              f"submitted by {user}: {len(spec.tasks)} task(s), {len(job.replicas)} replica(s)")
-    return job
+    conn.execute(_INSERT_EVENT, [{"job_id": job.id, "ts": now, "subject": "job", "cause": "submitted",
+                                  "from_state": None, "to_state": JobState.PENDING.value,
+                                  "message": f"submitted by {job.user}: {len(item.spec.tasks)} task(s), "
+                                             f"{len(job.replicas)} replica(s)"}
+                                 for job, item in zip(jobs, new)])
+    return jobs
 
 
 _ACTIVE_NAMED = select(_JOBS.c.id).where(_JOBS.c.user == bindparam("user"), _JOBS.c.name == bindparam("name"),
@@ -72,6 +106,19 @@ _ACTIVE_NAMED = select(_JOBS.c.id).where(_JOBS.c.user == bindparam("user"), _JOB
 
 def active_job_named(session: Session, name: str, user: str) -> int | None:
     return session.connection().execute(_ACTIVE_NAMED, {"user": user, "name": name}).scalar()
+
+
+_ACTIVE_NAMES = select(_JOBS.c.user, _JOBS.c.name, _JOBS.c.id).where(
+    _JOBS.c.name.in_(bindparam("names", expanding=True)), _JOBS.c.state.not_in(TERMINAL)).order_by(_JOBS.c.id)
+
+
+def active_names(session: Session, names: Iterable[str]) -> dict[tuple[str, str], int]:
+    """``(user, name) -> id`` of the active jobs bearing any of these names."""
+    rows = session.connection().execute(_ACTIVE_NAMES, {"names": sorted(set(names))})
+    out: dict[tuple[str, str], int] = {}
+    for user, name, job_id in rows:
+        out.setdefault((user, name), job_id)  # the oldest: the one a queued singleton waits behind
+    return out
 
 
 def load_job(session: Session, job_id: int) -> Job | None:

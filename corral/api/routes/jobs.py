@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
-from corral.api.errors import documented, invalid_parameter, printable_parameters
+from corral.api.errors import documented, invalid_parameter
+from corral.api.intake import Clash
 from corral.api.schemas import CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
 from corral.admission import Refusal, admit
 from corral.runtime.discovery import peers_document
@@ -19,9 +22,10 @@ from corral.spec import SpecError, load_job
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
+from corral.store.repository import NewJob
 from corral.store.tables import Job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], dependencies=[Depends(printable_parameters)])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 def _job_or_404(session, ident: str) -> Job:
@@ -32,9 +36,11 @@ def _job_or_404(session, ident: str) -> Job:
 
 
 @router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 409, 413, 422))
-def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
     """Submit a task or job-group YAML. 422 lists every problem of the file with its field and
     line (or says why it can never run on this site); 409 names the active job of the same name."""
+    # On the event loop, not a worker thread: validation is a fraction of a millisecond of CPU,
+    # and the store is the intake's writer thread (group commit), awaited below.
     source = shown(body.source, 200)[1:-1] if body.source else "<spec>"
     default_name = Path(source).stem if body.source else None
     try:
@@ -45,25 +51,29 @@ def submit(body: SubmitRequest, session: SessionDep, state: StateDep, user: User
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
-    admitted = admit(spec, user, state.site, lambda job_id: session.get(Job, job_id) is not None)
+    named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
+    known = await run_in_threadpool(_existing, state, named) if named else set()
+    admitted = admit(spec, user, state.site, known.__contains__)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
                 {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
-    singleton = any(kind == "singleton" for kind, _ in spec.scheduling.dependency)
-    with state.controller.write_lock:  # the name check and the insert are one step
-        clash = None if singleton else repository.active_job_named(session, spec.name, user)
-        if clash is not None:
-            return JSONResponse(status_code=409, content={"detail": (
-                f"you already have an active job named {spec.name!r} (job {clash}); replica names "
-                f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
-                f"(--name), cancel job {clash}, or queue it behind with dependency: singleton")})
-        job = repository.create_job(session, spec, user, clock(), partition=admitted.partition,
-                                    account=admitted.account, qos=admitted.qos, time_limit=admitted.time_limit)
-        session.commit()
-    state.controller.submitted(job)
+    stored = state.intake.submit(NewJob(spec, user, admitted.partition, admitted.account, admitted.qos,
+                                        admitted.time_limit))
+    stored = await asyncio.wrap_future(stored)
+    if isinstance(stored, Clash):
+        return JSONResponse(status_code=409, content={"detail": (
+            f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
+            f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
+            f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
+    job = stored
     body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _existing(state, ids: list[int]) -> set[int]:
+    with state.sessions() as session:
+        return set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
 
 
 @router.get("", response_model=list[JobOut])
