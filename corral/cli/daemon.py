@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-import psutil
 
 from corral.client import Client, CorralError
 from corral.settings import Settings
@@ -25,13 +22,28 @@ def running(settings: Settings) -> dict[str, Any] | None:
         info = json.loads(settings.server_file.read_text())
     except (OSError, ValueError):
         return None
-    if not psutil.pid_exists(int(info.get("pid", 0))):
+    if not _alive(int(info.get("pid", 0))):
         return None
     try:
-        httpx.get(f"{info['url']}/v1/health", timeout=2).raise_for_status()
-    except httpx.HTTPError:
+        with Client(info["url"], timeout=2) as client:
+            client.health()
+    except CorralError as exc:
+        if exc.status == 503:  # up, with a failing control loop: still the server to talk to
+            return info
         return None
     return info
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # psutil's import alone would cost every command ~20 ms
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def start(settings: Settings, timeout: float = 20.0) -> dict[str, Any]:
@@ -41,6 +53,8 @@ def start(settings: Settings, timeout: float = 20.0) -> dict[str, Any]:
     settings.ensure_dirs()
     env = dict(os.environ, CORRAL_HOME=str(settings.home))
     with open(settings.server_log, "ab") as log:
+        import subprocess  # only to start a server: every other command skips its import
+
         proc = subprocess.Popen([sys.executable, "-m", "corral.server"], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
@@ -67,6 +81,8 @@ def _last_line(path: Path) -> str:
 
 
 def stop(settings: Settings, timeout: float = 15.0) -> bool:
+    import psutil
+
     info = running(settings)
     if not info:
         return False

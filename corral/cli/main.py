@@ -10,17 +10,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from corral.cli import daemon
+from corral.cli.render import Column, err, out, table
 from corral.client import Client, CorralError
 from corral.settings import Settings
 
-# Scripts and pipes get wide tables instead of Rich's 80-column guess.
-_WIDTH = None if sys.stdout.isatty() else 200
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_WIDTH)
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 def _client() -> Client:
@@ -36,10 +32,12 @@ def _fail(exc: CorralError, source: str | None = None) -> None:
     sys.exit(2 if exc.status in (400, 404, 409, 422) or exc.errors else 1)
 
 
-def _age(iso: str | None) -> str:
+def _age(iso: str | None, until: str | None = None) -> str:
+    """Time since ``iso``; an ended job's age stops at its end."""
     if not iso:
         return "-"
-    seconds = int((datetime.now(timezone.utc) - datetime.fromisoformat(iso)).total_seconds())
+    end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
+    seconds = max(0, int((end - datetime.fromisoformat(iso)).total_seconds()))
     if seconds < 60:
         return f"{seconds}s"
     if seconds < 3600:
@@ -57,7 +55,22 @@ def _tasks_summary(job: dict) -> str:
     return " ".join(f"{t['name']}:{t['num_nodes']}" for t in job["tasks"])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group; ``sim`` (which pulls in the scheduler, the spec loader and the
+    simulator) is imported only when it is the command being run or listed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), "sim"])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == "sim":
+            from corral.cli.sim import sim
+
+            return sim
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="corral")
 def cli() -> None:
     """corral: gang-scheduled AI job groups on this machine and beyond."""
@@ -146,25 +159,24 @@ def queue(show_all: bool, user: str | None, by_priority: bool, as_json: bool) ->
     if as_json:
         _print_json(jobs)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
     if by_priority:
-        cols = ("ID", "NAME", "USER", "ACCOUNT", "PARTITION", "QOS", "PRIORITY", "AGE", "FAIRSHARE", "JOBSIZE",
-                "PART", "QOSF", "EXPANSION", "NICE", "REASON")
-        for col in cols:
-            table.add_column(col, no_wrap=True, justify="right" if col in cols[6:14] else "left")
-        for j in jobs:
-            table.add_row(str(j["id"]), j["name"], j["user"], j["account"], j["partition"], j["qos"],
-                          f"{j['priority']:.0f}", f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}",
-                          f"{j['partition_factor']:.0f}", f"{j['qos_factor']:.0f}", f"{j['expansion']:.0f}",
-                          str(j["nice"]), j["reason"] + (" (starving)" if j.get("starving") else ""))
-        out.print(table)
+        table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
+               Column("ACCOUNT", optional=2, min_width=7), Column("PARTITION", optional=3), Column("QOS", optional=4),
+               Column("PRIORITY", right=True), Column("AGE", right=True), Column("FAIRSHARE", right=True),
+               Column("JOBSIZE", right=True), Column("PART", right=True, optional=5),
+               Column("QOSF", right=True, optional=6), Column("EXPANSION", right=True, optional=7),
+               Column("NICE", right=True, optional=1), Column("REASON", fold=True, min_width=10)],
+              [[j["id"], j["name"], j["user"], j["account"], j["partition"], j["qos"], f"{j['priority']:.0f}",
+                f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}", f"{j['partition_factor']:.0f}",
+                f"{j['qos_factor']:.0f}", f"{j['expansion']:.0f}", j["nice"],
+                j["reason"] + (" (starving)" if j.get("starving") else "")] for j in jobs])
         return
-    for col in ("ID", "NAME", "USER", "PARTITION", "STATE", "REASON", "TASKS", "GPUS", "AGE"):
-        table.add_column(col, no_wrap=True)
-    for job in jobs:
-        table.add_row(str(job["id"]), job["name"], job["user"], job.get("partition") or "-", job["state"],
-                      job["reason"], _tasks_summary(job), str(job["gpus"]), _age(job["submitted_at"]))
-    out.print(table)
+    table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
+           Column("PARTITION", optional=1), Column("STATE"), Column("REASON", fold=True, min_width=10),
+           Column("TASKS", fold=True, min_width=8), Column("GPUS", right=True), Column("AGE", right=True)],
+          [[job["id"], job["name"], job["user"], job.get("partition") or "-", job["state"],
+            "-" if job["state"] in TERMINAL or job["reason"] == "None" else job["reason"], _tasks_summary(job),
+            job["gpus"], _age(job["submitted_at"], job.get("ended_at"))] for job in jobs])
 
 
 @cli.command()
@@ -178,15 +190,12 @@ def share(as_json: bool) -> None:
     if as_json:
         _print_json(rows)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("ACCOUNT", "USER", "RAWSHARES", "NORMSHARES", "RAWUSAGE", "EFFECTVUSAGE", "FAIRSHARE"):
-        table.add_column(col, no_wrap=True, justify="left" if col in ("ACCOUNT", "USER") else "right")
-    for r in rows:
-        indent = " " * r["depth"]
-        table.add_row(indent + (r["account"] if not r["user"] else ""), r["user"], f"{r['raw_shares']:g}",
-                      f"{r['norm_shares']:.6f}", f"{r['raw_usage']:.0f}", f"{r['effective_usage']:.6f}",
-                      f"{r['fair_share']:.6f}")
-    out.print(table)
+    table([Column("ACCOUNT", key=True), Column("USER"), Column("RAWSHARES", right=True),
+           Column("NORMSHARES", right=True, optional=2), Column("RAWUSAGE", right=True),
+           Column("EFFECTVUSAGE", right=True, optional=1), Column("FAIRSHARE", right=True)],
+          [[" " * r["depth"] + (r["account"] if not r["user"] else ""), r["user"] or "", f"{r['raw_shares']:g}",
+            f"{r['norm_shares']:.6f}", f"{r['raw_usage']:.0f}", f"{r['effective_usage']:.6f}",
+            f"{r['fair_share']:.6f}"] for r in rows])
 
 
 @cli.command()
@@ -201,19 +210,18 @@ def status(job: str, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
+    exit_code = "-" if data["exit_code"] is None else data["exit_code"]
+    reason = "-" if data["state"] in TERMINAL or data["reason"] == "None" else data["reason"]
     out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
-              f"reason={data['reason']}  exit_code={data['exit_code']}")
+              f"reason={reason}  exit_code={exit_code}")
     if data.get("message"):
         out.print(f"  {data['message']}", markup=False)
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("REPLICA", "ROLE", "STATE", "NODE", "PID", "GPUS", "EXIT", "RESTARTS", "HOSTNAME"):
-        table.add_column(col, no_wrap=True)
-    for task in data["tasks"]:
-        for r in task["replicas"]:
-            table.add_row(f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"],
-                          r["node"] or "-", str(r["pid"] or "-"), ",".join(map(str, r["gpus"])) or "-",
-                          "-" if r["exit_code"] is None else str(r["exit_code"]), str(r["restarts"]), r["hostname"])
-    out.print(table)
+    table([Column("REPLICA", key=True), Column("ROLE", optional=2), Column("STATE"), Column("NODE", min_width=6),
+           Column("PID", optional=3), Column("GPUS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
+           Column("HOSTNAME", fold=True, optional=1, min_width=12)],
+          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"], r["node"],
+            r["pid"], ",".join(map(str, r["gpus"])) or "-", r["exit_code"], r["restarts"], r["hostname"]]
+           for task in data["tasks"] for r in task["replicas"]])
 
 
 @cli.command()
@@ -274,14 +282,14 @@ def nodes(as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("NODE", "GPUS", "TYPE", "FREE GPUS", "CPUS", "FREE CPUS", "MEMORY", "FREE MEM", "LABELS"):
-        table.add_column(col, no_wrap=True)
-    for n in data:
-        table.add_row(n["name"], str(n["gpus"]), n["gpu_type"] or "-", ",".join(map(str, n["free_gpus"])) or "-",
-                      f"{n['cpus']:g}", f"{n['free_cpus']:g}", f"{n['memory']:g}G", f"{n['free_memory']:g}G",
-                      ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-")
-    out.print(table)
+    table([Column("NODE", key=True), Column("STATE"), Column("GPUS", right=True), Column("TYPE"),
+           Column("FREE GPUS", fold=True, min_width=9), Column("CPUS", right=True, optional=3),
+           Column("FREE CPUS", right=True), Column("MEMORY", right=True, optional=2), Column("FREE MEM", right=True),
+           Column("INFRA", optional=4), Column("LABELS", fold=True, optional=1, min_width=10)],
+          [[n["name"], n.get("state", "UP"), n["gpus"], n["gpu_type"] or "-",
+            ",".join(map(str, n["free_gpus"])) or "-", f"{n['cpus']:g}", f"{n['free_cpus']:g}", f"{n['memory']:g}G",
+            f"{n['free_memory']:g}G", n.get("infra", "local"),
+            ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-"] for n in data])
 
 
 @cli.command()
@@ -296,14 +304,16 @@ def events(job: str, as_json: bool) -> None:
     if as_json:
         _print_json(data)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("TIME", "SUBJECT", "TRANSITION", "CAUSE", "MESSAGE"):
-        table.add_column(col, no_wrap=col != "MESSAGE")
-    for e in data:
-        when = datetime.fromisoformat(e["ts"]).astimezone().strftime("%H:%M:%S.%f")[:-3]
-        transition = f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else ""
-        table.add_row(when, e["subject"], transition, e["cause"], e["message"] or "")
-    out.print(table)
+    today = datetime.now().astimezone().date()
+
+    def when(ts: str) -> str:
+        local = datetime.fromisoformat(ts).astimezone()
+        return local.strftime("%H:%M:%S.%f" if local.date() == today else "%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    table([Column("TIME", key=True), Column("SUBJECT", min_width=8), Column("TRANSITION", optional=1),
+           Column("CAUSE", min_width=8), Column("MESSAGE", fold=True, min_width=16)],
+          [[when(e["ts"]), e["subject"], f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else "",
+            e["cause"], e["message"] or ""] for e in data])
 
 
 @cli.group()
@@ -346,9 +356,6 @@ def server_status(as_json: bool) -> None:
 
 def main() -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    from corral.cli.sim import sim
-
-    cli.add_command(sim)
     cli()
 
 

@@ -1,0 +1,118 @@
+"""How the CLI prints tables: for a person, sized to the terminal (the key column always
+shown whole, long text folded, optional columns left out when nothing else fits); for a pipe,
+plain tab-separated rows with a header line, never wrapped, so ``grep``, ``cut -f`` and
+``awk -F'\\t'`` work. Rich is imported only when a terminal is there to see it."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+GAP = 2  # spaces between columns
+_MARKUP = re.compile(r"\[/?(?:bold|red|green|yellow|dim|cyan)\]")  # the only tags the CLI writes
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    key: bool = False  # never shortened or left out (the ID)
+    fold: bool = False  # long free text: folded onto more lines rather than cut
+    right: bool = False
+    optional: int = 0  # > 0: left out when the terminal is too narrow, highest first
+    min_width: int = 0
+
+
+class _Lazy:
+    """A Rich console created on first use (every command pays Rich's import otherwise)."""
+
+    def __init__(self, stderr: bool):
+        self.stderr = stderr
+        self._console: Any = None
+
+    def _get(self) -> Any:
+        if self._console is None:
+            from rich.console import Console
+
+            stream = sys.stderr if self.stderr else sys.stdout
+            self._console = Console(stderr=self.stderr, highlight=False, soft_wrap=True,
+                                    width=None if stream.isatty() else 1 << 16)
+        return self._console
+
+    def print(self, text: Any = "", *, markup: bool = True, **kwargs: Any) -> None:
+        stream = sys.stderr if self.stderr else sys.stdout
+        if not stream.isatty() and isinstance(text, str):  # a pipe gets the words, without Rich
+            stream.write((_MARKUP.sub("", text) if markup else text) + "\n")
+            stream.flush()
+            return
+        self._get().print(text, markup=markup, **kwargs)
+
+
+out, err = _Lazy(False), _Lazy(True)
+
+
+def _plain(value: Any) -> str:
+    text = "-" if value is None else str(value)
+    return text.replace("\t", " ").replace("\n", " ")
+
+
+def table(columns: list[Column], rows: list[list[Any]], *, width: int | None = None, tty: bool | None = None) -> None:
+    """Print ``rows`` under ``columns`` (``None`` cells print as ``-``)."""
+    cells = [[_plain(v) for v in row] for row in rows]
+    if not (sys.stdout.isatty() if tty is None else tty):
+        lines = ["\t".join(c.header for c in columns)] + ["\t".join(row) for row in cells]
+        sys.stdout.write("\n".join(lines) + "\n")
+        return
+    width = width or shutil.get_terminal_size((80, 24)).columns
+    keep, widths = layout(columns, cells, width)
+    from rich.table import Table
+
+    grid = Table(box=None, pad_edge=False, padding=(0, GAP, 0, 0), header_style="bold", show_edge=False)
+    for i in keep:
+        c = columns[i]
+        grid.add_column(c.header, width=widths[i], justify="right" if c.right else "left",
+                        no_wrap=not c.fold, overflow="fold" if c.fold else "ellipsis")
+    for row in cells:
+        grid.add_row(*(row[i] for i in keep))
+    from rich.console import Console
+
+    Console(width=width, highlight=False, no_color=bool(os.environ.get("NO_COLOR"))).print(grid)
+
+
+def layout(columns: list[Column], cells: list[list[str]], width: int) -> tuple[list[int], dict[int, int]]:
+    """Which columns to show and how wide, so a row fits ``width``: natural widths when they
+    fit; else folding text columns down to their minimum, then shortening the others to their
+    header, then leaving optional columns out (highest ``optional`` first)."""
+    natural = {i: max([len(c.header)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)}
+    keep = list(range(len(columns)))
+
+    def fit(shown: list[int]) -> dict[int, int] | None:
+        widths = {i: natural[i] for i in shown}
+        room = width - GAP * (len(shown) - 1)
+        excess = sum(widths.values()) - room
+        for soft in ([i for i in shown if columns[i].fold],
+                     [i for i in shown if not columns[i].fold and not columns[i].key]):
+            if excess <= 0:
+                break
+            for i in sorted(soft, key=lambda i: -widths[i]):  # the widest gives first
+                floor = max(columns[i].min_width or min(len(columns[i].header), 12), 1)
+                take = min(excess, max(0, widths[i] - floor))
+                widths[i] -= take
+                excess -= take
+        return widths if excess <= 0 else None
+
+    widths = fit(keep)
+    for drop in sorted((i for i, c in enumerate(columns) if c.optional), key=lambda i: -columns[i].optional):
+        if widths is not None:
+            break
+        keep.remove(drop)
+        widths = fit(keep)
+    if widths is None:  # even the essentials are wider than the terminal: shown as narrow as they go
+        widths = {i: max(1, min(natural[i], columns[i].min_width or len(columns[i].header))) for i in keep}
+        for i in keep:
+            if columns[i].key:
+                widths[i] = natural[i]
+    return keep, widths
