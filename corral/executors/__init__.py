@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from corral.executors.base import Executor
-from corral.settings import Settings
+if TYPE_CHECKING:  # importing base pulls in the spec models: too slow for every Ray actor's worker
+    from corral.executors.base import Executor
+    from corral.settings import Settings
 
 
 def scope_of(settings: Settings) -> str:

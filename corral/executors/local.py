@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 
 from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
-from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, process_start_time
+from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
 from corral.pool import NodeSpec
 from corral.runtime.discovery import RESOLVER_DIR, loopback_address
 
@@ -216,19 +216,6 @@ class LocalExecutor(EventStream):
                                 "the process ended while corral was down and left no exit code"))
         else:
             self._emit(Observed(key, Kind.EXITED, code=code, reason=reason))
-
-
-# What a replica inherits from the machine it runs on: where programs and libraries are,
-# who and where it is, locale and numerics settings. Never the rest of the server's
-# environment (a team server's own credentials must not reach every job); a job says what
-# else it needs in ``envs``/``secrets`` or with ``--env``.
-INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-             "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
-             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS")
-
-
-def base_environment(environ) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if k in INHERITED or k.startswith("LC_")}
 
 
 def _quote(text: str) -> str:

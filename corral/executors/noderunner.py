@@ -54,6 +54,19 @@ STARTED_FILE = "started"
 START_TIME_TOLERANCE_S = 0.05
 
 
+# What a replica inherits from the machine it runs on: where programs and libraries are,
+# who and where it is, locale and numerics settings. Never the rest of the server's
+# environment (a team server's own credentials must not reach every job); a job says what
+# else it needs in ``envs``/``secrets`` or with ``--env``.
+INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+             "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+             "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS")
+
+
+def base_environment(environ) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k in INHERITED or k.startswith("LC_")}
+
+
 def process_start_time(pid: int) -> float | None:
     """The start time of a process that still runs: None for a zombie too. A replica
     adopted after a crash is no child of ours, so when it dies it waits as a zombie until

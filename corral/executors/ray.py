@@ -35,6 +35,7 @@ RESERVE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
 POLL_S = 0.5
+KICK_S = 0.02  # how long a start sent meanwhile may wait for the watcher to add it to its wait
 PORT_BATCH = 32  # free ports fetched per call to a node
 UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
 
@@ -77,6 +78,7 @@ class RayExecutor(EventStream):
         self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
         self._earlier: dict[int, list[str]] | None = None  # job -> placement groups of an earlier server
         self._closed = threading.Event()
+        self._kick = threading.Event()  # a start was sent: the watcher stops waiting on older refs
         self._refresh_nodes()
         self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
         self._thread.start()
@@ -273,6 +275,7 @@ class RayExecutor(EventStream):
             self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
                                           "handle": handle, "job": launch.job_id, "label": launch.label,
                                           "deadline": time.monotonic() + START_TIMEOUT_S}
+        self._kick.set()
         return handle
 
     def _confirm(self, key: str, entry: dict, ready: bool) -> None:
@@ -415,6 +418,7 @@ class RayExecutor(EventStream):
 
     def close(self) -> None:
         self._closed.set()
+        self._kick.set()
         self._thread.join(timeout=5)
         # Detached actors and placement groups outlive the server; the next one adopts them.
         self._ray.shutdown()
@@ -424,18 +428,21 @@ class RayExecutor(EventStream):
         next_nodes = time.monotonic() + 1.0
         next_logs = 0.0
         while not self._closed.is_set():
+            self._kick.clear()
             with self._lock:
                 refs = {v["ref"]: k for k, v in self._live.items()}
                 starts = {v["ref"]: k for k, v in self._starting.items()}
             try:
                 everything = list(refs) + list(starts)
-                if everything:  # wake at the first answer, then take every answer there is
-                    ready, _ = self._ray.wait(everything, num_returns=1, timeout=POLL_S)
+                ready = []
+                if everything:  # wake at the first answer (or a new start), then take every answer there is
+                    until = time.monotonic() + POLL_S
+                    while not ready and not self._kick.is_set() and time.monotonic() < until:
+                        ready, _ = self._ray.wait(everything, num_returns=1, timeout=KICK_S)
                     if ready:
                         ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=0)
                 else:
-                    ready = []
-                    self._closed.wait(POLL_S)
+                    self._kick.wait(POLL_S)
                 for ref in ready:
                     if ref in starts:
                         with self._lock:
