@@ -109,8 +109,13 @@ class Client:
         return self._call("GET", "/v1/priority")
 
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
-             name: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+             name: str | None = None, limit: int | None = None, account: str | None = None,
+             partition: str | None = None, since: str | None = None, until: str | None = None) -> list[dict[str, Any]]:
+        """Jobs in id order; ``since``/``until`` are ISO 8601 times (``sacct -S/-E``)."""
         params: dict[str, Any] = {"all": all}
+        for key, value in (("account", account), ("partition", partition), ("since", since), ("until", until)):
+            if value:
+                params[key] = value
         if limit:
             params["limit"] = limit
         if states:
@@ -127,6 +132,15 @@ class Client:
     def cancel(self, ident: str | int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/cancel")
 
+    def hold(self, ident: str | int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{ident}/hold")
+
+    def release(self, ident: str | int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{ident}/release")
+
+    def requeue(self, ident: str | int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{ident}/requeue")
+
     def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={"task": task, "replicas": replicas})
 
@@ -137,8 +151,10 @@ class Client:
         return self._call("GET", "/v1/nodes")
 
     def logs(self, ident: str | int, replica: str | None = None, follow: bool = False,
-             prefix: bool | None = None) -> Iterator[bytes]:
+             prefix: bool | None = None, tail: int | None = None) -> Iterator[bytes]:
         params: dict[str, Any] = {"follow": follow}
+        if tail is not None:
+            params["tail"] = tail
         if replica:
             params["replica"] = replica
         if prefix is not None:

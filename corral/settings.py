@@ -4,20 +4,26 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
 class Settings:
-    home: Path
-    db_url: str
-    server_url: str | None = None
-    poll_interval_s: float = 0.5  # safety net; the loop is woken by events first
-    rescan_interval_s: float = 1.0  # how often the loop re-reads pending jobs and cancels
-    min_cycle_interval_s: float = 0.04  # a busy loop batches what arrives within this window
+    """Where this corral's state lives and how often its loop looks. A plain class, not a
+    dataclass: ``dataclasses`` imports ``inspect``, a tenth of every CLI command's start-up."""
+
+    __slots__ = ("home", "db_url", "server_url", "poll_interval_s", "rescan_interval_s", "min_cycle_interval_s")
+
+    def __init__(self, home: Path, db_url: str, server_url: str | None = None,
+                 poll_interval_s: float = 0.5,  # safety net; the loop is woken by events first
+                 rescan_interval_s: float = 1.0,  # how often the loop re-reads pending jobs and cancels
+                 min_cycle_interval_s: float = 0.04):  # a busy loop batches what arrives within this window
+        self.home, self.db_url, self.server_url = home, db_url, server_url
+        self.poll_interval_s, self.rescan_interval_s = poll_interval_s, rescan_interval_s
+        self.min_cycle_interval_s = min_cycle_interval_s
+
+    def __repr__(self) -> str:
+        return f"Settings(home={str(self.home)!r}, db_url={self.db_url!r}, server_url={self.server_url!r})"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -49,6 +55,8 @@ class Settings:
             return Path(explicit)
         shm = Path("/dev/shm")
         if shm.is_dir() and os.access(shm, os.W_OK):
+            import hashlib
+
             digest = hashlib.sha1(str(self.home).encode()).hexdigest()[:12]
             return shm / f"corral-{os.getuid()}" / digest
         return self.home / "run"

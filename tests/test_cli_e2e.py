@@ -241,3 +241,93 @@ run: sleep 120
     assert data["state"] == "FAILED"
     causes = {(e["subject"], e["cause"]) for e in json.loads(corral("events", job_id, "--json", check=True).stdout)}
     assert ("side-0", "lost") in causes and ("main-0", "exited") in causes, sorted(causes)
+
+
+def test_daily_habits_hold_release_requeue_cancel_filters_and_tail(corral, tmp_path: Path) -> None:
+    spin = write(tmp_path, "spin.yaml", "resources: {accelerators: H100:1}\nrun: |\n"
+                                        "  for i in $(seq 1 30); do echo tick $i; done\n  trap 'exit 0' TERM\n"
+                                        "  while true; do sleep 0.05; done\n")
+    held = corral("launch", "-d", "-H", "--name", "parked", str(spin), check=True).stdout.strip()
+    queue = corral("queue", check=True).stdout.splitlines()  # piped: tab-separated with a header
+    assert queue[0].split("\t")[:5] == ["ID", "NAME", "USER", "PARTITION", "STATE"]
+    row = next(line.split("\t") for line in queue[1:] if line.split("\t")[0] == held)
+    assert row[4] == "PENDING" and row[5] == "JobHeldUser"
+    assert corral("release", held, check=True).stdout.strip() == f"Job {held} released"
+    wait_for(lambda: status(corral, held)["state"] == "RUNNING")
+    wait_for(lambda: "tick 30" in corral("logs", held).stdout)
+    assert corral("logs", held, "--tail", "2", check=True).stdout.splitlines() == ["tick 29", "tick 30"]
+    assert corral("requeue", held, check=True).stdout.strip() == f"Job {held} requeueing"
+    wait_for(lambda: (lambda d: d["state"] == "RUNNING" and d["requeues"] == 1)(status(corral, held)), timeout=30)
+    refused = corral("hold", held)
+    assert refused.returncode == 1 and "only a pending job can be held" in refused.stderr
+    others = [corral("launch", "-d", "--name", f"other{i}", str(spin), check=True).stdout.strip() for i in range(2)]
+    wait_for(lambda: all(status(corral, j)["state"] == "RUNNING" for j in others))
+    nothing = corral("cancel", "-u", "nobody-here")
+    assert nothing.returncode == 0 and "no active job matches" in nothing.stderr
+    bulk = corral("cancel", "-u", status(corral, held)["user"], "--state", "running", "-n", "other1", check=True)
+    assert bulk.stdout.strip() == f"Job {others[1]}: cancelling"
+    wait_for(lambda: status(corral, others[1])["state"] == "CANCELLED")
+    assert status(corral, others[0])["state"] == "RUNNING"
+    corral("cancel", "--state", "RUNNING", check=True)
+    wait_for(lambda: all(status(corral, j)["state"] == "CANCELLED" for j in (held, others[0])))
+    usage = corral("cancel")
+    assert usage.returncode == 2 and "-u/-t/-n/-p" in usage.stderr
+
+
+def test_acct_lists_times_exit_codes_and_gpu_hours(corral, tmp_path: Path) -> None:
+    ok = corral("launch", "-d", "--name", "ok", str(write(tmp_path, "ok.yaml",
+                "resources: {accelerators: H100:2}\nrun: sleep 1\n")), check=True).stdout.strip()
+    bad = corral("launch", "-d", "--name", "bad", str(write(tmp_path, "bad.yaml", "run: exit 3\n")), check=True).stdout.strip()
+    wait_for(lambda: status(corral, ok)["state"] == "SUCCEEDED" and status(corral, bad)["state"] == "FAILED")
+    import csv
+    import io
+
+    rows = {r["id"]: r for r in csv.DictReader(io.StringIO(corral("acct", "--format", "csv", check=True).stdout))}
+    assert set(rows) == {ok, bad}
+    assert rows[ok]["state"] == "SUCCEEDED" and rows[ok]["exit_code"] == "0" and rows[ok]["gpus"] == "2"
+    elapsed = float(rows[ok]["elapsed_s"])
+    assert 0.9 <= elapsed < 10
+    assert abs(float(rows[ok]["gpu_hours"]) - 2 * elapsed / 3600) < 1e-3
+    assert rows[bad]["state"] == "FAILED" and rows[bad]["exit_code"] == "3" and rows[bad]["gpu_hours"] == "0.0"
+    failed = json.loads(corral("acct", "-s", "failed", "--json", check=True).stdout)
+    assert [r["id"] for r in failed] == [int(bad)]
+    assert json.loads(corral("acct", "-S", "now-1d", "-E", "now", "--json", check=True).stdout) != []
+    assert json.loads(corral("acct", "-S", "2000-01-01", "-E", "2000-01-02", "--json", check=True).stdout) == []
+    assert json.loads(corral("acct", "-u", "nobody", "--json", check=True).stdout) == []
+    piped = corral("acct", check=True).stdout.splitlines()
+    assert piped[0].split("\t")[:6] == ["ID", "NAME", "USER", "ACCOUNT", "PARTITION", "STATE"]
+    garbage = corral("acct", "-S", "yesterday-ish")
+    assert garbage.returncode == 2 and "--starttime" in garbage.stderr
+    backwards = corral("acct", "-S", "now", "-E", "now-1d")
+    assert backwards.returncode == 2 and "--endtime" in backwards.stderr
+
+
+def test_expected_starts_and_the_pending_line_of_launch(corral, tmp_path: Path) -> None:
+    hog = corral("launch", "-d", "-t", "6s", "--name", "hog", str(write(tmp_path, "hog.yaml",
+                 "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n")), check=True).stdout.strip()
+    wait_for(lambda: status(corral, hog)["state"] == "RUNNING")
+    started = time.time()
+    waiter = write(tmp_path, "waiter.yaml", "resources: {accelerators: H100:4}\nrun: echo finally\n")
+    done = corral("launch", "--name", "waiter", str(waiter), timeout=60)  # blocks: pending, then runs
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "pending" in line]
+    assert lines and "(Resources)" in lines[0] and "expected start" in lines[0], done.stderr
+    assert "waiter-0 | finally" in done.stdout
+    assert time.time() - started >= 3  # it waited for the hog's time limit
+    # the same estimate through queue --start while a job waits behind a limited one
+    corral("launch", "-d", "-t", "10m", "--name", "hog2", str(write(tmp_path, "hog2.yaml",
+           "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n")), check=True)
+    wait_for(lambda: status(corral, "hog2")["state"] == "RUNNING")
+    late = corral("launch", "-d", "--name", "late", str(waiter), check=True).stdout.strip()
+
+    def estimate():
+        job = status(corral, late)
+        return job["expected_start"]
+
+    expected = datetime.fromisoformat(wait_for(estimate))
+    assert 500 < expected.timestamp() - time.time() <= 600
+    rows = corral("queue", "--start", check=True).stdout.splitlines()
+    assert rows[0].split("\t")[:6] == ["ID", "NAME", "USER", "PARTITION", "STATE", "START_TIME"]
+    (row,) = [r.split("\t") for r in rows[1:]]
+    assert row[0] == late and row[5] != "N/A"
+    corral("cancel", "--state", "RUNNING", "--state", "PENDING", check=True)

@@ -261,7 +261,8 @@ run: sleep 60
     assert wait_for(lambda: len(rollouts()) == 2)
     for bad, words in [(5, "between 1 and 4"), (0, "between 1 and 4")]:
         response = server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "rollout", "replicas": bad})
-        assert response.status_code == 422 and words in response.json()["detail"]
+        assert response.status_code == 422 and words in response.json()["detail"][0]["msg"]
+        assert response.json()["detail"][0]["loc"] == ["body", "replicas"]
     assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "trainer", "replicas": 2}).status_code == 422
     assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "nope", "replicas": 2}).status_code == 404
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
 
 
@@ -59,6 +60,10 @@ class TaskOut(BaseModel):
     cpus: float
     memory: float
     termination_delay: float
+    alternatives: int = Field(default=1, description="How many resource alternatives the task names")
+    alternative: int | None = Field(default=None, description=(
+        "Which of them it runs on (1-based; gpus, gpu_type, cpus and memory are that one's); null "
+        "while it has not started or when it names only one"))
     replicas: list[ReplicaOut]
 
 
@@ -83,10 +88,14 @@ class JobOut(BaseModel):
     time_limit: float | None
     dependency: str | None
     requeues: int
+    hold: str = Field(default="", description='"" (not held), "user" (its owner held it) or "admin" (an operator did)')
+    expected_start: datetime | None = Field(default=None, description=(
+        "A pending job's start as its backfill reservation plans it (squeue --start); null when it "
+        "has none (it may start at the next pass, or is too far down the queue to be planned)"))
     tasks: list[TaskOut]
 
     @classmethod
-    def of(cls, job: Job) -> JobOut:
+    def of(cls, job: Job, expected_start: float | None = None) -> JobOut:
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
@@ -96,14 +105,32 @@ class JobOut(BaseModel):
                    cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
                    account=job.account or "", qos=job.qos or "", nice=job.nice or 0, time_limit=job.time_limit,
                    dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
-                   if job.dependency else None, requeues=job.requeues or 0,
+                   if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
+                   expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
                    tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
+def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
+    """(how many resource alternatives the task names, which one it runs on or None)."""
+    spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
+    resources = spec.get("resources") or {}
+    options = resources.get("any_of") or resources.get("ordered") or []
+    if len(options) < 2:
+        return 1, None
+    if job.state == JobState.PENDING.value and not job.started_at:
+        return len(options), None
+    mine = f"{task.gpu_type}:{task.gpus}" if task.gpu_type else task.gpus
+    for index, option in enumerate(options):
+        if option.get("accelerators") == mine and option.get("cpus") == task.cpus and option.get("memory") == task.memory:
+            return len(options), index + 1
+    return len(options), None
+
+
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
+    alternatives, alternative = _alternative(job, task)
     return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
                    gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
-                   termination_delay=task.termination_delay,
+                   termination_delay=task.termination_delay, alternatives=alternatives, alternative=alternative,
                    replicas=[ReplicaOut(rank=r.rank, state=r.state, ready=bool(r.ready),
                                         hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
                                         node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code,
@@ -153,6 +180,16 @@ class CancelResponse(BaseModel):
     id: int
     cancelled: bool
     state: str
+
+
+class ActionResponse(BaseModel):
+    """The answer to hold, release and requeue: whether it changed anything, and the job."""
+
+    id: int
+    changed: bool
+    state: str
+    hold: str
+    message: str
 
 
 class Health(BaseModel):

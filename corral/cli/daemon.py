@@ -104,6 +104,43 @@ def stop(settings: Settings, timeout: float = 15.0) -> bool:
     return True
 
 
+def client() -> Client:
+    """The client every CLI command uses: CORRAL_SERVER, else this CORRAL_HOME's server
+    (started on first use)."""
+    return connect(Settings.from_env())
+
+
+def cli_start(args: Any) -> None:
+    from corral.cli.render import fail, out
+
+    settings = Settings.from_env()
+    try:
+        info = start(settings)
+    except CorralError as exc:
+        fail(exc)
+    out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home})")
+
+
+def cli_stop(args: Any) -> None:
+    from corral.cli.render import out
+
+    out.print("corral server stopped" if stop(Settings.from_env()) else "no corral server was running")
+
+
+def cli_status(args: Any) -> None:
+    from corral.cli.render import out, print_json
+
+    settings = Settings.from_env()
+    info = running(settings)
+    if args.json:
+        print_json({"running": bool(info), **(info or {}), "home": str(settings.home)})
+    elif info:
+        out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home}, db {info['db']})")
+    else:
+        out.print(f"no corral server is running for {settings.home}")
+    sys.exit(0 if info else 1)
+
+
 def connect(settings: Settings, autostart: bool = True) -> Client:
     if settings.server_url:
         return Client(settings.server_url)

@@ -9,21 +9,25 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 GAP = 2  # spaces between columns
 _MARKUP = re.compile(r"\[/?(?:bold|red|green|yellow|dim|cyan)\]")  # the only tags the CLI writes
 
 
-@dataclass(frozen=True)
 class Column:
-    header: str
-    key: bool = False  # never shortened or left out (the ID)
-    fold: bool = False  # long free text: folded onto more lines rather than cut
-    right: bool = False
-    optional: int = 0  # > 0: left out when the terminal is too narrow, highest first
-    min_width: int = 0
+    """One column of a table (a plain class: a dataclass costs an import of ``inspect``)."""
+
+    __slots__ = ("header", "key", "fold", "right", "optional", "min_width")
+
+    def __init__(self, header: str, key: bool = False, fold: bool = False, right: bool = False, optional: int = 0,
+                 min_width: int = 0):
+        self.header = header
+        self.key = key  # never shortened or left out (the ID)
+        self.fold = fold  # long free text: folded onto more lines rather than cut
+        self.right = right
+        self.optional = optional  # > 0: left out when the terminal is too narrow, highest first
+        self.min_width = min_width
 
 
 class _Lazy:
@@ -52,6 +56,41 @@ class _Lazy:
 
 
 out, err = _Lazy(False), _Lazy(True)
+
+
+class Usage(Exception):
+    """Bad input on the command line, named by its option: exit 2, nothing sent."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option, self.message = option, message
+
+
+def fail(exc: Any, source: str | None = None) -> None:
+    """Print a refusal from the server (a ``CorralError``), each issue with its file line and
+    field; exit 2 for bad input, 1 otherwise."""
+    err.print(f"[red]error:[/red] {exc.message}", markup=True)
+    for issue in exc.errors:
+        where = f"{source or ''}:{issue['line']}: " if issue.get("line") else ""
+        field = f"{issue['field']}: " if issue.get("field") else ""
+        err.print(f"  {where}{issue['document']}: {field}{issue['message']}", markup=False)
+    sys.exit(2 if exc.status in (400, 404, 409, 422) or exc.errors else 1)
+
+
+def print_json(data: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def moment(iso: str | None) -> str:
+    """A time to come, local, with the date only when it is not today; N/A when unknown."""
+    if not iso:
+        return "N/A"
+    from datetime import datetime
+
+    when = datetime.fromisoformat(iso).astimezone()
+    return when.strftime("%H:%M:%S" if when.date() == datetime.now().astimezone().date() else "%Y-%m-%dT%H:%M:%S")
 
 
 def _plain(value: Any) -> str:

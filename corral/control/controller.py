@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import signal
 import threading
 import time
@@ -40,7 +41,7 @@ from corral.control.retention import Housekeeper, Retention
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
-from corral.control.records import JobRec, ReplicaRec, load_records, record_of
+from corral.control.records import JobRec, ReplicaRec, alternatives_of, load_records, record_of
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
 from corral.control.supervisor import AttemptEnded
@@ -63,7 +64,7 @@ ARRIVAL_SPACING = 4.0  # a pass for new jobs alone waits 4x the last pass's cost
 
 _JOBS = Job.__table__
 _CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
-                              _JOBS.c.cancel_requested_at.is_(None))
+                              _JOBS.c.cancel_requested_at.is_(None), _JOBS.c.hold == "")
           .values(state=JobState.STARTING.value, reason="None", version=_JOBS.c.version + 1).returning(_JOBS.c.id))
 
 
@@ -84,6 +85,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.ledger = Ledger(site.half_life_s, w.gpu, w.cpu, w.memory)
         self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last cycle
         self.hungry: frozenset[tuple[str, str]] = frozenset()  # short of their share, as of the last cycle
+        # pending job -> the start its backfill reservation plans (squeue --start), as of the last pass
+        self.expected_starts: dict[int, float] = {}
         self._priorities_at = 0.0
         self._ended_states: dict[int, str] = {}  # dependency targets that ended (never change again)
         # One writer at a time in this process: waiting on a Python lock wakes at once, where
@@ -104,7 +107,6 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
         self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
         self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
-        self._requeue_on_loss: set[int] = set()  # jobs preempted by a node failure: always requeued
         self._inbox: deque[tuple[str, object]] = deque()  # from API threads: new jobs, cancels
         self._next_rescan = 0.0
         # The scheduler runs when something it reads changed (a job queued, resources freed,
@@ -160,6 +162,8 @@ class Controller(SchedulingMixin, ServicesMixin):
     def submitted(self, job: Job) -> None:
         """Hand a just-committed job to the loop (saves it a query); the periodic rescan of
         the store would find it anyway."""
+        if job.hold:  # submitted held: it joins the queue when released
+            return
         self._inbox.append(("submitted", record_of(job)))
         self._wake.set()
 
@@ -169,6 +173,15 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     def scale_requested(self, job_id: int, task: str, count: int) -> None:
         self._inbox.append(("scale", (job_id, task, count)))
+        self._wake.set()
+
+    def hold_changed(self, job_id: int, held: bool) -> None:
+        """A pending job was held (it leaves the queue at once) or released (it joins it)."""
+        self._inbox.append(("hold" if held else "release", job_id))
+        self._wake.set()
+
+    def requeue_requested(self, job_id: int) -> None:
+        self._inbox.append(("requeue", job_id))
         self._wake.set()
 
     def _loop(self) -> None:
@@ -242,6 +255,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         now = self.clock()
         with self.write_lock, self.sessions() as s:
             cancels: list[int] = []
+            requeues: list[int] = []
             while self._inbox:
                 kind, item = self._inbox.popleft()
                 if kind == "submitted":
@@ -250,6 +264,14 @@ class Controller(SchedulingMixin, ServicesMixin):
                     job_id, task, count = item  # type: ignore[misc]
                     if job_id in self.active:
                         self._reconcile_scale(s, self.active[job_id], task, count, now)
+                elif kind == "hold":
+                    self._reasons.pop(item, None)  # type: ignore[arg-type]  # shown again once released
+                    if self.pending.pop(item, None) is not None:  # type: ignore[arg-type]
+                        self._sched_needed = True
+                elif kind == "release":
+                    self._next_rescan = 0.0  # read back into the queue just below
+                elif kind == "requeue":
+                    requeues.append(item)  # type: ignore[arg-type]
                 else:
                     cancels.append(item)  # type: ignore[arg-type]
             if time.monotonic() >= self._next_rescan:
@@ -258,11 +280,13 @@ class Controller(SchedulingMixin, ServicesMixin):
                 self._next_rescan = time.monotonic() + self.settings.rescan_interval_s
                 self._ingest(s)
                 cancels += self._requested_cancels(s)
+                requeues += self._requested_requeues(s)
             self.refresh_inventory()
             self.ledger.accrue(now, self._holdings())
             self._collect_observed(now)
             self._collect_probe_results(now)
             self._collect_cancels(s, cancels, now)
+            self._collect_requeues(requeues, now)
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
@@ -308,7 +332,7 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     def _ingest(self, s: Session) -> None:
         ids = set(s.scalars(select(Job.id).where(Job.state == JobState.PENDING.value,
-                                                 Job.cancel_requested_at.is_(None))))
+                                                 Job.cancel_requested_at.is_(None), Job.hold == "")))
         for gone in set(self.pending) - ids:
             self.pending.pop(gone, None)
         new = sorted(ids - set(self.pending))
@@ -437,6 +461,27 @@ class Controller(SchedulingMixin, ServicesMixin):
             Job.cancel_requested_at.is_not(None),
             Job.state.in_([JobState.PENDING.value, JobState.STARTING.value, JobState.RUNNING.value]))))
 
+    def _requested_requeues(self, s: Session) -> list[int]:
+        return list(s.scalars(select(Job.id).where(
+            Job.requeue_requested_at.is_not(None),
+            Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]))))
+
+    def _collect_requeues(self, job_ids: list[int], now: float) -> None:
+        """A requeue asked for: the job stops as if preempted (every replica gets its stop
+        signal and grace period) and, once all have stopped, is pending again under the same
+        id, names and checkpoint directory. The wish is in the store, so a restart mid-stop
+        still requeues it."""
+        for job_id in job_ids:
+            job = self.active.get(job_id)
+            if job is None or job.state not in (JobState.STARTING, JobState.RUNNING) or job.cancel_requested:
+                continue
+            job.requeue_requested = True
+            self._job_to(job, JobState.PREEMPTED, now, "requeue", "requeue requested: stopping every replica")
+            for replica in job.members:
+                if not replica.state.terminal and replica.stop_requested_at is None:
+                    self._stop_replica(job, replica, "requeued", now)
+            self._dirty.add(job.id)
+
     def _collect_cancels(self, s: Session, job_ids: list[int], now: float) -> None:
         for job_id in job_ids:
             if job_id in self._cancels_seen:
@@ -499,6 +544,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         growth = self._growth_requests(now)
         if not self.pending and not growth:
             self.priorities = {}
+            self.expected_starts = {}
             return
         clock = time.monotonic()
         if not self._sched_needed and clock < self._sched_refresh_at and not (
@@ -515,6 +561,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry
+        # a start after a job without a time limit is unknown (infinite): not shown
+        self.expected_starts = {j: t for j, t in plan.reserved_starts.items() if j > 0 and math.isfinite(t)}
         # the one applier (the simulator's too) re-checks every start, a gang all or none
         accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
         self._sched_done_at = time.monotonic()
@@ -538,7 +586,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             if job.id in claimed:
                 factors = self.priorities.get(job.id)
                 job.rank_priority = factors.total if factors is not None else 0.0
-                self._admit(job, start.allocations, now)
+                self._admit(job, start.allocations, now, start.choice)
         for preemption in plan.preemptions:
             if preemption.for_job > 0:  # elastic growth never preempts: it waits for free resources
                 self._preempt(s, preemption, now)
@@ -566,11 +614,14 @@ class Controller(SchedulingMixin, ServicesMixin):
             return set()
         return set(s.connection().execute(_CLAIM, {"ids": job_ids}).scalars())
 
-    def _admit(self, job: JobRec, allocations: tuple[Allocation, ...], now: float) -> None:
+    def _admit(self, job: JobRec, allocations: tuple[Allocation, ...], now: float,
+               choice: tuple[int, ...] = ()) -> None:
         job.state = JobState.STARTING
         self.active[job.id] = job
+        chosen = self._choose(job, choice)
         self.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
-                           f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}")
+                           f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}"
+                           + (f" with {chosen}" if chosen else ""))
         by_slot = {(a.task, a.rank): a for a in allocations}
         for task in job.tasks:
             first = by_slot.get((task.name, 0)) or allocations[0]
@@ -579,6 +630,20 @@ class Controller(SchedulingMixin, ServicesMixin):
         for replica in job.replicas:
             self._place(job, replica, by_slot[(replica.task, replica.rank)], now)
         self._launch_check.add(job.id)
+
+    def _choose(self, job: JobRec, choice: tuple[int, ...]) -> str:
+        """Record the resource alternative each task starts with (what status shows and what a
+        restart or growth of it asks for); a description of the choices, "" when none."""
+        said = []
+        for task, index in zip(job.tasks, choice):
+            options = alternatives_of(task.service)
+            if not options:
+                continue
+            task.gpus, task.cpus, task.memory, task.gpu_type = options[index]
+            self.journal.task(task.id, gpus=task.gpus, cpus=task.cpus, memory=task.memory, gpu_type=task.gpu_type)
+            what = f"{task.gpu_type}:{task.gpus}" if task.gpu_type else f"{task.gpus} GPU(s)"
+            said.append(f"{task.name} on {what} (alternative {index + 1} of {len(options)})")
+        return "; ".join(said)
 
     def _executor_for_node(self, node: str) -> Executor:
         return self.executors[self.node_infra.get(node, "local")]
@@ -710,9 +775,12 @@ class Controller(SchedulingMixin, ServicesMixin):
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        workdir = task.spec.get("workdir")
+        repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
-                      setup=task.spec.get("setup"), run=task.spec.get("run"), env=env, cwd=task.spec.get("workdir"))
+                      setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
+                      cwd=None if repo else workdir, repo=repo)
 
     def _release_job(self, job: JobRec) -> None:
         """The job ended: engines give back its reservations and drop its runtime files."""
@@ -805,6 +873,8 @@ def _unusable(job: JobRec, policy: Policy) -> str | None:
             task.service  # noqa: B018
             for key in ("setup", "run", "workdir"):
                 value = task.spec.get(key)
+                if key == "workdir" and isinstance(value, dict):  # a repository: its URL is what runs
+                    value = value.get("url")
                 if value is not None and (not isinstance(value, str) or "\0" in value):
                     return f"task {task.name!r}: {key} cannot be run (not text, or holds a NUL byte)"
     except Exception as exc:

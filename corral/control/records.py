@@ -106,6 +106,7 @@ class JobRec:
     kill_on_invalid_dep: bool = False
     requeues: int = 0
     started_at: float | None = None
+    requeue_requested: bool = False  # stop, then requeue whatever the preempt mode (durable)
     rank_priority: float = 0.0  # its priority when it was admitted: preemption stops low ones first
 
     def task(self, name: str) -> TaskRec:
@@ -127,7 +128,10 @@ class JobRec:
         for t in self.tasks:
             want = t.service.topology
             topology = None if want is None else Topology(want.level, want.required is not None, want.max_wait)
-            tasks.append(TaskRequest(t.name, t.num_nodes, t.gpus, t.cpus, t.memory, t.gpu_type, topology))
+            options = alternatives_of(t.service)
+            first = options[0] if options else (t.gpus, t.cpus, t.memory, t.gpu_type)
+            tasks.append(TaskRequest(t.name, t.num_nodes, first[0], first[1], first[2], first[3], topology,
+                                     options, t.service.resources.in_order))
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
                           self.kill_on_invalid_dep)
@@ -148,13 +152,22 @@ class JobRec:
                                          r.stop_cause == "time_limit") for r in self.members))
 
 
+def alternatives_of(spec: TaskSpec) -> tuple[tuple[int, float, float, str | None], ...]:
+    """A task's resource alternatives as the scheduler reads them (gpus, cpus, memory, type),
+    the one as written first; empty when it names only one."""
+    options = spec.resources.alternatives
+    if len(options) < 2:
+        return ()
+    return tuple((a.accelerators[1], a.cpus, a.memory, a.accelerators[0]) for a in options)
+
+
 @lru_cache(maxsize=4096)
 def _task_spec(text: str) -> TaskSpec:
     return TaskSpec.model_validate_json(text)
 
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
-               Job.kill_on_invalid_dep, Job.requeues, Job.started_at)
+               Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at)
 
 
 def _scheduling(row) -> dict:
@@ -162,7 +175,7 @@ def _scheduling(row) -> dict:
             "nice": row.nice or 0, "priority": row.priority, "time_limit": row.time_limit,
             "dependency": tuple(Dependency(kind, tuple(ids)) for kind, ids in (row.dependency or ())),
             "kill_on_invalid_dep": bool(row.kill_on_invalid_dep), "requeues": row.requeues or 0,
-            "started_at": row.started_at}
+            "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None}
 
 
 def record_of(job: Job) -> JobRec:

@@ -128,10 +128,7 @@ class SchedulingMixin:
             return
         self.active.pop(job.id)
         self._publish.discard(job.id)
-        mode = self.policy.preempt_mode(job.partition, job.qos)
-        if job.id in self._requeue_on_loss:
-            self._requeue_on_loss.discard(job.id)
-            mode = "requeue"
+        mode = "requeue" if job.requeue_requested else self.policy.preempt_mode(job.partition, job.qos)
         if mode != "requeue" or job.cancel_requested:
             why = "cancel requested while preempted" if job.cancel_requested else "preempted (preempt mode cancel)"
             self._job_to(job, JobState.CANCELLED, now, "preempted", why, message=why)
@@ -149,7 +146,8 @@ class SchedulingMixin:
         for task in job.tasks:
             task.termination_deadline = None
         job.started_at = None
+        job.requeue_requested = False
         job.forget_request()
         self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}",
-                     requeues=job.requeues, started_at=None, reason="None")
+                     requeues=job.requeues, started_at=None, reason="None", requeue_requested_at=None)
         self._enqueue(job)

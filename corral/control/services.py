@@ -156,7 +156,8 @@ class ServicesMixin:
             elif isinstance(d, RequeueJob):
                 # Its node is gone and it may not restart: requeue the whole job, as Slurm does
                 # for a job whose node failed (same id, same names, same checkpoint directory).
-                self._requeue_on_loss.add(job.id)
+                job.requeue_requested = True
+                self.journal.job(job.id, requeue_requested_at=now)
                 replica.ready = False
                 self._replica_to(replica, ReplicaState.FAILED, "lost", now, d.message, ended_at=now,
                                  ready=False, handle=None)

@@ -48,6 +48,8 @@ class Launch:
     run: str | None
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    # a git workdir (url, ref): cloned once per job on the node, the attempt starts in the clone
+    repo: tuple[str, str | None] | None = None
     hosts: bool = True  # resolve the job's names through /etc/hosts where the executor can
 
 

@@ -82,7 +82,8 @@ class LocalExecutor(EventStream):
         try:
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
                                      {**self._base_env, **launch.env}, launch.cwd,
-                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts, self._umask)
+                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts, self._umask,
+                                     launch.repo)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc

@@ -18,6 +18,7 @@ give the replica's own address. Elsewhere names resolve inside Python (an inject
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -39,7 +40,17 @@ if [ -n "$6" ]; then hostname "$6" 2>/dev/null; fi
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
-if [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ -n "$7" ]; then
+  mkdir -p "${7%/*}" && {
+    flock 9 && if [ ! -d "$7/.git" ]; then
+      echo "corral: cloning $8${9:+ at $9} into $7" >&3
+      rm -rf "$7.part" && git clone -q -- "$8" "$7.part" 2>&3 &&
+      { [ -z "$9" ] || git -C "$7.part" -c advice.detachedHead=false checkout -q "$9" -- 2>&3; } && mv "$7.part" "$7"
+    fi
+  } 9>"$7.lock" && cd "$7"; rc=$?
+  [ "$rc" -eq 0 ] || echo "corral: could not clone $8${9:+ at $9} (exit $rc)" >&3
+fi
+if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
@@ -105,7 +116,8 @@ class NodeRunner:
         return self.runs_dir / key
 
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
-              cwd: str | None, log_path: Path, hosts: bool, umask: int = -1) -> subprocess.Popen:
+              cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
+              repo: tuple[str, str | None] | None = None) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
         run_dir = self.run_dir(key)
@@ -124,6 +136,9 @@ class NodeRunner:
             argv = ["unshare", "--mount", "--uts", "--propagation", "private"] + argv
             name = env.get("CORRAL_HOSTNAME", "")[:64]
         argv += [hosts_file, name]
+        if repo is not None:  # cloned by the wrapper (its output is the replica's log), once per job here
+            url, ref = repo
+            argv += [str(self.repo_dir(job_id, url, ref)), url, ref or ""]
         env = {**env, ATTEMPT_VAR: key}
         with open(log_path, "ab", buffering=0) as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -189,8 +204,14 @@ class NodeRunner:
         os.replace(tmp, directory / "peers.json")
         self.write_hosts(job_id, hosts)
 
+    def repo_dir(self, job_id: int, url: str, ref: str | None) -> Path:
+        """Where a job's git workdir is cloned on this node (on disk, beside the runs)."""
+        digest = hashlib.sha1(f"{url}\0{ref or ''}".encode()).hexdigest()[:12]
+        return self.runs_dir.parent / "workdirs" / str(job_id) / digest
+
     def cleanup_job(self, job_id: int) -> None:
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
+        shutil.rmtree(self.runs_dir.parent / "workdirs" / str(job_id), ignore_errors=True)
 
     # -- probes and logs ----------------------------------------------------------------------
     @staticmethod

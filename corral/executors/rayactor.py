@@ -57,8 +57,9 @@ class ReplicaActor:
         if env.get("CORRAL_CHECKPOINT_DIR"):  # node-local unless the site mounts shared storage there
             Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
         self.log_file = self.logs / f"{self.key}.log"
+        repo = launch.get("repo")
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
-                                      self.log_file, bool(launch.get("hosts", True)))
+                                      self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None)
         threading.Thread(target=self._reap, daemon=True).start()
         self.gpus = [int(float(g)) for g in gpus]
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,

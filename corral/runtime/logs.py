@@ -45,6 +45,16 @@ class LogTail:
         return out
 
 
+    def keep_last(self, count: int) -> None:
+        """Start every file at its last ``count`` lines (``tail -n``): what is read next is
+        those lines and whatever is written after them."""
+        for label, path in self.files.items():
+            try:
+                with open(path, "rb") as fh:
+                    self.offsets[label] = _last_lines_offset(fh, count)
+            except FileNotFoundError:
+                continue
+
     def drain(self) -> Iterator[bytes]:
         """Everything there is now, however large, a chunk at a time."""
         while True:
@@ -57,6 +67,29 @@ class LogTail:
         rest = self.read(final=True)
         if rest:
             yield b"".join(rest)
+
+
+def _last_lines_offset(fh, count: int, block: int = 1 << 16) -> int:
+    """The offset where the last ``count`` lines of an open file begin (an unfinished last
+    line counts as one), read backwards a block at a time."""
+    size = fh.seek(0, os.SEEK_END)
+    if count <= 0 or size == 0:
+        return size
+    fh.seek(size - 1)
+    pos = size - 1 if fh.read(1) == b"\n" else size  # a final newline ends the last line, starts none
+    seen = 0
+    while pos > 0:
+        start = max(0, pos - block)
+        fh.seek(start)
+        chunk = fh.read(pos - start)
+        end = len(chunk)
+        while (i := chunk.rfind(b"\n", 0, end)) >= 0:
+            seen += 1
+            if seen == count:
+                return start + i + 1
+            end = i
+        pos = start
+    return 0
 
 
 async def follow(tail: LogTail, ended: Callable[[], Awaitable[bool]], interval: float = 0.1) -> AsyncIterator[bytes]:

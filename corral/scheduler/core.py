@@ -121,50 +121,71 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         if blocked and job.partition in blocked:
             plan.reasons[job.id] = Reason.PRIORITY
             continue
-        limit = tally.blocked(job)
-        if limit is not None:
-            plan.reasons[job.id] = limit
+        # a job with resource alternatives is tried once per alternative (combination), in order
+        variants = job.variants
+        within = [(choice, v) for choice, v in variants if tally.blocked(v) is None]
+        if not within:
+            plan.reasons[job.id] = tally.blocked(variants[0][1])
             continue
         examined += 1
         scope = scopes.of(job, now)
         # 4. admit (and 7. backfill, once there are reservations)
-        # a count bound first: most of a long queue is examined while the pool is nearly full
-        allocations = place_gang(pool, job, scope) if pool.free_gpus >= job.gpus else None
-        if allocations is not None:
-            if not book or fits_around(job, allocations, now, book):
-                book.started(allocations)
-                tally.start(job)
-                plan.starts.append(Start(job.id, allocations))
-                timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
+        started = delayed = False
+        for choice, candidate in within:
+            # a count bound first: most of a long queue is examined while the pool is nearly full
+            allocations = place_gang(pool, candidate, scope) if pool.free_gpus >= candidate.gpus else None
+            if allocations is None:
                 continue
+            if not book or fits_around(candidate, allocations, now, book):
+                book.started(allocations)
+                tally.start(candidate)
+                plan.starts.append(Start(job.id, allocations, choice if len(variants) > 1 else ()))
+                timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
+                started = True
+                break
             for alloc in allocations:  # it would delay a reservation: undo the what-if
                 pool.release(alloc)
+            delayed = True
+        if started:
+            continue
+        if delayed:
             plan.reasons[job.id] = Reason.PRIORITY
             continue
+        first = within[0][1]
         # 5. preempt
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
-            found = preemption.find(job, pool, scope, running, policy, claimed)
+            found = preemption.find(first, pool, scope, running, policy, claimed)
             if found is not None:
                 claimed.update(found.victims)
                 if found.victims or found.shrinks:
                     plan.preemptions.append(found)
                 plan.reasons[job.id] = Reason.PREEMPTING
                 continue
-        plan.reasons[job.id] = _reason(snapshot, job, pool, scope)
+        reasons = [_reason(snapshot, candidate, pool, scope) for _, candidate in within[:MAX_REASONED]]
+        plan.reasons[job.id] = next((r for r in reasons if r is not Reason.GPU_TYPE), reasons[0])
         if not policy.backfill:  # strict FIFO: the first job that does not fit blocks the rest
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position + 1:]), Reason.PRIORITY))
             break
         if not full:
             blocked.add(job.partition)
             continue
-        # 6. reserve
+        # 6. reserve: the first alternative that can ever start in order; else the earliest
         if len(book) < policy.max_reservations:
-            reservation = reserve(job, book, timeline, now, scope)
-            if reservation is not None:
-                book.add(reservation, timeline)
-                plan.reserved_starts[job.id] = reservation.start
-                plan.reserved_on[job.id] = reservation.allocations
+            best = None
+            for _, candidate in within:
+                reservation = reserve(candidate, book, timeline, now, scope)
+                if reservation is not None and (best is None or reservation.start < best.start):
+                    best = reservation
+                    if job.in_order:
+                        break
+            if best is not None:
+                book.add(best, timeline)
+                plan.reserved_starts[job.id] = best.start
+                plan.reserved_on[job.id] = best.allocations
     return plan
+
+
+MAX_REASONED = 4  # alternatives looked at to say why a job waits
 
 
 def _hold(job: PendingJob, snapshot: Snapshot, policy: Policy, ahead: set[tuple[str, str]]) -> Reason | None:

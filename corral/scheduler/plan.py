@@ -25,6 +25,8 @@ class Reason(str, Enum):
     ACCOUNT_GPUS = "AccountMaxGPUs"
     ACCOUNT_GPU_MINUTES = "AccountGPUMinutes"
     PREEMPTING = "Preempting"  # lower-tier work is being stopped to make room for it
+    HELD_USER = "JobHeldUser"  # held by its owner (corral hold, launch --hold)
+    HELD_ADMIN = "JobHeldAdmin"  # held by an operator: only an operator releases it
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class Allocation:
 class Start:
     job_id: int
     allocations: tuple[Allocation, ...]
+    choice: tuple[int, ...] = ()  # the resource alternative each task starts with (none: as written)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ by builders) in tests and by the simulator."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from itertools import product
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,18 @@ class TaskRequest:
     memory: float = 0.0
     gpu_type: str | None = None
     topology: Topology | None = None
+    # Resource alternatives, (gpus, cpus, memory, gpu_type) each, this request's own first;
+    # empty when it has none. ``in_order``: the first that fits wins (else any may).
+    alternatives: tuple[tuple[int, float, float, str | None], ...] = ()
+    in_order: bool = True
+
+    def choose(self, index: int) -> TaskRequest:
+        """This request with alternative ``index`` as its resources."""
+        gpus, cpus, memory, gpu_type = self.alternatives[index]
+        return replace(self, gpus=gpus, cpus=cpus, memory=memory, gpu_type=gpu_type)
+
+
+MAX_VARIANTS = 16  # a job with alternatives on several tasks tries at most this many combinations
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,26 @@ class PendingJob:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
         # (account, user): what fair share and limits charge; looked up for every job every cycle
         object.__setattr__(self, "assoc", (self.account or self.user, self.user))
+
+    @property
+    def in_order(self) -> bool:
+        return all(t.in_order for t in self.tasks)
+
+    @cached_property
+    def variants(self) -> tuple[tuple[tuple[int, ...], PendingJob], ...]:
+        """The job once per combination of its tasks' resource alternatives, as (the index
+        chosen for each task, the job with those resources), the one as written first; at most
+        ``MAX_VARIANTS``. A job without alternatives is its only variant."""
+        if not any(t.alternatives for t in self.tasks):
+            return ((tuple(0 for _ in self.tasks), self),)
+        ranges = [range(len(t.alternatives) or 1) for t in self.tasks]
+        out = []
+        for choice in product(*ranges):
+            if len(out) >= MAX_VARIANTS:
+                break
+            tasks = tuple(t.choose(i) if t.alternatives else t for t, i in zip(self.tasks, choice))
+            out.append((tuple(choice), replace(self, tasks=tasks)))
+        return tuple(out)
 
 
 @dataclass(frozen=True)

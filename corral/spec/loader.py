@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from corral.spec.resources import IGNORED_RESOURCE_FIELDS, Alternative
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
@@ -210,6 +211,8 @@ def _resolve_workdirs(spec: JobSpec, base: Path, docs: list[Document], source: s
     for task in spec.tasks:
         if task.workdir is None:  # like sbatch's submit directory: where the file was launched from
             task = task.model_copy(update={"workdir": str(base.resolve())})
+        elif not isinstance(task.workdir, str):  # a git repository: cloned on the node
+            pass
         else:
             path = (base / Path(task.workdir).expanduser()).resolve()
             if not path.is_dir():
@@ -340,7 +343,8 @@ def _validate(model: type[BaseModel], doc: Document, label: str, issues: list[Sp
         return model.model_validate(doc.data, context=ctx)
     except ValidationError as exc:
         for err in exc.errors():
-            loc = tuple(err["loc"])
+            # union members' tags (<path>, <repository>) are not fields the user wrote
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("<") and p.endswith(">")))
             if not loc and isinstance(doc.data, dict):
                 # A whole-model check: point at the first field of the document it names.
                 named = [k for k in doc.data if isinstance(k, str) and re.search(rf"\b{re.escape(k)}\b", err["msg"])]
@@ -357,8 +361,7 @@ def _message(model: type[BaseModel], loc: tuple, err: dict[str, Any]) -> str:
             owner = field.annotation if field is not None and isinstance(field.annotation, type) and \
                 issubclass(field.annotation, BaseModel) else owner
         known = set(owner.model_fields)
-        if owner is Resources:
-            from corral.spec.models import IGNORED_RESOURCE_FIELDS
+        if owner in (Resources, Alternative):
             known |= IGNORED_RESOURCE_FIELDS
         return f"unknown field{_suggest(str(loc[-1]), known)}"
     msg = err["msg"]

@@ -9,10 +9,11 @@ import re
 from datetime import date
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_serializer, field_validator,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator,
                       model_validator)
 
-from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
+from corral.spec.quantity import parse_duration
+from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
 from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, Scheduling, SignalName, TopologyRequest,
                                  WarnBeforeTimeout, check_ports, resolve_port)
@@ -23,63 +24,12 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 NAME_RULE = "letters, digits, '-' and '_', starting with a letter or digit, at most 63 characters"
 
-# Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
-IGNORED_RESOURCE_FIELDS = frozenset({
-    "cloud", "region", "zone", "instance_type", "use_spot", "disk_size", "disk_tier", "image_id",
-    "infra", "job_recovery", "labels", "any_of", "ordered", "accelerator_args", "network_tier",
-    "autostop", "spot_recovery", "volumes",
-})
 IGNORED_TASK_FIELDS = frozenset({"file_mounts", "config", "volumes", "event_callback"})
 
-DEFAULT_CPUS = 0.1  # a task that asks for nothing still fits five to a 2-core laptop
 DEFAULT_GRACE_S = 10.0
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-
-def _warn(info: ValidationInfo, message: str) -> None:
-    if info.context is not None:
-        info.context.setdefault("warnings", []).append(message)
-
-
-def _drop_ignored(data: Any, ignored: frozenset[str], where: str, info: ValidationInfo) -> Any:
-    if isinstance(data, dict):
-        for key in sorted(ignored & data.keys()):
-            _warn(info, f"{where}{key} is ignored on corral's infra")
-        data = {k: v for k, v in data.items() if k not in ignored}
-    return data
-
-
-def _accelerators(value: Any) -> tuple[str | None, int]:
-    return parse_accelerators(value)
-
-
-class Resources(BaseModel):
-    """Per-replica resources."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    accelerators: Annotated[tuple[str | None, int], BeforeValidator(_accelerators)] = (None, 0)
-    cpus: Annotated[float, BeforeValidator(parse_cpus)] = DEFAULT_CPUS
-    memory: Annotated[float, BeforeValidator(parse_memory)] = 0.0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
-        return _drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
-
-    @field_serializer("accelerators")
-    def _dump_accelerators(self, value: tuple[str | None, int]) -> str | int:
-        # Dumped in the written form, so a stored spec validates again unchanged.
-        return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
-
-    @property
-    def gpu_type(self) -> str | None:
-        return self.accelerators[0]
-
-    @property
-    def gpus(self) -> int:
-        return self.accelerators[1]
+_warn, _drop_ignored = warn, drop_ignored
 
 
 def _env_value(value: Any) -> str | None:
@@ -95,6 +45,41 @@ def _env_value(value: Any) -> str | None:
 EnvMap = dict[str, Annotated[str | None, BeforeValidator(_env_value)]]
 
 
+_GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]{0,199}")
+
+
+class GitWorkdir(BaseModel):
+    """SkyPilot's ``workdir: {url, ref}``: the repository is cloned once per job on each node
+    its replicas run on (into the job's directory there), ``ref`` (a branch, tag or commit)
+    checked out, and ``setup``/``run`` start in it. No shared filesystem is assumed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    ref: str | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        value = value.strip()
+        if not value or value.startswith("-") or any(c.isspace() or c == "\0" for c in value):
+            raise ValueError("a repository URL (https://…, git@host:path, file:///…), without spaces")
+        return value
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str | None) -> str | None:
+        if value is not None and (not _GIT_REF.fullmatch(value) or ".." in value):
+            raise ValueError(f"{shown(value)} is not a branch, tag or commit name")
+        return value
+
+
+# A directory or a repository, told apart by shape so an error speaks of one of them only (the
+# tags, in <>, are left out of the field names errors show).
+Workdir = Annotated[Annotated[str, Tag("<path>")] | Annotated[GitWorkdir, Tag("<repository>")],
+                    Discriminator(lambda v: "<repository>" if isinstance(v, (dict, GitWorkdir)) else "<path>")]
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -107,7 +92,7 @@ class TaskSpec(BaseModel):
     secrets: EnvMap = {}
     setup: str | None = None
     run: str | None = None
-    workdir: str | None = None
+    workdir: Workdir | None = None  # a directory, or a git repository cloned for the job
     # service semantics (corral/spec/service.py)
     ports: Ports = {}
     readiness_probe: Probe | None = None

@@ -110,9 +110,11 @@ def parse_accelerators(value: object) -> tuple[str | None, int]:
         if len(value) != 1:
             raise ValueError("accelerators as a mapping must name exactly one type, e.g. {H100: 8}")
         ((name, count),) = value.items()
-        return _gpu_type(str(name)), _gpu_count(count if count is not None else 1, value)
+        if count is None:  # {H100:8}: YAML read "H100:8" as a key without a value
+            return parse_accelerators(str(name))
+        return _gpu_type(str(name)), _gpu_count(count, value)
     if isinstance(value, list):
-        raise ValueError("a list of alternative accelerators is not supported; name one type, e.g. 'H100:8'")
+        raise ValueError("one alternative names one accelerator, e.g. 'H100:8'")
     if isinstance(value, str):
         text = value.strip()
         if text.isdigit():

@@ -191,6 +191,7 @@ class Scheduling(_Strict):
     priority: float | None = Field(default=None, ge=0)
     dependency: Annotated[tuple[tuple[str, tuple[int, ...]], ...], BeforeValidator(_dependency)] = ()
     kill_on_invalid_dep: bool = False
+    hold: bool = False  # submitted held (sbatch --hold): waits, JobHeldUser, until released
 
     @field_validator("partition", "account", "qos")
     @classmethod

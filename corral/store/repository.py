@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session, selectinload
 
+from corral.scheduler.plan import Reason
 from corral.spec.models import NAME_RE, JobSpec
 from corral.states import TERMINAL_JOB_STATES, JobState, ReplicaState
 from corral.store.tables import Event, Job, Replica, Task
@@ -60,13 +61,15 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
     for item in new:
         spec, sched = item.spec, item.spec.scheduling
         jobs.append(SimpleNamespace(
-            name=spec.name, user=item.user, state=JobState.PENDING.value, reason="None", message=None, exit_code=None,
+            name=spec.name, user=item.user, state=JobState.PENDING.value,
+            reason=Reason.HELD_USER.value if sched.hold else "None", message=None, exit_code=None,
             spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
             cancel_requested_at=None, version=0, partition=item.partition, account=item.account or item.user,
             qos=item.qos, nice=sched.nice, priority=sched.priority,
             time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
             dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
-            kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0))
+            kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
+            requeue_requested_at=None))
     for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
         job.id = new_id
     tasks, replicas = [], []
@@ -137,8 +140,11 @@ def find_job(session: Session, ident: str) -> Job | None:
 
 
 def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable[str] = (),
-              user: str | None = None, name: str | None = None, limit: int = 1000) -> list[Job]:
-    if (name and not NAME_RE.fullmatch(name)) or (user and len(user) > 64):
+              user: str | None = None, name: str | None = None, limit: int = 1000, account: str | None = None,
+              partition: str | None = None, since: float | None = None, until: float | None = None) -> list[Job]:
+    """Jobs in id order. ``since``/``until`` keep those alive at some moment of that window
+    (submitted by its end, not ended before its start), as ``sacct -S/-E`` does."""
+    if (name and not NAME_RE.fullmatch(name)) or any(v and len(v) > 64 for v in (user, account, partition)):
         return []  # longer than the column: no job can match, and the database need not be asked
     query = select(Job).options(selectinload(Job.tasks), selectinload(Job.replicas)).order_by(Job.id)
     states = list(states)
@@ -150,6 +156,14 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
         query = query.where(Job.user == user)
     if name:
         query = query.where(Job.name == name)
+    if account:
+        query = query.where(Job.account == account)
+    if partition:
+        query = query.where(Job.partition == partition)
+    if until is not None:
+        query = query.where(Job.submitted_at <= until)
+    if since is not None:
+        query = query.where((Job.ended_at.is_(None)) | (Job.ended_at >= since))
     if include_ended and not states:
         # newest ended jobs first when the history is long, then back to id order
         return sorted(session.scalars(query.order_by(None).order_by(Job.id.desc()).limit(limit)).all(),
@@ -164,6 +178,35 @@ def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:
                              .values(cancel_requested_at=now, version=Job.version + 1))
     if result.rowcount:
         add_event(session, job.id, now, "job", "cancel_requested", message=f"cancel requested by {by}")
+        return True
+    return False
+
+
+def set_hold(session: Session, job: Job, hold: str, now: float, by: str) -> bool:
+    """Hold a pending job (``hold`` "user" or "admin") or release it (""): False when it is no
+    longer pending (it started, ended or is being cancelled meanwhile) or already so."""
+    reason = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(hold, Reason.NONE.value)
+    # an owner's hold never downgrades an operator's (which the owner could then release)
+    current = Job.hold == "" if hold == "user" else Job.hold != hold
+    result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+                                               Job.cancel_requested_at.is_(None), current)
+                             .values(hold=hold, reason=reason, version=Job.version + 1))
+    if result.rowcount:
+        add_event(session, job.id, now, "job", "held" if hold else "released",
+                  message=f"{'held' if hold else 'released'} by {by}" + (" (operator hold)" if hold == "admin" else ""))
+        return True
+    return False
+
+
+def request_requeue(session: Session, job: Job, now: float, by: str) -> bool:
+    """Record the wish to requeue a starting or running job; False when it is in no such state,
+    is being cancelled, or a requeue is already under way."""
+    result = session.execute(update(Job).where(
+        Job.id == job.id, Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]),
+        Job.cancel_requested_at.is_(None), Job.requeue_requested_at.is_(None))
+        .values(requeue_requested_at=now, version=Job.version + 1))
+    if result.rowcount:
+        add_event(session, job.id, now, "job", "requeue_requested", message=f"requeue requested by {by}")
         return True
     return False
 

@@ -46,6 +46,10 @@ class Job(Base):
     dependency: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
     kill_on_invalid_dep: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # times preempted and requeued
+    hold: Mapped[str] = mapped_column(String(8), default="", server_default="")  # "", "user" or "admin"
+    # A requeue asked for (by a user, or a node's loss): kept until the job is pending again, so a
+    # server restart while its replicas stop still requeues it instead of ending it.
+    requeue_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")

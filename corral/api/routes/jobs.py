@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
-from corral.api.schemas import CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
+from corral.api.schemas import ActionResponse, CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
 from corral.admission import Refusal, admit
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
@@ -76,21 +77,44 @@ def _existing(state, ids: list[int]) -> set[int]:
         return set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
 
 
+def _moment(name: str, value: str | None) -> float | None:
+    """An ISO 8601 date or time as a timestamp (UTC when it names no zone); 422 otherwise."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise invalid_parameter("query", name, f"{shown(value)} is not an ISO 8601 date or time, "
+                                "e.g. 2026-11-24 or 2026-11-24T13:00:00+01:00", "datetime_from_date_parsing") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
 @router.get("", response_model=list[JobOut])
-def list_jobs(session: SessionDep, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
-              user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000):
+def list_jobs(session: SessionDep, state_: StateDep, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
+              user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+              account: str | None = None, partition: str | None = None,
+              since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
+                                                 json_schema_extra={"format": "date-time"}, max_length=64)] = None,
+              until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
+                                                 json_schema_extra={"format": "date-time"}, max_length=64)] = None):
+    """Jobs in id order: active ones, or with ``all`` ended ones too (the newest ``limit``);
+    filtered by state, user, name, account, partition and a time window (like ``sacct``)."""
     states = [s.upper() for s in state or []]
     unknown = [s for s in states if s not in JobState.__members__]
     if unknown:
         raise invalid_parameter("query", "state", f"unknown state(s) {shown(unknown)}; valid: "
                                 f"{', '.join(JobState.__members__)}", "enum")
-    jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit)
-    return [JobOut.of(j) for j in jobs]
+    window = [_moment(name, value) for name, value in (("since", since), ("until", until))]
+    jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit,
+                                account=account, partition=partition, since=window[0], until=window[1])
+    expected = dict(state_.controller.expected_starts)
+    return [JobOut.of(j, expected.get(j.id)) for j in jobs]
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
-def get_job(job: str, session: SessionDep):
-    return JobOut.of(_job_or_404(session, job))
+def get_job(job: str, session: SessionDep, state: StateDep):
+    found = _job_or_404(session, job)
+    return JobOut.of(found, state.controller.expected_starts.get(found.id))
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(404))
@@ -102,6 +126,62 @@ def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock:
     if changed:
         state.controller.cancel_requested(found.id)
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+
+
+@router.post("/{job}/hold", response_model=ActionResponse, responses=documented(404, 409))
+def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    """Keep a pending job from starting (Slurm's ``scontrol hold``): reason JobHeldUser, or
+    JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
+    found = _job_or_404(session, job)
+    kind = "admin" if user in state.site.operators and user != found.user else "user"
+    with state.controller.write_lock:
+        changed = repository.set_hold(session, found, kind, clock(), user)
+        session.commit()
+    session.refresh(found)
+    if changed:
+        state.controller.hold_changed(found.id, True)
+    elif found.state != JobState.PENDING.value or found.cancel_requested_at is not None:
+        raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
+                                 "only a pending job can be held (requeue a running one with hold after it)")
+    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
+                          message=f"job {found.id} held" if changed else f"job {found.id} was already held")
+
+
+@router.post("/{job}/release", response_model=ActionResponse, responses=documented(403, 404))
+def release(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    """Let a held job be scheduled again (Slurm's ``scontrol release``)."""
+    found = _job_or_404(session, job)
+    if found.hold == "admin" and user not in state.site.operators:
+        raise HTTPException(403, f"job {found.id} was held by an operator (JobHeldAdmin); only an operator "
+                                 f"({', '.join(state.site.operators) or 'none configured'}) may release it")
+    with state.controller.write_lock:
+        changed = repository.set_hold(session, found, "", clock(), user)
+        session.commit()
+    session.refresh(found)
+    if changed:
+        state.controller.hold_changed(found.id, False)
+    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
+                          message=f"job {found.id} released" if changed else f"job {found.id} was not held")
+
+
+@router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(404, 409))
+def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    """Stop a starting or running job (every replica gets its stop signal and grace period) and
+    put it back in the queue under the same id, names and checkpoint directory
+    (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
+    found = _job_or_404(session, job)
+    with state.controller.write_lock:
+        changed = repository.request_requeue(session, found, clock(), user)
+        session.commit()
+    session.refresh(found)
+    if changed:
+        state.controller.requeue_requested(found.id)
+    elif found.requeue_requested_at is None or JobState(found.state).terminal:
+        raise HTTPException(409, f"job {found.id} is {found.state}"
+                                 f"{' and being cancelled' if found.cancel_requested_at else ''}; only a starting or "
+                                 "running job can be requeued (launch an ended one again)")
+    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
+                          message=f"job {found.id} requeueing" if changed else f"job {found.id} is already requeueing")
 
 
 @router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 404, 409, 413))
@@ -153,7 +233,8 @@ def events(job: str, session: SessionDep):
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
                        **documented(404)})
 async def logs(job: str, state: StateDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
-               prefix: bool | None = None):
+               prefix: bool | None = None,
+               tail: Annotated[int | None, Query(ge=0, le=10_000_000, description="Only the last N lines of each replica's log, then (with follow) what comes")] = None):
     def lookup():
         with state.sessions() as session:
             found = _job_or_404(session, job)
@@ -166,7 +247,9 @@ async def logs(job: str, state: StateDep, replica: str | None = None, follow_log
         if replica not in files:
             raise HTTPException(404, f"job {job_id} has no replica {replica!r}; it has {', '.join(files)}")
         files = {replica: files[replica]}
-    tail = LogTail(files, prefix=len(files) > 1 if prefix is None else prefix)
+    reader = LogTail(files, prefix=len(files) > 1 if prefix is None else prefix)
+    if tail is not None:
+        await run_in_threadpool(reader.keep_last, tail)
 
     async def ended() -> bool:
         def check():
@@ -177,5 +260,5 @@ async def logs(job: str, state: StateDep, replica: str | None = None, follow_log
         return await run_in_threadpool(check)
 
     if not follow_logs:
-        return StreamingResponse(tail.drain(), media_type="text/plain")
-    return StreamingResponse(follow(tail, ended), media_type="text/plain")
+        return StreamingResponse(reader.drain(), media_type="text/plain")
+    return StreamingResponse(follow(reader, ended), media_type="text/plain")

@@ -1,0 +1,176 @@
+"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue
+and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
+from the server exits through ``fail``."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import zlib
+from argparse import Namespace
+from pathlib import Path
+
+from corral.cli import daemon
+from corral.cli.render import Usage, err, fail, moment, out
+from corral.client import Client, CorralError
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def launch(args: Namespace) -> None:
+    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": args.time_limit,
+               "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
+               "hold": args.hold or None}
+    scheduling = {k: v for k, v in options.items() if v is not None}
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise Usage("--env", f"{item!r} is not K=V")
+        env[key] = value
+    file = Path(args.file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise Usage("FILE", f"cannot read {file}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        line = file.read_bytes()[:exc.start].count(b"\n") + 1
+        raise Usage("FILE", f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
+                            "job files are read as UTF-8") from None
+    client = daemon.client()
+    try:
+        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
+                               scheduling=scheduling)
+    except CorralError as exc:
+        fail(exc, str(file))
+    for warning in result["warnings"]:
+        err.print(f"[yellow]warning:[/yellow] {warning}")
+    job = result["job"]
+    if args.detach:
+        print(job["id"])
+        return
+    summary = " ".join(f"{t['name']}:{t['num_nodes']}" for t in job["tasks"])
+    err.print(f"Job {job['id']} ({job['name']}) submitted: {summary}. Ctrl-C detaches; the job keeps running.")
+    try:
+        _while_pending(client, job)
+        _stream(client.logs(job["id"], follow=True, prefix=True))
+        final = client.job(job["id"])
+    except KeyboardInterrupt:
+        err.print(f"\nDetached from job {job['id']}; it keeps running. Follow it again with: "
+                  f"corral logs {job['id']} -f")
+        sys.exit(130)
+    except CorralError as exc:
+        fail(exc)
+    style = "green" if final["state"] == "SUCCEEDED" else "red"
+    extra = f" (exit code {final['exit_code']})" if final["exit_code"] not in (None, 0) else ""
+    err.print(f"Job {final['id']} ({final['name']}) [{style}]{final['state']}[/{style}]{extra}"
+              + (f": {final['message']}" if final.get("message") and final["state"] != "SUCCEEDED" else ""))
+    sys.exit(0 if final["state"] == "SUCCEEDED" else 1)
+
+
+def logs(args: Namespace) -> None:
+    client = daemon.client()
+    try:
+        if args.follow:
+            data = client.job(args.job)
+            if data["state"] == "PENDING":
+                reason = "" if data["reason"] == "None" else f" ({data['reason']})"
+                err.print(f"Job {data['id']} is pending{reason}; its logs follow once it starts.")
+        _stream(client.logs(args.job, replica=args.replica, follow=args.follow, tail=args.tail))
+    except CorralError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _while_pending(client: Client, job: dict) -> None:
+    """While the job waits, say why and when it is expected to start: one line kept current on
+    a terminal, a new line at each change otherwise."""
+    tty = sys.stderr.isatty()
+    shown, waited, first = "", False, True
+    while job["state"] == "PENDING":
+        reason = "" if job["reason"] == "None" else f" ({job['reason']})"
+        start = f", expected start {moment(job['expected_start'])}" if job.get("expected_start") else ""
+        line = f"Job {job['id']} pending{reason}{start}"
+        if line != shown and not first:  # a job that starts at once never shows the line
+            sys.stderr.write(("\r\x1b[2K" + line) if tty else line + "\n")
+            sys.stderr.flush()
+            shown, waited = line, True
+        time.sleep(0.2 if first else 1.0)
+        first = False
+        job = client.job(job["id"])
+    if waited and tty:
+        sys.stderr.write("\r\x1b[2K")
+        sys.stderr.flush()
+
+
+_PREFIX = re.compile(rb"^([A-Za-z0-9][A-Za-z0-9_.-]{0,80}-[0-9]+) +\| ", re.MULTILINE)  # "trainer-0   | "
+_COLOURS = (b"36", b"33", b"35", b"32", b"34", b"91", b"96", b"93", b"95", b"92")
+
+
+def _stream(chunks) -> None:
+    """Copy a log stream to stdout; on a colour terminal each replica's prefix gets a colour
+    of its own (the same one on every run)."""
+    colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    for chunk in chunks:
+        if colour:
+            chunk = _PREFIX.sub(lambda m: b"\x1b[" + _COLOURS[zlib.crc32(m.group(1)) % len(_COLOURS)] + b"m"
+                                + m.group(0)[:-2] + b"\x1b[0m| ", chunk)
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
+def cancel(args: Namespace) -> None:
+    client = daemon.client()
+    jobs = tuple(args.jobs)
+    if args.user or args.state or args.name or args.partition:
+        try:
+            found = client.jobs(user=args.user, name=args.name, states=[s.upper() for s in args.state] or None)
+        except CorralError as exc:
+            fail(exc)
+        wanted = set(jobs)
+        jobs = tuple(str(j["id"]) for j in found if j["state"] not in TERMINAL
+                     and (args.partition is None or j.get("partition") == args.partition)
+                     and (not wanted or str(j["id"]) in wanted or j["name"] in wanted))
+        if not jobs:
+            err.print("no active job matches")
+            return
+    elif not jobs:
+        raise Usage("JOB", "name the jobs to cancel, or filter them with -u/-t/-n/-p")
+    failed = False
+    for ident in jobs:
+        try:
+            result = client.cancel(ident)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            failed = True
+            continue
+        verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
+        out.print(f"Job {result['id']}: {verb}")
+    sys.exit(1 if failed else 0)
+
+
+def each(args: Namespace) -> None:
+    """hold, release or requeue every job named; exit 1 if any was refused."""
+    client = daemon.client()
+    failed = False
+    for ident in args.jobs:
+        try:
+            result = getattr(client, args.action)(ident)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}", markup=True)
+            failed = True
+            continue
+        out.print(result["message"][0].upper() + result["message"][1:], markup=False)
+    sys.exit(1 if failed else 0)
+
+
+def scale(args: Namespace) -> None:
+    try:
+        data = daemon.client().scale(args.job, args.task, args.replicas)
+    except CorralError as exc:
+        fail(exc)
+    out.print(f"Job {data['id']}: scaling {args.task} to {args.replicas} replica(s); "
+              f"watch with: corral status {data['id']}")

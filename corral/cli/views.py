@@ -1,0 +1,226 @@
+"""The commands that read: queue (with ``--priority`` like sprio and ``--start`` like squeue
+--start), acct (like sacct), share (like sshare), status, nodes and events. Each prints a
+table sized to the terminal (tab-separated when piped) or JSON with ``--json``."""
+
+from __future__ import annotations
+
+import re
+import sys
+from argparse import Namespace
+from datetime import datetime, timedelta, timezone
+
+from corral.cli import daemon
+from corral.cli.render import Column, Usage, fail, moment, out, print_json, table
+from corral.client import CorralError
+
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def _age(iso: str | None, until: str | None = None) -> str:
+    """Time since ``iso``; an ended job's age stops at its end."""
+    if not iso:
+        return "-"
+    end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
+    seconds = max(0, int((end - datetime.fromisoformat(iso)).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _read(call):
+    try:
+        return call(daemon.client())
+    except CorralError as exc:
+        fail(exc)
+
+
+def queue(args: Namespace) -> None:
+    if args.priority:
+        jobs = [j for j in _read(lambda c: c.priority()) if not args.user or j["user"] == args.user]
+    elif args.start:
+        jobs = _read(lambda c: c.jobs(user=args.user, states=["PENDING"]))
+    else:
+        jobs = _read(lambda c: c.jobs(all=args.all, user=args.user))
+    if args.json:
+        print_json(jobs)
+    elif args.start:
+        table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
+               Column("PARTITION", optional=1), Column("STATE"), Column("START_TIME"),
+               Column("REASON", fold=True, min_width=10)],
+              [[j["id"], j["name"], j["user"], j["partition"], j["state"], moment(j.get("expected_start")),
+                j["reason"]] for j in jobs])
+    elif args.priority:
+        table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
+               Column("ACCOUNT", optional=2, min_width=7), Column("PARTITION", optional=3), Column("QOS", optional=4),
+               Column("PRIORITY", right=True), Column("AGE", right=True), Column("FAIRSHARE", right=True),
+               Column("JOBSIZE", right=True), Column("PART", right=True, optional=5),
+               Column("QOSF", right=True, optional=6), Column("EXPANSION", right=True, optional=7),
+               Column("NICE", right=True, optional=1), Column("REASON", fold=True, min_width=10)],
+              [[j["id"], j["name"], j["user"], j["account"], j["partition"], j["qos"], f"{j['priority']:.0f}",
+                f"{j['age']:.0f}", f"{j['fair_share']:.0f}", f"{j['job_size']:.0f}", f"{j['partition_factor']:.0f}",
+                f"{j['qos_factor']:.0f}", f"{j['expansion']:.0f}", j["nice"],
+                j["reason"] + (" (starving)" if j.get("starving") else "")] for j in jobs])
+    else:
+        table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
+               Column("PARTITION", optional=1), Column("STATE"), Column("REASON", fold=True, min_width=10),
+               Column("TASKS", fold=True, min_width=8), Column("GPUS", right=True), Column("AGE", right=True)],
+              [[j["id"], j["name"], j["user"], j.get("partition") or "-", j["state"],
+                "-" if j["state"] in TERMINAL or j["reason"] == "None" else j["reason"],
+                " ".join(f"{t['name']}:{t['num_nodes']}" for t in j["tasks"]), j["gpus"],
+                _age(j["submitted_at"], j.get("ended_at"))] for j in jobs])
+
+
+_AGO = re.compile(r"now(?:-(\d+)(s|sec|seconds?|m|min|minutes?|h|hours?|d|days?|w|weeks?))?", re.IGNORECASE)
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _when(text: str, option: str) -> datetime:
+    """``now``, ``now-3d``/``now-3days``, or an ISO date or time (local unless it has a zone)."""
+    match = _AGO.fullmatch(text.strip())
+    if match:
+        ago = int(match.group(1)) * _UNIT[match.group(2)[0].lower()] if match.group(1) else 0
+        return datetime.now(timezone.utc) - timedelta(seconds=ago)
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise Usage(option, f"{text!r} is not a time: use e.g. 2026-11-24, 2026-11-24T13:00, now or now-2d") from None
+    return parsed if parsed.tzinfo else parsed.astimezone()  # a naive time is the local one
+
+
+def _elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+ACCT_FIELDS = ("id", "name", "user", "account", "partition", "state", "exit_code", "submit", "start", "end",
+               "elapsed_s", "gpus", "gpu_hours", "requeues")
+
+
+def _accounting(job: dict, now: datetime) -> dict:
+    """One sacct-like row: times, elapsed (start to end, or to now while running), GPU-hours."""
+    start = datetime.fromisoformat(job["started_at"]) if job["started_at"] else None
+    end = datetime.fromisoformat(job["ended_at"]) if job["ended_at"] else None
+    elapsed = ((end or now) - start).total_seconds() if start else None
+    if start and end is None and job["state"] in TERMINAL:
+        elapsed = None
+    return {"id": job["id"], "name": job["name"], "user": job["user"], "account": job["account"],
+            "partition": job["partition"], "state": job["state"], "exit_code": job["exit_code"],
+            "submit": job["submitted_at"], "start": job["started_at"], "end": job["ended_at"],
+            "elapsed_s": None if elapsed is None else round(max(0.0, elapsed), 3),
+            "gpus": job["gpus"], "gpu_hours": round(job["gpus"] * max(0.0, elapsed or 0.0) / 3600, 4),
+            "requeues": job["requeues"]}
+
+
+def acct(args: Namespace) -> None:
+    start = _when(args.starttime, "--starttime") if args.starttime else \
+        datetime.now().astimezone().replace(hour=0, minute=0, second=0, microsecond=0)
+    end = _when(args.endtime, "--endtime")
+    if end < start:
+        raise Usage("--endtime", f"ends ({end.isoformat(timespec='seconds')}) before --starttime "
+                                 f"({start.isoformat(timespec='seconds')})")
+    jobs = _read(lambda c: c.jobs(all=True, user=args.user, account=args.account, partition=args.partition,
+                                  limit=10000, states=[x.upper() for x in args.state] or None,
+                                  since=start.isoformat(), until=end.isoformat()))
+    now = datetime.now(timezone.utc)
+    rows = [_accounting(j, now) for j in jobs]
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
+        print_json(rows)
+        return
+    if fmt == "csv":
+        import csv
+
+        writer = csv.DictWriter(sys.stdout, fieldnames=ACCT_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return
+
+    def stamp(iso: str | None) -> str:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S") if iso else "-"
+
+    table([Column("ID", key=True), Column("NAME", min_width=8), Column("USER", min_width=6),
+           Column("ACCOUNT", optional=3), Column("PARTITION", optional=4), Column("STATE"),
+           Column("EXIT", right=True), Column("SUBMIT", optional=2), Column("START", optional=5),
+           Column("END", optional=1), Column("ELAPSED", right=True), Column("GPUS", right=True, optional=6),
+           Column("GPU-HOURS", right=True)],
+          [[r["id"], r["name"], r["user"], r["account"], r["partition"], r["state"], r["exit_code"], stamp(r["submit"]),
+            stamp(r["start"]), stamp(r["end"]), _elapsed(r["elapsed_s"]), r["gpus"], f"{r['gpu_hours']:.2f}"]
+           for r in rows])
+
+
+def share(args: Namespace) -> None:
+    rows = _read(lambda c: c.share())
+    if args.json:
+        print_json(rows)
+        return
+    table([Column("ACCOUNT", key=True), Column("USER"), Column("RAWSHARES", right=True),
+           Column("NORMSHARES", right=True, optional=2), Column("RAWUSAGE", right=True),
+           Column("EFFECTVUSAGE", right=True, optional=1), Column("FAIRSHARE", right=True)],
+          [[" " * r["depth"] + (r["account"] if not r["user"] else ""), r["user"] or "", f"{r['raw_shares']:g}",
+            f"{r['norm_shares']:.6f}", f"{r['raw_usage']:.0f}", f"{r['effective_usage']:.6f}",
+            f"{r['fair_share']:.6f}"] for r in rows])
+
+
+def status(args: Namespace) -> None:
+    data = _read(lambda c: c.job(args.job))
+    if args.json:
+        print_json(data)
+        return
+    exit_code = "-" if data["exit_code"] is None else data["exit_code"]
+    reason = "-" if data["state"] in TERMINAL or data["reason"] == "None" else data["reason"]
+    out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
+              f"reason={reason}  exit_code={exit_code}")
+    if data.get("message"):
+        out.print(f"  {data['message']}", markup=False)
+    for task in data["tasks"]:
+        if task.get("alternatives", 1) > 1:
+            what = f"{task['gpu_type']}:{task['gpus']}" if task["gpu_type"] else f"{task['gpus']} GPU(s)"
+            which = (f"runs on {what}, alternative {task['alternative']} of {task['alternatives']}"
+                     if task.get("alternative") else f"{task['alternatives']} resource alternatives, none chosen yet")
+            out.print(f"  task {task['name']}: {which}", markup=False)
+    table([Column("REPLICA", key=True), Column("ROLE", optional=2), Column("STATE"), Column("NODE", min_width=6),
+           Column("PID", optional=3), Column("GPUS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
+           Column("HOSTNAME", fold=True, optional=1, min_width=12)],
+          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"], r["node"],
+            r["pid"], ",".join(map(str, r["gpus"])) or "-", r["exit_code"], r["restarts"], r["hostname"]]
+           for task in data["tasks"] for r in task["replicas"]])
+
+
+def nodes(args: Namespace) -> None:
+    data = _read(lambda c: c.nodes())
+    if args.json:
+        print_json(data)
+        return
+    table([Column("NODE", key=True), Column("STATE"), Column("GPUS", right=True), Column("TYPE"),
+           Column("FREE GPUS", fold=True, min_width=9), Column("CPUS", right=True, optional=3),
+           Column("FREE CPUS", right=True), Column("MEMORY", right=True, optional=2), Column("FREE MEM", right=True),
+           Column("INFRA", optional=4), Column("LABELS", fold=True, optional=1, min_width=10)],
+          [[n["name"], n.get("state", "UP"), n["gpus"], n["gpu_type"] or "-",
+            ",".join(map(str, n["free_gpus"])) or "-", f"{n['cpus']:g}", f"{n['free_cpus']:g}", f"{n['memory']:g}G",
+            f"{n['free_memory']:g}G", n.get("infra", "local"),
+            ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-"] for n in data])
+
+
+def events(args: Namespace) -> None:
+    data = _read(lambda c: c.events(args.job))
+    if args.json:
+        print_json(data)
+        return
+    today = datetime.now().astimezone().date()
+
+    def when(ts: str) -> str:
+        local = datetime.fromisoformat(ts).astimezone()
+        return local.strftime("%H:%M:%S.%f" if local.date() == today else "%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    table([Column("TIME", key=True), Column("SUBJECT", min_width=8), Column("TRANSITION", optional=1),
+           Column("CAUSE", min_width=8), Column("MESSAGE", fold=True, min_width=16)],
+          [[when(e["ts"]), e["subject"], f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else "",
+            e["cause"], e["message"] or ""] for e in data])

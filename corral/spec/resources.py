@@ -1,0 +1,153 @@
+"""Per-replica resources in every form SkyPilot accepts, alternatives included.
+
+``accelerators`` may be ``H100:8``, ``{H100: 8}``, ``{H100:8}`` (YAML reads that as a key
+without a value), a list of alternatives in order of preference (``[A100:8, H100:8]``), or a
+set of alternatives with no preference (``{A100:8, H100:8}``); ``any_of`` / ``ordered`` list
+whole resource alternatives (accelerators, cpus, memory) over the task's own fields. Every
+form is normalised to SkyPilot's own ``ordered`` / ``any_of`` lists, each entry complete, and
+the task's own fields set to the first entry. That normal form is what is stored, and it
+validates again to itself. The scheduler places a task on the first alternative that fits
+(in order for ``ordered``; any for ``any_of``, the earliest start when none fits now)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, SerializerFunctionWrapHandler, ValidationInfo,
+                      field_serializer, model_serializer, model_validator)
+
+from corral.spec.quantity import parse_accelerators, parse_cpus, parse_memory
+
+# Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
+IGNORED_RESOURCE_FIELDS = frozenset({
+    "cloud", "region", "zone", "instance_type", "use_spot", "disk_size", "disk_tier", "image_id",
+    "infra", "job_recovery", "labels", "accelerator_args", "network_tier",
+    "autostop", "spot_recovery", "volumes",
+})
+DEFAULT_CPUS = 0.1  # a task that asks for nothing still fits five to a 2-core laptop
+MAX_ALTERNATIVES = 16
+
+Accelerators = Annotated[tuple[str | None, int], BeforeValidator(parse_accelerators)]
+Cpus = Annotated[float, BeforeValidator(parse_cpus)]
+Memory = Annotated[float, BeforeValidator(parse_memory)]
+
+
+def warn(info: ValidationInfo, message: str) -> None:
+    if info.context is not None:
+        info.context.setdefault("warnings", []).append(message)
+
+
+def drop_ignored(data: Any, ignored: frozenset[str], where: str, info: ValidationInfo) -> Any:
+    if isinstance(data, dict):
+        for key in sorted(ignored & data.keys()):
+            warn(info, f"{where}{key} is ignored on corral's infra")
+        data = {k: v for k, v in data.items() if k not in ignored}
+    return data
+
+
+def _dump(value: tuple[str | None, int]) -> str | int:
+    # Dumped in the written form, so a stored spec validates again unchanged.
+    return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
+
+
+class Alternative(BaseModel):
+    """One complete resource alternative."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerators: Accelerators = (None, 0)
+    cpus: Cpus = DEFAULT_CPUS
+    memory: Memory = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        return drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources alternative: ", info)
+
+    @field_serializer("accelerators")
+    def _dump_accelerators(self, value: tuple[str | None, int]) -> str | int:
+        return _dump(value)
+
+
+def _accelerator_choices(value: Any) -> tuple[list[Any], bool] | None:
+    """The alternatives an ``accelerators`` value lists and whether in order, or None for a
+    single accelerator request."""
+    if isinstance(value, list):
+        return list(value), True
+    if isinstance(value, dict) and (len(value) > 1 or any(v is None for v in value.values())):
+        # {H100:8} and {A100:8, H100:8}: keys without values; {A100: 8, H100: 8}: a set too
+        return [k if v is None else {k: v} for k, v in value.items()], len(value) == 1
+    return None
+
+
+class Resources(BaseModel):
+    """Per-replica resources: the task's own fields are its first (or only) alternative."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    accelerators: Accelerators = (None, 0)
+    cpus: Cpus = DEFAULT_CPUS
+    memory: Memory = 0.0
+    any_of: tuple[Alternative, ...] = ()  # alternatives, no preference between them
+    ordered: tuple[Alternative, ...] = ()  # alternatives, the first that fits wins
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, data: Any, info: ValidationInfo) -> Any:
+        data = drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
+        if not isinstance(data, dict):
+            return data
+        if "any_of" in data and "ordered" in data:
+            raise ValueError("resources take any_of or ordered, not both")
+        key = "any_of" if "any_of" in data else "ordered" if "ordered" in data else None
+        base = {k: v for k, v in data.items() if k not in ("any_of", "ordered")}
+        choices = _accelerator_choices(base.get("accelerators"))
+        if key is not None and choices is not None:
+            raise ValueError(f"give alternatives either in accelerators or in {key}, not both")
+        if key is not None:
+            entries = data[key]
+            if not isinstance(entries, list) or not entries:
+                raise ValueError(f"{key} must be a non-empty list of resource alternatives")
+            if not all(isinstance(e, dict) for e in entries):
+                raise ValueError(f"each entry of {key} is a mapping like {{accelerators: H100:8}}")
+            merged = [{**{k: v for k, v in base.items()}, **e} for e in entries]
+        elif choices is not None:
+            entries, ordered = choices
+            if not entries:
+                raise ValueError("accelerators lists no alternative")
+            key = "ordered" if ordered else "any_of"
+            merged = [{**base, "accelerators": choice} for choice in entries]
+        else:
+            return data
+        if len(merged) > MAX_ALTERNATIVES:
+            raise ValueError(f"at most {MAX_ALTERNATIVES} resource alternatives, got {len(merged)}")
+        if len(merged) == 1:  # {H100:8}: one accelerator written as a set
+            return merged[0]
+        first = merged[0]
+        return {**{k: first[k] for k in ("accelerators", "cpus", "memory") if k in first}, key: merged}
+
+    @field_serializer("accelerators")
+    def _dump_accelerators(self, value: tuple[str | None, int]) -> str | int:
+        return _dump(value)
+
+    @model_serializer(mode="wrap")
+    def _dump_without_empty_lists(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if not (k in ("any_of", "ordered") and not v)}
+
+    @property
+    def gpu_type(self) -> str | None:
+        return self.accelerators[0]
+
+    @property
+    def gpus(self) -> int:
+        return self.accelerators[1]
+
+    @property
+    def alternatives(self) -> tuple[Alternative, ...]:
+        """Every alternative, the task's own first; one when it names none."""
+        return self.any_of or self.ordered or (
+            Alternative.model_construct(accelerators=self.accelerators, cpus=self.cpus, memory=self.memory),)
+
+    @property
+    def in_order(self) -> bool:
+        return not self.any_of

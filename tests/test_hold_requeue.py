@@ -1,0 +1,161 @@
+"""Hold, release and requeue over the real HTTP API, a real control loop and real local
+processes: a held job never starts however free the pool, an operator's hold binds its
+owner, and a requeued job comes back under the same id, also across a server restart in the
+middle of its stop (where the partition's own preempt mode would have cancelled it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import POOL, kill_leftovers, wait_for
+from test_api import submit, wait_state
+
+# preempt_mode cancel: only the durable requeue wish can bring a stopped job back
+SITE = POOL + """
+partitions:
+  - {name: batch, nodes: ["gpu-*"], preempt_mode: cancel}
+operators: [olga]
+"""
+
+
+@pytest.fixture
+def site_config() -> str:
+    return SITE
+
+
+def _events(server, job_id: int) -> list[str]:
+    return [e["cause"] for e in server.get(f"/v1/jobs/{job_id}/events").json()]
+
+
+def test_a_held_job_waits_with_a_free_pool_until_released(server, tmp_path: Path) -> None:
+    hog = submit(server, "name: hog\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n")
+    wait_state(server, hog["id"], "RUNNING")
+    ran = tmp_path / "ran"
+    job = submit(server, f"name: later\nresources: {{accelerators: H100:1}}\nrun: touch {ran}\n")
+    held = server.post(f"/v1/jobs/{job['id']}/hold").json()
+    assert held == {"id": job["id"], "changed": True, "state": "PENDING", "hold": "user", "message": f"job {job['id']} held"}
+    assert server.post(f"/v1/jobs/{job['id']}/hold").json()["changed"] is False  # already held: no change
+    server.post(f"/v1/jobs/{hog['id']}/cancel")
+    wait_state(server, hog["id"], "CANCELLED")
+    time.sleep(2.5)  # several cycles and a rescan of the store with every GPU free
+    now = server.get(f"/v1/jobs/{job['id']}").json()
+    assert now["state"] == "PENDING" and now["reason"] == "JobHeldUser" and now["hold"] == "user"
+    assert not ran.exists()
+    assert server.get("/v1/jobs", params={"state": "PENDING"}).json()[0]["reason"] == "JobHeldUser"
+    released = server.post(f"/v1/jobs/{job['id']}/release").json()
+    assert released["changed"] is True and released["hold"] == ""
+    assert wait_state(server, job["id"], "SUCCEEDED")["hold"] == ""
+    assert ran.exists()
+    assert _events(server, job["id"])[:3] == ["submitted", "held", "released"]
+
+
+def test_submitted_held_and_the_state_rules(server) -> None:
+    job = submit(server, "name: h\nrun: 'true'\n", scheduling={"hold": True})
+    assert job["reason"] == "JobHeldUser" and job["hold"] == "user"
+    time.sleep(1.5)
+    assert server.get(f"/v1/jobs/{job['id']}").json()["state"] == "PENDING"
+    server.post(f"/v1/jobs/{job['id']}/release")
+    wait_state(server, job["id"], "SUCCEEDED")
+    # an ended job can be neither held nor requeued; releasing it changes nothing
+    for action in ("hold", "requeue"):
+        response = server.post(f"/v1/jobs/{job['id']}/{action}")
+        assert response.status_code == 409 and "SUCCEEDED" in response.json()["detail"], response.text
+    assert server.post(f"/v1/jobs/{job['id']}/release").json()["changed"] is False
+    pending = submit(server, "name: p\nrun: 'true'\n", scheduling={"hold": True})
+    response = server.post(f"/v1/jobs/{pending['id']}/requeue")
+    assert response.status_code == 409 and "starting or running" in response.json()["detail"]
+    assert server.post("/v1/jobs/99999/hold").status_code == 404
+    server.post(f"/v1/jobs/{pending['id']}/cancel")
+
+
+def test_an_operators_hold_binds_the_owner(server) -> None:
+    job = submit(server, "name: theirs\nrun: 'true'\n", scheduling={"hold": True})  # alice's
+    olga = {"X-Corral-User": "olga"}
+    held = server.post(f"/v1/jobs/{job['id']}/hold", headers=olga).json()
+    assert held["changed"] is True and held["hold"] == "admin"
+    assert server.get(f"/v1/jobs/{job['id']}").json()["reason"] == "JobHeldAdmin"
+    refused = server.post(f"/v1/jobs/{job['id']}/release")
+    assert refused.status_code == 403 and "operator" in refused.json()["detail"]
+    again = server.post(f"/v1/jobs/{job['id']}/hold").json()  # the owner's hold never downgrades it
+    assert again["changed"] is False and again["hold"] == "admin"
+    assert server.post(f"/v1/jobs/{job['id']}/release", headers=olga).json()["changed"] is True
+    wait_state(server, job["id"], "SUCCEEDED")
+
+
+def test_requeue_a_running_job_keeps_its_id_and_counts_the_restart(server, tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    job = submit(server, f"""
+name: again
+grace_period: 5s
+resources: {{accelerators: H100:2}}
+run: |
+  echo "$CORRAL_RESTART_COUNT $CORRAL_CHECKPOINT_DIR" >> {starts}
+  trap 'exit 0' TERM
+  while true; do sleep 0.05; done
+""")
+    wait_state(server, job["id"], "RUNNING")
+    wait_for(lambda: starts.exists() and starts.read_text().count("\n") == 1)
+    answer = server.post(f"/v1/jobs/{job['id']}/requeue").json()
+    assert answer["changed"] is True
+    wait_for(lambda: starts.read_text().count("\n") == 2, timeout=20)
+    back = wait_state(server, job["id"], "RUNNING")
+    assert back["id"] == job["id"] and back["requeues"] == 1
+    assert back["tasks"][0]["replicas"][0]["restarts"] == 1
+    first, second = starts.read_text().splitlines()
+    assert first.split()[0] == "0" and second.split()[0] == "1"
+    assert first.split()[1] == second.split()[1]  # the same checkpoint directory
+    causes = _events(server, job["id"])
+    assert causes.index("requeue_requested") < causes.index("requeue") < causes.index("requeued")
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+    wait_state(server, job["id"], "CANCELLED")
+
+
+def test_a_requeue_asked_for_survives_a_server_restart_mid_stop(corral_home: Path, db_url: str,
+                                                                tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from corral.api.app import create_app
+    from corral.server import build_state
+    from corral.settings import Settings
+
+    starts = tmp_path / "starts"
+    settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.2)
+    try:
+        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+            job = submit(server, f"""
+name: stubborn
+grace_period: 3s
+run: |
+  echo "$CORRAL_RESTART_COUNT" >> {starts}
+  trap '' TERM
+  while true; do sleep 0.05; done
+""")
+            wait_state(server, job["id"], "RUNNING")
+            wait_for(lambda: starts.exists() and starts.read_text().count("\n") == 1)
+            assert server.post(f"/v1/jobs/{job['id']}/requeue").json()["changed"] is True
+            wait_state(server, job["id"], "PREEMPTED")  # stopping: TERM ignored, KILL in 3 s
+        # the server is gone mid-stop; its replica is still alive; the next server takes over
+        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+            back = wait_state(server, job["id"], "RUNNING", timeout=30)
+            assert back["requeues"] == 1
+            wait_for(lambda: starts.read_text().count("\n") == 2)
+            assert starts.read_text().split() == ["0", "1"]
+            assert "cancelled" not in " ".join(_events(server, job["id"]))
+            server.post(f"/v1/jobs/{job['id']}/cancel")
+            wait_state(server, job["id"], "CANCELLED", timeout=15)
+    finally:
+        kill_leftovers(corral_home)
+
+
+def test_logs_tail(server, tmp_path: Path) -> None:
+    job = submit(server, "name: chatty\nrun: 'for i in $(seq 1 500); do echo line $i; done; printf unfinished'\n")
+    wait_state(server, job["id"], "SUCCEEDED")
+    whole = server.get(f"/v1/jobs/{job['id']}/logs").text
+    assert whole.splitlines()[0] == "line 1" and whole.splitlines()[-1] == "unfinished"
+    last = server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 3}).text.splitlines()
+    assert last == ["line 499", "line 500", "unfinished"]
+    assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 0}).text == ""
+    assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 10_000}).text == whole
+    assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": -1}).status_code == 422
