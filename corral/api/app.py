@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from corral import __version__
 from corral.api.deps import ServerState
 from corral.api.errors import Guard
-from corral.api.routes import cluster, jobs
+from corral.api.routes import cluster, jobs, metrics
 
 
 def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
@@ -27,7 +27,10 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
     app = FastAPI(title="corral", version=__version__, lifespan=lifespan,
                   description="Gang-scheduled AI job groups: submit, watch, cancel.")
     app.state.corral = state
+    state.controller.metrics.reader = metrics.reader(state)
     app.add_middleware(Guard)
+    app.add_middleware(metrics.RequestTimer, metrics=state.controller.metrics)  # outermost: times refusals too
     app.include_router(jobs.router)
     app.include_router(cluster.router)
+    app.include_router(metrics.router)
     return app

@@ -53,6 +53,7 @@ from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, 
 from corral.scheduler.applier import apply_starts
 from corral.scheduler.placement import FreePool
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
+from corral.metrics import Metrics
 from corral.settings import Settings
 from corral.site import Site
 from corral.states import JobState, ReplicaState, check_job_transition, check_replica_transition
@@ -127,6 +128,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.cycles = 0
+        self.metrics = Metrics()
         r = site.retention
         self.housekeeper = Housekeeper(settings, sessions, Retention(r.logs, r.checkpoints,
                                                                       max(1, int(r.max_log_size * 2**30))),
@@ -567,6 +569,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
         self._sched_done_at = time.monotonic()
         self._sched_cost = self._sched_done_at - clock
+        self.metrics.cycle.observe(self._sched_cost)
         for start in stale:
             log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
         starts = []
@@ -578,6 +581,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         if self.journal:
             self.journal.flush(s)  # a job requeued this cycle is PENDING in the store before its claim
         claimed = self._claim(s, [start.job_id for start in starts])
+        self.metrics.placements.observe(len(claimed))
         if stale or len(claimed) < len(starts):
             self._sched_needed = True  # a stale or lost start: look again next cycle
         for start in starts:
@@ -753,6 +757,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             job.started_at = now
             self.journal.job(job.id, state=JobState.RUNNING.value, started_at=now)
             self.journal.event(job.id, now, "job", "launched", JobState.STARTING.value, JobState.RUNNING.value)
+            self.metrics.start_latency.observe(max(0.0, now - job.submitted_at))
 
     def _launch_for(self, job: JobRec, replica: ReplicaRec) -> Launch:
         task = job.task(replica.task)

@@ -27,6 +27,7 @@ class ServicesMixin:
     def _init_services(self) -> None:
         self.prober = Prober(self._on_probe)
         self._probe_results: deque[tuple[ProbeTarget, bool, str]] = deque()
+        self._restart_causes: dict[int, str] = {}  # replica -> why its next restart happens (metrics)
         self.supervisor = Supervisor()
         self._publish: set[int] = set()  # jobs whose discovery files are stale
         self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
@@ -103,6 +104,8 @@ class ServicesMixin:
             replica = next(r for r in job.replicas if r.id == replica_id)
             if replica.launch_key != target.key:
                 continue
+            if not ok:
+                self.metrics.probe_failures.labels(probe=target.kind).inc()
             self._apply(job, self.supervisor.probe_answered(job, replica, ProbeAnswered(replica.id, target.kind, ok,
                                                                                         detail), now), now)
 
@@ -120,6 +123,8 @@ class ServicesMixin:
             if isinstance(d, SetReady):
                 self._set_ready(job, replica, d.ready, now, d.detail)
             elif isinstance(d, Signal):
+                if d.grace is not None:  # the exit that follows is restarted for this cause
+                    self._restart_causes[replica.id] = d.cause
                 self._signal_replica(job, replica, d.cause, now, d.message, d.signal, d.grace)
             elif isinstance(d, Kill):
                 if self.executor_of(replica).signal(replica.handle, signal.SIGKILL):
@@ -136,6 +141,7 @@ class ServicesMixin:
                 replica.kill_at = None
                 heapq.heappush(self._timers, (d.at, job.id))
             elif isinstance(d, Relaunch):
+                self.metrics.restarts.labels(cause=self._restart_causes.pop(replica.id, "exit")).inc()
                 replica.restarts += 1
                 replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
                 replica.attempt += 1  # a new key, committed before the launch
@@ -145,6 +151,8 @@ class ServicesMixin:
                                  handle=None)
                 self._launch_check.add(job.id)
             elif isinstance(d, Replace):
+                self._restart_causes.pop(replica.id, None)
+                self.metrics.restarts.labels(cause="node_lost").inc()
                 replica.restarts += 1
                 replica.restart_at, replica.exit_code, replica.kill_at = None, None, None
                 self._allocs.pop(replica.id, None)
