@@ -61,6 +61,8 @@ class TaskOut(BaseModel):
     memory: float
     termination_delay: float
     alternatives: int = Field(default=1, description="How many resource alternatives the task names")
+    endpoint: str | None = Field(default=None, description=(
+        "HOST:PORT of the task's service endpoint (balanced over its READY replicas) while the job runs"))
     alternative: int | None = Field(default=None, description=(
         "Which of them it runs on (1-based; gpus, gpu_type, cpus and memory are that one's); null "
         "while it has not started or when it names only one"))
@@ -110,6 +112,9 @@ class JobOut(BaseModel):
                    tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
+_LIVE = (JobState.STARTING.value, JobState.RUNNING.value)
+
+
 def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
     """(how many resource alternatives the task names, which one it runs on or None)."""
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
@@ -131,6 +136,7 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
                    gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
                    termination_delay=task.termination_delay, alternatives=alternatives, alternative=alternative,
+                   endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
                    replicas=[ReplicaOut(rank=r.rank, state=r.state, ready=bool(r.ready),
                                         hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
                                         node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code,

@@ -181,6 +181,10 @@ def status(args: Namespace) -> None:
     if data.get("message"):
         out.print(f"  {data['message']}", markup=False)
     for task in data["tasks"]:
+        if task.get("endpoint"):
+            ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
+            out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "
+                      "replicas ready)", markup=False)
         if task.get("alternatives", 1) > 1:
             what = f"{task['gpu_type']}:{task['gpus']}" if task["gpu_type"] else f"{task['gpus']} GPU(s)"
             which = (f"runs on {what}, alternative {task['alternative']} of {task['alternatives']}"

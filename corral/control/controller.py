@@ -155,6 +155,8 @@ class Controller(SchedulingMixin, ServicesMixin):
             self.ledger.flush(s, self.clock(), force=True)
             s.commit()
         self.prober.close()
+        if self.balancer is not None:
+            self.balancer.stop()
         for executor in self.executors.values():
             executor.close()
 
@@ -306,6 +308,10 @@ class Controller(SchedulingMixin, ServicesMixin):
             self.ledger.flush(s, now)
             self._commit(s)
         self._publish_marked(now)
+        if self._endpoint_jobs:
+            with self.write_lock, self.sessions() as s:
+                self._sync_endpoints(now)
+                self._commit(s)
         if self._dirty or self._launch_check:  # work found while working: look again at once
             self._wake.set()
 

@@ -33,6 +33,7 @@ class TaskRec:
     termination_deadline: float | None
     master_port: int | None
     spec: dict  # the task as submitted: setup, run, envs, ports, probes, restart …
+    endpoint_port: int | None = None  # where its service endpoint listens (kept across restarts)
 
     @cached_property
     def service(self) -> TaskSpec:
@@ -184,7 +185,8 @@ def record_of(job: Job) -> JobRec:
     rec = JobRec(job.id, job.name, job.user, job.is_group, JobState(job.state), job.submitted_at,
                  job.cancel_requested_at is not None, **_scheduling(job))
     rec.tasks = [TaskRec(t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
-                         t.termination_delay, t.termination_deadline, t.master_port, specs[t.name]) for t in job.tasks]
+                         t.termination_delay, t.termination_deadline, t.master_port, specs[t.name],
+                         getattr(t, "endpoint_port", None)) for t in job.tasks]
     rec.replicas = [ReplicaRec(r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), restarts=r.restarts)
                     for r in job.replicas]
     return rec
@@ -204,7 +206,8 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
         for t in session.scalars(select(Task).where(Task.job_id.in_(chunk)).order_by(Task.job_id, Task.position)):
             out[t.job_id].tasks.append(TaskRec(
                 t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
-                t.termination_delay, t.termination_deadline, t.master_port, specs[t.job_id][t.name]))
+                t.termination_delay, t.termination_deadline, t.master_port, specs[t.job_id][t.name],
+                t.endpoint_port))
         for r in session.scalars(select(Replica).where(Replica.job_id.in_(chunk))
                                  .order_by(Replica.job_id, Replica.task_position, Replica.rank)):
             out[r.job_id].replicas.append(ReplicaRec(

@@ -15,6 +15,7 @@ from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
 from corral.control.supervisor import (Decision, End, Kill, ProbeAnswered, Relaunch, Replace, RequeueJob, Restart,
                                        SetReady, Signal, Stop, Supervisor, check)
+from corral.runtime.balancer import Balancer
 from corral.runtime.discovery import hosts_text, peers_document
 from corral.scheduler import Allocation, PendingJob, TaskRequest
 from corral.store import repository
@@ -28,6 +29,8 @@ class ServicesMixin:
         self.prober = Prober(self._on_probe)
         self._probe_results: deque[tuple[ProbeTarget, bool, str]] = deque()
         self._restart_causes: dict[int, str] = {}  # replica -> why its next restart happens (metrics)
+        self.balancer: Balancer | None = None  # service endpoints, made when a job first has one
+        self._endpoint_jobs: set[int] = set()  # active jobs with a task that has an endpoint
         self.supervisor = Supervisor()
         self._publish: set[int] = set()  # jobs whose discovery files are stale
         self._launch_check: set[int] = set()  # jobs that may have replicas ready to launch
@@ -62,6 +65,58 @@ class ServicesMixin:
             if executor is not None:
                 executor.publish(job.id, nodes, hosts, text)
         self._publish.discard(job.id)
+        if any(t.service.endpoint is not None for t in job.tasks):
+            self._endpoint_jobs.add(job.id)
+
+    # -- service endpoints ------------------------------------------------------------------
+    def _sync_endpoints(self, now: float) -> None:
+        """Every endpoint of a live job listens (on the port it had, across server restarts)
+        and routes to its task's READY replicas; a job's endpoints close when it ends."""
+        for job_id in sorted(self._endpoint_jobs):
+            job = self.active.get(job_id)
+            if job is None or job.state not in (JobState.STARTING, JobState.RUNNING):
+                self._close_endpoints(job_id)
+                continue
+            for task in job.tasks:
+                endpoint = task.service.endpoint
+                if endpoint is None or not self._open_endpoint(job, task, endpoint.policy, now):
+                    continue
+                name = next((n for n, p in task.service.ports.items() if n == endpoint.port or p == endpoint.port),
+                            None)
+                backends = []
+                for r in job.replicas_of(task.name):
+                    port = (r.ports or {}).get(name) if name else int(endpoint.port)
+                    if r.state == ReplicaState.RUNNING and r.ready and r.addr and port:
+                        backends.append((r.addr, int(port)))
+                self.balancer.route((job.id, task.name), backends)  # type: ignore[union-attr]
+
+    def _open_endpoint(self, job: JobRec, task, policy: str, now: float) -> bool:  # noqa: ANN001 - a TaskRec
+        key = (job.id, task.name)
+        if self.balancer is None:
+            self.balancer = Balancer()
+        if key in self.balancer.keys():
+            return True
+        try:
+            port = self.balancer.open(key, task.endpoint_port or 0, policy)
+        except OSError as exc:
+            if not task.endpoint_port:
+                self.journal.event(job.id, now, task.name, "endpoint_failed", message=f"cannot listen: {exc}")
+                return False
+            port = self.balancer.open(key, 0, policy)  # its old port is taken: a new one, said loudly
+            self.journal.event(job.id, now, task.name, "endpoint_moved",
+                               message=f"port {task.endpoint_port} is taken ({exc.strerror}); now {port}")
+        if port != task.endpoint_port:
+            task.endpoint_port = port
+            self.journal.task(task.id, endpoint_port=port)
+            self.journal.event(job.id, now, task.name, "endpoint",
+                               message=f"serving {self.balancer.host}:{port}, balanced over its READY replicas")
+        return True
+
+    def _close_endpoints(self, job_id: int) -> None:
+        self._endpoint_jobs.discard(job_id)
+        if self.balancer is not None:
+            for key in [k for k in self.balancer.keys() if k[0] == job_id]:
+                self.balancer.close(key)
 
     def _publish_marked(self, now: float) -> None:
         for job_id in sorted(self._publish):

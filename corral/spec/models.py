@@ -15,8 +15,8 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
-from corral.spec.service import (Dependency, Ports, Probe, RestartPolicy, Scheduling, SignalName, TopologyRequest,
-                                 WarnBeforeTimeout, check_ports, resolve_port)
+from corral.spec.service import (Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
+                                 TopologyRequest, WarnBeforeTimeout, check_ports, from_skyserve, resolve_port)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -107,18 +107,21 @@ class TaskSpec(BaseModel):
     # to start: it gets its stop signal and is restarted (or fails) per its restart policy.
     startup_timeout: Duration = Field(default=600.0, gt=0)
     topology: TopologyRequest | None = None
+    endpoint: Endpoint | None = None  # one balanced address over the READY replicas (SkyServe's service)
 
     @model_validator(mode="before")
     @classmethod
     def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
         if isinstance(data, dict) and data.get("resources") is None and "resources" in data:
             data = {k: v for k, v in data.items() if k != "resources"}
-        if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
-            data = {**data, **_elastic(data["num_nodes"])}
         if isinstance(data, dict) and isinstance(data.get("resources"), dict) and "ports" in data["resources"]:
             # SkyPilot puts ports under resources; corral reads them from there too.
             resources = dict(data["resources"])
             data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
+        if isinstance(data, dict) and data.get("service") is not None:  # SkyServe
+            data = from_skyserve(data, lambda message: _warn(info, message))
+        if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
+            data = {**data, **_elastic(data["num_nodes"])}
         return _drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
 
     @field_validator("ports")
@@ -133,6 +136,13 @@ class TaskSpec(BaseModel):
             raise ValueError(f"num_nodes needs min <= initial <= max, got min {low}, initial {self.num_nodes}, "
                              f"max {high}")
         return self
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_port(cls, endpoint: Endpoint | None, info: ValidationInfo) -> Endpoint | None:
+        if endpoint is not None:
+            resolve_port(endpoint.port, info.data.get("ports") or {})
+        return endpoint
 
     @field_validator("readiness_probe", "liveness_probe")
     @classmethod

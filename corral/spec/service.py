@@ -202,3 +202,98 @@ class Scheduling(_Strict):
 
 
 SCHEDULING_FIELDS = frozenset(Scheduling.model_fields)
+
+
+class Endpoint(_Strict):
+    """One address for the whole task: corral balances connections to it over the task's READY
+    replicas (on ``port``, a port of the task), like SkyServe's service endpoint."""
+
+    port: PortRef = "service"
+    policy: Literal["round_robin", "least_load"] = "round_robin"
+
+
+_SERVE_KEYS = {"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls"}
+_PROBE_KEYS = {"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
+_POLICY_KEYS = {"min_replicas", "max_replicas", "target_qps_per_replica", "upscale_delay_seconds",
+                "downscale_delay_seconds", "base_ondemand_fallback_replicas", "dynamic_ondemand_fallback",
+                "num_overprovision"}
+_BALANCING = {"round_robin": "round_robin", "least_load": "least_load"}
+
+
+def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
+    """A task with SkyServe's ``service:`` section as corral fields: the replicas' port (from
+    ``service.ports``, else the task's first port), an HTTP readiness probe on it, a fixed or
+    elastic replica count, and an ``endpoint`` balancing over READY replicas. What has no
+    meaning here is named in ``warn(message)``; what cannot be honoured is an error."""
+    serve = data["service"]
+    if not isinstance(serve, dict):
+        raise ValueError("service is a mapping like {readiness_probe: /health, replicas: 2}")
+    unknown = set(serve) - _SERVE_KEYS
+    if unknown:
+        raise ValueError(f"service has unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                         f"known: {', '.join(sorted(_SERVE_KEYS))}")
+    out = {k: v for k, v in data.items() if k != "service"}
+    ports = _ports(out.get("ports")) if out.get("ports") is not None else {}
+    if not isinstance(ports, dict):
+        raise ValueError("ports must be a number, a list of numbers or a mapping of names to numbers")
+    if serve.get("ports") is not None:
+        port = serve["ports"]
+        if isinstance(port, str) and port.isdigit():
+            port = int(port)
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise ValueError("service.ports is the one port the replicas serve on, e.g. 8080")
+        name = next((n for n, p in ports.items() if p == port), "service")
+        ports = {**ports, name: port}
+    elif ports:
+        name = next(iter(ports))
+    else:
+        raise ValueError("a service needs the port its replicas serve on: service.ports or resources.ports")
+    out["ports"] = ports
+
+    probe = serve.get("readiness_probe", "/")
+    if isinstance(probe, str):
+        probe = {"path": probe}
+    if not isinstance(probe, dict):
+        raise ValueError("service.readiness_probe is a path like /health or {path: /health, ...}")
+    unknown = set(probe) - _PROBE_KEYS
+    if unknown:
+        raise ValueError(f"service.readiness_probe has unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    for key in ("post_data", "headers"):
+        if key in probe:
+            warn(f"service.readiness_probe.{key} is ignored: corral's probe is a plain GET")
+    if out.get("readiness_probe") is not None:
+        raise ValueError("give the readiness probe in service.readiness_probe or at the task, not both")
+    out["readiness_probe"] = {"http": {"path": probe.get("path", "/"), "port": name},
+                              **({"timeout": probe["timeout_seconds"]} if "timeout_seconds" in probe else {})}
+    if "initial_delay_seconds" in probe:  # SkyServe's grace before a replica that never gets ready fails
+        out.setdefault("startup_timeout", probe["initial_delay_seconds"])
+
+    if out.get("num_nodes") not in (None, 1):
+        raise ValueError("a service replica is one process here: leave num_nodes out and set service.replicas "
+                         "or service.replica_policy")
+    if "replicas" in serve and "replica_policy" in serve:
+        raise ValueError("service takes replicas or replica_policy, not both")
+    if "replica_policy" in serve:
+        policy = serve["replica_policy"]
+        if not isinstance(policy, dict) or "min_replicas" not in policy:
+            raise ValueError("service.replica_policy needs min_replicas (and max_replicas to scale)")
+        unknown = set(policy) - _POLICY_KEYS
+        if unknown:
+            raise ValueError(f"service.replica_policy has unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        low = policy["min_replicas"]
+        high = policy.get("max_replicas", low)
+        out["num_nodes"] = {"min": low, "max": high, "initial": low}
+        ignored = sorted(set(policy) - {"min_replicas", "max_replicas"})
+        if ignored:
+            warn(f"service.replica_policy: {', '.join(ignored)} ignored: corral does not autoscale on load; "
+                 f"replicas stay between {low} and {high} as set with `corral scale`")
+    else:
+        out["num_nodes"] = serve.get("replicas", 1)
+    balancing = serve.get("load_balancing_policy", "round_robin")
+    if balancing not in _BALANCING:
+        raise ValueError(f"service.load_balancing_policy {balancing!r} is not one corral offers: "
+                         f"{', '.join(_BALANCING)}")
+    if "tls" in serve:
+        warn("service.tls is ignored: the endpoint serves plain TCP; put a TLS proxy in front of it")
+    out["endpoint"] = {"port": name, "policy": _BALANCING[balancing]}
+    return out

@@ -81,7 +81,7 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
                                      cpus=task.resources.cpus, memory=task.resources.memory,
                                      grace_period=task.grace_period,
                                      termination_delay=spec.termination_delay.get(task.name, 0.0),
-                                     termination_deadline=None, master_port=None)
+                                     termination_deadline=None, master_port=None, endpoint_port=None)
                      for position, task in enumerate(spec.tasks)]
         job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
                                         state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,

@@ -77,6 +77,7 @@ class Task(Base):
     # Set when the last primary succeeded; persisted so a server restart does not reset it.
     termination_deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
     master_port: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    endpoint_port: Mapped[int | None] = mapped_column(Integer, nullable=True)  # its service endpoint, if any
 
     job: Mapped[Job] = relationship(back_populates="tasks")
 

@@ -220,7 +220,10 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
                             "restarts": r.restarts} for r in found.replicas if r.task == t.name and not retired(r.stop_cause, r.state)]}
              for t in found.tasks]
-    return peers_document(found.id, found.name, tasks, clock())
+    document = peers_document(found.id, found.name, tasks, clock())
+    live = found.state in (JobState.STARTING.value, JobState.RUNNING.value)
+    document["endpoints"] = {t.name: f"127.0.0.1:{t.endpoint_port}" for t in found.tasks if t.endpoint_port and live}
+    return document
 
 
 @router.get("/{job}/events", response_model=list[EventOut], responses=documented(404))

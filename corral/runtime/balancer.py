@@ -1,0 +1,124 @@
+"""Service endpoints: one TCP address per task with an ``endpoint`` (SkyServe's ``service``)
+that spreads connections over the task's READY replicas, round robin or to the replica with
+the fewest open connections. It runs on an asyncio loop of its own thread in the server
+process; the control loop only tells it which replicas are ready (``route``). A connection
+that finds no ready replica (or none that accepts) gets an HTTP 503 and is closed, as a
+SkyServe load balancer answers when no replica is ready."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import Hashable
+
+log = logging.getLogger("corral.balancer")
+
+CONNECT_TIMEOUT_S = 5.0
+_UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 29\r\n"
+                b"Connection: close\r\n\r\nno replica of it is ready yet")
+
+
+class _Endpoint:
+    def __init__(self, policy: str):
+        self.policy = policy
+        self.backends: list[tuple[str, int]] = []
+        self.open: dict[tuple[str, int], int] = {}
+        self.turn = itertools.count()
+        self.server: asyncio.AbstractServer | None = None
+
+    def order(self) -> list[tuple[str, int]]:
+        """The backends to try for a new connection, best first."""
+        backends = list(self.backends)
+        if not backends:
+            return []
+        if self.policy == "least_load":
+            return sorted(backends, key=lambda b: self.open.get(b, 0))
+        start = next(self.turn) % len(backends)
+        return backends[start:] + backends[:start]
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for backend in self.order():
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*backend), CONNECT_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError):
+                continue  # ready a moment ago, gone now: the next one
+            self.open[backend] = self.open.get(backend, 0) + 1
+            try:
+                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+            finally:
+                self.open[backend] -= 1
+                for w in (up_writer, writer):
+                    w.close()
+            return
+        try:
+            writer.write(_UNAVAILABLE)
+            await writer.drain()
+        except OSError:
+            pass
+        writer.close()
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+    except (OSError, RuntimeError):
+        pass
+
+
+class Balancer:
+    """Endpoints by key. Thread-safe: called from the control loop; serves on its own loop."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.host = host
+        self._endpoints: dict[Hashable, _Endpoint] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="corral-balancer", daemon=True)
+        self._thread.start()
+
+    def open(self, key: Hashable, port: int, policy: str) -> int:
+        """Listen for ``key`` on ``port`` (0: any free one); returns the port. Raises OSError
+        when the port cannot be had. Opening an open key changes nothing."""
+        return asyncio.run_coroutine_threadsafe(self._open(key, port, policy), self._loop).result(10)
+
+    async def _open(self, key: Hashable, port: int, policy: str) -> int:
+        endpoint = self._endpoints.get(key)
+        if endpoint is None or endpoint.server is None:
+            endpoint = _Endpoint(policy)
+            endpoint.server = await asyncio.start_server(endpoint.serve, self.host, port, reuse_address=True)
+            self._endpoints[key] = endpoint
+        return endpoint.server.sockets[0].getsockname()[1]
+
+    def route(self, key: Hashable, backends: list[tuple[str, int]]) -> None:
+        """The replicas new connections to ``key`` may go to (its READY ones)."""
+        def apply() -> None:
+            endpoint = self._endpoints.get(key)
+            if endpoint is not None:
+                endpoint.backends = list(backends)
+
+        self._loop.call_soon_threadsafe(apply)
+
+    def close(self, key: Hashable) -> None:
+        async def close() -> None:
+            endpoint = self._endpoints.pop(key, None)
+            if endpoint is not None and endpoint.server is not None:
+                endpoint.server.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+
+    def keys(self) -> list[Hashable]:
+        return list(self._endpoints)
+
+    def stop(self) -> None:
+        for key in self.keys():
+            try:
+                self.close(key)
+            except Exception:  # stopping: nothing left to serve
+                log.debug("closing endpoint %s failed", key, exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
