@@ -72,21 +72,24 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
         for job_id in ids:
             if not job_exists(job_id):
                 return Refusal("dependency", f"{kind}:{job_id}: there is no job {job_id}")
-    request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
-                                              t.resources.memory, t.resources.gpu_type,
-                                              alternatives=alternatives_of(t), in_order=t.resources.in_order)
-                                  for t in spec.tasks),
-                         user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
-    # refused only when no alternative can ever run (the reason given is the first one's)
-    reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
-    if all(r is not None for r in reasons):
-        where = f" in partition {partition.name!r}" if policy.partitions else ""
-        alternatives = " (with every resource alternative)" if len(reasons) > 1 else ""
-        return Refusal("resources", f"can never run{where}{alternatives}: {reasons[0]}")
+    # a pipeline's stages run one at a time: each must fit alone; a job group's tasks, together
+    stages = [[t] for t in spec.tasks] if spec.pipeline else [list(spec.tasks)]
     tally = Tally(Snapshot((), ()), policy, 0.0)
-    if all(tally.never(variant) for _, variant in request.variants):
-        return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
-                              f"{account!r} ever allows")
+    for stage in stages:
+        request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
+                                                  t.resources.memory, t.resources.gpu_type,
+                                                  alternatives=alternatives_of(t), in_order=t.resources.in_order)
+                                      for t in stage),
+                             user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
+        # refused only when no alternative can ever run (the reason given is the first one's)
+        reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
+        if all(r is not None for r in reasons):
+            where = f" in partition {partition.name!r}" if policy.partitions else ""
+            alternatives = " (with every resource alternative)" if len(reasons) > 1 else ""
+            return Refusal("resources", f"can never run{where}{alternatives}: {reasons[0]}")
+        if all(tally.never(variant) for _, variant in request.variants):
+            return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
+                                  f"{account!r} ever allows")
     return Admitted(partition.name, account, qos, limit)
 
 

@@ -27,8 +27,9 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.PENDING: frozenset({JobState.STARTING, JobState.CANCELLED, JobState.FAILED}),
     JobState.STARTING: frozenset({JobState.RUNNING, JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED,
                                   JobState.TIMEOUT, JobState.PREEMPTED}),
+    # RUNNING -> PENDING: a pipeline's stage succeeded and the next one waits for resources.
     JobState.RUNNING: frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
-                                 JobState.PREEMPTED}),
+                                 JobState.PREEMPTED, JobState.PENDING}),
     # Preempted: its replicas are being stopped; then requeued (same id) or cancelled.
     JobState.PREEMPTED: frozenset({JobState.PENDING, JobState.CANCELLED}),
 }

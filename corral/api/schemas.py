@@ -102,7 +102,7 @@ class JobOut(BaseModel):
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
         return cls(id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
-                   exit_code=job.exit_code, group=job.is_group, gpus=sum(t.gpus * t.num_nodes for t in job.tasks),
+                   exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
                    submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
                    cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
                    account=job.account or "", qos=job.qos or "", nice=job.nice or 0, time_limit=job.time_limit,
@@ -113,6 +113,12 @@ class JobOut(BaseModel):
 
 
 _LIVE = (JobState.STARTING.value, JobState.RUNNING.value)
+
+
+def _gpus(job: Job) -> int:
+    """GPUs the job holds at once: every task's together, or a pipeline's largest stage."""
+    per_task = [t.gpus * t.num_nodes for t in job.tasks]
+    return max(per_task, default=0) if job.spec.get("pipeline") else sum(per_task)
 
 
 def _alternative(job: Job, task: Task) -> tuple[int, int | None]:

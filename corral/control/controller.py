@@ -517,6 +517,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         if job.state == JobState.PREEMPTED:
             self._finish_preemption(job, now)
             return
+        if job.pipeline and self._next_stage(job, now):
+            return
         decisions = evaluate(job.view(), now)
         for d in decisions.deadlines:
             task = job.task(d.task)
@@ -633,11 +635,13 @@ class Controller(SchedulingMixin, ServicesMixin):
                            f"placed {len(allocations)} replica(s) on {', '.join(sorted({a.node for a in allocations}))}"
                            + (f" with {chosen}" if chosen else ""))
         by_slot = {(a.task, a.rank): a for a in allocations}
-        for task in job.tasks:
+        for task in job.stage():
             first = by_slot.get((task.name, 0)) or allocations[0]
             task.master_port = self._executor_for_node(first.node).rendezvous_port(first.node)
             self.journal.task(task.id, master_port=task.master_port)
         for replica in job.replicas:
+            if job.pipeline and (replica.task, replica.rank) not in by_slot:
+                continue  # a stage still to come (or one done)
             self._place(job, replica, by_slot[(replica.task, replica.rank)], now)
         self._launch_check.add(job.id)
 
@@ -654,6 +658,30 @@ class Controller(SchedulingMixin, ServicesMixin):
             what = f"{task.gpu_type}:{task.gpus}" if task.gpu_type else f"{task.gpus} GPU(s)"
             said.append(f"{task.name} on {what} (alternative {index + 1} of {len(options)})")
         return "; ".join(said)
+
+    def _next_stage(self, job: JobRec, now: float) -> bool:
+        """A pipeline whose current stage has just succeeded, with stages to come: it gives
+        back what the stage held and waits in the queue for the next stage's resources (same
+        id, names and checkpoint directory)."""
+        if job.state != JobState.RUNNING or job.cancel_requested:
+            return False
+        current = job.stage()[0]
+        if current is job.tasks[0] or any(r.state != ReplicaState.PENDING for r in job.replicas_of(current.name)):
+            return False  # still in its first stage, or the stage has started
+        stage = [current]
+        for replica in job.members:
+            self._allocs.pop(replica.id, None)
+        self.active.pop(job.id)
+        self._publish.discard(job.id)
+        self._release_job(job)
+        job.forget_request()
+        position = job.tasks.index(stage[0])
+        self._job_to(job, JobState.PENDING, now, "next_stage",
+                     f"stage {position} of {len(job.tasks)} done; stage {position + 1} ({stage[0].name}) waits "
+                     "for its resources", reason="None")
+        self._sched_needed = True
+        self._enqueue(job)
+        return True
 
     def _executor_for_node(self, node: str) -> Executor:
         return self.executors[self.node_infra.get(node, "local")]
@@ -760,8 +788,8 @@ class Controller(SchedulingMixin, ServicesMixin):
             self._publish.add(job.id)
         if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
             job.state = JobState.RUNNING
-            job.started_at = now
-            self.journal.job(job.id, state=JobState.RUNNING.value, started_at=now)
+            job.started_at = job.started_at or now  # a pipeline's later stages keep its first start
+            self.journal.job(job.id, state=JobState.RUNNING.value, started_at=job.started_at)
             self.journal.event(job.id, now, "job", "launched", JobState.STARTING.value, JobState.RUNNING.value)
             self.metrics.start_latency.observe(max(0.0, now - job.submitted_at))
 

@@ -108,6 +108,7 @@ class JobRec:
     requeues: int = 0
     started_at: float | None = None
     requeue_requested: bool = False  # stop, then requeue whatever the preempt mode (durable)
+    pipeline: bool = False  # stages run one after another, each placed when its turn comes
     rank_priority: float = 0.0  # its priority when it was admitted: preemption stops low ones first
 
     def task(self, name: str) -> TaskRec:
@@ -126,7 +127,7 @@ class JobRec:
         """What the scheduler sees; fixed while the job waits (``forget_request`` after a
         requeue or a shrink changes it)."""
         tasks = []
-        for t in self.tasks:
+        for t in self.stage():
             want = t.service.topology
             topology = None if want is None else Topology(want.level, want.required is not None, want.max_wait)
             options = alternatives_of(t.service)
@@ -136,6 +137,16 @@ class JobRec:
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
                           self.kill_on_invalid_dep)
+
+    def stage(self) -> list[TaskRec]:
+        """The tasks the scheduler places now: all of them, or a pipeline's current stage (its
+        first task not yet done)."""
+        if not self.pipeline:
+            return self.tasks
+        for t in self.tasks:
+            if not all(r.state == ReplicaState.SUCCEEDED for r in self.replicas_of(t.name)):
+                return [t]
+        return self.tasks[-1:]
 
     def forget_request(self) -> None:
         self.__dict__.pop("request", None)
@@ -183,7 +194,7 @@ def record_of(job: Job) -> JobRec:
     """The record of a job just created (its tasks and replicas are loaded)."""
     specs = {t["name"]: t for t in job.spec["tasks"]}
     rec = JobRec(job.id, job.name, job.user, job.is_group, JobState(job.state), job.submitted_at,
-                 job.cancel_requested_at is not None, **_scheduling(job))
+                 job.cancel_requested_at is not None, **_scheduling(job), pipeline=bool(job.spec.get("pipeline")))
     rec.tasks = [TaskRec(t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,
                          t.termination_delay, t.termination_deadline, t.master_port, specs[t.name],
                          getattr(t, "endpoint_port", None)) for t in job.tasks]
@@ -202,7 +213,7 @@ def load_records(session: Session, job_ids: list[int]) -> dict[int, JobRec]:
                                         Job.cancel_requested_at, Job.spec, *_SCHEDULING).where(Job.id.in_(chunk))):
             specs[j.id] = {t["name"]: t for t in j.spec["tasks"]}
             out[j.id] = JobRec(j.id, j.name, j.user, j.is_group, JobState(j.state), j.submitted_at,
-                               j.cancel_requested_at is not None, **_scheduling(j))
+                               j.cancel_requested_at is not None, **_scheduling(j), pipeline=bool(j.spec.get("pipeline")))
         for t in session.scalars(select(Task).where(Task.job_id.in_(chunk)).order_by(Task.job_id, Task.position)):
             out[t.job_id].tasks.append(TaskRec(
                 t.id, t.name, t.primary, t.num_nodes, t.gpus, t.gpu_type, t.cpus, t.memory, t.grace_period,

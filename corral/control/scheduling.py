@@ -137,6 +137,8 @@ class SchedulingMixin:
         self._release_job(job)
         job.requeues += 1
         for replica in job.members:
+            if job.pipeline and replica.state == ReplicaState.SUCCEEDED:
+                continue  # a pipeline resumes at the stage it was in; stages done stay done
             replica.restarts += 1
             replica.node, replica.gpus, replica.handle, replica.ready = None, (), None, False
             replica.stop_requested_at = replica.stop_cause = replica.kill_at = replica.exit_code = None

@@ -311,8 +311,9 @@ class ServicesMixin:
         for job in self.active.values():
             if job.state not in (JobState.RUNNING, JobState.STARTING) or job.cancel_requested:
                 continue
+            now_placed = {t.name for t in job.stage()}  # a pipeline's later stages wait their turn
             for r in job.replicas:
-                if r.state != ReplicaState.PENDING:
+                if r.state != ReplicaState.PENDING or r.task not in now_placed:
                     continue
                 task = job.task(r.task)
                 limit = job.time_limit_of(task)

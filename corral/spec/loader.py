@@ -81,16 +81,19 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         raise SpecError(issues, source)
 
     scheduling_doc: Document | None = None
+    pipeline = False
     if len(docs) == 1 and "execution" not in docs[0].data:
         header = None
         scheduling_doc, task = _split(docs[0])
         task_docs = [task]
+    elif "execution" not in docs[0].data:
+        # a serial pipeline: an optional first document with the pipeline's name (and its
+        # scheduling fields), then the stages, run in order as one job
+        pipeline = True
+        scheduling_doc, head = _split(docs[0])
+        header, task_docs = (head, docs[1:]) if set(head.data) <= {"name"} else (None, [head, *docs[1:]])
     else:
         header, task_docs = docs[0], docs[1:]
-        if "execution" not in header.data:
-            raise SpecError([SpecIssue("header (document 1)", "execution", header.line,
-                                       "a multi-document file is a job group: its first document "
-                                       "needs 'execution: parallel'")], source)
         scheduling_doc, header = _split(header)
     overrides = dict(scheduling or {})
     limit_override = _time_limit_override(overrides, issues)
@@ -107,7 +110,12 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         if task is not None:
             tasks.append(task)
 
-    if header is None:
+    if pipeline:
+        spec = _pipeline(header, task_docs, tasks, issues, name, default_name, source)
+        if scheduling is None:
+            raise SpecError(issues, source)
+        spec = spec.model_copy(update={"scheduling": scheduling})
+    elif header is None:
         job_name = name or (tasks[0].name if tasks and tasks[0].name else None) or _safe_name(default_name)
         if tasks and tasks[0].name is None:
             tasks[0] = tasks[0].model_copy(update={"name": job_name})
@@ -272,6 +280,36 @@ def _group(header: Document, task_docs: list[Document], tasks: list[TaskSpec], i
     job_name = name or head.name or _safe_name(default_name)
     return JobSpec(name=job_name, tasks=tuple(tasks), primary_tasks=tuple(primaries),
                    termination_delay=delays, group=True, time_limit=head.time_limit)
+
+
+def _pipeline(header: Document | None, task_docs: list[Document], tasks: list[TaskSpec], issues: list[SpecIssue],
+              name: str | None, default_name: str | None, source: str) -> JobSpec:
+    """A serial pipeline: stages in file order (unnamed ones are ``stage-N``), each started
+    once the one before it succeeded; the job's time limit is their sum when all have one."""
+    if not task_docs:
+        issues.append(SpecIssue("pipeline", "", header.line if header else None, "the pipeline has no stage"))
+    named = []
+    for i, (doc, task) in enumerate(zip(task_docs, tasks)):
+        task = task if task.name else task.model_copy(update={"name": f"stage-{i}"})
+        if task.depends_on:
+            issues.append(SpecIssue(_doc_label(doc, 0), "depends_on", doc.line_of(("depends_on",)),
+                                    "a pipeline's stages run in file order; depends_on belongs to job groups "
+                                    "(execution: parallel)"))
+        if task.name in [t.name for t in named]:
+            issues.append(SpecIssue(_doc_label(doc, 0), "name", doc.line_of(("name",)),
+                                    f"stage name {task.name!r} is used twice"))
+        named.append(task)
+    if issues:
+        raise SpecError(issues, source)
+    head_name = header.data.get("name") if header is not None else None
+    if head_name is not None and (not isinstance(head_name, str) or not NAME_RE.fullmatch(head_name)):
+        raise SpecError([SpecIssue("header (document 1)", "name", header.line_of(("name",)),
+                                   f"a name uses {NAME_RULE}")], source)
+    job_name = name or head_name or (named[0].name if len(named) == 1 else None) or _safe_name(default_name)
+    limits = [t.time_limit for t in named]
+    return JobSpec(name=job_name, tasks=tuple(named), primary_tasks=tuple(t.name for t in named),
+                   termination_delay={t.name: 0.0 for t in named}, group=len(named) > 1, pipeline=True,
+                   time_limit=sum(limits) if all(x is not None for x in limits) else None)  # type: ignore[arg-type]
 
 
 def _check_dependencies(task_docs: list[Document], tasks: list[TaskSpec], names: list[str],

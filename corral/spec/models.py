@@ -240,6 +240,9 @@ class JobSpec(BaseModel):
     primary_tasks: tuple[str, ...]
     termination_delay: dict[str, float]  # per task name; every task present
     group: bool = False
+    # A serial pipeline (SkyPilot's multi-document file without ``execution: parallel``): its
+    # tasks are stages run one after another, each placed when its turn comes.
+    pipeline: bool = False
     scheduling: Scheduling = Scheduling()
     time_limit: float | None = None  # the job's; filled from the partition when not given
 
