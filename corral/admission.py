@@ -85,8 +85,11 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
         reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
             where = f" in partition {partition.name!r}" if policy.partitions else ""
-            alternatives = " (with every resource alternative)" if len(reasons) > 1 else ""
-            return Refusal("resources", f"can never run{where}{alternatives}: {reasons[0]}")
+            if len(reasons) == 1:
+                return Refusal("resources", f"can never run{where}: {reasons[0]}")
+            each = "; ".join(f"alternative {i + 1}: {r}" for i, r in enumerate(reasons[:4]))
+            more = f"; and {len(reasons) - 4} more" if len(reasons) > 4 else ""
+            return Refusal("resources", f"can never run{where} with any resource alternative: {each}{more}")
         if all(tally.never(variant) for _, variant in request.variants):
             return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                                   f"{account!r} ever allows")

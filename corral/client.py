@@ -138,8 +138,8 @@ class Client:
     def release(self, ident: str | int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/release")
 
-    def requeue(self, ident: str | int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/requeue")
+    def requeue(self, ident: str | int, hold: bool = False) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{ident}/requeue", {"hold": True} if hold else None)
 
     def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={"task": task, "replicas": replicas})

@@ -181,4 +181,6 @@ def test_a_job_runs_on_the_alternative_the_pool_has(server, tmp_path) -> None:
     never = server.post("/v1/jobs", json={"yaml": "resources:\n  any_of: [{accelerators: B200:1}, {accelerators: A100:1}]\n"
                                                   "run: x\n"})
     assert never.status_code == 422
-    assert "every resource alternative" in never.json()["detail"]["errors"][0]["message"]
+    message = never.json()["detail"]["errors"][0]["message"]
+    assert "with any resource alternative" in message
+    assert "alternative 1: " in message and "B200" in message and "alternative 2: " in message and "A100" in message

@@ -122,7 +122,7 @@ def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:
     assert [e["cause"] for e in events][:2] == ["submitted", "scheduled"]
     assert events[-1]["to_state"] == "CANCELLED"
     assert "cancel_requested" in corral("events", ids[0], check=True).stdout
-    assert corral("cancel", "424242").returncode == 1
+    assert corral("cancel", "424242").returncode == 2  # no such job: bad input
 
 
 def test_termination_delay_is_honoured(corral, tmp_path: Path) -> None:
@@ -331,3 +331,23 @@ def test_expected_starts_and_the_pending_line_of_launch(corral, tmp_path: Path) 
     (row,) = [r.split("\t") for r in rows[1:]]
     assert row[0] == late and row[5] != "N/A"
     corral("cancel", "--state", "RUNNING", "--state", "PENDING", check=True)
+
+
+def test_slurm_habits_minutes_short_states_requeue_hold(corral, tmp_path: Path) -> None:
+    spin = write(tmp_path, "spin.yaml", "run: |\n  trap 'exit 0' TERM\n  while true; do sleep 0.05; done\n")
+    job = corral("launch", "-d", "-t", "5", str(spin), check=True).stdout.strip()
+    assert status(corral, job)["time_limit"] == 300  # sbatch -t 5: five minutes
+    wait_for(lambda: status(corral, job)["state"] == "RUNNING")
+    assert corral("requeue", "--hold", job, check=True).stdout.strip() == f"Job {job} requeueing"
+    wait_for(lambda: (lambda d: d["state"] == "PENDING" and d["reason"] == "JobHeldUser")(status(corral, job)), timeout=20)
+    pending = corral("logs", job)
+    assert pending.returncode == 0 and "pending (JobHeldUser)" in pending.stderr
+    short = json.loads(corral("acct", "-s", "PD,R", "--json", check=True).stdout)
+    assert [r["id"] for r in short] == [int(job)]
+    assert corral("acct", "-s", "XX").returncode == 2
+    assert corral("hold", "424242").returncode == 2 and corral("release", job, check=True).returncode == 0
+    wait_for(lambda: status(corral, job)["state"] == "RUNNING")
+    assert corral("cancel", "-t", "R", check=True).stdout.strip() == f"Job {job}: cancelling"
+    wait_for(lambda: status(corral, job)["state"] == "CANCELLED")
+    status_text = corral("status", job, check=True).stdout
+    assert any(line.startswith("REPLICA\t") and "GPU IDS" in line for line in status_text.splitlines())

@@ -159,3 +159,22 @@ def test_logs_tail(server, tmp_path: Path) -> None:
     assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 0}).text == ""
     assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 10_000}).text == whole
     assert server.get(f"/v1/jobs/{job['id']}/logs", params={"tail": -1}).status_code == 422
+
+
+def test_requeue_hold_stops_a_running_job_and_keeps_it_held(server, tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    job = submit(server, f"name: parked\nrun: |\n  echo x >> {starts}\n  trap 'exit 0' TERM\n"
+                         "  while true; do sleep 0.05; done\n")
+    wait_state(server, job["id"], "RUNNING")
+    answer = server.post(f"/v1/jobs/{job['id']}/requeue", params={"hold": True}).json()
+    assert answer["changed"] is True and answer["hold"] == "user"
+    back = wait_state(server, job["id"], "PENDING", timeout=20)
+    assert back["reason"] == "JobHeldUser" and back["requeues"] == 1
+    time.sleep(1.5)  # a rescan and several cycles: it stays held
+    assert server.get(f"/v1/jobs/{job['id']}").json()["state"] == "PENDING"
+    assert starts.read_text().count("x") == 1
+    server.post(f"/v1/jobs/{job['id']}/release")
+    wait_state(server, job["id"], "RUNNING")
+    wait_for(lambda: starts.read_text().count("x") == 2)
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+    wait_state(server, job["id"], "CANCELLED")

@@ -13,14 +13,17 @@ from argparse import Namespace
 from pathlib import Path
 
 from corral.cli import daemon
-from corral.cli.render import Usage, err, fail, moment, out
+from corral.cli.render import Usage, err, fail, moment, out, states
 from corral.client import Client, CorralError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
 
 
 def launch(args: Namespace) -> None:
-    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": args.time_limit,
+    limit = args.time_limit
+    if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
+        limit = f"{limit.strip()}m"
+    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": limit,
                "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
                "hold": args.hold or None}
     scheduling = {k: v for k, v in options.items() if v is not None}
@@ -73,11 +76,11 @@ def launch(args: Namespace) -> None:
 def logs(args: Namespace) -> None:
     client = daemon.client()
     try:
-        if args.follow:
-            data = client.job(args.job)
-            if data["state"] == "PENDING":
-                reason = "" if data["reason"] == "None" else f" ({data['reason']})"
-                err.print(f"Job {data['id']} is pending{reason}; its logs follow once it starts.")
+        data = client.job(args.job)
+        if data["state"] == "PENDING" and not data["started_at"]:
+            reason = "" if data["reason"] == "None" else f" ({data['reason']})"
+            err.print(f"Job {data['id']} is pending{reason}; "
+                      + ("its logs follow once it starts." if args.follow else "it has no logs yet."))
         _stream(client.logs(args.job, replica=args.replica, follow=args.follow, tail=args.tail))
     except CorralError as exc:
         fail(exc)
@@ -125,9 +128,10 @@ def _stream(chunks) -> None:
 def cancel(args: Namespace) -> None:
     client = daemon.client()
     jobs = tuple(args.jobs)
-    if args.user or args.state or args.name or args.partition:
+    wanted_states = states(args.state, "--state", ("PENDING", "STARTING", "RUNNING"))
+    if args.user or wanted_states or args.name or args.partition:
         try:
-            found = client.jobs(user=args.user, name=args.name, states=[s.upper() for s in args.state] or None)
+            found = client.jobs(user=args.user, name=args.name, states=wanted_states or None)
         except CorralError as exc:
             fail(exc)
         wanted = set(jobs)
@@ -139,32 +143,38 @@ def cancel(args: Namespace) -> None:
             return
     elif not jobs:
         raise Usage("JOB", "name the jobs to cancel, or filter them with -u/-t/-n/-p")
-    failed = False
+    failed = 0
     for ident in jobs:
         try:
             result = client.cancel(ident)
         except CorralError as exc:
             err.print(f"[red]error:[/red] {exc.message}")
-            failed = True
+            failed = max(failed, _code(exc))
             continue
         verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
         out.print(f"Job {result['id']}: {verb}")
-    sys.exit(1 if failed else 0)
+    sys.exit(failed)
+
+
+def _code(exc: CorralError) -> int:
+    """2 for a job that does not exist or a request that is invalid, 1 for a refusal."""
+    return 2 if exc.status in (400, 404, 422) else 1
 
 
 def each(args: Namespace) -> None:
     """hold, release or requeue every job named; exit 1 if any was refused."""
     client = daemon.client()
-    failed = False
+    failed = 0
     for ident in args.jobs:
         try:
-            result = getattr(client, args.action)(ident)
+            call = getattr(client, args.action)
+            result = call(ident, hold=True) if args.hold else call(ident)
         except CorralError as exc:
             err.print(f"[red]error:[/red] {exc.message}", markup=True)
-            failed = True
+            failed = max(failed, _code(exc))
             continue
         out.print(result["message"][0].upper() + result["message"][1:], markup=False)
-    sys.exit(1 if failed else 0)
+    sys.exit(failed)
 
 
 def scale(args: Namespace) -> None:

@@ -52,7 +52,8 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
     c.add_argument("-A", "--account", help="account to charge (default: the first that lists you, else your user name)")
     c.add_argument("-q", "--qos", help="quality of service")
-    c.add_argument("-t", "--time-limit", dest="time_limit", help="time limit of the whole job, e.g. 2h or 1d12h")
+    c.add_argument("-t", "--time-limit", dest="time_limit",
+                   help="time limit of the whole job: minutes (as sbatch -t), 2h, 1d12h, H:MM:SS or D-HH:MM:SS")
     c.add_argument("--nice", type=int, help="lower the job's priority by this much")
     c.add_argument("--dependency", help="e.g. afterok:12:13,afterany:14 or singleton")
     c.add_argument("--kill-on-invalid-dep", action="store_true",
@@ -75,7 +76,7 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-A", "--account", help="only jobs charged to this account")
     c.add_argument("-p", "--partition", help="only jobs in this partition")
     c.add_argument("-s", "--state", action="append", default=[], metavar="STATE",
-                   help="only jobs in this state (repeatable)")
+                   help="only jobs in these states: repeatable or comma-separated, Slurm's short forms too (PD,R,CD,F,CA,TO)")
     c.add_argument("-S", "--starttime", default="", help="jobs alive at or after this time (default: today 00:00)")
     c.add_argument("-E", "--endtime", default="now", help="jobs submitted by this time (default: now)")
     c.add_argument("--format", choices=["table", "csv", "json"], default="table")
@@ -102,8 +103,8 @@ def build() -> argparse.ArgumentParser:
                  "filters (like scancel), every active job that matches them all (and is among JOBs, if given).")
     c.add_argument("jobs", metavar="JOB", nargs="*")
     c.add_argument("-u", "--user", help="only jobs of this user")
-    c.add_argument("-t", "--state", action="append", default=[], type=str.upper,
-                   choices=["PENDING", "STARTING", "RUNNING"], help="only jobs in this state (repeatable)")
+    c.add_argument("-t", "--state", action="append", default=[], metavar="STATE",
+                   help="only jobs in these states: PENDING, STARTING, RUNNING (or PD, R; repeatable or comma-separated)")
     c.add_argument("-n", "--name", help="only jobs of this name")
     c.add_argument("-p", "--partition", help="only jobs in this partition")
 
@@ -114,7 +115,10 @@ def build() -> argparse.ArgumentParser:
                                       "names and checkpoint directory; CORRAL_RESTART_COUNT goes up.")):
         c = _command(sub, name, "jobs:each", summary)
         c.add_argument("jobs", metavar="JOB", nargs="+")
-        c.set_defaults(action=name)
+        c.set_defaults(action=name, hold=False)
+        if name == "requeue":
+            c.add_argument("-H", "--hold", action="store_true",
+                           help="hold it once it is pending again (scontrol requeuehold)")
 
     c = _command(sub, "scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
     c.add_argument("job", metavar="JOB")

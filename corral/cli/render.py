@@ -77,6 +77,26 @@ def fail(exc: Any, source: str | None = None) -> None:
     sys.exit(2 if exc.status in (400, 404, 409, 422) or exc.errors else 1)
 
 
+# Slurm's short state names, and its COMPLETED for corral's SUCCEEDED
+_STATES = {"PD": "PENDING", "R": "RUNNING", "CD": "SUCCEEDED", "COMPLETED": "SUCCEEDED", "F": "FAILED",
+           "CA": "CANCELLED", "CANCELED": "CANCELLED", "TO": "TIMEOUT", "PR": "PREEMPTED", "ST": "STARTING",
+           "CF": "STARTING", "CONFIGURING": "STARTING"}
+JOB_STATES = ("PENDING", "STARTING", "RUNNING", "PREEMPTED", "SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
+def states(values: list[str], option: str, allowed: tuple[str, ...] = JOB_STATES) -> list[str]:
+    """``-s PD,R -s failed``: corral's state names, upper-case, Slurm's short forms mapped."""
+    out = []
+    for value in values:
+        for part in filter(None, (p.strip().upper() for p in value.split(","))):
+            name = _STATES.get(part, part)
+            if name not in allowed:
+                raise Usage(option, f"{part!r} is not a job state here; use {', '.join(allowed)} "
+                                    "(or Slurm's PD, R, CD, F, CA, TO)")
+            out.append(name)
+    return out
+
+
 def print_json(data: Any) -> None:
     import json
 

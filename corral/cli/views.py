@@ -10,7 +10,7 @@ from argparse import Namespace
 from datetime import datetime, timedelta, timezone
 
 from corral.cli import daemon
-from corral.cli.render import Column, Usage, fail, moment, out, print_json, table
+from corral.cli.render import Column, Usage, fail, moment, out, print_json, states, table
 from corral.client import CorralError
 
 TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
@@ -127,7 +127,7 @@ def acct(args: Namespace) -> None:
         raise Usage("--endtime", f"ends ({end.isoformat(timespec='seconds')}) before --starttime "
                                  f"({start.isoformat(timespec='seconds')})")
     jobs = _read(lambda c: c.jobs(all=True, user=args.user, account=args.account, partition=args.partition,
-                                  limit=10000, states=[x.upper() for x in args.state] or None,
+                                  limit=10000, states=states(args.state, "--state") or None,
                                   since=start.isoformat(), until=end.isoformat()))
     now = datetime.now(timezone.utc)
     rows = [_accounting(j, now) for j in jobs]
@@ -191,7 +191,7 @@ def status(args: Namespace) -> None:
                      if task.get("alternative") else f"{task['alternatives']} resource alternatives, none chosen yet")
             out.print(f"  task {task['name']}: {which}", markup=False)
     table([Column("REPLICA", key=True), Column("ROLE", optional=2), Column("STATE"), Column("NODE", min_width=6),
-           Column("PID", optional=3), Column("GPUS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
+           Column("PID", optional=3), Column("GPU IDS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
            Column("HOSTNAME", fold=True, optional=1, min_width=12)],
           [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"], r["node"],
             r["pid"], ",".join(map(str, r["gpus"])) or "-", r["exit_code"], r["restarts"], r["hostname"]]

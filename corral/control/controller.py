@@ -290,7 +290,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             self._collect_observed(now)
             self._collect_probe_results(now)
             self._collect_cancels(s, cancels, now)
-            self._collect_requeues(requeues, now)
+            self._collect_requeues(s, requeues, now)
             while self._timers and self._timers[0][0] <= now:
                 self._dirty.add(heapq.heappop(self._timers)[1])
             dirty, self._dirty = self._dirty, set()
@@ -322,7 +322,7 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     # -- 1. ingest ----------------------------------------------------------------------
     def _enqueue(self, job: JobRec) -> None:
-        if job.id in self.pending or job.id in self.active or job.state != JobState.PENDING:
+        if job.id in self.pending or job.id in self.active or job.state != JobState.PENDING or job.hold:
             return
         problem = _unusable(job, self.policy)
         if problem is not None:  # one bad job must not stop the loop for everyone
@@ -474,7 +474,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             Job.requeue_requested_at.is_not(None),
             Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]))))
 
-    def _collect_requeues(self, job_ids: list[int], now: float) -> None:
+    def _collect_requeues(self, s: Session, job_ids: list[int], now: float) -> None:
         """A requeue asked for: the job stops as if preempted (every replica gets its stop
         signal and grace period) and, once all have stopped, is pending again under the same
         id, names and checkpoint directory. The wish is in the store, so a restart mid-stop
@@ -484,7 +484,9 @@ class Controller(SchedulingMixin, ServicesMixin):
             if job is None or job.state not in (JobState.STARTING, JobState.RUNNING) or job.cancel_requested:
                 continue
             job.requeue_requested = True
-            self._job_to(job, JobState.PREEMPTED, now, "requeue", "requeue requested: stopping every replica")
+            job.hold = s.scalar(select(Job.hold).where(Job.id == job.id)) or ""  # requeue --hold
+            self._job_to(job, JobState.PREEMPTED, now, "requeue", "requeue requested: stopping every replica"
+                         + (" (then held)" if job.hold else ""))
             for replica in job.members:
                 if not replica.state.terminal and replica.stop_requested_at is None:
                     self._stop_replica(job, replica, "requeued", now)

@@ -109,6 +109,7 @@ class JobRec:
     started_at: float | None = None
     requeue_requested: bool = False  # stop, then requeue whatever the preempt mode (durable)
     pipeline: bool = False  # stages run one after another, each placed when its turn comes
+    hold: str = ""  # "user" or "admin" while held: it waits out of the queue until released
     rank_priority: float = 0.0  # its priority when it was admitted: preemption stops low ones first
 
     def task(self, name: str) -> TaskRec:
@@ -179,7 +180,7 @@ def _task_spec(text: str) -> TaskSpec:
 
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
-               Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at)
+               Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold)
 
 
 def _scheduling(row) -> dict:
@@ -187,7 +188,8 @@ def _scheduling(row) -> dict:
             "nice": row.nice or 0, "priority": row.priority, "time_limit": row.time_limit,
             "dependency": tuple(Dependency(kind, tuple(ids)) for kind, ids in (row.dependency or ())),
             "kill_on_invalid_dep": bool(row.kill_on_invalid_dep), "requeues": row.requeues or 0,
-            "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None}
+            "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
+            "hold": row.hold or ""}
 
 
 def record_of(job: Job) -> JobRec:

@@ -13,6 +13,7 @@ from corral.control.accounting import Holding
 from corral.control.records import JobRec
 from corral.scheduler import NodeView, PendingJob, Preemption, RunningJob, Shrinkable, Snapshot
 from corral.scheduler.placement import FreePool
+from corral.scheduler.plan import Reason
 from corral.scheduler.priority import Factors
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
@@ -150,6 +151,7 @@ class SchedulingMixin:
         job.started_at = None
         job.requeue_requested = False
         job.forget_request()
-        self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}",
-                     requeues=job.requeues, started_at=None, reason="None", requeue_requested_at=None)
+        held = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(job.hold)
+        self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}" + (", held" if held else ""),
+                     requeues=job.requeues, started_at=None, reason=held or "None", requeue_requested_at=None)
         self._enqueue(job)

@@ -245,7 +245,8 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
         for label, need, have in checks:
             best = max(typed, key=have)
             if have(best) + EPS < need:
-                return f"{what} {need:g} {label}; the largest node ({best.name}) has {have(best):g}"
+                kind = f"{task.gpu_type} " if task.gpu_type and task.gpus else ""
+                return f"{what} {need:g} {label}; the largest {kind}node ({best.name}) has {have(best):g}"
     need_gpus = job.gpus
     have_gpus = sum(n.gpus for n in nodes)
     if need_gpus > have_gpus:

@@ -198,15 +198,17 @@ def set_hold(session: Session, job: Job, hold: str, now: float, by: str) -> bool
     return False
 
 
-def request_requeue(session: Session, job: Job, now: float, by: str) -> bool:
-    """Record the wish to requeue a starting or running job; False when it is in no such state,
-    is being cancelled, or a requeue is already under way."""
+def request_requeue(session: Session, job: Job, now: float, by: str, hold: str = "") -> bool:
+    """Record the wish to requeue a starting or running job (and hold it once pending, with
+    ``hold`` "user" or "admin"); False when it is in no such state, is being cancelled, or a
+    requeue is already under way."""
+    values = {"requeue_requested_at": now, "version": Job.version + 1, **({"hold": hold} if hold else {})}
     result = session.execute(update(Job).where(
         Job.id == job.id, Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]),
-        Job.cancel_requested_at.is_(None), Job.requeue_requested_at.is_(None))
-        .values(requeue_requested_at=now, version=Job.version + 1))
+        Job.cancel_requested_at.is_(None), Job.requeue_requested_at.is_(None)).values(**values))
     if result.rowcount:
-        add_event(session, job.id, now, "job", "requeue_requested", message=f"requeue requested by {by}")
+        add_event(session, job.id, now, "job", "requeue_requested",
+                  message=f"requeue requested by {by}" + (" (then held)" if hold else ""))
         return True
     return False
 

@@ -142,7 +142,7 @@ def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: C
         state.controller.hold_changed(found.id, True)
     elif found.state != JobState.PENDING.value or found.cancel_requested_at is not None:
         raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
-                                 "only a pending job can be held (requeue a running one with hold after it)")
+                                 "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
                           message=f"job {found.id} held" if changed else f"job {found.id} was already held")
 
@@ -165,13 +165,15 @@ def release(job: str, session: SessionDep, state: StateDep, user: UserDep, clock
 
 
 @router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(404, 409))
-def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep,
+            hold: Annotated[bool, Query(description="Hold it once it is pending again (scontrol requeuehold)")] = False):
     """Stop a starting or running job (every replica gets its stop signal and grace period) and
     put it back in the queue under the same id, names and checkpoint directory
     (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
     found = _job_or_404(session, job)
+    kind = ("admin" if user in state.site.operators and user != found.user else "user") if hold else ""
     with state.controller.write_lock:
-        changed = repository.request_requeue(session, found, clock(), user)
+        changed = repository.request_requeue(session, found, clock(), user, kind)
         session.commit()
     session.refresh(found)
     if changed:
@@ -179,7 +181,8 @@ def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock
     elif found.requeue_requested_at is None or JobState(found.state).terminal:
         raise HTTPException(409, f"job {found.id} is {found.state}"
                                  f"{' and being cancelled' if found.cancel_requested_at else ''}; only a starting or "
-                                 "running job can be requeued (launch an ended one again)")
+                                 "running job can be requeued" + ("" if found.state == JobState.PENDING.value else
+                                                                   " (launch an ended one again)"))
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
                           message=f"job {found.id} requeueing" if changed else f"job {found.id} is already requeueing")
 
