@@ -1,21 +1,42 @@
-"""The Python client of the corral API (what the CLI uses, and an SDK for scripts).
+"""The Python client of the corral API: what the CLI uses, and the SDK for scripts.
 
-It speaks HTTP/1.1 with the standard library's ``http.client`` over one keep-alive
-connection: every ``corral`` command starts a fresh interpreter, and importing a full HTTP
-library (httpx and its certificate bundle) cost more than the whole request."""
+    from corral.client import Client
+    with Client.local() as corral:                  # the embedded server (started on first use)
+        job = corral.submit(Path("rl.yaml"))        # a file, a YAML string or a dict
+        corral.wait(job["id"], ready=True, timeout=300)
+        print(corral.endpoints(job["id"]))
+        corral.scale(job["id"], "rollout", 4)
+        for chunk in corral.logs(job["id"], follow=True):
+            ...
+
+Every call returns the API's JSON (the shapes are in ``/openapi.json``); every refusal raises
+a ``CorralError`` subclass carrying the server's message (``InvalidRequest`` with the file's
+issues, ``NotFound``, ``Conflict``, ``Forbidden``, ``Unavailable``). It speaks HTTP/1.1 with
+the standard library's ``http.client`` over one keep-alive connection: every ``corral``
+command starts a fresh interpreter, and importing a full HTTP library cost more than the
+whole request."""
 
 from __future__ import annotations
 
 import getpass
 import http.client
 import json
+import os
 import socket
+import time
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 class CorralError(RuntimeError):
+    """A refusal or failure, with the server's message, its HTTP status and (for an invalid
+    job file) every issue with its field and line."""
+
     def __init__(self, message: str, status: int | None = None, errors: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.message = message
@@ -23,12 +44,47 @@ class CorralError(RuntimeError):
         self.errors = errors or []
 
 
+class InvalidRequest(CorralError):
+    """400/413/422: the request or the job file is invalid (``errors`` lists why)."""
+
+
+class Forbidden(CorralError):
+    """403: the user may not do this."""
+
+
+class NotFound(CorralError):
+    """404: no such job, task or replica."""
+
+
+class Conflict(CorralError):
+    """409: the job's state does not allow it (or an active job already has the name)."""
+
+
+class Unavailable(CorralError):
+    """The server cannot be reached, broke off, or its control loop keeps failing (503)."""
+
+
+_BY_STATUS: dict[int, type[CorralError]] = {400: InvalidRequest, 403: Forbidden, 404: NotFound, 409: Conflict,
+                                             413: InvalidRequest, 422: InvalidRequest, 503: Unavailable}
+
+
 class Client:
+    """A connection to one corral server (``url``), acting as ``user`` (default: the login
+    name). Use it as a context manager, or ``close()`` it."""
+
+    @classmethod
+    def local(cls) -> Client:
+        """The server the ``corral`` command would use: ``CORRAL_SERVER`` if set, else this
+        ``CORRAL_HOME``'s embedded server, started if it is not running."""
+        from corral.cli import daemon
+
+        return daemon.client()
+
     def __init__(self, url: str, user: str | None = None, timeout: float = 30.0):
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise CorralError(f"{url!r} is not an http(s):// server address")
+            raise InvalidRequest(f"{url!r} is not an http(s):// server address")
         self._https = parts.scheme == "https"
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
@@ -76,7 +132,7 @@ class Client:
                 if reuse and stale and attempt == 1:
                     continue
                 reason = "timed out" if isinstance(exc, socket.timeout) else exc
-                raise CorralError(f"cannot reach the corral server at {self.url}: {reason}") from None
+                raise Unavailable(f"cannot reach the corral server at {self.url}: {reason}") from None
             if not stream:
                 self._conn = conn
             return conn, response
@@ -88,19 +144,65 @@ class Client:
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
             self.close()
-            raise CorralError(f"the corral server at {self.url} broke off its answer: {exc}") from None
+            raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
         _check(response.status, data)
         return json.loads(data) if data else None
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/v1/health")
 
-    def submit(self, yaml_text: str, *, source: str | None = None, base_dir: str | None = None,
-               name: str | None = None, env: dict[str, str] | None = None,
+    def submit(self, spec: str | os.PathLike | dict[str, Any] | list[dict[str, Any]], *, source: str | None = None,
+               base_dir: str | None = None, name: str | None = None, env: dict[str, str] | None = None,
                scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/jobs", json_body={"yaml": yaml_text, "source": source, "base_dir": base_dir,
+        """Submit a job: ``spec`` is YAML text, a path to a YAML file (its directory is where
+        relative workdirs resolve, as with ``corral launch``), or the parsed document (a dict;
+        a list of dicts for a job group's documents). ``scheduling`` takes ``partition``,
+        ``account``, ``qos``, ``time_limit``, ``nice``, ``dependency``, ``hold``. Returns
+        ``{"job": …, "warnings": […]}``."""
+        if isinstance(spec, os.PathLike):
+            path = Path(spec)
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise InvalidRequest(f"cannot read {path}: {exc}") from None
+            source, base_dir = source or str(path), base_dir or str(path.resolve().parent)
+        elif isinstance(spec, (dict, list)):
+            import yaml
+
+            docs = spec if isinstance(spec, list) else [spec]
+            text = yaml.safe_dump_all(docs, sort_keys=False)
+        else:
+            text = spec
+        return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "base_dir": base_dir,
                                                          "name": name, "env": env or {},
                                                          "scheduling": scheduling or {}})
+
+    def wait(self, ident: str | int, *, states: tuple[str, ...] = TERMINAL, ready: bool = False,
+             timeout: float | None = None, interval: float = 0.5) -> dict[str, Any]:
+        """Poll until the job is in one of ``states`` (default: ended), or with ``ready`` until
+        it runs with every replica READY (a job that ends first is returned as it ended).
+        Raises ``TimeoutError`` after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(ident)
+            replicas = [r for t in job["tasks"] for r in t["replicas"]]
+            if job["state"] in TERMINAL or (not ready and job["state"] in states) or (
+                    ready and job["state"] == "RUNNING" and all(r["ready"] and r["state"] == "RUNNING"
+                                                                 for r in replicas)):
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                what = "every replica ready" if ready else " or ".join(states)
+                raise TimeoutError(f"job {job['id']} is {job['state']} after {timeout:g}s, not {what}")
+            time.sleep(interval)
+
+    def status(self, ident: str | int) -> dict[str, Any]:
+        """The job with its tasks and replicas (same as ``job``)."""
+        return self.job(ident)
+
+    def endpoints(self, ident: str | int) -> dict[str, Any]:
+        """Every replica's rank, name, address, ports, state and readiness, and each service
+        task's balanced endpoint (``endpoints``): the job's ``CORRAL_PEERS_FILE`` document."""
+        return self._call("GET", f"/v1/jobs/{ident}/endpoints")
 
     def share(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/share")
@@ -167,7 +269,7 @@ class Client:
                 try:
                     chunk = response.read1(65536)
                 except (OSError, http.client.HTTPException) as exc:
-                    raise CorralError(f"log stream from {self.url} broke: {exc}") from None
+                    raise Unavailable(f"log stream from {self.url} broke: {exc}") from None
                 if not chunk:
                     return
                 yield chunk
@@ -186,9 +288,10 @@ def _check(status: int, data: bytes) -> None:
         detail = json.loads(data).get("detail")
     except (ValueError, AttributeError):
         detail = data.decode(errors="replace")
+    kind = _BY_STATUS.get(status, CorralError)
     if isinstance(detail, dict):
-        raise CorralError(detail.get("message", "request failed"), status, detail.get("errors"))
+        raise kind(detail.get("message", "request failed"), status, detail.get("errors"))
     if isinstance(detail, list):  # FastAPI request validation
         msgs = [f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail]
-        raise CorralError("; ".join(msgs), status)
-    raise CorralError(str(detail), status)
+        raise kind("; ".join(msgs), status)
+    raise kind(str(detail), status)
