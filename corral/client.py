@@ -212,9 +212,13 @@ class Client:
 
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
              name: str | None = None, limit: int | None = None, account: str | None = None,
-             partition: str | None = None, since: str | None = None, until: str | None = None) -> list[dict[str, Any]]:
-        """Jobs in id order; ``since``/``until`` are ISO 8601 times (``sacct -S/-E``)."""
+             partition: str | None = None, since: str | None = None, until: str | None = None,
+             after: int | None = None) -> list[dict[str, Any]]:
+        """Jobs in id order; ``since``/``until`` are ISO 8601 times (``sacct -S/-E``); ``after``
+        a cursor (the page of ids above it; ``iter_jobs`` follows the pages)."""
         params: dict[str, Any] = {"all": all}
+        if after is not None:
+            params["after"] = after
         for key, value in (("account", account), ("partition", partition), ("since", since), ("until", until)):
             if value:
                 params[key] = value
@@ -227,6 +231,16 @@ class Client:
         if name:
             params["name"] = name
         return self._call("GET", "/v1/jobs", params)
+
+    def iter_jobs(self, *, page: int = 1000, **filters: Any) -> Iterator[dict[str, Any]]:
+        """Every job matching ``filters`` (as ``jobs`` takes them), oldest first, a page at a time."""
+        after = 0
+        while True:
+            batch = self.jobs(limit=page, after=after, **filters)
+            yield from batch
+            if len(batch) < page:
+                return
+            after = batch[-1]["id"]
 
     def job(self, ident: str | int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{ident}")

@@ -289,3 +289,14 @@ def test_logs_are_whole_past_a_megabyte(server) -> None:
     wait_state(server, job["id"], "SUCCEEDED")
     text = server.get(f"/v1/jobs/{job['id']}/logs").content
     assert len(text) == 3 << 20 and text.count(b"\n") == 3072
+
+
+def test_list_pages_with_a_cursor(server) -> None:
+    ids = [submit(server, f"name: p{i}\nrun: 'true'\n", scheduling={"hold": True})["id"] for i in range(5)]
+    first = server.get("/v1/jobs", params={"limit": 2})
+    assert [j["id"] for j in first.json()] == ids[:2] and first.headers["x-next-after"] == str(ids[1])
+    second = server.get("/v1/jobs", params={"limit": 2, "after": first.headers["x-next-after"]})
+    assert [j["id"] for j in second.json()] == ids[2:4]
+    last = server.get("/v1/jobs", params={"limit": 2, "after": ids[3]})
+    assert [j["id"] for j in last.json()] == ids[4:] and "x-next-after" not in last.headers
+    assert server.get("/v1/jobs", params={"after": -1}).status_code == 422

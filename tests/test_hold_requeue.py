@@ -178,3 +178,61 @@ def test_requeue_hold_stops_a_running_job_and_keeps_it_held(server, tmp_path: Pa
     wait_for(lambda: starts.read_text().count("x") == 2)
     server.post(f"/v1/jobs/{job['id']}/cancel")
     wait_state(server, job["id"], "CANCELLED")
+
+
+def test_only_the_owner_or_an_operator_changes_a_job_and_names_are_per_user(server) -> None:
+    mine = submit(server, "name: train\nrun: 'true'\n", scheduling={"hold": True})
+    bobs = server.post("/v1/jobs", json={"yaml": "name: train\nrun: 'true'\n", "scheduling": {"hold": True}},
+                       headers={"X-Corral-User": "bob"}).json()["job"]
+    assert server.get("/v1/jobs/train").json()["id"] == mine["id"]  # alice's "train"
+    assert server.get("/v1/jobs/train", headers={"X-Corral-User": "bob"}).json()["id"] == bobs["id"]
+    for action in ("hold", "release", "requeue", "cancel"):
+        refused = server.post(f"/v1/jobs/{bobs['id']}/{action}")
+        assert refused.status_code == 403 and "belongs to bob" in refused.json()["detail"], action
+    assert server.post(f"/v1/jobs/{bobs['id']}/release", headers={"X-Corral-User": "olga"}).json()["changed"] is True
+    for job in (mine, bobs):
+        server.post(f"/v1/jobs/{job['id']}/cancel", headers={"X-Corral-User": "olga"})
+
+
+def test_many_concurrent_writes_neither_fail_nor_stall(server) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    job = submit(server, "name: busy\nrun: 'true'\n", scheduling={"hold": True})
+    started = time.monotonic()
+    with ThreadPoolExecutor(40) as pool:
+        codes = list(pool.map(lambda i: server.post(f"/v1/jobs/{job['id']}/{'hold' if i % 2 else 'release'}").status_code,
+                              range(160)))
+    assert set(codes) <= {200, 409} and time.monotonic() - started < 20  # 409: released, it ran
+    health = server.get("/v1/health").json()
+    assert health["status"] == "ok"
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_requeued_elastic_job_comes_back_at_its_initial_size(server) -> None:
+    job = submit(server, "name: el\nnum_nodes: {min: 1, max: 6, initial: 2}\nresources: {accelerators: H100:3}\n"
+                         "run: |\n  trap 'exit 0' TERM\n  while true; do sleep 0.05; done\n")
+    wait_state(server, job["id"], "RUNNING")
+    assert server.post(f"/v1/jobs/{job['id']}/scale", json={"task": "el", "replicas": 4}).status_code == 200
+    wait_for(lambda: len(server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"]) == 4)
+    assert server.post(f"/v1/jobs/{job['id']}/requeue").json()["changed"] is True
+    back = wait_for(lambda: (lambda j: j if j["state"] == "RUNNING" and j["requeues"] == 1 else None)(
+        server.get(f"/v1/jobs/{job['id']}").json()), timeout=30)
+    assert back["tasks"][0]["num_nodes"] == 2
+    live = [(r["rank"], r["state"]) for r in back["tasks"][0]["replicas"] if r["state"] != "KILLED"]
+    assert live == [(0, "RUNNING"), (1, "RUNNING")]  # ranks 2 and 3 retired, as after a scale-down
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+    wait_state(server, job["id"], "CANCELLED")
+
+
+def test_an_owner_never_lifts_an_operators_hold_even_racing_it(server) -> None:
+    from corral.store import repository
+
+    job = submit(server, "name: raced\nrun: 'true'\n", scheduling={"hold": True})
+    with server.state.sessions() as s:
+        found = repository.find_job(s, str(job["id"]))
+        assert repository.set_hold(s, found, "admin", 1.0, "olga") is True  # the operator's hold lands first
+        # the owner's release, checked before the operator's hold landed, is still refused by the update
+        assert repository.set_hold(s, found, "", 2.0, "alice", operator=False) is False
+        assert repository.set_hold(s, found, "", 3.0, "olga", operator=True) is True
+        s.commit()
+    server.post(f"/v1/jobs/{job['id']}/cancel")

@@ -130,8 +130,10 @@ def cancel(args: Namespace) -> None:
     jobs = tuple(args.jobs)
     wanted_states = states(args.state, "--state", ("PENDING", "STARTING", "RUNNING"))
     if args.user or wanted_states or args.name or args.partition:
+        # like scancel for a user: filters reach your own jobs unless -u names someone (an operator's right)
+        owner = args.user or client.headers["X-Corral-User"]
         try:
-            found = client.jobs(user=args.user, name=args.name, states=wanted_states or None)
+            found = list(client.iter_jobs(user=owner, name=args.name, states=wanted_states or None))
         except CorralError as exc:
             fail(exc)
         wanted = set(jobs)

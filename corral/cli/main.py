@@ -61,7 +61,7 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-H", "--hold", action="store_true", help="submit held: it waits until `corral release`")
 
     c = _command(sub, "queue", "views:queue", "List jobs (pending and running; ended ones with --all).")
-    c.add_argument("-a", "--all", action="store_true", help="include ended jobs")
+    c.add_argument("-a", "--all", action="store_true", help="include ended jobs (the newest 1000; corral acct for more)")
     c.add_argument("-u", "--user", help="only this user's jobs")
     c.add_argument("--priority", action="store_true",
                    help="pending jobs in scheduling order with their priority factors (like sprio)")
@@ -102,7 +102,7 @@ def build() -> argparse.ArgumentParser:
                  "Cancel jobs: every replica gets its stop signal, then SIGKILL after its grace period. With "
                  "filters (like scancel), every active job that matches them all (and is among JOBs, if given).")
     c.add_argument("jobs", metavar="JOB", nargs="*")
-    c.add_argument("-u", "--user", help="only jobs of this user")
+    c.add_argument("-u", "--user", help="only jobs of this user (filters default to your own jobs, like scancel)")
     c.add_argument("-t", "--state", action="append", default=[], metavar="STATE",
                    help="only jobs in these states: PENDING, STARTING, RUNNING (or PD, R; repeatable or comma-separated)")
     c.add_argument("-n", "--name", help="only jobs of this name")

@@ -43,8 +43,10 @@ def queue(args: Namespace) -> None:
         jobs = [j for j in _read(lambda c: c.priority()) if not args.user or j["user"] == args.user]
     elif args.start:
         jobs = _read(lambda c: c.jobs(user=args.user, states=["PENDING"]))
-    else:
-        jobs = _read(lambda c: c.jobs(all=args.all, user=args.user))
+    elif args.all:  # the newest 1000 of the history
+        jobs = _read(lambda c: c.jobs(all=True, user=args.user))
+    else:  # every live job, a page at a time
+        jobs = _read(lambda c: list(c.iter_jobs(user=args.user)))
     if args.json:
         print_json(jobs)
     elif args.start:

@@ -641,7 +641,7 @@ class Controller(SchedulingMixin, ServicesMixin):
             first = by_slot.get((task.name, 0)) or allocations[0]
             task.master_port = self._executor_for_node(first.node).rendezvous_port(first.node)
             self.journal.task(task.id, master_port=task.master_port)
-        for replica in job.replicas:
+        for replica in job.members:  # not replicas retired by a scale-down (or a requeue at initial size)
             if job.pipeline and (replica.task, replica.rank) not in by_slot:
                 continue  # a stage still to come (or one done)
             self._place(job, replica, by_slot[(replica.task, replica.rank)], now)

@@ -137,6 +137,17 @@ class SchedulingMixin:
             return
         self._release_job(job)
         job.requeues += 1
+        for task in job.tasks:  # an elastic task comes back at its initial size: that one fit the pool
+            initial = int(task.spec.get("num_nodes") or 1)
+            if task.service.min_nodes is None or task.num_nodes <= initial:
+                continue
+            for replica in sorted(job.replicas_of(task.name), key=lambda r: r.rank)[initial:]:
+                replica.stop_cause = "scale_down"  # ended already: now retired, out of the gang
+                self.journal.replica(replica.id, stop_cause="scale_down")
+            self.journal.event(job.id, now, task.name, "scaled",
+                               message=f"{task.num_nodes} -> {initial} replicas for the requeue (its initial size)")
+            task.num_nodes = initial
+            self.journal.task(task.id, num_nodes=initial)
         for replica in job.members:
             if job.pipeline and replica.state == ReplicaState.SUCCEEDED:
                 continue  # a pipeline resumes at the stage it was in; stages done stay done

@@ -110,6 +110,11 @@ class Resources(BaseModel):
                 raise ValueError(f"{key} must be a non-empty list of resource alternatives")
             if not all(isinstance(e, dict) for e in entries):
                 raise ValueError(f"each entry of {key} is a mapping like {{accelerators: H100:8}}")
+            nested = [i for i, e in enumerate(entries) if "any_of" in e or "ordered" in e
+                      or _accelerator_choices(e.get("accelerators")) is not None]
+            if nested:
+                raise ValueError(f"{key}[{nested[0]}] lists alternatives of its own; an alternative names "
+                                 "one accelerator (alternatives do not nest)")
             merged = [{**{k: v for k, v in base.items()}, **e} for e in entries]
         elif choices is not None:
             entries, ordered = choices
@@ -133,6 +138,13 @@ class Resources(BaseModel):
     @model_serializer(mode="wrap")
     def _dump_without_empty_lists(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return {k: v for k, v in handler(self).items() if not (k in ("any_of", "ordered") and not v)}
+
+    @model_validator(mode="after")
+    def _two_or_more(self) -> Resources:
+        # the normal form keeps one alternative as the task's own fields, never a list of one
+        if len(self.any_of) == 1 or len(self.ordered) == 1:
+            raise ValueError("a list of one alternative: write it as the task's own resources")
+        return self
 
     @property
     def gpu_type(self) -> str | None:

@@ -129,21 +129,29 @@ def load_job(session: Session, job_id: int) -> Job | None:
                            .options(selectinload(Job.tasks), selectinload(Job.replicas))).first()
 
 
-def find_job(session: Session, ident: str) -> Job | None:
-    """A job by id, or the newest job with that name."""
+def find_job(session: Session, ident: str, user: str | None = None) -> Job | None:
+    """A job by id, or by name: ``user``'s newest job of that name (names are per user), else
+    anyone's newest."""
     if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
         return load_job(session, int(ident)) if int(ident) < 2**63 else None
     if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
         return None
-    job_id = session.scalars(select(Job.id).where(Job.name == ident).order_by(Job.id.desc()).limit(1)).first()
+    job_id = None
+    if user is not None:
+        job_id = session.scalars(select(Job.id).where(Job.name == ident, Job.user == user)
+                                 .order_by(Job.id.desc()).limit(1)).first()
+    if job_id is None:
+        job_id = session.scalars(select(Job.id).where(Job.name == ident).order_by(Job.id.desc()).limit(1)).first()
     return load_job(session, job_id) if job_id is not None else None
 
 
 def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable[str] = (),
               user: str | None = None, name: str | None = None, limit: int = 1000, account: str | None = None,
-              partition: str | None = None, since: float | None = None, until: float | None = None) -> list[Job]:
+              partition: str | None = None, since: float | None = None, until: float | None = None,
+              after: int | None = None) -> list[Job]:
     """Jobs in id order. ``since``/``until`` keep those alive at some moment of that window
-    (submitted by its end, not ended before its start), as ``sacct -S/-E`` does."""
+    (submitted by its end, not ended before its start), as ``sacct -S/-E`` does; ``after`` is
+    a cursor: the page of ids above it (else, with ended jobs, the newest ``limit``)."""
     if (name and not NAME_RE.fullmatch(name)) or any(v and len(v) > 64 for v in (user, account, partition)):
         return []  # longer than the column: no job can match, and the database need not be asked
     query = select(Job).options(selectinload(Job.tasks), selectinload(Job.replicas)).order_by(Job.id)
@@ -151,7 +159,9 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
     if states:
         query = query.where(Job.state.in_(states))
     elif not include_ended:
-        query = query.where(Job.state.not_in(TERMINAL))
+        # IN the live states, not NOT IN the ended ones: the (state, id) index then finds the live
+        # queue without reading the history
+        query = query.where(Job.state.in_([s.value for s in JobState if s.value not in TERMINAL]))
     if user:
         query = query.where(Job.user == user)
     if name:
@@ -164,7 +174,9 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
         query = query.where(Job.submitted_at <= until)
     if since is not None:
         query = query.where((Job.ended_at.is_(None)) | (Job.ended_at >= since))
-    if include_ended and not states:
+    if after is not None:
+        query = query.where(Job.id > after)
+    if include_ended and not states and after is None:
         # newest ended jobs first when the history is long, then back to id order
         return sorted(session.scalars(query.order_by(None).order_by(Job.id.desc()).limit(limit)).all(),
                       key=lambda j: j.id)
@@ -182,12 +194,18 @@ def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:
     return False
 
 
-def set_hold(session: Session, job: Job, hold: str, now: float, by: str) -> bool:
+def set_hold(session: Session, job: Job, hold: str, now: float, by: str, operator: bool = False) -> bool:
     """Hold a pending job (``hold`` "user" or "admin") or release it (""): False when it is no
     longer pending (it started, ended or is being cancelled meanwhile) or already so."""
     reason = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(hold, Reason.NONE.value)
-    # an owner's hold never downgrades an operator's (which the owner could then release)
-    current = Job.hold == "" if hold == "user" else Job.hold != hold
+    # an owner's hold never downgrades an operator's (which the owner could then release), and
+    # only an operator lifts an operator's hold: checked in the update itself, so no race beats it
+    if hold == "user":
+        current = Job.hold == ""
+    elif hold == "admin":
+        current = Job.hold != "admin"
+    else:
+        current = Job.hold != "" if operator else Job.hold == "user"
     result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
                                                Job.cancel_requested_at.is_(None), current)
                              .values(hold=hold, reason=reason, version=Job.version + 1))

@@ -29,11 +29,23 @@ from corral.store.tables import Job
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
-def _job_or_404(session, ident: str) -> Job:
-    job = repository.find_job(session, ident)
+def _job_or_404(session, ident: str, user: str | None = None) -> Job:
+    job = repository.find_job(session, ident, user)
     if job is None:
         raise HTTPException(404, f"no job {shown(ident)}")
     return job
+
+
+def _acting_on(session, ident: str, user: str, state, action: str) -> Job:  # noqa: ANN001 - a ServerState
+    """The job ``ident`` names (by name: the user's own first), which ``user`` may change: their
+    own, or any if they are an operator. The read's connection goes back to the pool before
+    the caller waits for the control loop's lock, which itself waits for connections."""
+    found = _job_or_404(session, ident, user)
+    if found.user != user and user not in state.site.operators:
+        raise HTTPException(403, f"job {found.id} belongs to {found.user}; only its owner or an operator "
+                                 f"({', '.join(state.site.operators) or 'none configured'}) may {action} it")
+    session.commit()
+    return found
 
 
 @router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 409, 413, 422))
@@ -90,13 +102,16 @@ def _moment(name: str, value: str | None) -> float | None:
 
 
 @router.get("", response_model=list[JobOut])
-def list_jobs(session: SessionDep, state_: StateDep, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
+def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
-                                                 json_schema_extra={"format": "date-time"}, max_length=64)] = None):
+                                                 json_schema_extra={"format": "date-time"}, max_length=64)] = None,
+              after: Annotated[int | None, Query(ge=0, lt=2**63, description=(
+                  "Cursor: jobs with a higher id, oldest first. A full page answers with the next "
+                  "cursor in the X-Next-After header"))] = None):
     """Jobs in id order: active ones, or with ``all`` ended ones too (the newest ``limit``);
     filtered by state, user, name, account, partition and a time window (like ``sacct``)."""
     states = [s.upper() for s in state or []]
@@ -106,20 +121,22 @@ def list_jobs(session: SessionDep, state_: StateDep, all: bool = False, state: A
                                 f"{', '.join(JobState.__members__)}", "enum")
     window = [_moment(name, value) for name, value in (("since", since), ("until", until))]
     jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit,
-                                account=account, partition=partition, since=window[0], until=window[1])
+                                account=account, partition=partition, since=window[0], until=window[1], after=after)
+    if len(jobs) == limit:
+        response.headers["X-Next-After"] = str(jobs[-1].id)
     expected = dict(state_.controller.expected_starts)
     return [JobOut.of(j, expected.get(j.id)) for j in jobs]
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
-def get_job(job: str, session: SessionDep, state: StateDep):
-    found = _job_or_404(session, job)
+def get_job(job: str, session: SessionDep, state: StateDep, user: UserDep):
+    found = _job_or_404(session, job, user)
     return JobOut.of(found, state.controller.expected_starts.get(found.id))
 
 
-@router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(404))
+@router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
 def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
-    found = _job_or_404(session, job)
+    found = _acting_on(session, job, user, state, "cancel")
     with state.controller.write_lock:
         changed = repository.request_cancel(session, found, clock(), user)
         session.commit()
@@ -128,11 +145,11 @@ def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock:
     return CancelResponse(id=found.id, cancelled=changed, state=found.state)
 
 
-@router.post("/{job}/hold", response_model=ActionResponse, responses=documented(404, 409))
+@router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
 def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     """Keep a pending job from starting (Slurm's ``scontrol hold``): reason JobHeldUser, or
     JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
-    found = _job_or_404(session, job)
+    found = _acting_on(session, job, user, state, "hold")
     kind = "admin" if user in state.site.operators and user != found.user else "user"
     with state.controller.write_lock:
         changed = repository.set_hold(session, found, kind, clock(), user)
@@ -150,27 +167,31 @@ def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: C
 @router.post("/{job}/release", response_model=ActionResponse, responses=documented(403, 404))
 def release(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     """Let a held job be scheduled again (Slurm's ``scontrol release``)."""
-    found = _job_or_404(session, job)
-    if found.hold == "admin" and user not in state.site.operators:
+    found = _acting_on(session, job, user, state, "release")
+    operator = user in state.site.operators
+    if found.hold == "admin" and not operator:
         raise HTTPException(403, f"job {found.id} was held by an operator (JobHeldAdmin); only an operator "
                                  f"({', '.join(state.site.operators) or 'none configured'}) may release it")
     with state.controller.write_lock:
-        changed = repository.set_hold(session, found, "", clock(), user)
+        changed = repository.set_hold(session, found, "", clock(), user, operator)
         session.commit()
     session.refresh(found)
+    if not changed and found.hold == "admin" and not operator:  # an operator held it meanwhile
+        raise HTTPException(403, f"job {found.id} was held by an operator (JobHeldAdmin); only an operator may "
+                                 "release it")
     if changed:
         state.controller.hold_changed(found.id, False)
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
                           message=f"job {found.id} released" if changed else f"job {found.id} was not held")
 
 
-@router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(404, 409))
+@router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(403, 404, 409))
 def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep,
             hold: Annotated[bool, Query(description="Hold it once it is pending again (scontrol requeuehold)")] = False):
     """Stop a starting or running job (every replica gets its stop signal and grace period) and
     put it back in the queue under the same id, names and checkpoint directory
     (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
-    found = _job_or_404(session, job)
+    found = _acting_on(session, job, user, state, "requeue")
     kind = ("admin" if user in state.site.operators and user != found.user else "user") if hold else ""
     with state.controller.write_lock:
         changed = repository.request_requeue(session, found, clock(), user, kind)
@@ -187,11 +208,11 @@ def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock
                           message=f"job {found.id} requeueing" if changed else f"job {found.id} is already requeueing")
 
 
-@router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 404, 409, 413))
+@router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 403, 404, 409, 413))
 def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
     """Set a task's replica count within its elastic bounds; the control loop places new
     replicas or stops the highest ranks with the task's stop signal and grace period."""
-    found = _job_or_404(session, job)
+    found = _acting_on(session, job, user, state, "scale")
     if found.state not in (JobState.STARTING.value, JobState.RUNNING.value):
         raise HTTPException(409, f"job {found.id} is {found.state}; only a starting or running job can be scaled")
     spec = next((t for t in found.spec["tasks"] if t["name"] == body.task), None)
@@ -214,10 +235,10 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, us
 
 
 @router.get("/{job}/endpoints", responses=documented(404))
-def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
+def endpoints(job: str, session: SessionDep, clock: ClockDep, user: UserDep) -> dict:
     """Every replica of every task with rank, name, address, ports, state and readiness:
     the same document as the job's CORRAL_PEERS_FILE."""
-    found = _job_or_404(session, job)
+    found = _job_or_404(session, job, user)
     specs = {t["name"]: t for t in found.spec["tasks"]}
     tasks = [{"name": t.name, "ports": specs[t.name].get("ports") or {},
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
@@ -230,20 +251,20 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep) -> dict:
 
 
 @router.get("/{job}/events", response_model=list[EventOut], responses=documented(404))
-def events(job: str, session: SessionDep):
-    found = _job_or_404(session, job)
+def events(job: str, session: SessionDep, user: UserDep):
+    found = _job_or_404(session, job, user)
     return [EventOut.of(e) for e in repository.job_events(session, found.id)]
 
 
 @router.get("/{job}/logs", response_class=StreamingResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
                        **documented(404)})
-async def logs(job: str, state: StateDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
+async def logs(job: str, state: StateDep, user: UserDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
                prefix: bool | None = None,
                tail: Annotated[int | None, Query(ge=0, le=10_000_000, description="Only the last N lines of each replica's log, then (with follow) what comes")] = None):
     def lookup():
         with state.sessions() as session:
-            found = _job_or_404(session, job)
+            found = _job_or_404(session, job, user)
             return found.id, [(r.label, r.task, r.rank) for r in found.replicas]
 
     job_id, labels = await run_in_threadpool(lookup)
