@@ -231,7 +231,7 @@ run: sleep 60
     causes = [(e["subject"], e["cause"]) for e in events(server, job["id"])]
     assert ("main-0", "time_limit_warning") in causes and ("main-0", "time_limit") in causes
     assert ("helper-0", "job_time_limit") in causes
-    assert "main-0 reached its task's time limit" in done["message"]
+    assert "main-0 reached its time limit" in done["message"]
 
 
 def test_elastic_scale_up_and_down_with_live_peers_file(server, tmp_path: Path) -> None:

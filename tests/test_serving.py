@@ -18,7 +18,7 @@ SERVER = Path(__file__).parent / "data" / "replica_server.py"
 
 def get(endpoint: str, path: str = "/") -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=5) as response:
+        with urllib.request.urlopen(f"http://{endpoint}{path}", timeout=15) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

@@ -256,8 +256,8 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     def cycle(self) -> None:
         self.cycles += 1
-        now = self.clock()
         with self.write_lock, self.sessions() as s:
+            now = self.clock()  # after the lock: an API write that held it is never stamped later than this cycle
             cancels: list[int] = []
             requeues: list[int] = []
             while self._inbox:

@@ -92,7 +92,7 @@ def evaluate(job: JobView, now: float) -> Decisions:
         _stop(out, live, "job_time_limit")
         if not live:
             out.end = EndJob(JobState.TIMEOUT, timed_out.exit_code, "time_limit",
-                             f"replica {timed_out.task}-{timed_out.rank} reached its task's time limit")
+                             f"replica {timed_out.task}-{timed_out.rank} reached its time limit")
         return out
 
     failed_primary = next((r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED), None)

@@ -86,7 +86,8 @@ class ServicesMixin:
                 backends = []
                 for r in job.replicas_of(task.name):
                     port = (r.ports or {}).get(name) if name else int(endpoint.port)
-                    if r.state == ReplicaState.RUNNING and r.ready and r.addr and port:
+                    # a replica being stopped (scale-down, cancel) takes no new connections
+                    if r.state == ReplicaState.RUNNING and r.ready and r.addr and port and r.stop_requested_at is None:
                         backends.append((r.addr, int(port)))
                 self.balancer.route((job.id, task.name), backends)  # type: ignore[union-attr]
 

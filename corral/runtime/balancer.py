@@ -15,7 +15,7 @@ from collections.abc import Hashable
 
 log = logging.getLogger("corral.balancer")
 
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 2.0  # a replica that does not accept by then: the next one is tried
 _UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 29\r\n"
                 b"Connection: close\r\n\r\nno replica of it is ready yet")
 
