@@ -63,15 +63,14 @@ def fill(url: str, n: int) -> None:
 
 
 QUERIES = {
-    "live queue": ({}, lambda q: q.where(Job.state.in_(["PENDING", "STARTING", "RUNNING", "PREEMPTED"]))
+    "live queue": ({}, lambda q, middle: q.where(Job.state.in_(["PENDING", "STARTING", "RUNNING", "PREEMPTED"]))
                    .order_by(Job.id).limit(1000)),
-    "history, newest 1000": ({"all": True}, lambda q: q.order_by(Job.id.desc()).limit(1000)),
+    "history, newest 1000": ({"all": True}, lambda q, middle: q.order_by(Job.id.desc()).limit(1000)),
     "u2's FAILED, 100": ({"user": "u2", "states": ["FAILED"], "limit": 100},
-                          lambda q: q.where(Job.user == "u2", Job.state == "FAILED").order_by(Job.id).limit(100)),
-    "cursor page at the middle": ({"all": True, "after": None, "limit": 1000},
-                                  lambda q: q.where(Job.id > MIDDLE).order_by(Job.id).limit(1000)),
+                          lambda q, middle: q.where(Job.user == "u2", Job.state == "FAILED").order_by(Job.id).limit(100)),
+    "cursor page at the middle": ({"all": True, "after": None, "limit": 1000},  # after: the middle id
+                                  lambda q, middle: q.where(Job.id > middle).order_by(Job.id).limit(1000)),
 }
-MIDDLE = 0
 
 
 def pct(values: list[float], q: float) -> float:
@@ -80,7 +79,6 @@ def pct(values: list[float], q: float) -> float:
 
 
 def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
-    global MIDDLE
     home = Path(tempfile.mkdtemp(prefix="corral-bench-api-"))
     (home / "config.yaml").write_text(POOL)
     if url == "sqlite":
@@ -94,7 +92,7 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
     t0 = time.perf_counter()
     fill(url, n)
     print(f"  filled {n} jobs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    MIDDLE = n // 2
+    middle = n // 2
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=url)
     settings = Settings.from_env(env)
@@ -107,14 +105,14 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
             for label, (params, sql) in QUERIES.items():
                 params = dict(params)
                 if "after" in params:
-                    params["after"] = MIDDLE
+                    params["after"] = middle
                 api, db, rows = [], [], 0
                 for _ in range(samples):
                     t = time.perf_counter()
                     rows = len(client.jobs(**params))
                     api.append(time.perf_counter() - t)
                     t = time.perf_counter()
-                    conn.execute(sql(select(Job))).all()
+                    conn.execute(sql(select(Job), middle)).all()
                     db.append(time.perf_counter() - t)
                 out[label] = {"rows": rows, "api_p50_ms": statistics.median(api) * 1000, "api_p99_ms": pct(api, 99) * 1000,
                               "db_p50_ms": statistics.median(db) * 1000}

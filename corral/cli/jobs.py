@@ -14,10 +14,7 @@ from pathlib import Path
 
 from corral.cli import daemon
 from corral.cli.render import Usage, err, fail, moment, out, states
-from corral.client import Client, CorralError
-
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
-
+from corral.client import TERMINAL, Client, CorralError
 
 def launch(args: Namespace) -> None:
     limit = args.time_limit

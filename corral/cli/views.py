@@ -11,10 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 from corral.cli import daemon
 from corral.cli.render import Column, Usage, fail, moment, out, print_json, states, table
-from corral.client import CorralError
-
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
-
+from corral.client import TERMINAL, CorralError
 
 def _age(iso: str | None, until: str | None = None) -> str:
     """Time since ``iso``; an ended job's age stops at its end."""

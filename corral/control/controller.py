@@ -308,10 +308,12 @@ class Controller(SchedulingMixin, ServicesMixin):
             self.ledger.flush(s, now)
             self._commit(s)
         self._publish_marked(now)
-        if self._endpoint_jobs:
-            with self.write_lock, self.sessions() as s:
+        if self._endpoint_jobs:  # routing needs no store; an endpoint opened on a new port is journalled
+            with self.write_lock:
                 self._sync_endpoints(now)
-                self._commit(s)
+                if self.journal:
+                    with self.sessions() as s:
+                        self._commit(s)
         if self._dirty or self._launch_check:  # work found while working: look again at once
             self._wake.set()
 
@@ -670,16 +672,15 @@ class Controller(SchedulingMixin, ServicesMixin):
         current = job.stage()[0]
         if current is job.tasks[0] or any(r.state != ReplicaState.PENDING for r in job.replicas_of(current.name)):
             return False  # still in its first stage, or the stage has started
-        stage = [current]
         for replica in job.members:
             self._allocs.pop(replica.id, None)
         self.active.pop(job.id)
         self._publish.discard(job.id)
         self._release_job(job)
         job.forget_request()
-        position = job.tasks.index(stage[0])
+        position = job.tasks.index(current)
         self._job_to(job, JobState.PENDING, now, "next_stage",
-                     f"stage {position} of {len(job.tasks)} done; stage {position + 1} ({stage[0].name}) waits "
+                     f"stage {position} of {len(job.tasks)} done; stage {position + 1} ({current.name}) waits "
                      "for its resources", reason="None")
         self._sched_needed = True
         self._enqueue(job)

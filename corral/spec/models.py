@@ -29,7 +29,6 @@ IGNORED_TASK_FIELDS = frozenset({"file_mounts", "config", "volumes", "event_call
 DEFAULT_GRACE_S = 10.0
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-_warn, _drop_ignored = warn, drop_ignored
 
 
 def _env_value(value: Any) -> str | None:
@@ -119,10 +118,10 @@ class TaskSpec(BaseModel):
             resources = dict(data["resources"])
             data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
         if isinstance(data, dict) and data.get("service") is not None:  # SkyServe
-            data = from_skyserve(data, lambda message: _warn(info, message))
+            data = from_skyserve(data, lambda message: warn(info, message))
         if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
             data = {**data, **_elastic(data["num_nodes"])}
-        return _drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
+        return drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
 
     @field_validator("ports")
     @classmethod
