@@ -180,7 +180,17 @@ class NodeOut(BaseModel):
     free_cpus: float
     free_memory: float
     state: str = Field(default="UP", description="UP, or DOWN: its executor lost it (nothing new is placed there)")
-    infra: str = Field(default="local", description="where its replicas run: local or ray")
+    infra: str = Field(default="local", description="where its replicas run: local, ray or slurm")
+
+
+class PartitionOut(BaseModel):
+    name: str
+    infra: str | None = Field(description="local, ray, slurm (each job becomes one Slurm job), or null: any")
+    slurm_partition: str | None = Field(default=None, description="infra slurm: the Slurm partition its jobs go to")
+    nodes: list[str] = Field(description="node name patterns")
+    max_time: float | None
+    default_time: float | None
+    default: bool = Field(description="jobs that name no partition go here")
 
 
 class ScaleRequest(BaseModel):

@@ -16,6 +16,23 @@ from corral.cli import daemon
 from corral.cli.render import Usage, err, fail, moment, out, states
 from corral.client import TERMINAL, Client, CorralError
 
+
+def _slurm_partition(client, asked: str | None) -> str:  # noqa: ANN001 - a Client
+    """``--slurm``: the partition whose jobs become Slurm jobs (the one named with -p must be one)."""
+    try:
+        parts = client.partitions()
+    except CorralError as exc:
+        fail(exc)
+    slurm = [p["name"] for p in parts if p.get("infra") == "slurm"]
+    if asked is not None and asked not in slurm:
+        raise Usage("--slurm", f"partition {asked!r} does not have infra: slurm"
+                               + (f" (these do: {', '.join(slurm)})" if slurm else ""))
+    if not slurm:
+        raise Usage("--slurm", "this server has no partition with infra: slurm; add one to config.yaml, e.g. "
+                               "partitions: [{name: slurm, infra: slurm}] (its jobs go to Slurm's default partition)")
+    return asked or slurm[0]
+
+
 def launch(args: Namespace) -> None:
     limit = args.time_limit
     if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
@@ -40,6 +57,8 @@ def launch(args: Namespace) -> None:
         raise Usage("FILE", f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
                             "job files are read as UTF-8") from None
     client = daemon.client()
+    if getattr(args, "slurm", False):
+        scheduling["partition"] = _slurm_partition(client, args.partition)
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
                                scheduling=scheduling)

@@ -50,6 +50,8 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="add or override an environment variable of every task (repeatable)")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
+    c.add_argument("--slurm", action="store_true",
+                   help="run the job as one Slurm job: in the site's first partition with infra: slurm")
     c.add_argument("-A", "--account", help="account to charge (default: the first that lists you, else your user name)")
     c.add_argument("-q", "--qos", help="quality of service")
     c.add_argument("-t", "--time-limit", dest="time_limit",
