@@ -72,6 +72,7 @@ def page(browser):
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text and errors.append(m.text))
     yield page
     context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
@@ -187,6 +188,7 @@ def test_roles_refusals_and_tokens(corral, browser) -> None:
         expect(page.locator("pre.log")).to_contain_text("mine")
         assert "token" not in page.url and page.evaluate("localStorage.getItem('corral.token')") == "s3cret-token"
         assert any("/logs?" in url for url, _ in sent)
+        assert sum("/v1/whoami" in url for url, _ in sent) == 1  # one page instance, asking once
         assert sent and all(auth == "Bearer s3cret-token" for _, auth in sent), sent
         context.close()
 
@@ -246,7 +248,7 @@ run: echo "reward ready"; %s
                                      scheduling={"nice": 10 * i})["job"] for i in range(3)]
         shots = {"queue": "", "job": f"jobs/{rl['id']}", "nodes": "nodes", "usage": "usage"}
         ready = {"queue": f"tr[data-job='{queued[-1]['id']}']", "job": "pre.log >> text=step 2",
-                 "nodes": ".gpu.held", "usage": f"tr[data-key='{ME}']"}
+                 "nodes": ".gpu.held", "usage": "p.hint >> text=/buckets of 1 min/"}  # the last hour, by minute
         target = Path(os.environ.get("CORRAL_DASHBOARD_SHOTS") or tmp_path)
         target.mkdir(parents=True, exist_ok=True)
         for name, path in shots.items():
@@ -268,7 +270,8 @@ def test_corral_dashboard_prints_and_opens_the_address(corral, tmp_path: Path) -
     assert done.stdout.strip() == ui(corral)
     with urllib.request.urlopen(done.stdout.strip(), timeout=10) as response:
         assert response.headers["Content-Security-Policy"].startswith("default-src 'none'")
-        assert b'<script type="module" src="static/app.js' in response.read()
+        page = response.read()
+        assert b'<base href="/ui/">' in page and b'<script type="module" src="static/main.js">' in page
     opened = tmp_path / "opened"
     fake = tmp_path / "browser"
     fake.write_text(f"#!/bin/sh\necho \"$1\" > {opened}\n")

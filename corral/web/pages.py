@@ -1,7 +1,7 @@
 """The dashboard's routes: one HTML shell for every page (the JavaScript picks the page from
 the path) and the static files beside it. The shell names its base URL, so the pages work
-behind a proxy that serves corral under a prefix, and its assets' version, so a browser never
-runs an old script against a new server."""
+behind a proxy that serves corral under a prefix; every file is revalidated on each load
+(a cheap 304), so a browser never runs an old script against a new server."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from string import Template
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
-
-from corral import __version__
 
 STATIC = Path(__file__).with_name("static")
 
@@ -37,7 +35,7 @@ def _shell() -> Template:
 
 def _page(request: Request) -> HTMLResponse:
     base = request.scope.get("root_path", "").rstrip("/")
-    return HTMLResponse(_shell().substitute(base=base, version=__version__), headers=HEADERS)
+    return HTMLResponse(_shell().substitute(base=base), headers=HEADERS)
 
 
 @router.get("/ui")
@@ -57,6 +55,13 @@ def job_page(job: str, request: Request) -> HTMLResponse:
     return _page(request)  # the page itself says when there is no such job
 
 
+class Assets(StaticFiles):
+    async def get_response(self, path: str, scope):  # noqa: ANN001, ANN201 - Starlette's signature
+        response = await super().get_response(path, scope)
+        response.headers.update({"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+        return response
+
+
 def install(app: FastAPI) -> None:
-    app.mount("/ui/static", StaticFiles(directory=STATIC), name="ui-static")
+    app.mount("/ui/static", Assets(directory=STATIC), name="ui-static")
     app.include_router(router)

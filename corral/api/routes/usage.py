@@ -35,7 +35,7 @@ def accounting(session: SessionDep, clock: ClockDep,
                since: Annotated[str | None, Query(description="Window start (ISO 8601; UTC if no zone); default: a day before until", **_WHEN)] = None,
                until: Annotated[str | None, Query(description="Window end (ISO 8601); default: now", **_WHEN)] = None,
                by: Annotated[Literal["user", "account"], Query(description="Group by user or by account")] = "user",
-               step: Annotated[float | None, Query(gt=0, le=366 * 86400, description=(
+               step: Annotated[float | None, Query(ge=1, le=366 * 86400, description=(
                    f"Seconds per bucket; default: a minute to a week, about 60 buckets; at most {MAX_BUCKETS} buckets"))] = None,
                user: Annotated[str | None, Query(max_length=64)] = None,
                account: Annotated[str | None, Query(max_length=64)] = None,
@@ -49,17 +49,19 @@ def accounting(session: SessionDep, clock: ClockDep,
     if not start < end:
         raise invalid_parameter("query", "since", f"the window must start before it ends "
                                 f"({ts(start).isoformat()} is not before {ts(end).isoformat()})")
+    if start < 0:
+        raise invalid_parameter("query", "since", "the window starts before 1970-01-01, when no job ran")
     span = end - start
-    if step is None:
-        step = step_for(span)
-    elif grid(start, end, step)[1] > MAX_BUCKETS:
-        raise invalid_parameter("query", "step", f"{step:g} s makes {grid(start, end, step)[1]} buckets of the "
-                                f"{span:g} s window; at most {MAX_BUCKETS}")
+    chosen = step or step_for(span)
+    if grid(start, end, chosen)[1] > MAX_BUCKETS:
+        raise invalid_parameter("query", "step" if step else "since", f"{chosen:g} s makes {grid(start, end, chosen)[1]} "
+                                f"buckets of the {span:g} s window; at most {MAX_BUCKETS}")
+    step = chosen
     runs = repository.runs_between(session, start, end, user=user, account=account, partition=partition)
     series = spread(runs, (lambda r: r.user) if by == "user" else (lambda r: r.account), start, end, step, now)
     origin, count = grid(start, end, step)
     return AccountingOut(
         since=ts(start), until=ts(end), by=by, step=step, buckets=[ts(origin + i * step) for i in range(count)],
-        series=[UsageSeriesOut(key=s.key, jobs=s.jobs, gpu_hours=round(s.gpu_hours, 6), cpu_hours=round(s.cpu_hours, 6),
-                               gpu_hours_by_bucket=[round(v, 6) for v in s.gpu],
-                               cpu_hours_by_bucket=[round(v, 6) for v in s.cpu]) for s in series])
+        series=[UsageSeriesOut(key=s.key, jobs=s.jobs, gpu_hours=round(s.gpu_hours, 9), cpu_hours=round(s.cpu_hours, 9),
+                               gpu_hours_by_bucket=[round(v, 9) for v in s.gpu],
+                               cpu_hours_by_bucket=[round(v, 9) for v in s.cpu]) for s in series])

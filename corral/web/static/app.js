@@ -1,9 +1,9 @@
-// The dashboard's shell: who the visitor is, how every request reaches the API (with the
-// visitor's bearer token), live refresh, small DOM helpers, and which page to show.
+// What every page shares: who the visitor is, how every request reaches the API (with the
+// visitor's bearer token), live refresh and small DOM helpers. main.js starts the page.
 
 const TOKEN_KEY = "corral.token";
 const ROOT = new URL("../", document.baseURI);   // the server (the shell is served at <root>/ui/)
-const UI = new URL(document.baseURI);
+export const UI = new URL(document.baseURI);
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -15,7 +15,7 @@ export class ApiError extends Error {
 // --- the token ------------------------------------------------------------------------
 // A link like /ui/#token=… hands the page a token once: it is kept in this browser's
 // localStorage and taken out of the address bar (and so out of history and bookmarks).
-function takeTokenFromFragment() {
+export function takeTokenFromFragment() {
   const fragment = new URLSearchParams(location.hash.slice(1));
   const token = fragment.get("token");
   if (!token) return;
@@ -37,7 +37,7 @@ function askForToken(why) {
   }
 }
 
-function setUpLogin() {
+export function setUpLogin() {
   const form = document.getElementById("login-form");
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -115,7 +115,7 @@ export function query(params) {
 // it (404) is the embedded one, where the visitor is this machine's trusted local user.
 export const me = { user: null, role: "local" };
 
-async function whoami() {
+export async function whoami() {
   try {
     Object.assign(me, await get("v1/whoami"));
   } catch (error) {
@@ -246,36 +246,3 @@ export function jobColour(id) {
   const hue = (Number(id) * 137.508) % 360;
   return `hsl(${hue.toFixed(0)} 60% 62%)`;
 }
-
-// --- pages ------------------------------------------------------------------------------------
-const PAGES = {
-  queue: () => import("./queue.js"),
-  nodes: () => import("./nodes.js"),
-  usage: () => import("./usage.js"),
-  job: () => import("./job.js"),
-};
-
-function route() {
-  const rest = location.pathname.slice(UI.pathname.length).replace(/\/+$/, "");
-  const job = /^jobs\/([^/]+)$/.exec(rest);
-  if (job) return ["job", decodeURIComponent(job[1])];
-  return [PAGES[rest] ? rest : "queue", null];
-}
-
-async function start() {
-  takeTokenFromFragment();
-  setUpLogin();
-  const [name, arg] = route();
-  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === name);
-  const main = document.getElementById("main");
-  try {
-    await whoami();
-  } catch (error) {
-    if (error.status === 401) return;   // the sign-in form is up
-    showError(error.message);
-  }
-  const page = await PAGES[name]();
-  page.show(main, arg);
-}
-
-start();
