@@ -140,6 +140,33 @@ def test_queue_filters_nodes_gpu_map_and_usage(corral, page) -> None:
             corral.bob.cancel(waiting["id"])
 
 
+def test_hold_release_and_scale_from_the_job_page(corral, page) -> None:
+    elastic = corral.submit(f"name: dash-elastic\nnum_nodes: {{min: 1, max: 3, initial: 1}}\nrun: {RUNS}\n")["job"]
+    later = corral.submit(f"name: dash-later\ndependency: afterok:{elastic['id']}\nrun: {RUNS}\n")["job"]
+    try:
+        page.goto(ui(corral, f"jobs/{later['id']}"))
+        expect(page.locator(".facts")).to_contain_text("Dependency")
+        page.locator("button[data-action='hold']").click()
+        expect(page.locator(".result.ok")).to_have_text(f"job {later['id']} held")
+        expect(page.locator(".facts")).to_contain_text("by its owner (JobHeldUser)")
+        assert corral.job(later["id"])["hold"] == "user"
+        page.locator("button[data-action='release']").click()
+        expect(page.locator("button[data-action='hold']")).to_be_visible()
+        assert corral.job(later["id"])["hold"] == ""
+
+        page.goto(ui(corral, f"jobs/{elastic['id']}"))
+        expect(page.locator("tr[data-replica='dash-elastic-0']")).to_have_attribute("data-state", "RUNNING")
+        page.locator("input[data-task='dash-elastic']").fill("3")
+        page.locator("button[data-action='scale']").click()
+        expect(page.locator("tr[data-replica='dash-elastic-2']")).to_have_attribute("data-state", "RUNNING")
+        page.locator("input[data-task='dash-elastic']").fill("4")
+        page.locator("button[data-action='scale']").click()  # beyond its bounds: the server says so
+        expect(page.locator(".result.refused")).to_contain_text("scales between 1 and 3 replicas")
+    finally:
+        corral.cancel(later["id"])
+        corral.cancel(elastic["id"])
+
+
 def test_roles_refusals_and_tokens(corral, browser) -> None:
     mine = corral.submit(f"name: dash-mine\nrun: echo mine; {RUNS}\n")["job"]
     theirs = corral.bob.submit(f"name: dash-theirs\nrun: {RUNS}\n")["job"]

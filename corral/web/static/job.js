@@ -182,7 +182,10 @@ class Logs {
         if (!pending) { pending = true; requestAnimationFrame(paint); }
       }
       paint();
-      this.status.textContent = `${label || "every replica"}: the job has ended; this is the whole log`;
+      // The server ends a followed log when the job ends (or when it stops itself).
+      const over = this.ended || ENDED.includes((await request(`v1/jobs/${this.jobId}`)).state);
+      this.status.textContent = over ? `${label || "every replica"}: the job has ended; this is the whole log`
+        : "the log stream closed; pick a tab to follow it again";
     } catch (error) {
       if (error.name === "AbortError") return;
       this.status.textContent = `log stream stopped: ${error.message}`;
@@ -237,6 +240,7 @@ export function show(main, ident) {
     fill(tasksBox, ...tasksView(job, (label) => logs.open(label)));
     fill(eventsBox, timeline(events));
     logs.jobId = job.id;
+    logs.ended = ENDED.includes(job.state);
     logs.setReplicas(job.tasks.flatMap((t) => t.replicas.map((r) => `${t.name}-${r.rank}`)));
     if (!opened && job.state !== "PENDING") {
       opened = true;
