@@ -98,6 +98,10 @@ def test_accounting_matches_the_jobs_times(server) -> None:
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "since"]
     refused = server.get("/v1/accounting", params={"since": "1970-01-01"})  # 56 years in weeks: too many bars
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "since"]
+    refused = server.get("/v1/accounting", params={"since": "9999-12-30T23:00:00", "until": "9999-12-31T23:59:59-14:00"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "until"]
+    refused = server.get("/v1/accounting", params={"since": "0001-01-02", "until": "0001-01-01T00:00:00+14:00"})
+    assert refused.status_code == 422 and "is not before until" in refused.json()["detail"][0]["msg"]
     refused = server.get("/v1/accounting", params={"step": 0.001})
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "step"]
     refused = server.get("/v1/accounting", params={"by": "team"})

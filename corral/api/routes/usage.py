@@ -13,10 +13,12 @@ from corral.api.errors import documented, invalid_parameter
 from corral.api.histogram import MAX_BUCKETS, grid, spread, step_for
 from corral.api.routes.jobs import _moment as moment
 from corral.api.schemas import AccountingOut, AllocationOut, UsageSeriesOut, ts
+from corral.spec.models import shown
 from corral.store import repository
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
+_LAST = 253402214400.0  # 9999-12-31T00:00Z: later times cannot be written back as dates
 _WHEN = {"json_schema_extra": {"format": "date-time"}, "max_length": 64}
 
 
@@ -47,10 +49,13 @@ def accounting(session: SessionDep, clock: ClockDep,
     end = moment("until", until) if until is not None else now
     start = moment("since", since) if since is not None else end - 86400
     if not start < end:
-        raise invalid_parameter("query", "since", f"the window must start before it ends "
-                                f"({ts(start).isoformat()} is not before {ts(end).isoformat()})")
+        raise invalid_parameter("query", "since", f"the window must start before it ends (since "
+                                f"{shown(since) if since else 'a day before until'} is not before until "
+                                f"{shown(until) if until else 'now'})")
     if start < 0:
         raise invalid_parameter("query", "since", "the window starts before 1970-01-01, when no job ran")
+    if end >= _LAST:
+        raise invalid_parameter("query", "until", "the window must end before 9999-12-31")
     span = end - start
     chosen = step or step_for(span)
     if grid(start, end, chosen)[1] > MAX_BUCKETS:
