@@ -133,6 +133,12 @@ def build() -> argparse.ArgumentParser:
     c = _command(sub, "share", "views:share", "Fair share of every account and user (like sshare).")
     c.add_argument("--json", action="store_true")
 
+    c = _command(sub, "dashboard", "views:dashboard", "Print the web dashboard's address (with --open, open it).",
+                 "Print the address of the web dashboard of the server this command talks to (CORRAL_SERVER, "
+                 "else this CORRAL_HOME's, started if need be). Where the server asks for a token, the page "
+                 "asks for it once, or take it along as ADDRESS#token=TOKEN.")
+    c.add_argument("--open", action="store_true", help="also open it in a web browser")
+
     _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
 
     server = _command(sub, "server", "", "Manage the embedded local server.")

@@ -10,10 +10,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.control.accounting import Holding
-from corral.control.records import JobRec
+from corral.control.records import JobRec, ReplicaRec
 from corral.scheduler import NodeView, PendingJob, Preemption, RunningJob, Shrinkable, Snapshot
 from corral.scheduler.placement import FreePool
-from corral.scheduler.plan import Reason
+from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import Factors
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
@@ -86,6 +86,13 @@ class SchedulingMixin:
         jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
         return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
                  assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
+
+    def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
+        """What each replica holds now, with its job; a stopping replica keeps its resources
+        until it has exited (read by API threads: works on copies)."""
+        allocs = dict(self._allocs)
+        return [(job, replica, allocs[replica.id]) for job in list(self.active.values())
+                for replica in list(job.replicas) if replica.id in allocs]
 
     def _holdings(self) -> list[Holding]:
         out = []
