@@ -128,7 +128,7 @@ def cancel(args: Namespace) -> None:
     wanted_states = states(args.state, "--state", ("PENDING", "STARTING", "RUNNING"))
     if args.user or wanted_states or args.name or args.partition:
         # like scancel for a user: filters reach your own jobs unless -u names someone (an operator's right)
-        owner = args.user or client.headers["X-Corral-User"]
+        owner = args.user or _me(client)
         try:
             found = list(client.iter_jobs(user=owner, name=args.name, states=wanted_states or None))
         except CorralError as exc:
@@ -153,6 +153,14 @@ def cancel(args: Namespace) -> None:
         verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
         out.print(f"Job {result['id']}: {verb}")
     sys.exit(failed)
+
+
+def _me(client: Client) -> str:
+    try:
+        return client.whoami()["user"]
+    except CorralError as exc:
+        fail(exc)
+        raise  # fail exits
 
 
 def _code(exc: CorralError) -> int:
