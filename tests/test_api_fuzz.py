@@ -23,6 +23,9 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
           checks.response_schema_conformance, checks.response_headers_conformance, checks.negative_data_rejection]
 
 
+AUTH: dict[str, str] = {}  # the running server's local token: every route but health needs one
+
+
 @pytest.fixture
 def api_schema(corral_home: Path, db_url: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -31,6 +34,7 @@ def api_schema(corral_home: Path, db_url: str):
     cli = [sys.executable, "-m", "corral.cli.main"]
     subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
     url = json.loads((corral_home / "server.json").read_text())["url"]
+    AUTH["Authorization"] = f"Bearer {(corral_home / 'local.token').read_text().strip()}"
     try:
         yield schemathesis.openapi.from_url(url + "/openapi.json")
     finally:
@@ -52,4 +56,4 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 def test_every_operation_answers_as_documented(case) -> None:
     if case.path.endswith("/logs"):
         case.query = {**(case.query or {}), "follow": "false"}  # a followed log waits for its job's end
-    case.call_and_validate(checks=CHECKS, timeout=30)
+    case.call_and_validate(checks=CHECKS, timeout=30, headers=AUTH)
