@@ -97,14 +97,16 @@ class Client:
             url, presented = daemon.locate()
             token, ca_bundle, pinned_cert = (token or presented.token, ca_bundle or presented.ca_bundle,
                                              pinned_cert or presented.pinned_cert)
-        elif token is None or (ca_bundle is None and pinned_cert is None):
+        elif token is None:
             from corral.credentials import for_server
             from corral.settings import Settings
 
             presented = for_server(url, Settings.from_env().home)
-            token = token or presented.token
+            token = presented.token
             if ca_bundle is None and pinned_cert is None:
                 ca_bundle, pinned_cert = presented.ca_bundle, presented.pinned_cert
+        if ca_bundle is None and pinned_cert is None:
+            ca_bundle = os.environ.get("CORRAL_CA_BUNDLE") or None
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:

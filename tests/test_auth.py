@@ -413,7 +413,10 @@ def test_secrets_stay_out_of_answers_events_and_the_server_log(served, tmp_path:
     bad = httpx.post(server.url + "/v1/jobs", headers=_bearer(server.admin),
                      json={"yaml": f"name: bad\nsecrets: {{API_KEY: {secret}}}\nrun: 'true'\nnum_nodes: -1\n"})
     assert bad.status_code == 422
-    answers = [bad.text, json.dumps([server.admin.job(j["id"]) for j in (job, flags)]),
+    listed = httpx.post(server.url + "/v1/jobs", headers=_bearer(server.admin),
+                        json={"yaml": f"name: bad\nsecrets: {{API_KEY: [{secret}]}}\nrun: 'true'\n"})
+    assert listed.status_code == 422 and "environment value" in listed.text
+    answers = [bad.text, listed.text, json.dumps([server.admin.job(j["id"]) for j in (job, flags)]),
                json.dumps(server.admin.jobs(all=True)), json.dumps(server.admin.events(job["id"])),
                json.dumps(server.admin.endpoints(job["id"])), json.dumps(server.admin.audit()),
                server.cli(["status", str(job["id"]), "--json"], check=True).stdout,

@@ -1,7 +1,8 @@
 """The ``corral`` command. It talks only to the API (starting an embedded local server on
 first use). The parser is the standard library's argparse and each command's module is
 imported only when it runs: a person waits for every command's start-up, and click alone
-cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``;
+cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``,
+tokens, login and the audit trail in ``access``;
 ``corral sim`` (the simulator, no server) keeps its own click command in ``sim``."""
 
 from __future__ import annotations

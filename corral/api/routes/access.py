@@ -42,7 +42,7 @@ def _admin(who: Identity, state, doing: str, action: str | None = None) -> None:
         raise
 
 
-@router.post("/tokens", status_code=201, response_model=TokenCreated, responses=documented(422))
+@router.post("/tokens", status_code=201, response_model=TokenCreated, responses=documented(400, 413, 422))
 def create_token(body: TokenRequest, state: StateDep, who: IdentityDep):
     """A new token for ``user`` (admin only). The answer holds the token itself, this once."""
     _admin(who, state, "creating tokens", "token_create")
