@@ -329,6 +329,10 @@ class Client:
     def requeue(self, ident: str | int, hold: bool = False) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/requeue", {"hold": True} if hold else None)
 
+    def set_priority(self, ident: str | int, **changes: float | int | None) -> dict[str, Any]:
+        """Change a pending job's ``priority`` (None: back to the formula's) and/or ``nice``."""
+        return self._call("POST", f"/v1/jobs/{ident}/priority", json_body=changes)
+
     def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={"task": task, "replicas": replicas})
 

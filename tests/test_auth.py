@@ -427,3 +427,41 @@ def test_secrets_stay_out_of_answers_events_and_the_server_log(served, tmp_path:
         assert secret not in answer
     server.cli(["server", "stop"], check=True)
     assert secret not in (server.home / "server.log").read_text()
+
+
+def test_an_operator_changes_a_pending_jobs_priority_and_an_owner_only_lowers_their_own(served) -> None:
+    server = served()
+    ann, bob, olga = server.client("ann"), server.client("bob"), server.client("olga")
+    blocker = ann.submit("name: blocker\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n")["job"]
+    ann.wait(blocker["id"], states=("RUNNING",), timeout=30)
+    gpu = "resources: {accelerators: H100:4}\nrun: 'true'\n"
+    first, second = (ann.submit(f"name: first\n{gpu}")["job"], bob.submit(f"name: second\n{gpu}")["job"])
+
+    assert _refusal(lambda: bob.set_priority(second["id"], priority=10**6)) == (
+        "setting a job's priority needs the operator role (you are bob, a user)")
+    assert "changing the priority of another user's job" in _refusal(lambda: bob.set_priority(first["id"], nice=5))
+    assert "a negative nice (-5, raising the job above others) needs the operator role" in _refusal(
+        lambda: bob.set_priority(second["id"], nice=-5))
+    assert ann.set_priority(first["id"], nice=100)["nice"] == 100  # an owner may lower their own job
+    olga.set_priority(second["id"], priority=10**6)
+
+    def ranked() -> list[tuple[int, float, int]]:
+        return [(p["id"], p["priority"], p["nice"]) for p in ann.priority()]
+
+    deadline = time.monotonic() + 15  # the view shows the last scheduling pass's scores
+    while ranked()[:1] != [(second["id"], 10.0**6, 0)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ranked()[0] == (second["id"], 10.0**6, 0) and ranked()[1][::2] == (first["id"], 100)
+    assert ("job", "reprioritized") in {(e["subject"], e["cause"]) for e in bob.events(second["id"])}
+    # the CLI, as the owner (admin): back to the formula; a running job's priority is not pending's to change
+    changed = server.cli(["update", str(second["id"]), "--priority", "formula", "--nice", "0"], check=True)
+    assert f"Job {second['id']}: priority from the formula, nice 0" in changed.stdout
+    late = server.cli(["update", str(blocker["id"]), "--nice", "1"])
+    assert late.returncode == 1 and "only a pending job's priority can change" in late.stderr
+    assert server.cli(["update", str(first["id"])]).returncode == 2
+    trail = [(e["user"], e["outcome"]) for e in server.admin.audit(action="priority")]
+    me = server.admin.whoami()["user"]
+    assert trail == [("bob", "refused"), ("bob", "refused"), ("bob", "refused"), ("ann", "ok"), ("olga", "ok"),
+                     (me, "ok"), (me, "failed")]
+    for job in (blocker, first, second):
+        server.admin.cancel(job["id"])

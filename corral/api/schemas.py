@@ -188,6 +188,15 @@ class ScaleRequest(BaseModel):
     replicas: int = Field(ge=0, le=4096)
 
 
+class PriorityRequest(BaseModel):
+    """What ``corral update`` changes on a pending job; a field left out stays as it is."""
+
+    priority: float | None = Field(default=None, ge=0, le=1e12, description=(
+        "A fixed priority above the formula (operators); null: back to the formula's"))
+    nice: int | None = Field(default=None, ge=-10000, le=10000, description=(
+        "Lowers the job's priority by this much; a negative value (raising it) is for operators"))
+
+
 class CancelResponse(BaseModel):
     id: int
     cancelled: bool

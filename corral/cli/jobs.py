@@ -1,5 +1,5 @@
-"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue
-and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
+"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue,
+update (priority and nice) and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
 from the server exits through ``fail``."""
 
 from __future__ import annotations
@@ -181,6 +181,33 @@ def each(args: Namespace) -> None:
             failed = max(failed, _code(exc))
             continue
         out.print(result["message"][0].upper() + result["message"][1:], markup=False)
+    sys.exit(failed)
+
+
+def update(args: Namespace) -> None:
+    """Change pending jobs' priority or nice (``scontrol update``); exit 1 if any was refused."""
+    changes: dict[str, float | int | None] = {}
+    if args.priority is not None:
+        text = args.priority.strip().lower()
+        try:
+            changes["priority"] = None if text == "formula" else float(text)
+        except ValueError:
+            raise Usage("--priority", f"{args.priority!r} is not a number (or 'formula')") from None
+    if args.nice is not None:
+        changes["nice"] = args.nice
+    if not changes:
+        raise Usage("--priority", "give --priority and/or --nice")
+    client = daemon.client()
+    failed = 0
+    for ident in args.jobs:
+        try:
+            job = client.set_priority(ident, **changes)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            failed = max(failed, _code(exc))
+            continue
+        shown = ", ".join(f"{k} {'from the formula' if v is None else v}" for k, v in changes.items())
+        out.print(f"Job {job['id']}: {shown}")
     sys.exit(failed)
 
 

@@ -121,6 +121,13 @@ def build() -> argparse.ArgumentParser:
             c.add_argument("-H", "--hold", action="store_true",
                            help="hold it once it is pending again (scontrol requeuehold)")
 
+    c = _command(sub, "update", "jobs:update", "Change pending jobs' priority or nice, like scontrol update.",
+                 "Change pending jobs' fixed priority (operators; 'formula' goes back to the computed one) or "
+                 "nice (its owner may raise it, lowering the job; a negative nice is for operators).")
+    c.add_argument("jobs", metavar="JOB", nargs="+")
+    c.add_argument("--priority", help="a fixed priority, or 'formula'")
+    c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
+
     c = _command(sub, "scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
     c.add_argument("job", metavar="JOB")
     c.add_argument("task", metavar="TASK")

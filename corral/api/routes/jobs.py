@@ -15,7 +15,8 @@ from starlette.concurrency import run_in_threadpool
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
-from corral.api.schemas import ActionResponse, CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
+from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
+                                SubmitRequest, SubmitResponse)
 from corral.admission import Refusal, admit
 from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
@@ -38,7 +39,7 @@ def _job_or_404(session, ident: str, user: str | None = None) -> Job:
 
 
 _DOING = {"cancel": "cancelling", "hold": "holding", "release": "releasing", "requeue": "requeueing",
-          "scale": "scaling"}
+          "scale": "scaling", "priority": "changing the priority of"}
 
 
 def _acting_on(session, ident: str, who: Identity, state, action: str) -> Job:  # noqa: ANN001 - a ServerState
@@ -277,6 +278,42 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
         session.commit()
     state.auditor.record(who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
     state.controller.scale_requested(found.id, body.task, body.replicas)
+    session.expire_all()
+    return JobOut.of(repository.load_job(session, found.id))
+
+
+@router.post("/{job}/priority", response_model=JobOut, responses=documented(400, 404, 409, 413, 422))
+def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: StateDep, who: IdentityDep,
+                 clock: ClockDep):
+    """Change a pending job's fixed ``priority`` (operators) or ``nice`` (its owner may raise it,
+    which lowers the job; a negative one is for operators), like Slurm's ``scontrol update``."""
+    changes = body.model_dump(include=body.model_fields_set)
+    if not changes:
+        raise invalid_parameter("body", "priority", "give priority and/or nice")
+    found = _acting_on(session, job, who, state, "priority")
+    try:
+        if "priority" in changes:
+            who.require("setting a job's priority", Role.operator)
+        if changes.get("nice") is None:
+            changes.pop("nice", None)
+        elif changes["nice"] < 0:
+            who.require(f"a negative nice ({changes['nice']}, raising the job above others)", Role.operator)
+    except HTTPException as exc:
+        state.auditor.record(who, "priority", f"job {found.id}", "refused", exc.detail)
+        raise
+    if not changes:
+        raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
+    with state.controller.write_lock:
+        changed = repository.set_priority(session, found, clock(), who.user, **changes)
+        session.commit()
+    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
+    state.auditor.record(who, "priority", f"job {found.id}", "ok" if changed else "failed",
+                         detail if changed else f"{detail} not applied: {found.state}")
+    if not changed:
+        raise HTTPException(409, f"job {found.id} is {found.state}"
+                                 f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
+                                 "job's priority can change")
+    state.controller.priority_changed(found.id)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
 
