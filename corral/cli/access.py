@@ -5,9 +5,11 @@ and ``audit``."""
 from __future__ import annotations
 
 import getpass
+import os
 import sys
 from argparse import Namespace
 from datetime import datetime
+from pathlib import Path
 
 from corral.cli import daemon
 from corral.cli.render import Column, Usage, err, fail, out, print_json, table
@@ -86,12 +88,15 @@ def login(args: Namespace) -> None:
             token = getpass.getpass(f"Token for {url}: ").strip()
     if not token:
         raise Usage("--token", "no token given")
+    ca_bundle = str(Path(args.ca_bundle).expanduser().resolve()) if args.ca_bundle else None
+    if ca_bundle and not os.access(ca_bundle, os.R_OK):
+        raise Usage("--ca-bundle", f"cannot read {ca_bundle}")
     try:
-        with Client(url, token, ca_bundle=args.ca_bundle) as client:
+        with Client(url, token, ca_bundle=ca_bundle) as client:
             me = client.whoami()
     except CorralError as exc:
         fail(exc)
-    SavedLogins().save(url, token, args.ca_bundle)
+    SavedLogins().save(url, token, ca_bundle)
     out.print(f"Logged in to {url} as {me['user']} ({me['role']}); corral commands and corral.Client() use it "
               f"until `corral logout`")
 
