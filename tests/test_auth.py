@@ -12,7 +12,6 @@ import ipaddress
 import json
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, text
 
 from conftest import POOL, kill_leftovers
 
@@ -51,8 +51,9 @@ class Served:
     """A server started with ``corral server start [options]``, its owner's admin client, and
     one token (and client) per user asked for."""
 
-    def __init__(self, home: Path, tmp_path: Path, options: list[str]):
-        self.home, self.env = home, _env(home, tmp_path)
+    def __init__(self, home: Path, tmp_path: Path, db_url: str, options: list[str]):
+        self.home, self.env, self.db_url = home, _env(home, tmp_path), db_url
+        self.env["CORRAL_DB_URL"] = db_url
         self.cli([*["server", "start"], *options], check=True)
         self.info = json.loads((home / "server.json").read_text())
         self.url = self.info["url"]
@@ -86,11 +87,11 @@ class Served:
 
 
 @pytest.fixture
-def served(corral_home: Path, tmp_path: Path):
+def served(corral_home: Path, tmp_path: Path, db_url: str):
     started: list[Served] = []
 
     def start(*options: str) -> Served:
-        server = Served(corral_home, tmp_path, list(options))
+        server = Served(corral_home, tmp_path, db_url, list(options))
         started.append(server)
         return server
 
@@ -212,14 +213,19 @@ def test_tokens_are_stored_as_digests_refused_once_revoked_and_a_header_cannot_c
     server = served()
     ann, bob = server.client("ann"), server.client("bob")
     bobs = bob.submit(SLEEPER.format(name="bobs"))["job"]
-    # the database holds digests only: no column, and no byte of the file or its journal, has a token
-    db = sqlite3.connect(server.home / "corral.db")
-    rows = db.execute("SELECT user, digest FROM api_tokens ORDER BY id").fetchall()
+    # the database holds digests only: no column (and on SQLite no byte of the file or its journal) has a token
+    engine = create_engine(server.db_url)
+    with engine.connect() as db:
+        rows = [tuple(r) for r in db.execute(text('SELECT "user", digest FROM api_tokens ORDER BY id'))]
+        dump = json.dumps([list(r) for r in db.execute(text("SELECT * FROM api_tokens"))])
+    engine.dispose()
     assert rows == [(u, hashlib.sha256(t.encode()).hexdigest()) for u, t in server.tokens.items()]
-    db.close()
-    raw = b"".join(p.read_bytes() for p in server.home.glob("corral.db*") if p.is_file())
-    assert not any(t.encode() in raw for t in server.tokens.values())
-    assert read_local_token(server.home).encode() not in raw
+    assert not any(t in dump for t in server.tokens.values())
+    if server.db_url.startswith("sqlite"):
+        path = Path(server.db_url.removeprefix("sqlite:///"))
+        raw = b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*") if p.is_file())
+        assert not any(t.encode() in raw for t in server.tokens.values())
+        assert read_local_token(server.home).encode() not in raw
     assert oct((server.home / "local.token").stat().st_mode & 0o777) == "0o600"
 
     # a header naming someone else is refused, not acted on
