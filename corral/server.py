@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import pwd
+import signal
 import socket
 import sys
 import time
@@ -80,6 +81,10 @@ def _url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{f'[{local}]' if ':' in local else local}:{port}"
 
 
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Everything the server writes (database, logs, server.json) is private to its owner;
     # replicas start with the umask the server was started with (see LocalExecutor).
@@ -137,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(json.dumps(info))
     tmp.replace(settings.server_file)
     log.info("corral server %s on %s (db %s, %d node(s))", os.getpid(), info["url"], info["db"], len(state.nodes))
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with the default
+    # handler that would end the process before the cleanup below (server.json, the local token).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         server.run(sockets=[sock])
     finally:
