@@ -104,8 +104,9 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     state.auditor.record(who, "submit", f"job {job.id}", detail=f"{spec.name} (account {admitted.account}, "
                                                                  f"partition {admitted.partition}, qos {admitted.qos})")
     if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
-        state.auditor.record(who, "priority", f"job {job.id}",
-                             detail=f"priority {spec.scheduling.priority}, nice {spec.scheduling.nice}")
+        fixed = spec.scheduling.priority
+        state.auditor.record(who, "priority", f"job {job.id}", detail=", ".join(
+            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"]))
     body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
