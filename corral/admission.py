@@ -3,7 +3,9 @@ stored. The job's partition, account and QOS are resolved (defaults filled in) a
 checked; its time limit is set from the partition when it gave none; and, like Slurm, a
 job that could never run is refused with the field to fix: a partition whose nodes can
 never hold the gang, an account the partition does not allow, a QOS or account cap below
-the job's GPUs, a dependency on a job that does not exist."""
+the job's GPUs, a dependency on a job that does not exist. Like Slurm's associations, an
+account the site's tree declares may be charged only by the users it lists (a ``forbidden``
+refusal). Which roles may raise a job's priority is the API's to check (``corral.auth``)."""
 
 from __future__ import annotations
 
@@ -33,17 +35,13 @@ class Admitted:
 class Refusal:
     field: str
     message: str
+    forbidden: bool = False  # the job could run, but not charged by this user
 
 
-def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool]) -> Admitted | Refusal:
+def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool],
+          any_account: bool = False) -> Admitted | Refusal:
+    """``any_account``: the submitter may charge any account (an admin, who keeps the tree)."""
     policy, sched = site.policy, spec.scheduling
-    if user not in site.operators:  # Slurm lets only operators raise a job above the formula
-        if sched.priority is not None:
-            return Refusal("priority", f"only operators ({', '.join(site.operators) or 'none'}; config.yaml "
-                                       f"`operators:`) may fix a job's priority; use nice to lower your own")
-        if sched.nice < 0:
-            return Refusal("nice", f"a negative nice ({sched.nice}) raises the job above others: only operators "
-                                   f"({', '.join(site.operators) or 'none'}) may set one")
     partitions = {p.name: p for p in policy.partitions}
     if sched.partition is not None and partitions and sched.partition not in partitions:
         return Refusal("partition", f"no partition is named {sched.partition!r}{_suggest(sched.partition, set(partitions))}"
@@ -59,6 +57,15 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     if partition.accounts is not None and account not in partition.accounts:
         return Refusal("account", f"partition {partition.name!r} accepts accounts {', '.join(partition.accounts)}; "
                                   f"the job charges {account!r} (set account:)")
+    if sched.account is not None and accounts and not any_account:
+        listed = next(a for a in policy.accounts if a.name == account)
+        if user not in listed.users:
+            mine = [a.name for a in policy.accounts if user in a.users]
+            return Refusal("account", f"account {account!r} does not list {user} among its users (config.yaml "
+                                      f"accounts: users), so {user} may not charge it; "
+                                      + (f"{user} may charge {', '.join(mine)}" if mine else
+                                         f"no account lists {user}: leave account: out to charge {user}'s own"),
+                           forbidden=True)
     qos_names = {q.name for q in policy.qos}
     if sched.qos is not None and sched.qos not in (qos_names or {"normal"}):
         return Refusal("qos", f"no QOS is named {sched.qos!r}{_suggest(sched.qos, qos_names)}; this site has "

@@ -168,9 +168,9 @@ class EventOut(BaseModel):
     message: str | None
 
     @classmethod
-    def of(cls, event: Event) -> EventOut:
+    def of(cls, event: Event, with_message: bool = True) -> EventOut:
         return cls(ts=ts(event.ts), subject=event.subject, from_state=event.from_state, to_state=event.to_state,
-                   cause=event.cause, message=event.message)
+                   cause=event.cause, message=event.message if with_message else None)
 
 
 class NodeOut(BaseModel):
@@ -200,6 +200,15 @@ class PartitionOut(BaseModel):
 class ScaleRequest(BaseModel):
     task: str
     replicas: int = Field(ge=0, le=4096)
+
+
+class PriorityRequest(BaseModel):
+    """What ``corral update`` changes on a pending job; a field left out stays as it is."""
+
+    priority: float | None = Field(default=None, ge=0, le=1e12, description=(
+        "A fixed priority above the formula (operators); null: back to the formula's"))
+    nice: int | None = Field(default=None, ge=-10000, le=10000, description=(
+        "Lowers the job's priority by this much; a negative value (raising it) is for operators"))
 
 
 class CancelResponse(BaseModel):
@@ -300,3 +309,51 @@ class AccountingOut(BaseModel):
     step: float = Field(description="seconds per bucket")
     buckets: list[datetime] = Field(description="each bucket's start: the first is since rounded down to a whole step")
     series: list[UsageSeriesOut] = Field(description="largest GPU-hours first")
+
+
+class WhoAmI(BaseModel):
+    user: str
+    role: str = Field(description="admin, operator, user or viewer")
+    source: str = Field(description='"local" (the server owner\'s local token) or the client\'s address')
+    token: int | None = Field(default=None, description="the id of the token used (null: the local token)")
+
+
+class TokenRequest(BaseModel):
+    user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$",
+                      description="Who the token speaks for (a login name)")
+    role: str | None = Field(default=None, description=(
+        "admin, operator, user or viewer; omitted: the role config.yaml gives the user (operators: "
+        "operator, everyone else: user)"))
+    expires: str | float | None = Field(default=None, description=(
+        "How long it lives: seconds, or 30d, 12h, 1d12h; omitted: until revoked"))
+    note: str | None = Field(default=None, max_length=200, description="What it is for (shown by token list)")
+
+
+class TokenOut(BaseModel):
+    id: int
+    user: str
+    role: str = Field(description="the role it grants now")
+    role_from_config: bool = Field(description="true when the role follows config.yaml (made without one)")
+    note: str | None
+    created_by: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(BaseModel):
+    token: str = Field(description="The token itself: shown this once, stored only as a digest")
+    info: TokenOut
+
+
+class AuditOut(BaseModel):
+    id: int
+    ts: datetime
+    user: str
+    role: str
+    source: str
+    action: str
+    target: str | None
+    outcome: str = Field(description="ok, refused (a 403) or failed (allowed, but nothing changed)")
+    detail: str | None

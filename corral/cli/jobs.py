@@ -1,5 +1,5 @@
-"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue
-and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
+"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue,
+update (priority and nice) and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
 from the server exits through ``fail``."""
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def cancel(args: Namespace) -> None:
     wanted_states = states(args.state, "--state", ("PENDING", "STARTING", "RUNNING"))
     if args.user or wanted_states or args.name or args.partition:
         # like scancel for a user: filters reach your own jobs unless -u names someone (an operator's right)
-        owner = args.user or client.headers["X-Corral-User"]
+        owner = args.user or _me(client)
         try:
             found = list(client.iter_jobs(user=owner, name=args.name, states=wanted_states or None))
         except CorralError as exc:
@@ -174,6 +174,14 @@ def cancel(args: Namespace) -> None:
     sys.exit(failed)
 
 
+def _me(client: Client) -> str:
+    try:
+        return client.whoami()["user"]
+    except CorralError as exc:
+        fail(exc)
+        raise  # fail exits
+
+
 def _code(exc: CorralError) -> int:
     """2 for a job that does not exist or a request that is invalid, 1 for a refusal."""
     return 2 if exc.status in (400, 404, 422) else 1
@@ -192,6 +200,33 @@ def each(args: Namespace) -> None:
             failed = max(failed, _code(exc))
             continue
         out.print(result["message"][0].upper() + result["message"][1:], markup=False)
+    sys.exit(failed)
+
+
+def update(args: Namespace) -> None:
+    """Change pending jobs' priority or nice (``scontrol update``); exit 1 if any was refused."""
+    changes: dict[str, float | int | None] = {}
+    if args.priority is not None:
+        text = args.priority.strip().lower()
+        try:
+            changes["priority"] = None if text == "formula" else float(text)
+        except ValueError:
+            raise Usage("--priority", f"{args.priority!r} is not a number (or 'formula')") from None
+    if args.nice is not None:
+        changes["nice"] = args.nice
+    if not changes:
+        raise Usage("--priority", "give --priority and/or --nice")
+    client = daemon.client()
+    failed = 0
+    for ident in args.jobs:
+        try:
+            job = client.set_priority(ident, **changes)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            failed = max(failed, _code(exc))
+            continue
+        shown = ", ".join(f"{k} {'from the formula' if v is None else v}" for k, v in changes.items())
+        out.print(f"Job {job['id']}: {shown}")
     sys.exit(failed)
 
 

@@ -1,7 +1,8 @@
 """The ``corral`` command. It talks only to the API (starting an embedded local server on
 first use). The parser is the standard library's argparse and each command's module is
 imported only when it runs: a person waits for every command's start-up, and click alone
-cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``;
+cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``,
+tokens, login and the audit trail in ``access``;
 ``corral sim`` (the simulator, no server) keeps its own click command in ``sim``."""
 
 from __future__ import annotations
@@ -122,6 +123,13 @@ def build() -> argparse.ArgumentParser:
             c.add_argument("-H", "--hold", action="store_true",
                            help="hold it once it is pending again (scontrol requeuehold)")
 
+    c = _command(sub, "update", "jobs:update", "Change pending jobs' priority or nice, like scontrol update.",
+                 "Change pending jobs' fixed priority (operators; 'formula' goes back to the computed one) or "
+                 "nice (its owner may raise it, lowering the job; a negative nice is for operators).")
+    c.add_argument("jobs", metavar="JOB", nargs="+")
+    c.add_argument("--priority", help="a fixed priority, or 'formula'")
+    c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
+
     c = _command(sub, "scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
     c.add_argument("job", metavar="JOB")
     c.add_argument("task", metavar="TASK")
@@ -141,9 +149,50 @@ def build() -> argparse.ArgumentParser:
 
     _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
 
+    token = _command(sub, "token", "", "Create, list and revoke API tokens (admins).")
+    actions = token.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = _command(actions, "create", "access:token_create", "Make a token for USER and print it (shown this once).")
+    c.add_argument("user", metavar="USER")
+    c.add_argument("--role", choices=["admin", "operator", "user", "viewer"],
+                   help="what it may do (default: config.yaml's: operators are operators, others users)")
+    c.add_argument("--expires", metavar="DURATION", help="lifetime: 30d, 12h, 1d12h or seconds (default: until revoked)")
+    c.add_argument("--note", help="what the token is for (shown by token list)")
+    c.add_argument("--json", action="store_true")
+    c = _command(actions, "list", "access:token_list", "List tokens: id, user, role, created, expires, last used.")
+    c.add_argument("--revoked", action="store_true", help="include revoked tokens")
+    c.add_argument("--json", action="store_true")
+    c = _command(actions, "revoke", "access:token_revoke", "Revoke tokens by id: refused from their next request.")
+    c.add_argument("ids", metavar="ID", nargs="+", type=_nonnegative(2**62))
+
+    c = _command(sub, "login", "access:login", "Check a token against SERVER and save both for later commands.",
+                 "Check TOKEN against SERVER (https://host:port) and save both (0600, under $XDG_CONFIG_HOME/corral) "
+                 "so later commands and corral.Client() use them. Without --token, it is read from the terminal "
+                 "(or one line of stdin).")
+    c.add_argument("server", metavar="SERVER")
+    c.add_argument("--token", help="the token (prefer the prompt: a command line is visible to other users)")
+    c.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the server's TLS certificate")
+    c = _command(sub, "logout", "access:logout", "Forget the saved token of SERVER (default: the current one).")
+    c.add_argument("server", metavar="SERVER", nargs="?")
+    c = _command(sub, "whoami", "access:whoami", "Say which user and role this client acts as, and where.")
+    c.add_argument("--json", action="store_true")
+    c = _command(sub, "audit", "access:audit", "Who did what, when and from where (admins).")
+    c.add_argument("-S", "--since", help="entries at or after this ISO 8601 time")
+    c.add_argument("-u", "--user", help="only this user's actions")
+    c.add_argument("-a", "--action", help="only this action: submit, cancel, hold, release, requeue, scale, priority, "
+                                          "token_create, token_revoke")
+    c.add_argument("-n", "--limit", type=_nonnegative(10000), default=1000, help="the newest N entries (default 1000)")
+    c.add_argument("--json", action="store_true")
+
     server = _command(sub, "server", "", "Manage the embedded local server.")
     actions = server.add_subparsers(dest="action", metavar="ACTION", required=True)
-    _command(actions, "start", "daemon:cli_start", "Start the local server in the background (idempotent).")
+    c = _command(actions, "start", "daemon:cli_start", "Start the local server in the background (idempotent).",
+                 "Start the local server in the background (idempotent). It listens on loopback unless --host "
+                 "says otherwise; wherever it listens, every request needs a token (this machine's owner's "
+                 "commands use the local one in CORRAL_HOME).")
+    c.add_argument("--host", help="address to listen on, e.g. 0.0.0.0 (default 127.0.0.1)")
+    c.add_argument("--port", type=_nonnegative(65535), help="port (default: a free one)")
+    c.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (chain)")
+    c.add_argument("--tls-key", metavar="FILE", help="and this PEM private key")
     _command(actions, "stop", "daemon:cli_stop",
              "Stop the local server; running replicas keep running and are adopted at the next start.")
     c = _command(actions, "status", "daemon:cli_status", "Say whether the local server runs, where, and on which database.")

@@ -185,6 +185,11 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         self._inbox.append(("hold" if held else "release", job_id))
         self._wake.set()
 
+    def priority_changed(self, job_id: int) -> None:
+        """A pending job's priority or nice changed: it is read back into the queue."""
+        self._inbox.append(("reprioritize", job_id))
+        self._wake.set()
+
     def requeue_requested(self, job_id: int) -> None:
         self._inbox.append(("requeue", job_id))
         self._wake.set()
@@ -275,6 +280,10 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                         self._sched_needed = True
                 elif kind == "release":
                     self._next_rescan = 0.0  # read back into the queue just below
+                elif kind == "reprioritize":  # read back, with its new priority, just below
+                    self.pending.pop(item, None)  # type: ignore[arg-type]
+                    self._next_rescan = 0.0
+                    self._sched_needed = True
                 elif kind == "requeue":
                     requeues.append(item)  # type: ignore[arg-type]
                 else:

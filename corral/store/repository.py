@@ -287,3 +287,16 @@ def add_replicas(session: Session, job_id: int, task: str, task_position: int, r
 def set_desired_replicas(session: Session, job_id: int, task: str, count: int) -> None:
     """The desired replica count of a task (the control loop reconciles toward it)."""
     session.execute(update(Task).where(Task.job_id == job_id, Task.name == task).values(num_nodes=count))
+
+
+def set_priority(session: Session, job: Job, now: float, by: str, **values: float | int | None) -> bool:
+    """Change a pending job's ``priority`` (a fixed value, or None for the formula's) and/or
+    ``nice`` (Slurm's ``scontrol update``): False once it is no longer pending."""
+    result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+                                               Job.cancel_requested_at.is_(None))
+                             .values(**values, version=Job.version + 1))
+    if result.rowcount:
+        shown = ", ".join(f"{k} {'formula' if v is None else v}" for k, v in values.items())
+        add_event(session, job.id, now, "job", "reprioritized", message=f"{shown} by {by}")
+        return True
+    return False
