@@ -20,6 +20,7 @@ from corral.admission import Refusal, admit
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
+from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
@@ -71,16 +72,29 @@ async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
                 {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
-    stored = state.intake.submit(NewJob(spec, user, admitted.partition, admitted.account, admitted.qos,
-                                        admitted.time_limit))
-    stored = await asyncio.wrap_future(stored)
+    if body.array is not None:
+        try:
+            array = parse_array(body.array)
+        except ValueError as exc:
+            return JSONResponse(status_code=422, content={"detail": {
+                "message": f"{source} is not a valid job", "errors": [
+                    {"document": "options", "field": "array", "line": None, "message": str(exc)}]}})
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
+                           array_index=index, array_throttle=array.throttle, array_head=i == 0)
+                    for i, index in enumerate(array.indices)]
+    else:
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
+    stored = await asyncio.wrap_future(state.intake.submit(*elements))
+    if isinstance(stored, list):
+        stored = stored[0]
     if isinstance(stored, Clash):
         return JSONResponse(status_code=409, content={"detail": (
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
             f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
             f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
     job = stored
-    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings,
+                          array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
@@ -105,6 +119,7 @@ def _moment(name: str, value: str | None) -> float | None:
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
+              array: Annotated[int | None, Query(ge=0, lt=2**63, description="Only the elements of this job array")] = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
@@ -121,7 +136,8 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
                                 f"{', '.join(JobState.__members__)}", "enum")
     window = [_moment(name, value) for name, value in (("since", since), ("until", until))]
     jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit,
-                                account=account, partition=partition, since=window[0], until=window[1], after=after)
+                                account=account, partition=partition, since=window[0], until=window[1], after=after,
+                                array=array)
     if len(jobs) == limit:
         response.headers["X-Next-After"] = str(jobs[-1].id)
     expected = dict(state_.controller.expected_starts)
@@ -136,13 +152,18 @@ def get_job(job: str, session: SessionDep, state: StateDep, user: UserDep):
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
 def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+    """Cancel a job; an array's id (its first element's) cancels every element, and
+    ``ARRAYID_INDEX`` one element, as ``scancel`` does."""
     found = _acting_on(session, job, user, state, "cancel")
+    whole = found.array_job_id == found.id and "_" not in job
+    targets = repository.array_members(session, found.id) if whole else [found]
     with state.controller.write_lock:
-        changed = repository.request_cancel(session, found, clock(), user)
+        changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), user)]
         session.commit()
-    if changed:
-        state.controller.cancel_requested(found.id)
-    return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+    for job_id in changed:
+        state.controller.cancel_requested(job_id)
+    return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
+                          elements=len(changed) if whole else None)
 
 
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
