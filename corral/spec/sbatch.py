@@ -565,11 +565,11 @@ def _script_name(source: str) -> str:
 
 
 def _runner(text: str, args: tuple[str, ...]) -> str:
-    """Bash that writes the script next to the job's runtime files and runs it in place of
-    itself, after setting up what the launch environment (``corral.runtime.slurmjob``) asks
-    for: ``srun``/``scontrol`` on PATH off Slurm, ``--output``/``--error`` files (copied to
-    the job's log too, through tee processes that ignore the job's signals), and a signal
-    meant only for the steps (``--signal`` without ``B:``) ignored by the batch shell."""
+    """Bash that writes the script next to the job's runtime files and runs it, after setting
+    up what the launch environment (``corral.runtime.slurmjob``) asks for: ``srun``/``scontrol``
+    on PATH off Slurm, ``--output``/``--error`` files (copied to the job's log too, through tee
+    processes that ignore the job's signals), and a signal meant only for the steps
+    (``--signal`` without ``B:``) ignored by the batch shell; then relays signals (``RELAY``)."""
     marker = f"CORRAL_SBATCH_{secrets.token_hex(8)}"
     while marker in text:
         marker = f"CORRAL_SBATCH_{secrets.token_hex(8)}"
@@ -577,7 +577,7 @@ def _runner(text: str, args: tuple[str, ...]) -> str:
     quoted = " ".join(shlex.quote(a) for a in args)
     return (f"__script=\"$(dirname \"${{CORRAL_HOSTS_FILE:-${{TMPDIR:-/tmp}}/x}}\")/sbatch.$CORRAL_LAUNCH_KEY\"\n"
             f"cat > \"$__script\" <<'{marker}'\n{body}{marker}\n"
-            f"chmod 700 \"$__script\"\n{PRELUDE}exec \"$__script\" {quoted}\n")
+            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
 
 
 PRELUDE = """\
@@ -597,4 +597,18 @@ if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_
 fi
 trap - TERM INT HUP QUIT USR1 USR2
 if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
+"""
+
+# The script runs in a session of its own and this shell relays what the replica is sent:
+# a stop to the script's whole process group (its steps and children), the --signal=B:…
+# warning to the script alone, a --signal warning without B: to the group (where only the
+# steps, started by srun, listen for it).
+RELAY = """\
+for __sig in TERM INT HUP QUIT USR1 USR2; do trap "kill -s $__sig -- -$__pid 2>/dev/null" "$__sig"; done
+if [ -n "${CORRAL_SBATCH_BATCH_SIGNAL:-}" ]; then
+  trap "kill -s ${CORRAL_SBATCH_BATCH_SIGNAL#SIG} $__pid 2>/dev/null" "${CORRAL_SBATCH_BATCH_SIGNAL#SIG}"
+fi
+while :; do wait "$__pid"; __rc=$?; kill -0 "$__pid" 2>/dev/null || break; done
+wait "$__pid" 2>/dev/null; __last=$?; [ "$__last" -ne 127 ] && __rc=$__last
+exit "$__rc"
 """
