@@ -57,9 +57,21 @@ class BatchContext:
 
 
 def hostlist(names: list[str] | tuple[str, ...]) -> str:
-    from hostlist import collect_hostlist
+    """The compressed form (``gpu-[0-3]``) that keeps the batch node first, as in Slurm, where
+    it is the allocation's first node: runs the library compresses are joined in order."""
+    from hostlist import collect_hostlist, expand_hostlist
 
-    return collect_hostlist(list(names)) if names else ""
+    names = list(names)
+    whole = collect_hostlist(names) if names else ""
+    if expand_hostlist(whole) == names:
+        return whole
+    runs: list[list[str]] = []
+    for name in names:
+        if runs and expand_hostlist(collect_hostlist(runs[-1] + [name])) == runs[-1] + [name]:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ",".join(collect_hostlist(run) for run in runs)
 
 
 def tasks_per_node(step: BatchStep) -> list[int]:
