@@ -117,7 +117,10 @@ def test_array_with_throttle_runs_every_element_at_most_two_at_once(corral) -> N
     array_id = proc.stdout.split()[3]
     queued = corral("queue", check=True).stdout
     assert f"{array_id}_" in queued
-    wait_for(lambda: all((corral.work / f"sweep.{i}").exists() for i in range(6)), timeout=30)
+    after = corral("sbatch", "--parsable", "-J", "after-sweep", "-d", f"afterok:{array_id}", "chain_second.sbatch",
+                   check=True).stdout.strip()  # on the whole array: every element
+    wait_for(lambda: job(corral, after)["state"] == "SUCCEEDED", timeout=30)
+    assert job(corral, after)["dependency"].count(":") == 6
     runs = []
     for i in range(6):
         parent, index, own, start, end = (corral.work / f"sweep.{i}").read_text().split()

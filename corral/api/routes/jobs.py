@@ -66,7 +66,12 @@ async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
     spec = loaded.spec
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
     named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
-    known = await run_in_threadpool(_existing, state, named) if named else set()
+    known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
+    if arrays:  # a dependency on a job array is on every element of it, as in Slurm
+        dependency = tuple((kind, tuple(dict.fromkeys(x for i in ids for x in arrays.get(i, (i,)))))
+                           for kind, ids in spec.scheduling.dependency)
+        spec = spec.model_copy(update={"scheduling": spec.scheduling.model_copy(update={"dependency": dependency})})
+        known |= {i for members in arrays.values() for i in members}
     admitted = admit(spec, user, state.site, known.__contains__)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
@@ -98,9 +103,15 @@ async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
-def _existing(state, ids: list[int]) -> set[int]:
+def _existing(state, ids: list[int]) -> tuple[set[int], dict[int, tuple[int, ...]]]:
+    """Which of ``ids`` are jobs, and the elements of those that name a job array."""
     with state.sessions() as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        known = set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        arrays: dict[int, list[int]] = {}
+        for head, member in session.execute(select(Job.array_job_id, Job.id).where(Job.array_job_id.in_(ids))
+                                            .order_by(Job.id)):
+            arrays.setdefault(head, []).append(member)
+        return known, {head: tuple(members) for head, members in arrays.items()}
 
 
 def _moment(name: str, value: str | None) -> float | None:
