@@ -1,8 +1,7 @@
-"""Two task sections that Slurm batch scripts need and YAML may use too.
+"""What a task needs to run a Slurm batch script, beside where its replicas may go.
 
-``NodeChoice`` fields (on the task itself) narrow where its replicas go: ``constraint``
-(node features, ``sbatch --constraint``: a feature ``F`` is a node label key ``F``, or
-``key=value``; ``&`` joins features that must all hold, ``|`` alternatives), ``nodelist``
+Node choice fields (on the task itself) narrow where its replicas go: ``constraint``
+(node features, ``sbatch --constraint``, read by ``corral.scheduler.features``), ``nodelist``
 (only these nodes), ``exclusive`` (a replica takes its whole node) and ``distinct_nodes`` (no
 two such replicas of the job share a node, as ``sbatch --nodes=N`` asks for N nodes).
 
@@ -16,7 +15,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corral.scheduler.features import has_features, parse_constraint  # noqa: F401 - re-exported
 from corral.spec.service import SignalName
 
 class _Strict(BaseModel):

@@ -12,7 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator,
                       model_validator)
 
-from corral.spec.batchstep import BatchStep, parse_constraint
+from corral.scheduler.features import parse_constraint
+from corral.spec.batchstep import BatchStep
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import math
 import re
-import secrets
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.scheduler.dependency import parse as parse_dependency
-from corral.spec.batchstep import parse_constraint
+from corral.spec.batchshell import HOLD, runner
+from corral.scheduler.features import parse_constraint
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE, NAME_RULE
@@ -521,7 +521,7 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     common = {"resources": resources, **placement, "grace_period": "30s"}
     if warn_signal is not None:
         common["signal_before_timeout"] = {"signal": warn_signal, "seconds": warn_seconds}
-    batch_task = {"name": "batch" if nodes > 1 else name, "run": _runner(text, args), "envs": envs,
+    batch_task = {"name": "batch" if nodes > 1 else name, "run": runner(text, args), "envs": envs,
                   "workdir": chdir or submit_dir, **common, "sbatch": {**step, "role": "batch"}}
     scheduling: dict[str, Any] = {}
     for option, key in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
@@ -553,62 +553,7 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
                     base_dir=submit_dir)
 
 
-# A replica holding one of the job's other nodes: it waits until the script ends (then it is
-# stopped like any auxiliary task) and exits 0 on the stop signal.
-HOLD = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
-
-
 def _script_name(source: str) -> str:
     stem = re.sub(r"\.(sbatch|slurm|sh|bash)$", "", source.rsplit("/", 1)[-1])
     cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_")[:63]
     return cleaned if NAME_RE.fullmatch(cleaned or "-") else "sbatch"
-
-
-def _runner(text: str, args: tuple[str, ...]) -> str:
-    """Bash that writes the script next to the job's runtime files and runs it, after setting
-    up what the launch environment (``corral.runtime.slurmjob``) asks for: ``srun``/``scontrol``
-    on PATH off Slurm, ``--output``/``--error`` files (copied to the job's log too, through tee
-    processes that ignore the job's signals), and a signal meant only for the steps
-    (``--signal`` without ``B:``) ignored by the batch shell; then relays signals (``RELAY``)."""
-    marker = f"CORRAL_SBATCH_{secrets.token_hex(8)}"
-    while marker in text:
-        marker = f"CORRAL_SBATCH_{secrets.token_hex(8)}"
-    body = text if text.endswith("\n") else text + "\n"
-    quoted = " ".join(shlex.quote(a) for a in args)
-    return (f"__script=\"$(dirname \"${{CORRAL_HOSTS_FILE:-${{TMPDIR:-/tmp}}/x}}\")/sbatch.$CORRAL_LAUNCH_KEY\"\n"
-            f"cat > \"$__script\" <<'{marker}'\n{body}{marker}\n"
-            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
-
-
-PRELUDE = """\
-if [ -n "${CORRAL_SLURM_SHIMS:-}" ]; then PATH="$CORRAL_SLURM_SHIMS:$PATH"; export PATH; fi
-trap '' TERM INT HUP QUIT USR1 USR2
-if [ -n "${CORRAL_SBATCH_OUTPUT:-}" ]; then
-  mkdir -p "$(dirname "$CORRAL_SBATCH_OUTPUT")"
-  if [ -z "${CORRAL_SBATCH_ERROR:-}" ] || [ "$CORRAL_SBATCH_ERROR" = "$CORRAL_SBATCH_OUTPUT" ]; then
-    exec > >(exec tee "$CORRAL_SBATCH_OUTPUT") 2>&1
-  else
-    exec > >(exec tee "$CORRAL_SBATCH_OUTPUT")
-  fi
-fi
-if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_SBATCH_OUTPUT:-}" ]; then
-  mkdir -p "$(dirname "$CORRAL_SBATCH_ERROR")"
-  exec 2> >(exec tee "$CORRAL_SBATCH_ERROR" >&2)
-fi
-trap - TERM INT HUP QUIT USR1 USR2
-if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
-"""
-
-# The script runs in a session of its own and this shell relays what the replica is sent:
-# a stop to the script's whole process group (its steps and children), the --signal=B:…
-# warning to the script alone, a --signal warning without B: to the group (where only the
-# steps, started by srun, listen for it).
-RELAY = """\
-for __sig in TERM INT HUP QUIT USR1 USR2; do trap "kill -s $__sig -- -$__pid 2>/dev/null" "$__sig"; done
-if [ -n "${CORRAL_SBATCH_BATCH_SIGNAL:-}" ]; then
-  trap "kill -s ${CORRAL_SBATCH_BATCH_SIGNAL#SIG} $__pid 2>/dev/null" "${CORRAL_SBATCH_BATCH_SIGNAL#SIG}"
-fi
-while :; do wait "$__pid"; __rc=$?; kill -0 "$__pid" 2>/dev/null || break; done
-wait "$__pid" 2>/dev/null; __last=$?; [ "$__last" -ne 127 ] && __rc=$__last
-exit "$__rc"
-"""
