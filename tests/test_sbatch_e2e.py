@@ -205,3 +205,25 @@ def test_bad_script_is_refused_with_its_line_and_nothing_is_submitted(corral) ->
     assert corral("queue", "--all", "--json", check=True).stdout == before
     proc = corral("sbatch", "--frobnicate", str(bad))
     assert proc.returncode == 2 and "--frobnicate" in proc.stderr
+
+
+@pytest.fixture
+def site_config() -> str:  # for the in-process ``server``: a partition that preempts, one that requeues
+    return POOL + """
+partitions:
+  - {name: batch, nodes: ["gpu-*"], preempt_mode: requeue}
+  - {name: urgent, nodes: ["gpu-*"], priority_tier: 10}
+"""
+
+
+def test_no_requeue_cancels_a_preempted_job_where_the_partition_would_requeue_it(server) -> None:
+    from test_api import submit, wait_state
+
+    low = submit(server, "name: low\nrequeue: false\nnum_nodes: 3\nresources: {accelerators: H100:4}\n"
+                         "grace_period: 1s\nrun: sleep 60\n")
+    wait_state(server, low["id"], "RUNNING")
+    high = submit(server, "name: high\nresources: {accelerators: H100:4}\nrun: 'true'\n",
+                  scheduling={"partition": "urgent"})
+    wait_state(server, high["id"], "SUCCEEDED")
+    ended = wait_state(server, low["id"], "CANCELLED")
+    assert ended["requeues"] == 0 and "--no-requeue" in ended["message"]
