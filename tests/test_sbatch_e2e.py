@@ -36,6 +36,7 @@ def corral(tmp_path_factory):
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, work / item.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SLURM_"))}
     env["CORRAL_HOME"] = str(home)
+    env["OMP_NUM_THREADS"] = "3"  # passed to replicas from the server's machine, unless --export=NONE
     import corral as package  # the commands run from the work directory: import this corral there too
     root = str(Path(package.__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -73,10 +74,16 @@ def test_single_node_gpu_script_sees_slurm_variables_and_writes_its_output_file(
     assert env["cuda"] == ",".join(map(str, node["gpus"])) and len(node["gpus"]) == 2
     assert env["greeting"] == "hello" and env["procid"] == env["nodeid"] == env["restarts"] == "0"
     assert env["partition"] and env["account"]
-    assert "args=a1 b 2" in (corral.work / "single.env").read_text()
+    assert "args=a1 b 2" in (corral.work / "single.env").read_text() and env["omp"] == "3"
     output = (corral.work / f"single-gpu-{job_id}.out").read_text()
     assert f"done on {node['node']}" in output
     assert f"done on {node['node']}" in corral("logs", job_id, check=True).stdout  # the job's log too
+
+
+def test_export_none_starts_the_script_with_slurm_variables_and_named_ones_only(corral) -> None:
+    assert corral("launch", "export_none.sbatch").returncode == 0
+    env = words(corral.work / "export.env")
+    assert env["keep"] == "kept" and env["omp"] == "unset" and env["job"] != "unset" and env["home"] == "set"
 
 
 def test_multi_node_srun_gives_each_task_its_rank_node_and_gpus(corral) -> None:

@@ -838,7 +838,8 @@ class Controller(SchedulingMixin, ServicesMixin):
         shims = None
         if infra not in slurmjob.SLURM_EXECUTORS:
             shims = slurmjob.ensure_shims(self.settings.runtime_dir / "slurm-bin")
-        return slurmjob.batch_env(task.service.sbatch, ctx, infra, shims)
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        return slurmjob.batch_env(task.service.sbatch, ctx, infra, shims, keep)
 
     def _release_job(self, job: JobRec) -> None:
         """The job ended: engines give back its reservations and drop its runtime files."""

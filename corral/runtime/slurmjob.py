@@ -114,8 +114,11 @@ def expand_pattern(pattern: str, ctx: BatchContext, node: str) -> str:
     return path if path.startswith("/") else os.path.join(ctx.workdir, path)
 
 
-def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None) -> dict[str, str]:
-    """Slurm's variables for the batch script (the batch step: node 0, task 0)."""
+def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None,
+              keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """Slurm's variables for the batch script (the batch step: node 0, task 0). With
+    ``--export=NONE`` the script starts with only these, corral's own, the basics of a login
+    (PATH, HOME, USER …) and ``keep`` (the variables the job names)."""
     names = [n.name for n in ctx.nodes]
     counts = tasks_per_node(step)
     first = ctx.nodes[0]
@@ -156,6 +159,9 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
         env["CORRAL_SBATCH_ERROR"] = expand_pattern(step.error, ctx, first.name)
     if step.warn_signal:
         env["CORRAL_SBATCH_BATCH_SIGNAL" if step.signal_batch_only else "CORRAL_SBATCH_STEP_SIGNAL"] = step.warn_signal
+    if step.export_none:
+        env["CORRAL_SBATCH_EXPORT_NONE"] = "1"
+        env["CORRAL_SBATCH_KEEP"] = " ".join(keep)
     if infra not in SLURM_EXECUTORS and shims is not None:
         env["CORRAL_SLURM_SHIMS"] = str(shims)
     return env

@@ -29,7 +29,7 @@ def runner(text: str, args: tuple[str, ...]) -> str:
     quoted = " ".join(shlex.quote(a) for a in args)
     return (f"__script=\"$(dirname \"${{CORRAL_HOSTS_FILE:-${{TMPDIR:-/tmp}}/x}}\")/sbatch.$CORRAL_LAUNCH_KEY\"\n"
             f"cat > \"$__script\" <<'{marker}'\n{body}{marker}\n"
-            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
+            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"${{__env[@]}}\" \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
 
 
 PRELUDE = """\
@@ -49,6 +49,17 @@ if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_
 fi
 trap - TERM INT HUP QUIT USR1 USR2
 if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
+__env=()
+if [ -n "${CORRAL_SBATCH_EXPORT_NONE:-}" ]; then
+  __env=(env -i)
+  for __name in $(compgen -e) $CORRAL_SBATCH_KEEP; do
+    case "$__name" in
+      SLURM_*|SLURMD_*|CORRAL_*|CUDA_VISIBLE_DEVICES|PATH|HOME|USER|LOGNAME|SHELL|TMPDIR|LANG|TERM|PYTHONPATH) ;;
+      *) case " $CORRAL_SBATCH_KEEP " in *" $__name "*) ;; *) continue ;; esac ;;
+    esac
+    __env+=("$__name=${!__name}")
+  done
+fi
 """
 
 # The script runs in a session of its own and this shell relays what the replica is sent:
