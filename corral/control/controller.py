@@ -41,7 +41,7 @@ from corral.control.retention import Housekeeper, Retention
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
-from corral.control.records import JobRec, ReplicaRec, alternatives_of, load_records, record_of
+from corral.control.records import JobRec, ReplicaRec, TaskRec, alternatives_of, load_records, record_of
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
 from corral.control.supervisor import AttemptEnded
