@@ -293,7 +293,9 @@ def test_batch_environment() -> None:
     assert {k: env.get(k) for k in expected} == expected
     assert "CORRAL_SLURM_SHIMS" not in env  # none given
     from pathlib import Path
-    assert "CORRAL_SLURM_SHIMS" not in slurmjob.batch_env(s, ctx, "slurm", Path("/x"))  # real srun on Slurm
+    on_slurm = slurmjob.batch_env(s, ctx, "slurm", Path("/x"))  # the real srun, with Slurm's own variables
+    assert "CORRAL_SLURM_SHIMS" not in on_slurm and not any(k.startswith("SLURM") for k in on_slurm)
+    assert on_slurm["CORRAL_SBATCH_OUTPUT"] == "/sub/slurm-8_1.out"
     assert slurmjob.batch_env(s, ctx, "local", Path("/x"))["CORRAL_SLURM_SHIMS"] == "/x"
 
 

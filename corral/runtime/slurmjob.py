@@ -15,7 +15,8 @@ The local executor's nodes are all this machine, so ``srun`` starts each task it
 process of the batch replica (inside its process tree and cgroup, so it ends with the job)
 with the environment of the node it stands for (``SLURMD_NODENAME``, that node's GPUs in
 ``CUDA_VISIBLE_DEVICES``). On a Slurm infra (executor ``slurm``/``srun``) the shims are not
-put on PATH: the real ``srun``/``scontrol`` of the allocation are used."""
+put on PATH and no ``SLURM_*`` variable is set here: the real ``srun``/``scontrol`` of the
+allocation are used, with the variables Slurm itself gives the step."""
 
 from __future__ import annotations
 
@@ -162,7 +163,11 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
     if step.export_none:
         env["CORRAL_SBATCH_EXPORT_NONE"] = "1"
         env["CORRAL_SBATCH_KEEP"] = " ".join(keep)
-    if infra not in SLURM_EXECUTORS and shims is not None:
+    if infra in SLURM_EXECUTORS:
+        # Inside a real allocation Slurm sets its own variables for the step, and the real srun
+        # reads them (SLURM_JOB_ID names the allocation): corral's must not shadow them.
+        return {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    if shims is not None:
         env["CORRAL_SLURM_SHIMS"] = str(shims)
     return env
 
