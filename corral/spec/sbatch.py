@@ -17,8 +17,8 @@ limits, signals, requeue, dependencies and node constraints of corral apply:
   other nodes until the script ends; termination delay 0), all on distinct nodes
   (``distinct_nodes``), each holding one node's share (``--gpus-per-node``, tasks per node ×
   ``--cpus-per-task`` CPUs, ``--mem``);
-- the script's text travels inside the job (a here-document written next to the job's
-  runtime files at launch), so a requeued job runs the script it was submitted with;
+- the script's text travels inside the job (``corral.spec.batchshell``), so a requeued job
+  runs the script it was submitted with;
 - ``BatchStep`` (``corral.spec.batchstep``) carries what the runtime needs for Slurm's
   variables and the ``srun``/``scontrol`` commands (``corral.runtime.slurmjob``)."""
 
