@@ -325,6 +325,9 @@ def test_distinct_replicas_take_one_node_each_and_exclusive_takes_it_whole() -> 
                             replace(task("node", replicas=2, gpus=1), distinct=True)))
     start = schedule(snapshot(nodes, [spread]), 0.0, Policy()).starts[0]
     assert len({a.node for a in start.allocations}) == 3
+    leaves = [replace(n, labels=(("leaf", "l0"),)) for n in nodes]  # placed by switch when a site has a topology
+    start = schedule(snapshot(leaves, [spread]), 0.0, Policy(topology=("leaf",))).starts[0]
+    assert len({a.node for a in start.allocations}) == 3
     too_many = PendingJob(2, (replace(task("node", replicas=4), distinct=True),))
     assert "4 distinct nodes" in why_infeasible(nodes, too_many)
     whole = PendingJob(3, (replace(task(gpus=1), exclusive=True),))
