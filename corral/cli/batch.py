@@ -40,7 +40,7 @@ def sbatch_main(argv: list[str]) -> None:
     from corral.spec.sbatch import parse_command_line
 
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)
     try:
         given, rest, issues, warnings = parse_command_line(argv)
@@ -49,7 +49,11 @@ def sbatch_main(argv: list[str]) -> None:
         if not rest:
             raise Usage("SCRIPT", "name the batch script to submit")
         path = Path(rest[0])
-        submit(path, read_script(path), given, tuple(rest[1:]), warnings, env={}, name=None, detach=None)
+        text = read_script(path)
+        if not text.startswith("#!"):
+            raise Usage("SCRIPT", f"{path} does not look like a batch script: its first line must be #! and "
+                                  "the path of an interpreter (a job YAML goes to corral launch)")
+        submit(path, text, given, tuple(rest[1:]), warnings, env={}, name=None, detach=None)
     except SpecError as exc:
         _refused(exc)
     except Usage as exc:
