@@ -212,6 +212,11 @@ def test_bad_script_is_refused_with_its_line_and_nothing_is_submitted(corral) ->
     assert corral("queue", "--all", "--json", check=True).stdout == before
     proc = corral("sbatch", "--frobnicate", str(bad))
     assert proc.returncode == 2 and "--frobnicate" in proc.stderr
+    plain = corral.work / "plain.yaml"
+    plain.write_text("name: plain\nrun: 'true'\n")
+    proc = corral("sbatch", str(plain))
+    assert proc.returncode == 2 and "does not look like a batch script" in proc.stderr
+    assert corral("queue", "--all", "--json", check=True).stdout == before
 
 
 @pytest.fixture
