@@ -35,8 +35,10 @@ _OPTIONS = {
     "gpus": "G", "gpus-per-node": None, "gpus-per-task": None, "gres": None, "job-name": "J", "chdir": "D",
     "wait": "W", "export": None, "mem": None, "mem-per-cpu": None, "cpu-bind": None, "mpi": None,
     "distribution": "m", "time": "t", "kill-on-bad-exit": "K", "label": "l", "overlap": None, "exact": None,
-    "unbuffered": "u", "quiet": "Q", "verbose": "v", "exclusive": None, "gpu-bind": None, "het-group": None,
+    "unbuffered": "u", "quiet": "Q", "verbose": "v", "exclusive": None, "gpu-bind": None,
 }
+# accepted, with a warning: they change nothing a step on corral's nodes could honour
+_IGNORED = ("mem", "mem-per-cpu", "cpu-bind", "mpi", "distribution", "time", "gpu-bind")
 _FLAGS = {"label", "overlap", "exact", "unbuffered", "quiet", "verbose"}
 _OPTIONAL = {"kill-on-bad-exit": "1", "exclusive": "exclusive"}
 _SHORT = {v: k for k, v in _OPTIONS.items() if v}
@@ -158,7 +160,7 @@ def plan_step(opts: dict[str, str], nodes: list[dict], env: dict[str, str]) -> l
             if len(gpus) < gpt:
                 raise UsageError(f"--gpus-per-task={gpt}: node {node['name']} holds {len(node['gpus'])} GPU(s) "
                                  f"for the job, not enough for {on_node} task(s)")
-        elif "exact" in opts and have:
+        elif ("exact" in opts or "exclusive" in opts) and have:
             share = len(have) // on_node
             gpus = have[local * share:(local + 1) * share]
         else:
@@ -233,6 +235,9 @@ def srun(argv: list[str]) -> int:
         if not nodes:
             raise UsageError("not inside a batch job (no job node layout: SLURM_JOB_ID and CORRAL_SBATCH_NODES)")
         tasks = plan_step(opts, nodes, env)
+        ignored = [f"--{name}" for name in _IGNORED if name in opts]
+        if ignored and "quiet" not in opts:
+            print(f"srun: warning: {', '.join(ignored)} ignored on corral's nodes", file=sys.stderr)
         wait_s = _int(opts, "wait") or 0
         kill_bad = opts.get("kill-on-bad-exit", "0") not in ("0", "")
     except (UsageError, ValueError) as exc:
