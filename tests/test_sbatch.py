@@ -345,3 +345,32 @@ def test_array_throttle_caps_running_elements() -> None:
     from corral.scheduler import Snapshot
     plan = schedule(Snapshot(tuple(nodes), tuple(elements), (running,)), 0.0, Policy())
     assert [s.job_id for s in plan.starts] == [11]
+
+
+def _srun(tmp_path, *argv: str) -> tuple[int, float, str]:
+    """Run corral's srun as a batch script would, on a two-node layout (real processes)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "CORRAL_HOSTS_FILE": str(tmp_path / "hosts"),
+           "CORRAL_SBATCH_NODES": json.dumps([{"name": "n0", "gpus": [0]}, {"name": "n1", "gpus": [1]}])}
+    runner = Path(slurmjob.__file__).with_name("srun.py")
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, str(runner), "srun", *argv], env=env, capture_output=True, text=True,
+                          timeout=30)
+    return proc.returncode, time.monotonic() - began, proc.stdout + proc.stderr
+
+
+def test_srun_kill_on_bad_exit_wait_labels_and_step_ids(tmp_path) -> None:
+    slow = 'if [ "$SLURM_PROCID" = 0 ]; then exit {code}; fi; sleep 20'
+    code, took, _ = _srun(tmp_path, "-K", "bash", "-c", slow.format(code=3))
+    assert took < 6 and code == 128 + 15  # the other task was stopped (SIGTERM): the highest code
+    code, took, text = _srun(tmp_path, "--wait=1", "bash", "-c", slow.format(code=0))
+    assert 1 <= took < 6 and "--wait" in text
+    code, took, text = _srun(tmp_path, "-l", "--mem=1G", "bash", "-c", 'echo "on $SLURMD_NODENAME $SLURM_STEP_ID"')
+    assert code == 0 and "0: on n0 2" in text and "1: on n1 2" in text and "--mem ignored" in text
+    assert "1: on n1 3" in _srun(tmp_path, "-l", "bash", "-c", 'echo "on $SLURMD_NODENAME $SLURM_STEP_ID"')[2]
