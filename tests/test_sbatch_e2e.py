@@ -116,6 +116,8 @@ def test_scontrol_show_hostnames_loop_on_nodes_with_a_feature(corral) -> None:
     assert [line.split()[1] for line in lines] == placed and len(set(placed)) == 3
     shown = (corral.work / "hostnames.job").read_text()
     assert f"JobId={data['id']}" in shown and "NumNodes=3" in shown and "JobState=RUNNING" in shown
+    assert (corral.work / f"hostnames-{data['id']}.err").read_text() == f"to stderr from {placed[0]}\n"
+    assert (corral.work / f"hostnames-{data['id']}.out").read_text() == "to stdout\n"
 
 
 def test_array_with_throttle_runs_every_element_at_most_two_at_once(corral) -> None:
@@ -184,6 +186,15 @@ def test_ray_head_and_workers_script_runs_as_written(corral) -> None:
         assert gpus == ",".join(map(str, placed[node]))
     assert set(line.split()[0] for line in joined) == set(placed)
     assert data["state"] == "SUCCEEDED"  # the head and workers, still up, ended with the script
+
+
+def test_a_requeued_script_runs_again_with_its_restart_count(corral) -> None:
+    job_id = corral("sbatch", "--parsable", "requeue.sbatch", check=True).stdout.strip()
+    runs = corral.work / "requeue.runs"
+    wait_for(lambda: runs.exists() and runs.read_text() == "run 0\n", timeout=15)
+    corral("requeue", job_id, check=True)
+    wait_for(lambda: job(corral, job_id)["state"] == "SUCCEEDED", timeout=30)
+    assert runs.read_text() == "run 0\nrun 1\n" and job(corral, job_id)["requeues"] == 1
 
 
 def test_yaml_array_is_folded_in_the_queue_and_cancelled_by_element_or_whole(corral) -> None:

@@ -104,6 +104,8 @@ def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], war
         result = client.submit(batch.documents, source=str(path), base_dir=os.getcwd(), env=env, name=name,
                                scheduling=batch.scheduling, array=batch.array)
     except CorralError as exc:
+        if exc.status == 409:  # sbatch allows namesakes; corral's names are host names
+            err.print("[yellow]hint:[/yellow] give this run its own name with -J NAME", markup=True)
         fail(exc, str(path))
     for warning in batch.warnings + result["warnings"]:
         err.print(f"[yellow]warning:[/yellow] {warning}", markup=True)

@@ -35,6 +35,7 @@ def runner(text: str, args: tuple[str, ...]) -> str:
 PRELUDE = """\
 if [ -n "${CORRAL_SLURM_SHIMS:-}" ]; then PATH="$CORRAL_SLURM_SHIMS:$PATH"; export PATH; fi
 trap '' TERM INT HUP QUIT USR1 USR2
+__tees=()
 if [ -n "${CORRAL_SBATCH_OUTPUT:-}" ]; then
   mkdir -p "$(dirname "$CORRAL_SBATCH_OUTPUT")"
   if [ -z "${CORRAL_SBATCH_ERROR:-}" ] || [ "$CORRAL_SBATCH_ERROR" = "$CORRAL_SBATCH_OUTPUT" ]; then
@@ -42,10 +43,12 @@ if [ -n "${CORRAL_SBATCH_OUTPUT:-}" ]; then
   else
     exec > >(exec tee "$CORRAL_SBATCH_OUTPUT")
   fi
+  __tees+=($!)
 fi
 if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_SBATCH_OUTPUT:-}" ]; then
   mkdir -p "$(dirname "$CORRAL_SBATCH_ERROR")"
   exec 2> >(exec tee "$CORRAL_SBATCH_ERROR" >&2)
+  __tees+=($!)
 fi
 trap - TERM INT HUP QUIT USR1 USR2
 if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
@@ -62,7 +65,8 @@ if [ -n "${CORRAL_SBATCH_EXPORT_NONE:-}" ]; then
 fi
 """
 
-# The script runs in a session of its own and this shell relays what the replica is sent:
+# The script runs in a session of its own and this shell relays what the replica is sent
+# (then gives the tee processes of the output files up to 2 s to write the last lines):
 # a stop to the script's whole process group (its steps and children), the --signal=B:…
 # warning to the script alone, a --signal warning without B: to the group (where only the
 # steps, started by srun, listen for it).
@@ -73,5 +77,13 @@ if [ -n "${CORRAL_SBATCH_BATCH_SIGNAL:-}" ]; then
 fi
 while :; do wait "$__pid"; __rc=$?; kill -0 "$__pid" 2>/dev/null || break; done
 wait "$__pid" 2>/dev/null; __last=$?; [ "$__last" -ne 127 ] && __rc=$__last
+# the output files get the script's last lines before the attempt ends (and its tree with it)
+exec >&- 2>&-
+for __i in $(seq 40); do
+  __alive=""
+  for __tee in "${__tees[@]}"; do kill -0 "$__tee" 2>/dev/null && __alive=1; done
+  [ -z "$__alive" ] && break
+  sleep 0.05
+done
 exit "$__rc"
 """
