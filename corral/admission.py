@@ -81,6 +81,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   alternatives=alternatives_of(t), in_order=t.resources.in_order)
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
+        if partition.name in site.slurm_partitions:
+            continue  # sized for Slurm when it is submitted there; Slurm says whether it can ever run
         # refused only when no alternative can ever run (the reason given is the first one's)
         reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):

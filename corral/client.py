@@ -266,6 +266,9 @@ class Client:
     def events(self, ident: str | int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{ident}/events")
 
+    def partitions(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/partitions")
+
     def nodes(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/nodes")
 

@@ -6,10 +6,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from corral import __version__
+from corral import __version__, web
 from corral.api.deps import ServerState
 from corral.api.errors import Guard
-from corral.api.routes import cluster, jobs, metrics
+from corral.api.routes import cluster, jobs, metrics, usage
 
 
 def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
@@ -33,4 +33,6 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(cluster.router)
     app.include_router(metrics.router)
+    app.include_router(usage.router)
+    web.install(app)  # the dashboard, under /ui/
     return app

@@ -63,6 +63,8 @@ class TaskOut(BaseModel):
     cpus: float
     memory: float
     termination_delay: float
+    min_nodes: int | None = Field(default=None, description="An elastic task's fewest replicas (null when fixed)")
+    max_nodes: int | None = Field(default=None, description="An elastic task's most replicas (null when fixed)")
     alternatives: int = Field(default=1, description="How many resource alternatives the task names")
     endpoint: str | None = Field(default=None, description=(
         "HOST:PORT of the task's service endpoint (balanced over its READY replicas) while the job runs"))
@@ -146,7 +148,9 @@ def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
 
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
+    spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
     return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
+                   min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"),
                    gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
                    termination_delay=task.termination_delay, alternatives=alternatives, alternative=alternative,
                    endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
@@ -189,7 +193,17 @@ class NodeOut(BaseModel):
     free_cpus: float
     free_memory: float
     state: str = Field(default="UP", description="UP, or DOWN: its executor lost it (nothing new is placed there)")
-    infra: str = Field(default="local", description="where its replicas run: local or ray")
+    infra: str = Field(default="local", description="where its replicas run: local, ray or slurm")
+
+
+class PartitionOut(BaseModel):
+    name: str
+    infra: str | None = Field(description="local, ray, slurm (each job becomes one Slurm job), or null: any")
+    slurm_partition: str | None = Field(default=None, description="infra slurm: the Slurm partition its jobs go to")
+    nodes: list[str] = Field(description="node name patterns")
+    max_time: float | None
+    default_time: float | None
+    default: bool = Field(description="jobs that name no partition go here")
 
 
 class ScaleRequest(BaseModel):
@@ -258,3 +272,42 @@ class PriorityOut(BaseModel):
     nice: int
     starving: bool = False  # past the starve limit, its user short of their share: first in line, oldest first
     reason: str
+
+
+class AllocationOut(BaseModel):
+    """What one replica holds now on its node (a row of the dashboard's GPU map)."""
+
+    node: str
+    gpus: list[int]
+    cpus: float
+    memory: float
+    job: int
+    job_name: str
+    user: str
+    account: str
+    replica: str = Field(description="task-rank, e.g. trainer-0")
+    state: str = Field(description="the replica's state (a stopping replica still holds its resources)")
+
+
+class UsageSeriesOut(BaseModel):
+    """One user's or account's use over the window, in the buckets of ``AccountingOut``."""
+
+    key: str
+    jobs: int = Field(description="jobs whose run overlaps the window")
+    gpu_hours: float
+    cpu_hours: float
+    gpu_hours_by_bucket: list[float]
+    cpu_hours_by_bucket: list[float]
+
+
+class AccountingOut(BaseModel):
+    """GPU- and CPU-hours per user or account over a window, bucketed for a chart: like
+    ``corral acct``, a job counts the resources it holds at once times the time its last run
+    spent inside the window (running jobs up to now)."""
+
+    since: datetime
+    until: datetime
+    by: str
+    step: float = Field(description="seconds per bucket")
+    buckets: list[datetime] = Field(description="each bucket's start: the first is since rounded down to a whole step")
+    series: list[UsageSeriesOut] = Field(description="largest GPU-hours first")

@@ -16,6 +16,23 @@ from corral.cli import daemon
 from corral.cli.render import Usage, err, fail, moment, out, states
 from corral.client import TERMINAL, Client, CorralError
 
+
+def _slurm_partition(client, asked: str | None) -> str:  # noqa: ANN001 - a Client
+    """``--slurm``: the partition whose jobs become Slurm jobs (the one named with -p must be one)."""
+    try:
+        parts = client.partitions()
+    except CorralError as exc:
+        fail(exc)
+    slurm = [p["name"] for p in parts if p.get("infra") == "slurm"]
+    if asked is not None and asked not in slurm:
+        raise Usage("--slurm", f"partition {asked!r} does not have infra: slurm"
+                               + (f" (these do: {', '.join(slurm)})" if slurm else ""))
+    if not slurm:
+        raise Usage("--slurm", "this server has no partition with infra: slurm; add one to config.yaml, e.g. "
+                               "partitions: [{name: slurm, infra: slurm}] (its jobs go to Slurm's default partition)")
+    return asked or slurm[0]
+
+
 def launch(args: Namespace) -> None:
     file = Path(args.file)
     env = {}
@@ -51,6 +68,8 @@ def launch(args: Namespace) -> None:
                "hold": args.hold or None}
     scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
+    if getattr(args, "slurm", False):
+        scheduling["partition"] = _slurm_partition(client, args.partition)
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
                                scheduling=scheduling, array=args.array)

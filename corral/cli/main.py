@@ -50,6 +50,8 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="add or override an environment variable of every task (repeatable)")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
+    c.add_argument("--slurm", action="store_true",
+                   help="run the job as one Slurm job: in the site's first partition with infra: slurm")
     c.add_argument("-A", "--account", help="account to charge (default: the first that lists you, else your user name)")
     c.add_argument("-q", "--qos", help="quality of service")
     c.add_argument("-t", "--time-limit", dest="time_limit",
@@ -134,6 +136,12 @@ def build() -> argparse.ArgumentParser:
 
     c = _command(sub, "share", "views:share", "Fair share of every account and user (like sshare).")
     c.add_argument("--json", action="store_true")
+
+    c = _command(sub, "dashboard", "views:dashboard", "Print the web dashboard's address (with --open, open it).",
+                 "Print the address of the web dashboard of the server this command talks to (CORRAL_SERVER, "
+                 "else this CORRAL_HOME's, started if need be). Where the server asks for a token, the page "
+                 "asks for it once, or take it along as ADDRESS#token=TOKEN.")
+    c.add_argument("--open", action="store_true", help="also open it in a web browser")
 
     _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
 

@@ -42,6 +42,7 @@ from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec, TaskRec, alternatives_of, load_records, record_of
+from corral.control.provisioning import ProvisioningMixin
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
 from corral.control.supervisor import AttemptEnded
@@ -75,7 +76,7 @@ def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
                  for n in nodes)
 
 
-class Controller(SchedulingMixin, ServicesMixin):
+class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], site: Site,
                  clock: Callable[[], float] = time.time, write_lock: threading.RLock | None = None):
         self.settings = settings
@@ -556,6 +557,7 @@ class Controller(SchedulingMixin, ServicesMixin):
 
     # -- 5. schedule (the snapshot and preemption live in scheduling.py) -----------------
     def _schedule(self, s: Session, now: float) -> None:
+        waiting = self._provision(s, now)  # jobs still in an engine's own queue (Slurm) are not placed here
         growth = self._growth_requests(now)
         if not self.pending and not growth:
             self.priorities = {}
@@ -572,7 +574,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         if time.monotonic() >= self._priorities_at:
             self._priorities_at = time.monotonic() + CALC_PERIOD_S
             self.priorities = {}
-        snapshot = self.snapshot(growth)
+        snapshot = self.snapshot(growth, waiting)
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry

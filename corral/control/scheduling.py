@@ -10,10 +10,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.control.accounting import Holding
-from corral.control.records import JobRec
+from corral.control.records import JobRec, ReplicaRec
 from corral.scheduler import NodeView, PendingJob, Preemption, RunningJob, Shrinkable, Snapshot
 from corral.scheduler.placement import FreePool
-from corral.scheduler.plan import Reason
+from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import Factors
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
@@ -26,12 +26,13 @@ class SchedulingMixin:
             pool.assume(alloc)
         return pool.views()
 
-    def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
+    def snapshot(self, growth: list[PendingJob] | None = None, waiting: set[int] | None = None) -> Snapshot:
         """The scheduler's input: free resources, pending jobs in queue order (and replicas
         of running jobs waiting for a place), running jobs (what they hold, their expected
         ends, elastic surplus), usage and dependency states."""
         nodes = self.free_views()
-        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values()))
+        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values())
+                                              if not waiting or job.id not in waiting)
         running = tuple(self._running_view(job) for job in list(self.active.values()))
         return Snapshot(nodes, pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)
@@ -85,6 +86,13 @@ class SchedulingMixin:
         jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
         return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
                  assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
+
+    def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
+        """What each replica holds now, with its job; a stopping replica keeps its resources
+        until it has exited (read by API threads: works on copies)."""
+        allocs = dict(self._allocs)
+        return [(job, replica, allocs[replica.id]) for job in list(self.active.values())
+                for replica in list(job.replicas) if replica.id in allocs]
 
     def _holdings(self) -> list[Holding]:
         out = []

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session, selectinload
 
 from corral.scheduler.plan import Reason
@@ -208,6 +208,46 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
 def array_members(session: Session, array_job_id: int) -> list[Job]:
     """Every element of the array named by ``array_job_id``, in index order."""
     return list(session.scalars(select(Job).where(Job.array_job_id == array_job_id).order_by(Job.array_index)))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A job's last run with what it held at once (a pipeline: its largest stage)."""
+
+    user: str
+    account: str
+    started_at: float
+    ended_at: float | None
+    gpus: int
+    cpus: float
+
+
+def runs_between(session: Session, since: float, until: float, *, user: str | None = None,
+                 account: str | None = None, partition: str | None = None) -> list[Run]:
+    """Jobs whose last run overlaps ``[since, until]`` (still running ones too), read as plain
+    columns: an accounting window may span thousands of jobs."""
+    per_gpu, per_cpu = Task.gpus * Task.num_nodes, Task.cpus * Task.num_nodes
+    sizes = (select(Task.job_id, func.sum(per_gpu).label("gpus"), func.max(per_gpu).label("stage_gpus"),
+                    func.sum(per_cpu).label("cpus"), func.max(per_cpu).label("stage_cpus"))
+             .group_by(Task.job_id).subquery())
+    query = (select(Job.user, Job.account, Job.started_at, Job.ended_at, Job.state,
+                    Job.spec["pipeline"].as_boolean().label("pipeline"), sizes.c.gpus, sizes.c.stage_gpus,
+                    sizes.c.cpus, sizes.c.stage_cpus)
+             .join(sizes, sizes.c.job_id == Job.id)
+             .where(Job.started_at.is_not(None), Job.started_at <= until,
+                    (Job.ended_at.is_(None)) | (Job.ended_at >= since)))
+    for column, value in ((Job.user, user), (Job.account, account), (Job.partition, partition)):
+        if value:
+            query = query.where(column == value)
+    runs = []
+    for row in session.execute(query):
+        if row.ended_at is None and row.state in TERMINAL:
+            continue  # ended before it ever started a run: nothing was held
+        pipeline = bool(row.pipeline)
+        runs.append(Run(row.user, row.account or row.user, row.started_at, row.ended_at,
+                        int((row.stage_gpus if pipeline else row.gpus) or 0),
+                        float((row.stage_cpus if pipeline else row.cpus) or 0.0)))
+    return runs
 
 
 def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response
 
 from corral import __version__
 from corral.api.deps import StateDep
-from corral.api.schemas import Health, NodeOut, PriorityOut, ShareOut
+from corral.api.schemas import Health, NodeOut, PartitionOut, PriorityOut, ShareOut
 from corral.scheduler import fairshare
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
@@ -27,6 +27,17 @@ def nodes(state: StateDep):
                     free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN", infra="ray")
             for n in list(controller.down_nodes.values())]
     return up + down
+
+
+@router.get("/partitions", response_model=list[PartitionOut])
+def partitions(state: StateDep):
+    """The site's partitions (config.yaml), the default first."""
+    site = state.site
+    default = site.policy.default_partition.name
+    infra = site.partition_infra
+    return [PartitionOut(name=p.name, infra=infra.get(p.name), slurm_partition=site.slurm_partitions.get(p.name) or None,
+                         nodes=list(p.nodes), max_time=p.max_time, default_time=p.default_time, default=p.name == default)
+            for p in site.policy.partitions]
 
 
 @router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "the control loop keeps failing"}})
