@@ -225,8 +225,8 @@ class Client:
 
     def submit(self, spec: str | os.PathLike | dict[str, Any] | list[dict[str, Any]], *, source: str | None = None,
                base_dir: str | None = None, name: str | None = None, env: dict[str, str] | None = None,
-               scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Submit a job: ``spec`` is YAML text, a path to a YAML file (its directory is where
+               scheduling: dict[str, Any] | None = None, array: str | None = None) -> dict[str, Any]:
+        """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text, a path to a YAML file (its directory is where
         relative workdirs resolve, as with ``corral launch``), or the parsed document (a dict;
         a list of dicts for a job group's documents). ``scheduling`` takes ``partition``,
         ``account``, ``qos``, ``time_limit``, ``nice``, ``dependency``, ``hold``. Returns
@@ -247,7 +247,8 @@ class Client:
             text = spec
         return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "base_dir": base_dir,
                                                          "name": name, "env": env or {},
-                                                         "scheduling": scheduling or {}})
+                                                         "scheduling": scheduling or {},
+                                                         **({"array": array} if array is not None else {})})
 
     def wait(self, ident: str | int, *, states: tuple[str, ...] = TERMINAL, ready: bool = False,
              timeout: float | None = None, interval: float = 0.5) -> dict[str, Any]:
@@ -285,12 +286,14 @@ class Client:
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
              name: str | None = None, limit: int | None = None, account: str | None = None,
              partition: str | None = None, since: str | None = None, until: str | None = None,
-             after: int | None = None) -> list[dict[str, Any]]:
+             after: int | None = None, array: int | None = None) -> list[dict[str, Any]]:
         """Jobs in id order; ``since``/``until`` are ISO 8601 times (``sacct -S/-E``); ``after``
         a cursor (the page of ids above it; ``iter_jobs`` follows the pages)."""
         params: dict[str, Any] = {"all": all}
         if after is not None:
             params["after"] = after
+        if array is not None:
+            params["array"] = array
         for key, value in (("account", account), ("partition", partition), ("since", since), ("until", until)):
             if value:
                 params[key] = value

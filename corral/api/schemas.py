@@ -25,6 +25,9 @@ class SubmitRequest(BaseModel):
     scheduling: dict[str, Any] = Field(default_factory=dict, description=(
         "Overrides job-level scheduling fields: partition, account, qos, nice, priority, dependency, "
         "kill_on_invalid_dep, time_limit"))
+    array: str | None = Field(default=None, max_length=4096, description=(
+        "Submit a job array (Slurm's --array): indices like 0-15, 1,3,5-9:2, with %N to run at most N "
+        "elements at once; one job per index"))
 
 
 class SpecIssueOut(BaseModel):
@@ -96,6 +99,9 @@ class JobOut(BaseModel):
     expected_start: datetime | None = Field(default=None, description=(
         "A pending job's start as its backfill reservation plans it (squeue --start); null when it "
         "has none (it may start at the next pass, or is too far down the queue to be planned)"))
+    array_job_id: int | None = Field(default=None, description="The array this job is an element of (its first element's id)")
+    array_index: int | None = Field(default=None, description="This element's index in its array")
+    array_throttle: int | None = Field(default=None, description="At most this many of the array's elements run at once")
     tasks: list[TaskOut]
 
     @classmethod
@@ -111,7 +117,8 @@ class JobOut(BaseModel):
                    dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
                    if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
                    expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
-                   tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+                   array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
+                   array_throttle=getattr(job, "array_throttle", None), tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
 _LIVE = (JobState.STARTING.value, JobState.RUNNING.value)
@@ -157,6 +164,8 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
 class SubmitResponse(BaseModel):
     job: JobOut
     warnings: list[str]
+    array_size: int | None = Field(default=None, description="For a job array: how many elements were queued "
+                                                             "(``job`` is the first)")
 
 
 class EventOut(BaseModel):
@@ -215,6 +224,8 @@ class CancelResponse(BaseModel):
     id: int
     cancelled: bool
     state: str
+    elements: int | None = Field(default=None, description="For a whole job array: how many elements were asked "
+                                                           "to stop (those not ended yet)")
 
 
 class ActionResponse(BaseModel):

@@ -34,20 +34,13 @@ def _slurm_partition(client, asked: str | None) -> str:  # noqa: ANN001 - a Clie
 
 
 def launch(args: Namespace) -> None:
-    limit = args.time_limit
-    if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
-        limit = f"{limit.strip()}m"
-    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": limit,
-               "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
-               "hold": args.hold or None}
-    scheduling = {k: v for k, v in options.items() if v is not None}
+    file = Path(args.file)
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise Usage("--env", f"{item!r} is not K=V")
         env[key] = value
-    file = Path(args.file)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -56,20 +49,51 @@ def launch(args: Namespace) -> None:
         line = file.read_bytes()[:exc.start].count(b"\n") + 1
         raise Usage("FILE", f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
                             "job files are read as UTF-8") from None
+    from corral.spec.sbatch import is_batch_script
+
+    if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
+        from corral.cli import batch
+        from corral.spec.loader import SpecError
+
+        try:
+            batch.submit(file, text, batch.launch_overrides(args), (), [], env=env, name=None, detach=args.detach)
+        except SpecError as exc:
+            batch._refused(exc)
+        return
+    limit = args.time_limit
+    if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
+        limit = f"{limit.strip()}m"
+    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": limit,
+               "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
+               "hold": args.hold or None}
+    scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
     if getattr(args, "slurm", False):
         scheduling["partition"] = _slurm_partition(client, args.partition)
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
-                               scheduling=scheduling)
+                               scheduling=scheduling, array=args.array)
     except CorralError as exc:
         fail(exc, str(file))
     for warning in result["warnings"]:
         err.print(f"[yellow]warning:[/yellow] {warning}")
     job = result["job"]
+    if result.get("array_size"):
+        from corral.cli.batch import wait_array
+
+        print(job["array_job_id"])
+        if not args.detach:
+            err.print(f"Array {job['array_job_id']} submitted: {result['array_size']} elements. Ctrl-C detaches.")
+            sys.exit(wait_array(client, job["array_job_id"]))
+        return
     if args.detach:
         print(job["id"])
         return
+    follow(client, job)
+
+
+def follow(client: Client, job: dict) -> None:
+    """Stream a submitted job's logs until it ends; exit 0 only if it SUCCEEDED."""
     summary = " ".join(f"{t['name']}:{t['num_nodes']}" for t in job["tasks"])
     err.print(f"Job {job['id']} ({job['name']}) submitted: {summary}. Ctrl-C detaches; the job keeps running.")
     try:

@@ -43,8 +43,8 @@ def build() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     c = _command(sub, "launch", "jobs:launch", "Submit a task or job-group YAML and stream its logs until it ends.",
-                 "Submit FILE (a task or job-group YAML) and stream its logs until it ends; exit 0 only if it "
-                 "SUCCEEDED. While it waits, say why and when it is expected to start. Ctrl-C detaches.")
+                 "Submit FILE (a task or job-group YAML, or a Slurm batch script: a #! line and #SBATCH "
+                 "directives) and stream its logs until it ends; exit 0 only if it SUCCEEDED. While it waits, say why and when it is expected to start. Ctrl-C detaches.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-d", "--detach", action="store_true", help="print the job id and return at once")
     c.add_argument("--name", help="override the job name")
@@ -62,6 +62,10 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--kill-on-invalid-dep", action="store_true",
                    help="cancel the job if its dependency can never be satisfied")
     c.add_argument("-H", "--hold", action="store_true", help="submit held: it waits until `corral release`")
+    c.add_argument("-a", "--array", help="submit a job array: indices like 0-15, 1,3,5-9:2; %%N runs at most N at once")
+
+    _command(sub, "sbatch", "", "Submit a Slurm batch script with sbatch's options (corral sbatch --help).",
+             add_help=False)
 
     c = _command(sub, "queue", "views:queue", "List jobs (pending and running; ended ones with --all).")
     c.add_argument("-a", "--all", action="store_true", help="include ended jobs (the newest 1000; corral acct for more)")
@@ -207,6 +211,11 @@ def main(argv: list[str] | None = None) -> None:
         from corral.cli.sim import sim
 
         sim.main(args=argv[1:], prog_name="corral sim")
+        return
+    if argv[:1] == ["sbatch"]:  # sbatch's own option syntax, read by corral.spec.sbatch
+        from corral.cli.batch import sbatch_main
+
+        sbatch_main(argv[1:])
         return
     args = build().parse_args(argv)
     module, function = args.run.split(":")

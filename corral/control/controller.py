@@ -41,7 +41,7 @@ from corral.control.retention import Housekeeper, Retention
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
-from corral.control.records import JobRec, ReplicaRec, alternatives_of, load_records, record_of
+from corral.control.records import JobRec, ReplicaRec, TaskRec, alternatives_of, load_records, record_of
 from corral.control.provisioning import ProvisioningMixin
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
@@ -49,6 +49,7 @@ from corral.control.supervisor import AttemptEnded
 from corral import executors as executor_registry
 from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, Observed
 from corral.pool import NodeSpec
+from corral.runtime import slurmjob
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
 from corral.scheduler.applier import apply_starts
@@ -828,12 +829,28 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        if task.service.sbatch is not None and task.service.sbatch.role == "batch":
+            env.update(self._batch_env(job, task, replica, executor.name))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
                       cwd=None if repo else workdir, repo=repo)
+
+    def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec, infra: str) -> dict[str, str]:
+        """A Slurm batch script's variables and its nodes (``corral.runtime.slurmjob``): its own
+        node first, then those the job's other replicas hold."""
+        holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
+        nodes = tuple(slurmjob.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)
+        ctx = slurmjob.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
+                                    job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
+                                    str(task.spec.get("workdir") or task.service.sbatch.submit_dir))
+        shims = None
+        if infra not in slurmjob.SLURM_EXECUTORS:
+            shims = slurmjob.ensure_shims(self.settings.runtime_dir / "slurm-bin")
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        return slurmjob.batch_env(task.service.sbatch, ctx, infra, shims, keep)
 
     def _release_job(self, job: JobRec) -> None:
         """The job ended: engines give back its reservations and drop its runtime files."""

@@ -114,7 +114,14 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
     preempting = policy.preemption and bool(running) and _tiered(policy)
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
+    arrays: dict[int, int] = {}  # array id -> its elements running (a %N throttle caps them)
+    for r in snapshot.running:
+        if r.array_id is not None:
+            arrays[r.array_id] = arrays.get(r.array_id, 0) + 1
     for position, job in enumerate(ready):
+        if job.array is not None and arrays.get(job.array[0], 0) >= job.array[1]:
+            plan.reasons[job.id] = Reason.ARRAY_LIMIT
+            continue
         if len(plan.starts) >= policy.max_starts_per_cycle or (book and examined >= policy.max_backfill_jobs):
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position:]), Reason.PRIORITY))
             break
@@ -140,6 +147,8 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
                 book.started(allocations)
                 tally.start(candidate)
                 plan.starts.append(Start(job.id, allocations, choice if len(variants) > 1 else ()))
+                if job.array is not None:
+                    arrays[job.array[0]] = arrays.get(job.array[0], 0) + 1
                 timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
                 started = True
                 break

@@ -47,6 +47,11 @@ class NewJob:
     account: str = ""
     qos: str = ""
     time_limit: float | None = None
+    # an element of a job array: its index, the array's throttle, and whether it is the
+    # array's first element (the elements of one array are consecutive in a batch)
+    array_index: int | None = None
+    array_throttle: int | None = None
+    array_head: bool = False
 
 
 _INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
@@ -69,9 +74,19 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
             time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
             dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
             kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
-            requeue_requested_at=None))
+            requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
+            array_throttle=item.array_throttle))
     for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
         job.id = new_id
+    head = None
+    for job, item in zip(jobs, new):  # an array is named by its first element's id, known only now
+        if item.array_index is not None:
+            head = job.id if item.array_head or head is None else head
+            job.array_job_id = head
+    members = [{"job_id": j.id, "array": j.array_job_id} for j in jobs if j.array_job_id is not None]
+    if members:
+        conn.execute(update(_JOBS).where(_JOBS.c.id == bindparam("job_id")).values(array_job_id=bindparam("array")),
+                     members)
     tasks, replicas = [], []
     for job, item in zip(jobs, new):
         spec = item.spec
@@ -130,8 +145,13 @@ def load_job(session: Session, job_id: int) -> Job | None:
 
 
 def find_job(session: Session, ident: str, user: str | None = None) -> Job | None:
-    """A job by id, or by name: ``user``'s newest job of that name (names are per user), else
-    anyone's newest."""
+    """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
+    that name (names are per user), else anyone's newest."""
+    array, sep, index = ident.partition("_")
+    if sep and array.isascii() and array.isdigit() and index.isascii() and index.isdigit() and len(ident) < 40:
+        job_id = session.scalars(select(Job.id).where(Job.array_job_id == int(array),
+                                                      Job.array_index == int(index))).first()
+        return load_job(session, job_id) if job_id is not None else None
     if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
         return load_job(session, int(ident)) if int(ident) < 2**63 else None
     if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
@@ -148,7 +168,7 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
 def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable[str] = (),
               user: str | None = None, name: str | None = None, limit: int = 1000, account: str | None = None,
               partition: str | None = None, since: float | None = None, until: float | None = None,
-              after: int | None = None) -> list[Job]:
+              after: int | None = None, array: int | None = None) -> list[Job]:
     """Jobs in id order. ``since``/``until`` keep those alive at some moment of that window
     (submitted by its end, not ended before its start), as ``sacct -S/-E`` does; ``after`` is
     a cursor: the page of ids above it (else, with ended jobs, the newest ``limit``)."""
@@ -176,11 +196,18 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
         query = query.where((Job.ended_at.is_(None)) | (Job.ended_at >= since))
     if after is not None:
         query = query.where(Job.id > after)
+    if array is not None:
+        query = query.where(Job.array_job_id == array)
     if include_ended and not states and after is None:
         # newest ended jobs first when the history is long, then back to id order
         return sorted(session.scalars(query.order_by(None).order_by(Job.id.desc()).limit(limit)).all(),
                       key=lambda j: j.id)
     return list(session.scalars(query.limit(limit)).all())
+
+
+def array_members(session: Session, array_job_id: int) -> list[Job]:
+    """Every element of the array named by ``array_job_id``, in index order."""
+    return list(session.scalars(select(Job).where(Job.array_job_id == array_job_id).order_by(Job.array_index)))
 
 
 @dataclass(frozen=True)

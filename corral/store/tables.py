@@ -50,6 +50,11 @@ class Job(Base):
     # A requeue asked for (by a user, or a node's loss): kept until the job is pending again, so a
     # server restart while its replicas stop still requeues it instead of ending it.
     requeue_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A job array's element: the array is named by its first element's id (Slurm's
+    # SLURM_ARRAY_JOB_ID); ``array_throttle`` caps how many of its elements run at once.
+    array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_throttle: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import IdentityDep, SessionDep, StateDep
+from corral.api.deps import IdentityDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.routes.jobs import moment
 from corral.api.schemas import AuditOut, TokenCreated, TokenOut, TokenRequest, WhoAmI, ts

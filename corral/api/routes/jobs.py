@@ -22,6 +22,7 @@ from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
+from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
@@ -83,7 +84,12 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
     named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
-    known = await run_in_threadpool(_existing, state, named) if named else set()
+    known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
+    if arrays:  # a dependency on a job array is on every element of it, as in Slurm
+        dependency = tuple((kind, tuple(dict.fromkeys(x for i in ids for x in arrays.get(i, (i,)))))
+                           for kind, ids in spec.scheduling.dependency)
+        spec = spec.model_copy(update={"scheduling": spec.scheduling.model_copy(update={"dependency": dependency})})
+        known |= {i for members in arrays.values() for i in members}
     admitted = admit(spec, user, state.site, known.__contains__, any_account=who.role is Role.admin)
     if isinstance(admitted, Refusal) and admitted.forbidden:
         state.auditor.record(who, "submit", None, "refused", admitted.message)
@@ -92,9 +98,21 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
                 {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
-    stored = state.intake.submit(NewJob(spec, user, admitted.partition, admitted.account, admitted.qos,
-                                        admitted.time_limit))
-    stored = await asyncio.wrap_future(stored)
+    if body.array is not None:
+        try:
+            array = parse_array(body.array)
+        except ValueError as exc:
+            return JSONResponse(status_code=422, content={"detail": {
+                "message": f"{source} is not a valid job", "errors": [
+                    {"document": "options", "field": "array", "line": None, "message": str(exc)}]}})
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
+                           array_index=index, array_throttle=array.throttle, array_head=i == 0)
+                    for i, index in enumerate(array.indices)]
+    else:
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
+    stored = await asyncio.wrap_future(state.intake.submit(*elements))
+    if isinstance(stored, list):
+        stored = stored[0]
     if isinstance(stored, Clash):
         return JSONResponse(status_code=409, content={"detail": (
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
@@ -107,7 +125,8 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         fixed = spec.scheduling.priority
         state.auditor.record(who, "priority", f"job {job.id}", detail=", ".join(
             ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"]))
-    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings,
+                          array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
@@ -125,9 +144,15 @@ def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None
         raise
 
 
-def _existing(state, ids: list[int]) -> set[int]:
+def _existing(state, ids: list[int]) -> tuple[set[int], dict[int, tuple[int, ...]]]:
+    """Which of ``ids`` are jobs, and the elements of those that name a job array."""
     with state.sessions() as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        known = set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        arrays: dict[int, list[int]] = {}
+        for head, member in session.execute(select(Job.array_job_id, Job.id).where(Job.array_job_id.in_(ids))
+                                            .order_by(Job.id)):
+            arrays.setdefault(head, []).append(member)
+        return known, {head: tuple(members) for head, members in arrays.items()}
 
 
 def moment(name: str, value: str | None) -> float | None:
@@ -146,6 +171,7 @@ def moment(name: str, value: str | None) -> float | None:
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
+              array: Annotated[int | None, Query(ge=0, lt=2**63, description="Only the elements of this job array")] = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
@@ -162,7 +188,8 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
                                 f"{', '.join(JobState.__members__)}", "enum")
     window = [moment(name, value) for name, value in (("since", since), ("until", until))]
     jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit,
-                                account=account, partition=partition, since=window[0], until=window[1], after=after)
+                                account=account, partition=partition, since=window[0], until=window[1], after=after,
+                                array=array)
     if len(jobs) == limit:
         response.headers["X-Next-After"] = str(jobs[-1].id)
     expected = dict(state_.controller.expected_starts)
@@ -177,14 +204,20 @@ def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
 def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
+    """Cancel a job; an array's id (its first element's) cancels every element, and
+    ``ARRAYID_INDEX`` one element, as ``scancel`` does."""
     found = _acting_on(session, job, who, state, "cancel")
+    whole = found.array_job_id == found.id and "_" not in job
+    targets = repository.array_members(session, found.id) if whole else [found]
     with state.controller.write_lock:
-        changed = repository.request_cancel(session, found, clock(), who.user)
+        changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
         session.commit()
-    state.auditor.record(who, "cancel", f"job {found.id}", detail=None if changed else "already ended or cancelling")
-    if changed:
-        state.controller.cancel_requested(found.id)
-    return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+    state.auditor.record(who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
+                         detail=None if changed else "already ended or cancelling")
+    for job_id in changed:
+        state.controller.cancel_requested(job_id)
+    return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
+                          elements=len(changed) if whole else None)
 
 
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query
 from corral.api.deps import ClockDep, SessionDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.histogram import MAX_BUCKETS, grid, spread, step_for
-from corral.api.routes.jobs import _moment as moment
+from corral.api.routes.jobs import moment
 from corral.api.schemas import AccountingOut, AllocationOut, UsageSeriesOut, ts
 from corral.spec.models import shown
 from corral.store import repository
