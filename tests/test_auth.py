@@ -414,7 +414,7 @@ def test_secrets_stay_out_of_answers_events_and_the_server_log(served, tmp_path:
     job = server.admin.submit(text)["job"]
     assert server.admin.wait(job["id"], timeout=30)["state"] == "SUCCEEDED"
     assert seen.read_text().strip() == "ok"  # the replica has it
-    flags = server.admin.submit("name: flagged\nsecrets: {{TOKEN: null}}\nrun: 'true'\n", env={"TOKEN": secret})["job"]
+    flags = server.admin.submit("name: flagged\nsecrets: {TOKEN: null}\nrun: 'true'\n", env={"TOKEN": secret})["job"]
     server.admin.wait(flags["id"], timeout=30)
     bad = httpx.post(server.url + "/v1/jobs", headers=_bearer(server.admin),
                      json={"yaml": f"name: bad\nsecrets: {{API_KEY: {secret}}}\nrun: 'true'\nnum_nodes: -1\n"})
