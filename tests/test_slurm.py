@@ -264,8 +264,8 @@ corral server start
 for i in 1 2 3 4; do
   until corral status $i --json | python3 -c "import json,sys; sys.exit(json.load(sys.stdin)['state'] not in ('SUCCEEDED','FAILED','CANCELLED'))"; do sleep 0.5; done
 done
-corral queue -a --json > {out}
 corral nodes > {nodes}
+corral queue -a --json > {out}.part && mv {out}.part {out}
 corral server stop
 """
 
@@ -300,3 +300,57 @@ def test_corral_server_inside_an_sbatch_allocation(tmp_path):
     assert (tmp_path / "slow").read_text().split() == ["start", "end"]  # adopted, not started twice
     table = nodes.read_text()
     assert "slurm" in table and table.count("\tUP\t") == 2
+
+
+CORPUS = Path(__file__).parent / "data" / "sbatch"
+
+
+@pytest.fixture
+def corpus(slurm_home, tmp_path):
+    """The sbatch corpus (tests/data/sbatch) copied to a work directory the nodes share."""
+    import shutil
+
+    work = tmp_path / "work"
+    shutil.copytree(CORPUS, work)
+
+    def launch(script: str, *options: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "corral.cli.main", "launch", "--slurm", *options, script],
+                              env=slurm_home.env, cwd=work, capture_output=True, text=True, timeout=120)
+    launch.work, launch.corral = work, slurm_home
+    return launch
+
+
+def test_sbatch_scripts_run_unchanged_on_slurm(corpus):
+    # a multi-node script's srun spans the job's nodes with Slurm's own srun and variables
+    proc = corpus("multi_srun.sbatch")
+    lines = (corpus.work / "multi.tasks").read_text().splitlines()
+    assert len(lines) == 4, proc.stdout + proc.stderr
+    tasks = [dict(w.split("=") for w in line.split(": ", 1)[1].split()) for line in lines]
+    assert sorted(t["rank"] for t in tasks) == ["0", "1", "2", "3"]
+    assert {t["ntasks"] for t in tasks} == {"4"}
+    hosts = {t["host"] for t in tasks}
+    assert len(hosts) == 2 and hosts <= {"gpu001", "gpu002", "gpu003", "gpu004"}
+    for t in tasks:  # Slurm bound one GPU per task (--gpus-per-task=1)
+        assert len(t["gpus"].split(",")) == 1 and t["node"] == str(int(t["rank"]) // 2)
+    last = (corpus.work / "multi.last").read_text().splitlines()
+    assert last[0].split()[0] in hosts and last[1] == "srun exit 4"  # srun's exit code: the highest task's
+    assert proc.returncode == 0  # the script itself ended 0
+
+    # the OpenRLHF/veRL launcher shape: a Ray head on the first node, workers on the others
+    proc = corpus("ray_cluster.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    joined = (corpus.work / "ray.status").read_text().splitlines()
+    assert len(joined) == 3 and len({line.split()[0] for line in joined}) == 3
+    assert "driver done" in proc.stdout
+
+
+def test_sbatch_array_on_slurm_keeps_its_throttle(corpus):
+    proc = corpus("array.sbatch")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    spans = []
+    for index in range(6):
+        array_id, task, _, start, end = (corpus.work / f"sweep.{index}").read_text().split()
+        assert task == str(index)
+        spans.append((float(start), float(end)))
+    for start, _ in spans:  # %2: never more than two elements at once
+        assert sum(1 for s, e in spans if s <= start < e) <= 2

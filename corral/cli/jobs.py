@@ -51,6 +51,8 @@ def launch(args: Namespace) -> None:
                             "job files are read as UTF-8") from None
     from corral.spec.sbatch import is_batch_script
 
+    if getattr(args, "slurm", False):
+        args.partition = _slurm_partition(daemon.client(), args.partition)
     if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
         from corral.cli import batch
         from corral.spec.loader import SpecError
@@ -68,8 +70,6 @@ def launch(args: Namespace) -> None:
                "hold": args.hold or None}
     scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
-    if getattr(args, "slurm", False):
-        scheduling["partition"] = _slurm_partition(client, args.partition)
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
                                scheduling=scheduling, array=args.array)

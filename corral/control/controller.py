@@ -107,6 +107,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         self.pending: dict[int, JobRec] = {}  # queue order = id order
         self.active: dict[int, JobRec] = {}  # STARTING or RUNNING
         self._reasons: dict[int, str] = {}
+        self._engine_waiting: set[int] = set()  # pending jobs whose Slurm allocation does not run yet
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
         self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
         self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
@@ -313,6 +314,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                     log.exception("evaluating job %s failed; failing it", job_id)
                     self._quarantine(job, exc, now)
             self._schedule(s, now)
+            self._provision(s, now)  # 5a. jobs that wait for an engine's allocation (Slurm) ask for it
             self._commit(s)  # STARTING is durable before any process exists
             self._forget_ended()  # ends are durable too: an engine may free what they held
             self._launch_ready(now)
@@ -566,7 +568,6 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
 
     # -- 5. schedule (the snapshot and preemption live in scheduling.py) -----------------
     def _schedule(self, s: Session, now: float) -> None:
-        waiting = self._provision(s, now)  # jobs still in an engine's own queue (Slurm) are not placed here
         growth = self._growth_requests(now)
         if not self.pending and not growth:
             self.priorities = {}
@@ -583,7 +584,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         if time.monotonic() >= self._priorities_at:
             self._priorities_at = time.monotonic() + CALC_PERIOD_S
             self.priorities = {}
-        snapshot = self.snapshot(growth, waiting)
+        snapshot = self.snapshot(growth)
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry
@@ -626,8 +627,8 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                 for replica in job.replicas:
                     self._replica_to(replica, ReplicaState.KILLED, "dependency", now, ended_at=now)
         for job_id, reason in plan.reasons.items():
-            if job_id in plan.cancels or job_id < 0:
-                continue
+            if job_id in plan.cancels or job_id < 0 or job_id in self._engine_waiting:
+                continue  # (a job waiting in Slurm's queue shows Slurm's reason)
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value
                 self.journal.job(job_id, reason=reason.value)

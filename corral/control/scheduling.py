@@ -26,13 +26,12 @@ class SchedulingMixin:
             pool.assume(alloc)
         return pool.views()
 
-    def snapshot(self, growth: list[PendingJob] | None = None, waiting: set[int] | None = None) -> Snapshot:
+    def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
         """The scheduler's input: free resources, pending jobs in queue order (and replicas
         of running jobs waiting for a place), running jobs (what they hold, their expected
         ends, elastic surplus), usage and dependency states."""
         nodes = self.free_views()
-        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values())
-                                              if not waiting or job.id not in waiting)
+        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values()))
         running = tuple(self._running_view(job) for job in list(self.active.values()))
         return Snapshot(nodes, pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)

@@ -29,6 +29,7 @@ class Replica:
     gpus: int
     cpus: float
     memory: float  # GB
+    alone: bool = False  # shares its node with no other ``alone`` replica (sbatch --nodes=N)
 
 
 @dataclass(frozen=True)
@@ -56,22 +57,25 @@ def pack(replicas: list[Replica], node: NodeKind) -> Shape:
     no node of the partition can ever hold."""
     bins: list[list[float]] = []  # [gpus, cpus, memory MB] used per node
     # a job step holds whole CPUs: a replica asking for half a CPU takes one
-    replicas = [Replica(r.gpus, max(1, math.ceil(r.cpus - 1e-9)), r.memory) for r in replicas]
-    for r in sorted(replicas, key=lambda r: (-r.gpus, -r.cpus, -r.memory)):
+    replicas = [Replica(r.gpus, max(1, math.ceil(r.cpus - 1e-9)), r.memory, r.alone) for r in replicas]
+    taken: list[bool] = []  # whether a node holds an ``alone`` replica
+    for r in sorted(replicas, key=lambda r: (-r.alone, -r.gpus, -r.cpus, -r.memory)):
         mem = r.memory * 1024
         if r.gpus > node.gpus or r.cpus > node.cpus or (node.memory_mb and mem > node.memory_mb):
             raise ValueError(f"a replica asking for {r.gpus} GPUs, {r.cpus:g} CPUs and {r.memory:g} GB does not fit a "
                              f"node of the Slurm partition ({node.gpus} GPUs, {node.cpus} CPUs, "
                              f"{node.memory_mb / 1024:g} GB)")
-        for used in bins:
+        for i, used in enumerate(bins):
             if (used[0] + r.gpus <= node.gpus and used[1] + r.cpus <= node.cpus
-                    and (not node.memory_mb or used[2] + mem <= node.memory_mb)):
+                    and (not node.memory_mb or used[2] + mem <= node.memory_mb) and not (r.alone and taken[i])):
                 used[0] += r.gpus
                 used[1] += r.cpus
                 used[2] += mem
+                taken[i] = taken[i] or r.alone
                 break
         else:
             bins.append([r.gpus, r.cpus, mem])
+            taken.append(r.alone)
     if not bins:
         raise ValueError("the job has no replicas")
     return Shape(len(bins), int(max(b[0] for b in bins)), max(1, math.ceil(max(b[1] for b in bins) - 1e-9)),
@@ -91,8 +95,12 @@ def job_of(name: str, scope: str) -> int | None:
 
 
 def sbatch_args(shape: Shape, name: str, time_limit_s: float | None, grace_s: float, partition: str | None,
-                account: str | None, qos: str | None, gpu_type: str | None, output: str) -> list[str]:
-    argv = [f"--job-name={name}", f"--nodes={shape.nodes}", "--ntasks-per-node=1",
+                account: str | None, qos: str | None, gpu_type: str | None, output: str,
+                exclusive: bool = False, constraint: str | None = None) -> list[str]:
+    argv = ["--exclusive"] if exclusive else []
+    if constraint:
+        argv.append(f"--constraint={constraint}")
+    argv += [f"--job-name={name}", f"--nodes={shape.nodes}", "--ntasks-per-node=1",
             f"--cpus-per-task={shape.cpus}", "--requeue", f"--output={output}", "--open-mode=append"]
     if shape.gpus:
         argv.append(f"--gres=gpu:{gpu_type + ':' if gpu_type else ''}{shape.gpus}")

@@ -29,6 +29,7 @@ an attempt with neither a step, an ``srun`` alive nor a trace never started."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -47,6 +48,7 @@ from corral.executors import slurmjob
 from corral.executors.slurmcli import JobInfo, SlurmCli, SlurmError
 from corral.pool import NodeSpec
 from corral.runtime.discovery import RESOLVER_DIR
+from corral.runtime.slurmjob import hostlist
 
 log = logging.getLogger("corral.srun")
 
@@ -151,7 +153,7 @@ class SrunExecutor(EventStream):
 
     def provision(self, job_id: int, replicas: list[slurmjob.Replica], gpu_type: str | None,
                   time_limit: float | None, grace: float, partition: str | None, account: str | None,
-                  qos: str | None) -> str | None:
+                  qos: str | None, exclusive: bool = False, constraint: str | None = None) -> str | None:
         """Make sure the job has its Slurm allocation: submitted once (never twice: an
         allocation is found again by name), None once it runs and its nodes are in the pool,
         else Slurm's reason it waits. Raises SlurmError when Slurm refuses the job."""
@@ -166,7 +168,7 @@ class SrunExecutor(EventStream):
             output = self.logs_dir / str(job_id) / "slurm-%j.out"
             output.parent.mkdir(parents=True, exist_ok=True)
             argv = slurmjob.sbatch_args(shape, slurmjob.job_name(self.scope, job_id), time_limit, grace, partition,
-                                        account, qos, gpu_type, str(output))
+                                        account, qos, gpu_type, str(output), exclusive, constraint)
             slurm_id = self.cli.submit(argv, slurmjob.HOLD_SCRIPT)
             log.info("job %s: Slurm job %s asks for %s", job_id, slurm_id, shape)
             self.track(slurm_id, job_id)
@@ -354,6 +356,7 @@ class SrunExecutor(EventStream):
                                           "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
+        wrapper = self._batch_layout(env) + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
@@ -377,6 +380,23 @@ class SrunExecutor(EventStream):
             self._live[launch.key] = attempt
         return {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
                 "started_at": started}
+
+    def _batch_layout(self, env: dict[str, str]) -> list[str]:
+        """A Slurm batch script's replica: inside its step, the job's layout replaces the step's
+        (all the job's hosts, its task counts), and the script's own srun steps overlap the
+        steps holding the job's nodes (``SLURM_OVERLAP``), as they would in a batch step."""
+        layout = json.loads(env.pop("CORRAL_SLURM_LAYOUT", "") or "{}")
+        if not layout:
+            return []
+        nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
+        hosts = [self._where(n)[1] for n in nodes]
+        if hosts:
+            layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
+        layout["SLURM_OVERLAP"] = "1"
+        unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+                 "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
+                 "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
+        return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
         self._refresh()

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from corral.spec.batchstep import BatchStep
 
-SLURM_EXECUTORS = frozenset({"slurm", "srun"})  # where the real srun and scontrol are on PATH
+SLURM_EXECUTORS = frozenset({"slurm", "srun"})
+# the batch step's variables that describe the job's shape (not its identity), set over the
+# step's own on a real Slurm
+LAYOUT = frozenset({"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
+                    "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK",
+                    "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR",
+                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"})  # where the real srun and scontrol are on PATH
 NO_ARRAY_INDEX = "4294967294"  # what Slurm puts in %a for a job that is not an array element
 
 
@@ -164,9 +170,14 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
         env["CORRAL_SBATCH_EXPORT_NONE"] = "1"
         env["CORRAL_SBATCH_KEEP"] = " ".join(keep)
     if infra in SLURM_EXECUTORS:
-        # Inside a real allocation Slurm sets its own variables for the step, and the real srun
-        # reads them (SLURM_JOB_ID names the allocation): corral's must not shadow them.
-        return {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        # Inside a real allocation Slurm sets the step's own variables (one node, one task), and
+        # the real srun reads them; the srun executor sets the job's layout over them in the step
+        # (CORRAL_SLURM_LAYOUT, node names mapped to Slurm's hosts) so the script's srun spans the
+        # job. Who and where the job is (its id, partition, account) stay Slurm's.
+        layout = {k: v for k, v in env.items() if k in LAYOUT}
+        out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        out["CORRAL_SLURM_LAYOUT"] = json.dumps(layout)
+        return out
     if shims is not None:
         env["CORRAL_SLURM_SHIMS"] = str(shims)
     return env
