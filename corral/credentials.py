@@ -22,7 +22,7 @@ def local_token_path(home: Path) -> Path:
     return home / LOCAL_TOKEN_FILE
 
 
-def _write_private(path: Path, text: str) -> None:
+def write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable by its owner only, atomically: the file is created
     0600 (never briefly wider) and renamed over the old one."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -39,7 +39,7 @@ def _write_private(path: Path, text: str) -> None:
 def write_local_token(home: Path) -> str:
     """A new local token for a server of ``home``, written for its owner alone."""
     token = "corral_local_" + secrets.token_urlsafe(32)  # 256 random bits
-    _write_private(local_token_path(home), token + "\n")
+    write_private(local_token_path(home), token + "\n")
     return token
 
 
@@ -138,7 +138,7 @@ class SavedLogins:
         data = self._load()
         data["servers"][_normal(url)] = {"token": token, **({"ca_bundle": ca_bundle} if ca_bundle else {})}
         data["default"] = _normal(url)
-        _write_private(self.path, json.dumps(data, indent=2) + "\n")
+        write_private(self.path, json.dumps(data, indent=2) + "\n")
 
     def remove(self, url: str | None = None) -> str | None:
         """Forget ``url`` (default: the default server); the URL forgotten, or None."""
@@ -149,5 +149,5 @@ class SavedLogins:
         del data["servers"][url]
         if data.get("default") == url:
             data["default"] = next(iter(data["servers"]), None)
-        _write_private(self.path, json.dumps(data, indent=2) + "\n")
+        write_private(self.path, json.dumps(data, indent=2) + "\n")
         return url

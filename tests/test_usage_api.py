@@ -1,7 +1,7 @@
 """The read-only routes behind the dashboard's GPU map and accounting chart, over the real
 HTTP API with a real control loop: ``/v1/allocations`` (which replica holds which GPU) and
-``/v1/accounting`` (GPU- and CPU-hours per user or account, bucketed), and the pure
-bucketing they use."""
+``/v1/accounting`` (GPU- and CPU-hours per user or account, bucketed), who may read them, and
+the pure bucketing they use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from conftest import wait_for
+from conftest import bearer, wait_for
 
 from corral.api.histogram import grid, spread, step_for
 from corral.store.repository import Run
@@ -57,15 +57,48 @@ def test_allocations_name_the_job_and_replica_holding_each_gpu(server) -> None:
     wait_for(lambda: server.get("/v1/allocations").json() == [])
 
 
+def test_a_user_and_a_viewer_read_the_whole_gpu_map_and_accounting_an_anonymous_caller_nothing(server) -> None:
+    """docs/security.md gives a user and a viewer the queue, nodes, fair share and every job's
+    status: the GPU map and the accounting show nothing those do not (each replica's node and
+    GPUs are in its job; GPU-hours are the job list's times), so they read them whole, others'
+    jobs included. Neither route changes anything; without a token both answer 401."""
+    job = server.post("/v1/jobs", json={"yaml": f"name: held\nresources: {{accelerators: H100:2}}\nrun: {RUNS}\n"}).json()["job"]
+    running = wait_for(lambda: (j := server.get(f"/v1/jobs/{job['id']}").json())["state"] == "RUNNING" and j)
+    time.sleep(0.3)
+    window = {"since": running["started_at"], "until": iso(time.time()), "step": 60}  # ended: the same for every caller
+    seen = {"alice": (server.get("/v1/allocations").json(), server.get("/v1/accounting", params=window).json())}
+    assert [(a["user"], a["job"], a["gpus"]) for a in seen["alice"][0]] == \
+        [("alice", job["id"], running["tasks"][0]["replicas"][0]["gpus"])]
+    assert [(s["key"], s["jobs"]) for s in seen["alice"][1]["series"]] == [("alice", 1)]
+    for user, role in (("dave", "user"), ("vic", "viewer")):
+        headers = bearer(server.state, user, role)
+        assert server.get("/v1/whoami", headers=headers).json()["role"] == role
+        allocations = server.get("/v1/allocations", headers=headers)
+        accounting = server.get("/v1/accounting", params=window, headers=headers)
+        assert (allocations.status_code, accounting.status_code) == (200, 200), (allocations.text, accounting.text)
+        assert (allocations.json(), accounting.json()) == seen["alice"], role
+        assert server.get(f"/v1/jobs/{job['id']}", headers=headers).json()["tasks"][0]["replicas"][0]["gpus"] == \
+            seen["alice"][0][0]["gpus"]  # what the map shows, the job's status already does
+    refused = server.post(f"/v1/jobs/{job['id']}/cancel", headers=headers)  # the viewer's: reading is all
+    assert refused.status_code == 403
+    assert refused.json()["detail"] == (f"cancelling another user's job (job {job['id']}, alice's) needs the operator "
+                                        "role (you are vic, a viewer)")
+    for path in ("/v1/allocations", "/v1/accounting"):
+        anonymous = server.get(path, headers={"Authorization": ""})
+        assert anonymous.status_code == 401 and "needs a token" in anonymous.json()["detail"]
+        assert anonymous.headers["WWW-Authenticate"].startswith("Bearer")
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+
+
 def test_accounting_matches_the_jobs_times(server) -> None:
     before = time.time() - 1
     gpu = server.post("/v1/jobs", json={"yaml": "name: gpu\nresources: {accelerators: H100:2, cpus: 1}\nrun: sleep 0.6\n"}).json()["job"]
     cpu = server.post("/v1/jobs", json={"yaml": "name: cpu\nresources: {cpus: 2}\nrun: sleep 0.3\n"},
-                      headers={"X-Corral-User": "bob"}).json()["job"]
+                      headers=bearer(server.state, "bob")).json()["job"]
     # A pipeline holds one stage at a time: its largest counts, not their sum.
     stages = server.post("/v1/jobs", json={"yaml": "name: stages\n---\nresources: {accelerators: H100:1}\nrun: sleep 0.2\n"
                                                    "---\nresources: {accelerators: H100:3}\nrun: sleep 0.2\n"},
-                         headers={"X-Corral-User": "carol"}).json()["job"]
+                         headers=bearer(server.state, "carol")).json()["job"]
     for job in (gpu, cpu, stages):
         wait_for(lambda: server.get(f"/v1/jobs/{job['id']}").json()["state"] == "SUCCEEDED")
     ran = {j["name"]: j for j in (server.get(f"/v1/jobs/{job['id']}").json() for job in (gpu, cpu, stages))}

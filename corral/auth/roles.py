@@ -4,7 +4,7 @@ the role an action needs and the caller's own, so a person knows whom to ask.
 
     admin     everything: tokens, the audit trail, any job
     operator  any job: cancel, hold, release, requeue, scale, priority and negative nice
-    user      submit; their own jobs; read the queue, nodes, fair share and priority
+    user      submit; their own jobs; read the queue, nodes and GPU map, fair share, priority, usage
     viewer    read only: what a user may read, nothing they may change
 
 The server's owner, through the local token, is admin. A token made without ``--role`` follows

@@ -145,11 +145,14 @@ def build() -> argparse.ArgumentParser:
     c = _command(sub, "share", "views:share", "Fair share of every account and user (like sshare).")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "dashboard", "views:dashboard", "Print the web dashboard's address (with --open, open it).",
+    c = _command(sub, "dashboard", "dashboard:dashboard", "Print the web dashboard's address, signed in (with --open, open it).",
                  "Print the address of the web dashboard of the server this command talks to (CORRAL_SERVER, "
-                 "else this CORRAL_HOME's, started if need be). Where the server asks for a token, the page "
-                 "asks for it once, or take it along as ADDRESS#token=TOKEN.")
-    c.add_argument("--open", action="store_true", help="also open it in a web browser")
+                 "else the last `corral login`, else this CORRAL_HOME's, started if need be), with this "
+                 "command's token in its fragment (ADDRESS#token=TOKEN): the page signs in with it and drops it "
+                 "from the address bar. The address is a credential: do not share it.")
+    c.add_argument("--open", action="store_true", help=(
+        "also open it in a web browser, through a private local file (CORRAL_HOME/dashboard.html) that redirects "
+        "to it, so the token is not on the browser's command line"))
 
     _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
 

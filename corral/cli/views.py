@@ -11,7 +11,7 @@ from argparse import Namespace
 from datetime import datetime, timedelta, timezone
 
 from corral.cli import daemon
-from corral.cli.render import Column, Usage, err, fail, moment, out, print_json, states, table
+from corral.cli.render import Column, Usage, fail, moment, out, print_json, states, table
 from corral.client import TERMINAL, CorralError
 
 def _age(iso: str | None, until: str | None = None) -> str:
@@ -265,20 +265,3 @@ def events(args: Namespace) -> None:
           [[when(e["ts"]), e["subject"], f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else "",
             e["cause"], e["message"] or ""] for e in data])
 
-
-def dashboard(args: Namespace) -> None:
-    client = daemon.client()
-    try:
-        client.health()
-    except CorralError as exc:
-        if exc.status != 503:  # a failing control loop is just what the dashboard should show
-            fail(exc)
-    url = f"{client.url}/ui/"
-    print(url)
-    if args.open:
-        import webbrowser
-
-        if not webbrowser.open(url):
-            err.print("corral dashboard: no web browser could be started here; open the address above yourself",
-                      markup=False)
-            sys.exit(1)

@@ -1,6 +1,11 @@
 """What the cluster's resources are used by: held right now (each replica's allocation, the
 dashboard's GPU map) and over a time window (GPU- and CPU-hours per user or account,
-bucketed for a chart). Read-only."""
+bucketed for a chart). Read-only.
+
+Every role reads both, whole (docs/security.md: users and viewers read the queue, nodes, fair
+share and any job's status): each replica's node and GPUs are already in its job's status, and
+the GPU-hours are the job list's times summed, which `corral acct` reads from /v1/jobs.
+Narrowing them alone would hide nothing; the authentication the router requires is the rule."""
 
 from __future__ import annotations
 

@@ -111,29 +111,27 @@ export function query(params) {
 }
 
 // --- who the visitor is ----------------------------------------------------------------
-// GET /v1/whoami names the user and role where the server authenticates; a server without
-// it (404) is the embedded one, where the visitor is this machine's trusted local user.
-export const me = { user: null, role: "local" };
+// GET /v1/whoami names the token's user and role (the server's owner, through its local
+// token, is an admin); the buttons follow the role, the server decides in the end.
+export const me = { user: null, role: null, source: null };
 
 export async function whoami() {
-  try {
-    Object.assign(me, await get("v1/whoami"));
-  } catch (error) {
-    if (error.status !== 404) throw error;
-  }
+  Object.assign(me, await get("v1/whoami"));
   const who = document.getElementById("who");
-  who.textContent = me.user ? `${me.user} · ${me.role}` : "local user";
-  who.title = me.user ? `signed in as ${me.user} (role ${me.role})` : "this server trusts its local users";
+  who.textContent = `${me.user} · ${me.role}`;
+  who.title = me.source === "local" ? `${me.user}, the server's owner (local token): ${me.role}`
+    : `signed in as ${me.user} (role ${me.role}, token ${me.token})`;
 }
 
 // Whether the visitor may cancel, hold or scale this job; the server decides in the end (a
 // refusal's sentence is shown), this only spares a button that cannot work.
 export function mayAct(job) {
-  if (["local", "admin", "operator"].includes(me.role)) return true;
+  if (["admin", "operator"].includes(me.role)) return true;
   return me.role === "user" && job.user === me.user;
 }
 
 export function whyNot(job) {
+  if (!me.role) return "The server did not say who you are (GET /v1/whoami failed); reload to try again.";
   if (me.role === "viewer") return "Your role (viewer) may look but not change jobs.";
   if (me.role === "user") return `Only ${job.user} (its owner) or an operator may change this job.`;
   return `Your role (${me.role}) may not change jobs.`;
