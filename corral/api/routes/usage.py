@@ -21,7 +21,7 @@ from corral.api.schemas import AccountingOut, AllocationOut, UsageSeriesOut, ts
 from corral.spec.models import shown
 from corral.store import repository
 
-router = APIRouter(prefix="/v1", tags=["cluster"])
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=documented(401, 403))
 
 _LAST = 253402214400.0  # 9999-12-31T00:00Z: later times cannot be written back as dates
 _WHEN = {"json_schema_extra": {"format": "date-time"}, "max_length": 64}
