@@ -7,6 +7,7 @@ Stopping it leaves replicas running; the next start adopts them."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -71,6 +72,8 @@ def main() -> int:
     sys.setswitchinterval(0.005)
     state = build_state(settings)
     app = create_app(state)
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     info = {"url": f"http://{host}:{port}", "pid": os.getpid(), "home": str(settings.home),

@@ -3,6 +3,7 @@ request, the clock and the current user."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import time
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +14,7 @@ from fastapi import Depends, Header, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
+from corral.admission import Admission
 from corral.api.intake import Intake
 from corral.control.controller import Controller
 from corral.pool import NodeSpec
@@ -28,9 +30,11 @@ class ServerState:
     controller: Controller
     clock: Callable[[], float] = field(default=time.time)
     intake: Intake = field(init=False)
+    admission: Admission = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.controller.submitted)
+        self.admission = Admission(self.site)
 
     @property
     def nodes(self) -> list[NodeSpec]:
@@ -53,9 +57,14 @@ async def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callab
     return state.clock
 
 
+@functools.cache
+def _server_user() -> str:
+    return getpass.getuser()  # reads the environment each call; it does not change while serving
+
+
 async def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
     # The embedded server listens on loopback only, where the caller is this machine's user.
-    user = (x_corral_user or getpass.getuser())[:64]
+    user = (x_corral_user or _server_user())[:64]
     if not user.isprintable():
         raise RequestValidationError([{"loc": ["header", "x-corral-user"], "type": "value_error",
                                        "msg": "a user name holds only printable characters"}])

@@ -70,8 +70,9 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
             dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
             kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
             requeue_requested_at=None))
-    for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
+    for job, item, new_id in zip(jobs, new, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
         job.id = new_id
+        job.validated = item.spec  # what ``spec`` was dumped from: its reader need not validate it again
     tasks, replicas = [], []
     for job, item in zip(jobs, new):
         spec = item.spec

@@ -16,7 +16,7 @@ from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
 from corral.api.schemas import ActionResponse, CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
-from corral.admission import Refusal, admit
+from corral.admission import Refusal
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
@@ -66,7 +66,7 @@ async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
     named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
     known = await run_in_threadpool(_existing, state, named) if named else set()
-    admitted = admit(spec, user, state.site, known.__contains__)
+    admitted = state.admission(spec, user, known.__contains__)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
