@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 
 from conftest import kill_leftovers, wait_for
 from corral.api.intake import Clash, Intake
+from corral.api.schemas import JobOut
 from corral.control.records import record_of
 from corral.spec import load_job
 from corral.spec.models import TaskSpec
@@ -161,6 +162,9 @@ def test_stored_rows_carry_their_own_ids_and_the_validated_spec(sessions) -> Non
             replicas = s.execute(select(Replica.id, Replica.task, Replica.rank).where(Replica.job_id == row.id)).all()
             assert sorted((r.id, r.task, r.rank) for r in row.replicas) == sorted(tuple(r) for r in replicas)
             assert s.scalar(select(Event.cause).where(Event.job_id == row.id)) == "submitted"
+    for row in rows:  # the answer, built without validation, is what validating it gives
+        answer = JobOut.of(row)
+        assert JobOut.model_validate_json(answer.model_dump_json()) == answer
     record = record_of(rows[1])
     assert [t.service for t in record.tasks] == list(group.tasks)
     assert record.tasks[0].service is group.tasks[0]  # not validated a second time
