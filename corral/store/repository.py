@@ -3,6 +3,7 @@ and records requests (cancel); the control loop alone moves states."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -76,7 +77,9 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
         for job, item in zip(jobs, new):
             job.id = next(job_ids)
             _children(job, item, task_ids, replica_ids)
-        with conn.connection.dbapi_connection.pipeline():  # psycopg: sent together, one round trip
+        # psycopg sends the four together, one round trip; another driver, one after another
+        raw = conn.connection.dbapi_connection
+        with raw.pipeline() if conn.dialect.driver == "psycopg" else contextlib.nullcontext():
             conn.execute(_PLAIN_INSERTS["jobs"], [_columns(j) for j in jobs])
             conn.execute(_PLAIN_INSERTS["tasks"], [vars(t) for j in jobs for t in j.tasks])
             conn.execute(_PLAIN_INSERTS["replicas"], [vars(r) for j in jobs for r in j.replicas])
