@@ -130,7 +130,8 @@ class Admission:
         return _missing_dependency(sched.dependency, job_exists) or admitted
 
 
-def _missing_dependency(dependency, job_exists: Callable[[int], bool]) -> Refusal | None:  # noqa: ANN001
+def _missing_dependency(dependency: tuple[tuple[str, tuple[int, ...]], ...],
+                        job_exists: Callable[[int], bool]) -> Refusal | None:
     for kind, ids in dependency:
         for job_id in ids:
             if not job_exists(job_id):
