@@ -143,6 +143,44 @@ def test_a_batch_failing_after_its_inserts_ran_leaves_no_trace_and_is_stored_onc
         assert s.scalar(select(func.count()).select_from(Event)) == 12
 
 
+def test_a_row_the_database_refuses_mid_batch_sinks_only_its_own_job(sessions, monkeypatch) -> None:
+    """A real refusal by the database (NOT NULL) on the last insert of a batch, after its jobs,
+    tasks and replicas went in (on PostgreSQL, inside the pipeline): the batch rolls back
+    whole, the retry stores every other job once, and only the refused job's request fails."""
+    from sqlalchemy.exc import IntegrityError
+
+    from corral.store import repository
+
+    real = repository._first_event
+    monkeypatch.setattr(repository, "_first_event", lambda job, item, now: {
+        **real(job, item, now), **({"cause": None} if job.name == "poison" else {})})
+    gate = threading.Event()
+    real_create = repository.create_jobs
+    monkeypatch.setattr(repository, "create_jobs", lambda *a: gate.wait(5) and real_create(*a))
+    handed: list[int] = []
+    intake = Intake(sessions, lambda: 100.0, lambda row: handed.append(row.id))
+    names = ["a", "b", "poison", "c", "d"]
+    try:
+        futures = [intake.submit(new(name)) for name in names]
+        gate.set()
+        results = {}
+        for name, future in zip(names, futures):
+            try:
+                results[name] = future.result(timeout=30)
+            except IntegrityError as exc:
+                results[name] = exc
+    finally:
+        intake.stop()
+    assert isinstance(results.pop("poison"), IntegrityError)
+    ids = sorted(row.id for row in results.values())
+    assert len(set(ids)) == 4 and sorted(handed) == ids
+    with sessions() as s:
+        assert sorted(s.scalars(select(Job.name))) == ["a", "b", "c", "d"]
+        assert sorted(s.scalars(select(Job.id))) == ids
+        assert s.scalar(select(func.count()).select_from(Replica)) == 8
+        assert sorted(s.scalars(select(Event.job_id))) == ids
+
+
 def test_stored_rows_carry_their_own_ids_and_the_validated_spec(sessions) -> None:
     """The ids handed back (PostgreSQL takes them from the sequences, SQLite from RETURNING)
     are the rows' own, and the control loop's record reuses the spec validated at submit."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.scheduler.plan import Reason
@@ -78,12 +79,15 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
             job.id = next(job_ids)
             _children(job, item, task_ids, replica_ids)
         # psycopg sends the four together, one round trip; another driver, one after another
-        raw = conn.connection.dbapi_connection
-        with raw.pipeline() if conn.dialect.driver == "psycopg" else contextlib.nullcontext():
-            conn.execute(_PLAIN_INSERTS["jobs"], [_columns(j) for j in jobs])
-            conn.execute(_PLAIN_INSERTS["tasks"], [vars(t) for j in jobs for t in j.tasks])
-            conn.execute(_PLAIN_INSERTS["replicas"], [vars(r) for j in jobs for r in j.replicas])
-            conn.execute(_PLAIN_INSERTS["events"], [_first_event(job, item, now) for job, item in zip(jobs, new)])
+        raw, dbapi_error = conn.connection.dbapi_connection, conn.dialect.loaded_dbapi.Error
+        try:
+            with raw.pipeline() if conn.dialect.driver == "psycopg" else contextlib.nullcontext():
+                conn.execute(_PLAIN_INSERTS["jobs"], [_columns(j) for j in jobs])
+                conn.execute(_PLAIN_INSERTS["tasks"], [vars(t) for j in jobs for t in j.tasks])
+                conn.execute(_PLAIN_INSERTS["replicas"], [vars(r) for j in jobs for r in j.replicas])
+                conn.execute(_PLAIN_INSERTS["events"], [_first_event(job, item, now) for job, item in zip(jobs, new)])
+        except dbapi_error as exc:  # raised as the pipeline syncs, where SQLAlchemy does not translate it
+            raise DBAPIError.instance(None, None, exc, dbapi_error) from exc
     else:
         for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [_columns(j) for j in jobs]).scalars().all()):
             job.id = new_id
