@@ -34,6 +34,7 @@ from corral.store import repository  # noqa: E402
 from corral.store.database import make_engine, migrate, session_factory  # noqa: E402
 from corral.store.repository import NewJob  # noqa: E402
 from corral.store.tables import Job  # noqa: E402
+from corral.credentials import read_local_token  # noqa: E402
 
 POOL = "nodes:\n  - name: node\n    gpus: 8\n    gpu_type: H100\n    cpus: 64\n    memory: 512\n"
 USERS = [f"u{i}" for i in range(10)]
@@ -101,7 +102,7 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
     engine = make_engine(url)
     out: dict[str, dict[str, float]] = {}
     try:
-        with Client(info["url"], user="u0", timeout=120) as client, engine.connect() as conn:
+        with Client(info["url"], read_local_token(settings.home), timeout=120) as client, engine.connect() as conn:
             for label, (params, sql) in QUERIES.items():
                 params = dict(params)
                 if "after" in params:

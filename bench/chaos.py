@@ -35,6 +35,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from corral.credentials import read_local_token
+
 POOL = "nodes:\n  - {name: n, count: 2, gpus: 4, cpus: 8, memory: 16}\n"
 
 KINDS = {
@@ -85,6 +87,11 @@ class Server:
             time.sleep(0.05)
         return False
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The current server's local token (each start writes a new one)."""
+        return {"Authorization": f"Bearer {read_local_token(self.home)}"}
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -117,10 +124,10 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
         for attempt in range(3):
             try:
                 if attempt:  # the first try may have been stored before its answer was lost
-                    found = httpx.get(server.url + "/v1/jobs", params={"all": "true", "name": name}, timeout=10).json()
+                    found = httpx.get(server.url + "/v1/jobs", params={"all": "true", "name": name}, timeout=10, headers=server.auth).json()
                     if found:
                         return  # stored, never acknowledged: not counted as acknowledged
-                response = httpx.post(server.url + "/v1/jobs", json={"yaml": text}, timeout=10)
+                response = httpx.post(server.url + "/v1/jobs", json={"yaml": text}, timeout=10, headers=server.auth)
             except httpx.HTTPError:
                 refused += 1
                 if not server.wait_up(10):
@@ -139,7 +146,7 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
         if to_cancel and rng.random() < 0.3:
             job_id = to_cancel.pop(rng.randrange(len(to_cancel)))
             try:
-                httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10)
+                httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10, headers=server.auth)
             except httpx.HTTPError:
                 to_cancel.append(job_id)
         if kill_at and i == kill_at[0]:
@@ -155,12 +162,12 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
                 server.start()
             assert server.wait_up(), (home / "chaos-server.log").read_text()[-3000:]
     for job_id in to_cancel:
-        httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10)
+        httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10, headers=server.auth)
 
     deadline = time.monotonic() + 180
     stored: dict[int, dict] = {}
     while time.monotonic() < deadline:
-        listed = httpx.get(server.url + "/v1/jobs", params={"all": "true", "limit": 10000}, timeout=30).json()
+        listed = httpx.get(server.url + "/v1/jobs", params={"all": "true", "limit": 10000}, timeout=30, headers=server.auth).json()
         stored = {j["id"]: j for j in listed}
         if all(j["state"] in ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT") for j in listed):
             break

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 from corral.cli import daemon  # noqa: E402
 from corral.client import Client  # noqa: E402
 from corral.settings import Settings  # noqa: E402
+from corral.credentials import read_local_token  # noqa: E402
 
 POOL = "nodes:\n  - name: node\n    gpus: 8\n    gpu_type: H100\n    cpus: 64\n    memory: 512\n"
 COMMANDS = [["queue"], ["queue", "--all"], ["nodes"], ["status", "{job}"], ["queue", "--json"]]
@@ -64,7 +65,7 @@ def main() -> None:
     info = daemon.start(settings)
     results: dict[str, dict[str, float]] = {}
     try:
-        with Client(info["url"]) as client:
+        with Client(info["url"], read_local_token(home)) as client:
             holder = client.submit("resources: {accelerators: H100:8}\nrun: sleep 600\n", name="holder")["job"]
             for i in range(args.jobs // 2):
                 client.submit("run: 'true'\n", name=f"done-{i}")

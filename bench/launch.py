@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from corral.cli import daemon  # noqa: E402
 from corral.client import Client  # noqa: E402
 from corral.settings import Settings  # noqa: E402
+from corral.credentials import read_local_token  # noqa: E402
 
 SLURM_LAB = ROOT.parent / "shared" / "tools" / "slurm-lab"
 POOL = "nodes:\n  - name: node\n    gpus: 8\n    gpu_type: H100\n    cpus: 64\n    memory: 512\n"
@@ -118,7 +119,7 @@ def run_corral(args: argparse.Namespace) -> dict[str, object]:
     env["CORRAL_HOME"] = str(home)
     settings = Settings.from_env(env)
     info = daemon.start(settings)
-    client = Client(info["url"])
+    client = Client(info["url"], read_local_token(home))
     work = home / "work"
     work.mkdir()
     try:

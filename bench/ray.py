@@ -36,6 +36,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from ray_lab import start_lab  # noqa: E402
 
+from corral.credentials import read_local_token  # noqa: E402
+
 GROUP = """
 name: rl{n}
 execution: parallel
@@ -124,7 +126,8 @@ class Corral:
         subprocess.run([sys.executable, "-m", "corral.cli.main", "server", "start"], env=self.env, check=True,
                        capture_output=True, timeout=120)
         url = json.loads((self.home / "server.json").read_text())["url"]
-        self.http = httpx.Client(base_url=url, timeout=60)
+        self.http = httpx.Client(base_url=url, timeout=60, headers={
+            "Authorization": f"Bearer {read_local_token(self.home)}"})
 
     def submit(self, text: str) -> int:
         response = self.http.post("/v1/jobs", json={"yaml": text, "scheduling": {"partition": "gpu"}})

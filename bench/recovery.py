@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from corral.cli import daemon  # noqa: E402
 from corral.client import Client  # noqa: E402
 from corral.settings import Settings  # noqa: E402
+from corral.credentials import read_local_token  # noqa: E402
 
 POOL = "nodes:\n  - name: node\n    gpus: 8\n    gpu_type: H100\n    cpus: 16\n    memory: 64\n"
 SERVER = r"""
@@ -88,7 +89,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["CORRAL_HOME"] = str(home)
     settings = Settings.from_env(env)
-    client = Client(daemon.start(settings)["url"])
+    client = Client(daemon.start(settings)["url"], read_local_token(home))
     results = {"to_running_s": [], "to_ready_s": [], "same_identity": [], "peers_untouched": []}
     try:
         job_id = client.submit(GROUP.format(server=home / "serve.py"))["job"]["id"]

@@ -32,6 +32,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from corral.credentials import read_local_token
+
 POOL = "nodes:\n  - {name: n, count: 4, gpus: 8, gpu_type: H100, cpus: 64, memory: 512}\n"
 # --queued: every GPU is held by one long job first, so the flood waits in the queue (the burst a
 # user sends to a busy cluster); otherwise each job starts and ends while the flood goes on.
@@ -39,7 +41,7 @@ BLOCKER = "name: blocker\nnum_nodes: 4\nresources: {accelerators: H100:8}\nrun: 
 SLURM_ENV = Path(os.environ.get("LAB", "/tmp/slurmlab")) / "slurm.env"
 
 
-async def _load(host: str, port: int, clients: int, jobs: int, queued: bool) -> tuple[list[float], list[int], list[str], float]:
+async def _load(host: str, port: int, clients: int, jobs: int, queued: bool, token: str) -> tuple[list[float], list[int], list[str], float]:
     counter = iter(range(jobs))
     latencies: list[float] = []
     accepted: list[int] = []
@@ -51,6 +53,7 @@ async def _load(host: str, port: int, clients: int, jobs: int, queued: bool) -> 
             gpu = "resources: {accelerators: H100:1}\n" if queued else ""
             body = json.dumps({"yaml": f"name: s{i}\n{gpu}run: 'true'\n"}).encode()
             request = (f"POST /v1/jobs HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+                       f"authorization: Bearer {token}\r\n"
                        f"content-length: {len(body)}\r\n\r\n").encode() + body
             t0 = time.perf_counter()
             writer.write(request)
@@ -71,8 +74,8 @@ async def _load(host: str, port: int, clients: int, jobs: int, queued: bool) -> 
     return latencies, accepted, errors, time.perf_counter() - t0
 
 
-def _load_process(host: str, port: int, clients: int, jobs: int, queued: bool, out) -> None:  # noqa: ANN001
-    out.put(asyncio.run(_load(host, port, clients, jobs, queued)))
+def _load_process(host: str, port: int, clients: int, jobs: int, queued: bool, token: str, out) -> None:  # noqa: ANN001
+    out.put(asyncio.run(_load(host, port, clients, jobs, queued, token)))
 
 
 def _stored(db_url: str) -> list[int]:
@@ -118,16 +121,18 @@ def run_corral(clients: int, jobs: int, db_url: str | None, queued: bool) -> dic
     try:
         url = json.loads((home / "server.json").read_text())["url"]
         host, port = url.removeprefix("http://").rsplit(":", 1)
+        token = read_local_token(home)
+        auth = {"Authorization": f"Bearer {token}"}
         if queued:
             import httpx
 
-            blocker = httpx.post(url + "/v1/jobs", json={"yaml": BLOCKER}, timeout=60).json()["job"]["id"]
+            blocker = httpx.post(url + "/v1/jobs", json={"yaml": BLOCKER}, timeout=60, headers=auth).json()["job"]["id"]
             blockers.add(blocker)
-            while httpx.get(f"{url}/v1/jobs/{blocker}", timeout=60).json()["state"] != "RUNNING":
+            while httpx.get(f"{url}/v1/jobs/{blocker}", timeout=60, headers=auth).json()["state"] != "RUNNING":
                 time.sleep(0.1)
         results = multiprocessing.get_context("spawn").Queue()
         loader = multiprocessing.get_context("spawn").Process(target=_load_process,
-                                                               args=(host, int(port), clients, jobs, queued, results))
+                                                               args=(host, int(port), clients, jobs, queued, token, results))
         loader.start()
         latencies, accepted, errors, wall = results.get(timeout=3600)
         loader.join()

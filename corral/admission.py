@@ -3,12 +3,15 @@ stored. The job's partition, account and QOS are resolved (defaults filled in) a
 checked; its time limit is set from the partition when it gave none; and, like Slurm, a
 job that could never run is refused with the field to fix: a partition whose nodes can
 never hold the gang, an account the partition does not allow, a QOS or account cap below
-the job's GPUs, a dependency on a job that does not exist.
+the job's GPUs, a dependency on a job that does not exist. Like Slurm's associations, an
+account the site's tree declares may be charged only by the users it lists (a ``forbidden``
+refusal). Which roles may raise a job's priority is the API's to check (``corral.auth``).
 
-``Admission`` remembers what it admitted by the request's shape (user, scheduling fields,
-time limit, each task's replicas and resources): a flood of submissions asks the same few
-shapes of a site that does not change, so only the first of each shape pays for the checks
-(a pool that changed, say a Ray node joined, starts the memory afresh)."""
+``Admission`` remembers what it admitted by the request's shape (user, whether they may
+charge any account, scheduling fields, whether the partition is a Slurm one, time limit,
+each task's replicas and resources): a flood of submissions asks the same few shapes of a
+site that does not change, so only the first of each shape pays for the checks (a pool that
+changed, say a Ray node joined, starts the memory afresh)."""
 
 from __future__ import annotations
 
@@ -38,17 +41,13 @@ class Admitted:
 class Refusal:
     field: str
     message: str
+    forbidden: bool = False  # the job could run, but not charged by this user
 
 
-def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool]) -> Admitted | Refusal:
+def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool],
+          any_account: bool = False) -> Admitted | Refusal:
+    """``any_account``: the submitter may charge any account (an admin, who keeps the tree)."""
     policy, sched = site.policy, spec.scheduling
-    if user not in site.operators:  # Slurm lets only operators raise a job above the formula
-        if sched.priority is not None:
-            return Refusal("priority", f"only operators ({', '.join(site.operators) or 'none'}; config.yaml "
-                                       f"`operators:`) may fix a job's priority; use nice to lower your own")
-        if sched.nice < 0:
-            return Refusal("nice", f"a negative nice ({sched.nice}) raises the job above others: only operators "
-                                   f"({', '.join(site.operators) or 'none'}) may set one")
     partitions = {p.name: p for p in policy.partitions}
     if sched.partition is not None and partitions and sched.partition not in partitions:
         return Refusal("partition", f"no partition is named {sched.partition!r}{_suggest(sched.partition, set(partitions))}"
@@ -64,6 +63,15 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     if partition.accounts is not None and account not in partition.accounts:
         return Refusal("account", f"partition {partition.name!r} accepts accounts {', '.join(partition.accounts)}; "
                                   f"the job charges {account!r} (set account:)")
+    if sched.account is not None and accounts and not any_account:
+        listed = next(a for a in policy.accounts if a.name == account)
+        if user not in listed.users:
+            mine = [a.name for a in policy.accounts if user in a.users]
+            return Refusal("account", f"account {account!r} does not list {user} among its users (config.yaml "
+                                      f"accounts: users), so {user} may not charge it; "
+                                      + (f"{user} may charge {', '.join(mine)}" if mine else
+                                         f"no account lists {user}: leave account: out to charge {user}'s own"),
+                           forbidden=True)
     qos_names = {q.name for q in policy.qos}
     if sched.qos is not None and sched.qos not in (qos_names or {"normal"}):
         return Refusal("qos", f"no QOS is named {sched.qos!r}{_suggest(sched.qos, qos_names)}; this site has "
@@ -85,6 +93,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   alternatives=alternatives_of(t), in_order=t.resources.in_order)
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
+        if partition.name in site.slurm_partitions:
+            continue  # sized for Slurm when it is submitted there; Slurm says whether it can ever run
         # refused only when no alternative can ever run (the reason given is the first one's)
         reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
@@ -111,16 +121,24 @@ class Admission:
         self._pool: tuple = ()
         self._admitted: dict[tuple, Admitted] = {}
 
-    def __call__(self, spec: JobSpec, user: str, job_exists: Callable[[int], bool]) -> Admitted | Refusal:
-        pool = tuple(self.site.nodes)
+    def __call__(self, spec: JobSpec, user: str, job_exists: Callable[[int], bool],
+                 any_account: bool = False) -> Admitted | Refusal:
+        site = self.site
+        pool = tuple(site.nodes)
         if pool != self._pool:  # identical node objects compare at once; a new pool forgets every shape
             self._pool, self._admitted = pool, {}
         sched = spec.scheduling
-        key = (user, sched.priority, sched.nice, sched.partition, sched.account, sched.qos, spec.time_limit,
+        # Everything ``admit`` reads besides the dependencies (checked for each job below). The
+        # role matters through any_account (an admin may charge accounts that do not list them);
+        # a Slurm partition skips the capacity check, so it is keyed too should the site's map
+        # change. Priority and nice are the API's role checks, and an array's elements share the
+        # one admission of their spec: neither changes the answer.
+        slurm = site.policy.partition(sched.partition or "").name in site.slurm_partitions
+        key = (user, any_account, sched.partition, slurm, sched.account, sched.qos, spec.time_limit,
                spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
         admitted = self._admitted.get(key)
         if admitted is None:
-            result = admit(spec, user, self.site, job_exists)
+            result = admit(spec, user, site, job_exists, any_account=any_account)
             if isinstance(result, Admitted):
                 if len(self._admitted) >= self.MAX_SHAPES:
                     self._admitted.clear()

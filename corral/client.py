@@ -1,7 +1,7 @@
 """The Python client of the corral API: what the CLI uses, and the SDK for scripts.
 
     from corral.client import Client
-    with Client.local() as corral:                  # the embedded server (started on first use)
+    with Client() as corral:                        # CORRAL_SERVER, your `corral login`, or the embedded server
         job = corral.submit(Path("rl.yaml"))        # a file, a YAML string or a dict
         corral.wait(job["id"], ready=True, timeout=300)
         print(corral.endpoints(job["id"]))
@@ -11,14 +11,17 @@
 
 Every call returns the API's JSON (the shapes are in ``/openapi.json``); every refusal raises
 a ``CorralError`` subclass carrying the server's message (``InvalidRequest`` with the file's
-issues, ``NotFound``, ``Conflict``, ``Forbidden``, ``Unavailable``). It speaks HTTP/1.1 with
+issues, ``Unauthorized``, ``NotFound``, ``Conflict``, ``Forbidden``, ``Unavailable``). Requests
+carry ``Authorization: Bearer TOKEN``: the token given, else ``CORRAL_TOKEN``, else the one
+``corral login`` saved for the server, else (for this ``CORRAL_HOME``'s own server) the local
+token its owner alone can read. ``https://`` servers are checked against ``ca_bundle`` (or
+``CORRAL_CA_BUNDLE``, or the system's CAs). It speaks HTTP/1.1 with
 the standard library's ``http.client`` over one keep-alive connection: every ``corral``
 command starts a fresh interpreter, and importing a full HTTP library cost more than the
 whole request."""
 
 from __future__ import annotations
 
-import getpass
 import http.client
 import json
 import os
@@ -48,8 +51,12 @@ class InvalidRequest(CorralError):
     """400/413/422: the request or the job file is invalid (``errors`` lists why)."""
 
 
+class Unauthorized(CorralError):
+    """401: no valid token (missing, unknown, revoked or expired)."""
+
+
 class Forbidden(CorralError):
-    """403: the user may not do this."""
+    """403: the caller's role may not do this (the message names the role needed)."""
 
 
 class NotFound(CorralError):
@@ -64,23 +71,42 @@ class Unavailable(CorralError):
     """The server cannot be reached, broke off, or its control loop keeps failing (503)."""
 
 
-_BY_STATUS: dict[int, type[CorralError]] = {400: InvalidRequest, 403: Forbidden, 404: NotFound, 409: Conflict,
+_BY_STATUS: dict[int, type[CorralError]] = {400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
                                              413: InvalidRequest, 422: InvalidRequest, 503: Unavailable}
 
 
 class Client:
-    """A connection to one corral server (``url``), acting as ``user`` (default: the login
-    name). Use it as a context manager, or ``close()`` it."""
+    """A connection to one corral server, as the holder of a token. Without ``url``, the server
+    the ``corral`` command would use (``CORRAL_SERVER``, else the last ``corral login``, else
+    this ``CORRAL_HOME``'s embedded server, started if it is not running). ``pinned_cert``
+    trusts exactly that certificate whatever host name it names (how the CLI reaches its own
+    TLS server on loopback). Use it as a context manager, or ``close()`` it."""
 
     @classmethod
     def local(cls) -> Client:
-        """The server the ``corral`` command would use: ``CORRAL_SERVER`` if set, else this
-        ``CORRAL_HOME``'s embedded server, started if it is not running."""
+        """The server the ``corral`` command would use (the same as ``Client()``)."""
         from corral.cli import daemon
 
         return daemon.client()
 
-    def __init__(self, url: str, user: str | None = None, timeout: float = 30.0):
+    def __init__(self, url: str | None = None, token: str | None = None, *, ca_bundle: str | None = None,
+                 timeout: float = 30.0, pinned_cert: str | None = None):
+        if url is None:
+            from corral.cli import daemon
+
+            url, presented = daemon.locate()
+            token, ca_bundle, pinned_cert = (token or presented.token, ca_bundle or presented.ca_bundle,
+                                             pinned_cert or presented.pinned_cert)
+        elif token is None:
+            from corral.credentials import for_server
+            from corral.settings import Settings
+
+            presented = for_server(url, Settings.from_env().home)
+            token = presented.token
+            if ca_bundle is None and pinned_cert is None:
+                ca_bundle, pinned_cert = presented.ca_bundle, presented.pinned_cert
+        if ca_bundle is None and pinned_cert is None:
+            ca_bundle = os.environ.get("CORRAL_CA_BUNDLE") or None
         self.url = url.rstrip("/")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -89,8 +115,10 @@ class Client:
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
-        self.headers = {"X-Corral-User": user or getpass.getuser(), "Accept": "application/json"}
+        self.ca_bundle, self.pinned_cert = ca_bundle, pinned_cert
+        self.headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._conn: http.client.HTTPConnection | None = None
+        self._tls = None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -104,8 +132,28 @@ class Client:
         self.close()
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return kind(self._host, self._port, timeout=timeout)
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._context())
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _context(self):  # noqa: ANN202 - ssl is imported only for https servers
+        if self._tls is None:
+            import ssl
+
+            if self.ca_bundle:
+                try:
+                    self._tls = ssl.create_default_context(cafile=self.ca_bundle)
+                except (OSError, ssl.SSLError) as exc:
+                    raise InvalidRequest(f"cannot use the CA bundle {self.ca_bundle}: {exc}") from None
+            elif self.pinned_cert:
+                # Trust exactly the server's own certificate: pinned, so its host name need not match.
+                context = ssl.create_default_context(cafile=self.pinned_cert)
+                context.check_hostname = False
+                context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+                self._tls = context
+            else:
+                self._tls = ssl.create_default_context()
+        return self._tls
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
                  stream: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
@@ -151,10 +199,34 @@ class Client:
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/v1/health")
 
+    def whoami(self) -> dict[str, Any]:
+        """``{"user", "role", "source", "token"}``: who this client's token speaks for."""
+        return self._call("GET", "/v1/whoami")
+
+    def create_token(self, user: str, role: str | None = None, expires: str | float | None = None,
+                     note: str | None = None) -> dict[str, Any]:
+        """A new token for ``user`` (admin only): ``{"token": …, "info": {…}}``; the token is shown
+        only in this answer. ``expires``: seconds or ``30d``, ``12h``."""
+        return self._call("POST", "/v1/tokens", json_body={"user": user, "role": role, "expires": expires,
+                                                           "note": note})
+
+    def tokens(self, revoked: bool = False) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/tokens", {"revoked": revoked} if revoked else None)
+
+    def revoke_token(self, token_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/v1/tokens/{token_id}/revoke")
+
+    def audit(self, *, since: str | None = None, user: str | None = None, action: str | None = None,
+              limit: int | None = None, after: int | None = None) -> list[dict[str, Any]]:
+        """The audit trail (admin only), filtered; ``after`` is a cursor as for ``jobs``."""
+        params = {k: v for k, v in (("since", since), ("user", user), ("action", action), ("limit", limit),
+                                    ("after", after)) if v is not None}
+        return self._call("GET", "/v1/audit", params)
+
     def submit(self, spec: str | os.PathLike | dict[str, Any] | list[dict[str, Any]], *, source: str | None = None,
                base_dir: str | None = None, name: str | None = None, env: dict[str, str] | None = None,
-               scheduling: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Submit a job: ``spec`` is YAML text, a path to a YAML file (its directory is where
+               scheduling: dict[str, Any] | None = None, array: str | None = None) -> dict[str, Any]:
+        """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text, a path to a YAML file (its directory is where
         relative workdirs resolve, as with ``corral launch``), or the parsed document (a dict;
         a list of dicts for a job group's documents). ``scheduling`` takes ``partition``,
         ``account``, ``qos``, ``time_limit``, ``nice``, ``dependency``, ``hold``. Returns
@@ -175,7 +247,8 @@ class Client:
             text = spec
         return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "base_dir": base_dir,
                                                          "name": name, "env": env or {},
-                                                         "scheduling": scheduling or {}})
+                                                         "scheduling": scheduling or {},
+                                                         **({"array": array} if array is not None else {})})
 
     def wait(self, ident: str | int, *, states: tuple[str, ...] = TERMINAL, ready: bool = False,
              timeout: float | None = None, interval: float = 0.5) -> dict[str, Any]:
@@ -213,12 +286,14 @@ class Client:
     def jobs(self, *, all: bool = False, states: list[str] | None = None, user: str | None = None,
              name: str | None = None, limit: int | None = None, account: str | None = None,
              partition: str | None = None, since: str | None = None, until: str | None = None,
-             after: int | None = None) -> list[dict[str, Any]]:
+             after: int | None = None, array: int | None = None) -> list[dict[str, Any]]:
         """Jobs in id order; ``since``/``until`` are ISO 8601 times (``sacct -S/-E``); ``after``
         a cursor (the page of ids above it; ``iter_jobs`` follows the pages)."""
         params: dict[str, Any] = {"all": all}
         if after is not None:
             params["after"] = after
+        if array is not None:
+            params["array"] = array
         for key, value in (("account", account), ("partition", partition), ("since", since), ("until", until)):
             if value:
                 params[key] = value
@@ -257,11 +332,18 @@ class Client:
     def requeue(self, ident: str | int, hold: bool = False) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/requeue", {"hold": True} if hold else None)
 
+    def set_priority(self, ident: str | int, **changes: float | int | None) -> dict[str, Any]:
+        """Change a pending job's ``priority`` (None: back to the formula's) and/or ``nice``."""
+        return self._call("POST", f"/v1/jobs/{ident}/priority", json_body=changes)
+
     def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={"task": task, "replicas": replicas})
 
     def events(self, ident: str | int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{ident}/events")
+
+    def partitions(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/partitions")
 
     def nodes(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/nodes")

@@ -1,25 +1,34 @@
 """The corral server process: store + control loop + HTTP API in one process.
 
-``python -m corral.server`` serves on loopback (``CORRAL_PORT``, default: a free port),
-writes ``CORRAL_HOME/server.json`` with its URL and pid, and holds a lock so only one server
-runs per ``CORRAL_HOME`` and a claim on its database so only one runs per database.
-Stopping it leaves replicas running; the next start adopts them."""
+``python -m corral.server [--host H] [--port P] [--tls-cert F --tls-key F]`` serves on loopback
+by default (``CORRAL_HOST``/``CORRAL_PORT``; port default: a free one), writes
+``CORRAL_HOME/server.json`` with its URL and pid and ``CORRAL_HOME/local.token`` (its owner's
+credential), and holds a lock so only one server runs per ``CORRAL_HOME`` and a claim on its
+database so only one runs per database. Every request but the health check needs a token,
+wherever it listens. Stopping it leaves replicas running; the next start adopts them."""
 
 from __future__ import annotations
 
+import argparse
 import gc
+import getpass
+import ipaddress
 import json
 import logging
 import os
+import pwd
+import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import uvicorn
 
 from corral.api.app import create_app
 from corral.api.deps import ServerState
 from corral.control.controller import Controller
+from corral.credentials import remove_local_token, write_local_token
 from corral.site import load_site
 from corral.settings import Settings
 from corral.store.database import Claim, lock_file, make_engine, migrate, redacted, session_factory
@@ -27,14 +36,24 @@ from corral.store.database import Claim, lock_file, make_engine, migrate, redact
 log = logging.getLogger("corral.server")
 
 
+def owner() -> str:
+    """The OS user this process runs as (by uid, not the spoofable LOGNAME/USER variables)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return getpass.getuser()
+
+
 def build_state(settings: Settings, clock=time.time) -> ServerState:
+    """The server's objects, and a fresh local token for its owner in CORRAL_HOME."""
     settings.ensure_dirs()
     site = load_site(settings.config_path)
     engine = make_engine(settings.db_url)
     migrate(engine)
     sessions = session_factory(engine)
     controller = Controller(settings, sessions, site, clock=clock)
-    return ServerState(settings=settings, sessions=sessions, site=site, controller=controller, clock=clock)
+    return ServerState(settings=settings, sessions=sessions, site=site, controller=controller, clock=clock,
+                       owner=owner(), local_token=write_local_token(settings.home))
 
 
 def _tune_gc() -> None:
@@ -49,13 +68,52 @@ def _tune_gc() -> None:
     gc.set_threshold(10_000, 10, 10)
 
 
-def main() -> int:
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m corral.server", description="The corral server (foreground).")
+    parser.add_argument("--host", default=os.environ.get("CORRAL_HOST", "127.0.0.1"),
+                        help="address to listen on (default 127.0.0.1; any other requires tokens, as loopback does)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("CORRAL_PORT", "0")),
+                        help="port (default: a free one)")
+    parser.add_argument("--tls-cert", default=os.environ.get("CORRAL_TLS_CERT"), help="PEM certificate (chain)")
+    parser.add_argument("--tls-key", default=os.environ.get("CORRAL_TLS_KEY"), help="PEM private key")
+    return parser.parse_args(argv)
+
+
+def _url(scheme: str, host: str, port: int) -> str:
+    """The address a client on this machine uses (a wildcard address is reached on loopback)."""
+    local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"{scheme}://{f'[{local}]' if ':' in local else local}:{port}"
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
     # Everything the server writes (database, logs, server.json) is private to its owner;
     # replicas start with the umask the server was started with (see LocalExecutor).
     os.environ.setdefault("CORRAL_USER_UMASK", oct(os.umask(0o077)))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = _arguments(argv)
     settings = Settings.from_env()
     settings.ensure_dirs()
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("--tls-cert and --tls-key go together: give both (or neither)", file=sys.stderr)
+        return 2
+    tls = [str(Path(p).expanduser().resolve()) for p in (args.tls_cert, args.tls_key)] if args.tls_cert else []
+    for path in tls:
+        if not os.access(path, os.R_OK):
+            print(f"cannot read {path} (--tls-cert/--tls-key)", file=sys.stderr)
+            return 2
     if settings.server_log.exists():  # opened by whoever started us, perhaps world-readable
         os.chmod(settings.server_log, 0o600)
     home_lock = lock_file(settings.home / "server.lock")  # held (open) until the process ends
@@ -67,16 +125,19 @@ def main() -> int:
         print(f"another corral server already runs jobs from the database {redacted(settings.db_url)}; "
               "one server per database (stop it, or give this one its own CORRAL_DB_URL)", file=sys.stderr)
         return 3
-    host = os.environ.get("CORRAL_HOST", "127.0.0.1")
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        # Serving beyond loopback needs authentication, which this server does not have yet.
-        print(f"refusing to listen on {host}: corral serves on loopback only", file=sys.stderr)
-        return 2
+    host = args.host
+    if not is_loopback(host):
+        log.warning("listening on %s: every request needs a token (corral token create)%s", host,
+                    "" if tls else "; tokens travel in clear without TLS (--tls-cert/--tls-key, or a TLS proxy)")
     # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on such sockets, and without
     # it every keep-alive request stalls ~40 ms on delayed ACKs.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(os.environ.get("CORRAL_PORT", "0"))))
+    try:
+        sock.bind((host, args.port))
+    except OSError as exc:
+        print(f"cannot listen on {host}:{args.port}: {exc.strerror}", file=sys.stderr)
+        return 2
     port = sock.getsockname()[1]
     # API threads, the intake and the control loop share one GIL. Submissions are handled on
     # the event loop (no thread hop), so Python's default 5 ms switch interval serves best:
@@ -85,14 +146,19 @@ def main() -> int:
     state = build_state(settings)
     app = create_app(state)
     _tune_gc()
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                            ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
     server = uvicorn.Server(config)
-    info = {"url": f"http://{host}:{port}", "pid": os.getpid(), "home": str(settings.home),
-            "db": settings.db_url.split("://", 1)[0], "started_at": time.time()}
+    info = {"url": _url("https" if tls else "http", host, port), "pid": os.getpid(), "home": str(settings.home),
+            "db": settings.db_url.split("://", 1)[0], "started_at": time.time(), "host": host,
+            "tls_cert": tls[0] if tls else None}
     tmp = settings.server_file.with_suffix(".tmp")
     tmp.write_text(json.dumps(info))
     tmp.replace(settings.server_file)
     log.info("corral server %s on %s (db %s, %d node(s))", os.getpid(), info["url"], info["db"], len(state.nodes))
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again: with the default
+    # handler that would end the process before the cleanup below (server.json, the local token).
+    signal.signal(signal.SIGTERM, _exit_on_term)
     try:
         server.run(sockets=[sock])
     finally:
@@ -102,6 +168,8 @@ def main() -> int:
         except (OSError, ValueError):
             pass
         claim.release()
+        if state.local_token:
+            remove_local_token(settings.home, state.local_token)
         log.info("corral server %s stopped", os.getpid())
     return 0
 

@@ -103,7 +103,8 @@ class SchedulerSettings(_Strict):
 
 class PartitionEntry(_Strict):
     name: str
-    infra: Literal["local", "ray"] | None = None  # None: nodes of any infra its patterns match
+    infra: Literal["local", "ray", "slurm"] | None = None  # None: nodes of any infra its patterns match
+    slurm_partition: str | None = None  # infra slurm: the Slurm partition its jobs go to (default: Slurm's)
     nodes: list[str] = ["*"]
     max_time: Duration | None = None
     default_time: Duration | None = None
@@ -142,8 +143,19 @@ class RayInfra(_Strict):
     namespace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,63}$")
 
 
+class SlurmInfra(_Strict):
+    """Slurm as an engine, through its own commands on PATH (``SLURM_CONF`` from the
+    environment). ``inside: auto``: a server started inside an allocation (``salloc``,
+    ``sbatch``) uses its nodes as the pool. ``forward``: which of a job's corral account and
+    QOS are passed to Slurm (when the site's names are Slurm's own)."""
+
+    inside: Literal["auto", "off"] = "auto"
+    forward: list[Literal["account", "qos"]] = []
+
+
 class InfraConfig(_Strict):
     ray: RayInfra | None = None
+    slurm: SlurmInfra | None = None
 
 
 class RetentionConfig(_Strict):
@@ -182,6 +194,10 @@ class Site:
     operators: tuple[str, ...] = field(default_factory=_server_user)
     ray: RayInfra | None = None  # the Ray cluster, when the site uses one
     retention: RetentionConfig = RetentionConfig()
+    slurm: SlurmInfra | None = None  # Slurm as an engine (infra: slurm partitions, or inside an allocation)
+    # partitions whose jobs each become one Slurm job: partition -> Slurm partition ("" = Slurm's default)
+    slurm_partitions: dict[str, str] = field(default_factory=dict)
+    partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -204,14 +220,14 @@ class Site:
 
 def load_site(config_path: Path) -> Site:
     if not config_path.exists():
-        return Site([local_machine()])
+        return _unconfigured()
     source = str(config_path)
     try:
         docs = load_documents(config_path.read_text())
     except SourceError as exc:
         raise SpecError([SpecIssue("config", "", exc.line, exc.message)], source) from None
     if not docs or docs[0].data is None:
-        return Site([local_machine()])
+        return _unconfigured()
     doc = docs[0]
     if not isinstance(doc.data, dict):
         raise SpecError([SpecIssue("config", "", doc.line, "expected a mapping of sections (nodes, partitions, …)")],
@@ -226,8 +242,31 @@ def load_site(config_path: Path) -> Site:
     if issues:
         raise SpecError(issues, source)
     operators = tuple(config.operators) if config.operators is not None else _server_user()
+    slurm = config.infra.slurm
+    provisioned = {p.name: p.slurm_partition or "" for p in config.partitions if p.infra == "slurm"}
+    if provisioned and slurm is None:
+        slurm = SlurmInfra()
+    if config.nodes is None and inside_allocation(slurm):
+        nodes = []  # this machine is one of the allocation's nodes: the pool is the allocation
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
-                config.infra.ray, config.retention)
+                config.infra.ray, config.retention, slurm, provisioned,
+                {p.name: p.infra for p in config.partitions if p.infra is not None})
+
+
+def _unconfigured() -> Site:
+    """No config.yaml: this machine, or, inside a Slurm allocation, the allocation's nodes."""
+    if inside_allocation(None):
+        return Site([], slurm=SlurmInfra())
+    return Site([local_machine()])
+
+
+def inside_allocation(slurm: SlurmInfra | None) -> str | None:
+    """The Slurm job this server runs inside whose nodes it should use, if any."""
+    import os
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job or os.environ.get("CORRAL_SLURM_INSIDE", "auto") == "off" or (slurm is not None and slurm.inside == "off"):
+        return None
+    return job
 
 
 def _policy(config: SiteConfig) -> Policy:
@@ -262,6 +301,8 @@ def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:
     if p.infra == "ray" and config.infra.ray is not None:
         prefix = config.infra.ray.node_prefix + "-"
         return tuple(n if n.startswith(prefix) else prefix + n for n in p.nodes)
+    if p.infra == "slurm":
+        return ("s[0-9]*",)  # the nodes of its jobs' allocations, named s{slurm job}-{host}
     if p.infra == "local":
         ray_prefix = config.infra.ray.node_prefix + "-" if config.infra.ray is not None else None
         local = [n.name for n in (expand_nodes(config.nodes, None, "") if config.nodes else [local_machine()])]
@@ -300,10 +341,13 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
                                       "rename it or set infra.ray.node_prefix")
                     break
         for j, pattern in enumerate(p.nodes):
-            if p.infra == "ray":
-                continue  # Ray's nodes are known only at run time
-            if not fnmatch.filter(names, pattern) and not (p.infra is None and ray is not None):
+            if p.infra in ("ray", "slurm"):
+                continue  # Ray's and Slurm's nodes are known only at run time
+            runtime = ray is not None or inside_allocation(config.infra.slurm) is not None
+            if not fnmatch.filter(names, pattern) and not (p.infra is None and runtime):
                 issue(("partitions", i, "nodes", j), f"{pattern!r} matches no node of the pool")
+        if p.slurm_partition is not None and p.infra != "slurm":
+            issue(("partitions", i, "slurm_partition"), "slurm_partition is for partitions with infra: slurm")
         if p.max_time is not None and p.default_time is not None and p.default_time > p.max_time:
             issue(("partitions", i, "default_time"), "default_time is longer than max_time")
         for j, account in enumerate(p.accounts or []):

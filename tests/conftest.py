@@ -73,10 +73,17 @@ def server(corral_home: Path, db_url: str) -> Iterator:
     settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.2)
     state = build_state(settings)
     app = create_app(state)
-    with TestClient(app, headers={"X-Corral-User": "alice"}) as client:
+    with TestClient(app, headers=bearer(state, "alice")) as client:
         client.state = state
         yield client
     kill_leftovers(corral_home)
+
+
+def bearer(state, user: str, role: str | None = None) -> dict[str, str]:
+    """Headers acting as ``user`` on an in-process server: a new token of theirs (``role``: none
+    means the one config.yaml gives them)."""
+    _, token = state.tokens.create(user, role, None, None, "test")
+    return {"Authorization": f"Bearer {token}"}
 
 
 def kill_leftovers(home: Path) -> None:

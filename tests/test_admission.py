@@ -1,7 +1,8 @@
 """Admission's memory of admitted shapes: a submission whose shape was admitted before gets
 the same answer the full checks give, its own dependencies are still checked, a shape that
-differs only in who submits it or in its scheduling fields is checked afresh, and a pool that
-changed forgets every shape."""
+differs only in who submits it, their right to charge any account, its scheduling fields or
+whether its partition is a Slurm one is checked afresh, and a pool that changed forgets every
+shape."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def site(tmp_path: Path):
     return load_site(path)
 
 
-def spec(text: str = "", name: str = "a"):
-    return load_job(f"name: {name}\nnum_nodes: 2\nresources: {{accelerators: H100:4}}\nrun: echo\n{text}").spec
+def spec(text: str = "", name: str = "a", nodes: int = 2):
+    return load_job(f"name: {name}\nnum_nodes: {nodes}\nresources: {{accelerators: H100:4}}\nrun: echo\n{text}").spec
 
 
 def test_a_remembered_shape_answers_as_the_full_checks_do(site, monkeypatch) -> None:
@@ -56,16 +57,35 @@ def test_a_remembered_shape_answers_as_the_full_checks_do(site, monkeypatch) -> 
     assert calls == ["admit", "admit", "admit"]
 
 
-def test_operator_rights_and_dependencies_are_checked_for_each_job(site) -> None:
+def test_an_admins_admitted_shape_is_not_a_users_and_dependencies_are_checked_for_each_job(site) -> None:
     admission = Admission(site)
-    pinned = spec("priority: 100\n")
-    assert isinstance(admission(pinned, "root-op", lambda i: True), Admitted)
-    refused = admission(pinned, "alice", lambda i: True)  # the operator's admitted shape is not alice's
-    assert isinstance(refused, Refusal) and refused.field == "priority"
+    charges_physics = spec("account: physics\n")  # physics lists no users: only an admin may charge it
+    assert admission(charges_physics, "alice", lambda i: True, any_account=True) == \
+        Admitted("batch", "physics", "normal", 600.0)
+    # the same user and shape through a user's token: the admin's answer is not reused
+    refused = admission(charges_physics, "alice", lambda i: True)
+    assert isinstance(refused, Refusal) and refused.field == "account" and refused.forbidden
+    assert "may not charge it" in refused.message
     waits = spec("dependency: afterok:7\n")
     assert isinstance(admission(waits, "alice", lambda i: i == 7), Admitted)
     missing = admission(waits, "alice", lambda i: False)  # same shape, but job 7 is gone
     assert missing == Refusal("dependency", "afterok:7: there is no job 7")
+
+
+def test_a_slurm_partitions_shape_is_not_sized_against_the_pool(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(SITE.replace("partitions:\n", "partitions:\n  - {name: cluster, infra: slurm, slurm_partition: gpu}\n"))
+    site = load_site(path)
+    admission = Admission(site)
+    # twice the local pool: only Slurm can say whether it ever runs
+    assert admission(spec("partition: cluster\n", nodes=4), "alice", lambda i: True) == \
+        Admitted("cluster", "ml", "normal", None)
+    refused = admission(spec("partition: batch\n", nodes=4), "alice", lambda i: True)
+    assert isinstance(refused, Refusal) and refused.field == "resources"
+    # were the partition no longer Slurm's, the same shape is checked afresh (and cannot fit)
+    site.slurm_partitions.pop("cluster")
+    refused = admission(spec("partition: cluster\n", nodes=4), "alice", lambda i: True)
+    assert isinstance(refused, Refusal) and refused.field == "resources"
 
 
 def test_a_pool_that_changed_forgets_every_shape(site) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import bearer, wait_for
 
 
 def submit(client, text: str, **extra) -> dict:
@@ -223,7 +223,7 @@ def test_active_job_names_are_unique_per_user(server) -> None:
     first = submit(server, "name: dup\nrun: sleep 30\n")
     clash = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"})
     assert clash.status_code == 409 and f"job {first['id']}" in clash.json()["detail"]
-    other_user = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}, headers={"X-Corral-User": "bob"})
+    other_user = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}, headers=bearer(server.state, "bob"))
     assert other_user.status_code == 201
     server.post(f"/v1/jobs/{first['id']}/cancel")
     wait_state(server, first["id"], "CANCELLED")

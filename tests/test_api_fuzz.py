@@ -23,6 +23,21 @@ CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.cont
           checks.response_schema_conformance, checks.response_headers_conformance, checks.negative_data_rejection]
 
 
+AUTH: dict[str, str] = {}  # the running server's local token: every route but health needs one
+
+
+@schemathesis.auth(refresh_interval=None, retry_on=[])
+class LocalToken:
+    """Sends the server owner's local token, except in the cases schemathesis generates
+    without it on purpose (those must be refused with a documented 401)."""
+
+    def get(self, case, context) -> str:  # noqa: ANN001 - schemathesis types
+        return AUTH["token"]
+
+    def set(self, case, data: str, context) -> None:  # noqa: ANN001
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
+
+
 @pytest.fixture
 def api_schema(corral_home: Path, db_url: str):
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -31,6 +46,7 @@ def api_schema(corral_home: Path, db_url: str):
     cli = [sys.executable, "-m", "corral.cli.main"]
     subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
     url = json.loads((corral_home / "server.json").read_text())["url"]
+    AUTH["token"] = (corral_home / "local.token").read_text().strip()
     try:
         yield schemathesis.openapi.from_url(url + "/openapi.json")
     finally:

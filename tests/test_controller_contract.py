@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import bearer, wait_for
 from corral.executors.base import Kind, Observed
 from corral.pool import NodeSpec
 from fake_executor import FakeExecutor
@@ -33,7 +33,7 @@ def fake_server(corral_home: Path, db_url: str) -> Iterator:
     real.close()
     controller._inventory_versions = None
     controller.refresh_inventory()
-    with TestClient(create_app(state), headers={"X-Corral-User": "alice"}) as client:
+    with TestClient(create_app(state), headers=bearer(state, "alice")) as client:
         client.fake = fake
         yield client
 

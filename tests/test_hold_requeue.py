@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import POOL, kill_leftovers, wait_for
+from conftest import POOL, bearer, kill_leftovers, wait_for
 from test_api import submit, wait_state
 
 # preempt_mode cancel: only the durable requeue wish can bring a stopped job back
@@ -72,7 +72,7 @@ def test_submitted_held_and_the_state_rules(server) -> None:
 
 def test_an_operators_hold_binds_the_owner(server) -> None:
     job = submit(server, "name: theirs\nrun: 'true'\n", scheduling={"hold": True})  # alice's
-    olga = {"X-Corral-User": "olga"}
+    olga = bearer(server.state, "olga")
     held = server.post(f"/v1/jobs/{job['id']}/hold", headers=olga).json()
     assert held["changed"] is True and held["hold"] == "admin"
     assert server.get(f"/v1/jobs/{job['id']}").json()["reason"] == "JobHeldAdmin"
@@ -123,7 +123,7 @@ def test_a_requeue_asked_for_survives_a_server_restart_mid_stop(corral_home: Pat
     starts = tmp_path / "starts"
     settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.2)
     try:
-        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             job = submit(server, f"""
 name: stubborn
 grace_period: 3s
@@ -137,7 +137,7 @@ run: |
             assert server.post(f"/v1/jobs/{job['id']}/requeue").json()["changed"] is True
             wait_state(server, job["id"], "PREEMPTED")  # stopping: TERM ignored, KILL in 3 s
         # the server is gone mid-stop; its replica is still alive; the next server takes over
-        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             back = wait_state(server, job["id"], "RUNNING", timeout=30)
             assert back["requeues"] == 1
             wait_for(lambda: starts.read_text().count("\n") == 2)
@@ -183,15 +183,17 @@ def test_requeue_hold_stops_a_running_job_and_keeps_it_held(server, tmp_path: Pa
 def test_only_the_owner_or_an_operator_changes_a_job_and_names_are_per_user(server) -> None:
     mine = submit(server, "name: train\nrun: 'true'\n", scheduling={"hold": True})
     bobs = server.post("/v1/jobs", json={"yaml": "name: train\nrun: 'true'\n", "scheduling": {"hold": True}},
-                       headers={"X-Corral-User": "bob"}).json()["job"]
+                       headers=bearer(server.state, "bob")).json()["job"]
     assert server.get("/v1/jobs/train").json()["id"] == mine["id"]  # alice's "train"
-    assert server.get("/v1/jobs/train", headers={"X-Corral-User": "bob"}).json()["id"] == bobs["id"]
+    assert server.get("/v1/jobs/train", headers=bearer(server.state, "bob")).json()["id"] == bobs["id"]
     for action in ("hold", "release", "requeue", "cancel"):
         refused = server.post(f"/v1/jobs/{bobs['id']}/{action}")
-        assert refused.status_code == 403 and "belongs to bob" in refused.json()["detail"], action
-    assert server.post(f"/v1/jobs/{bobs['id']}/release", headers={"X-Corral-User": "olga"}).json()["changed"] is True
+        detail = refused.json()["detail"]
+        assert refused.status_code == 403 and "another user's job" in detail and "bob's" in detail, action
+        assert "needs the operator role (you are alice, a user)" in detail
+    assert server.post(f"/v1/jobs/{bobs['id']}/release", headers=bearer(server.state, "olga")).json()["changed"] is True
     for job in (mine, bobs):
-        server.post(f"/v1/jobs/{job['id']}/cancel", headers={"X-Corral-User": "olga"})
+        server.post(f"/v1/jobs/{job['id']}/cancel", headers=bearer(server.state, "olga"))
 
 
 def test_many_concurrent_writes_neither_fail_nor_stall(server) -> None:

@@ -22,6 +22,7 @@ from conftest import kill_leftovers, wait_for
 from corral.api.intake import Clash, Intake
 from corral.api.schemas import JobOut
 from corral.control.records import record_of
+from corral.credentials import read_local_token
 from corral.spec import load_job
 from corral.spec.models import TaskSpec
 from corral.store.database import make_engine, migrate, session_factory
@@ -209,6 +210,38 @@ def test_stored_rows_carry_their_own_ids_and_the_validated_spec(sessions) -> Non
     assert all(TaskSpec.model_validate_json(json.dumps(t.spec)) == t.service for t in record.tasks)
 
 
+def test_arrays_in_one_batch_are_each_named_by_their_first_element(sessions) -> None:
+    """Array elements stored in the same batch as other jobs and another array: each element's
+    array is its first element's id, in the rows handed back and in the database (PostgreSQL
+    writes it with the pipelined inserts, SQLite after them)."""
+    def array(name: str, indices: tuple[int, ...], throttle: int | None) -> list[NewJob]:
+        spec = new(name).spec
+        return [NewJob(spec, "ann", account="ann", qos="normal", array_index=index, array_throttle=throttle,
+                       array_head=i == 0) for i, index in enumerate(indices)]
+
+    gate = threading.Event()
+    intake = Intake(sessions, lambda: 100.0, lambda row: gate.wait(5))  # the first batch waits: the rest queue up
+    try:
+        futures = [intake.submit(new("lone")), intake.submit(*array("sweep", (1, 3, 5), 2)),
+                   intake.submit(new("between")), intake.submit(*array("grid", (0, 1), None))]
+        gate.set()
+        lone, sweep, between, grid = [f.result(timeout=30) for f in futures]
+    finally:
+        intake.stop()
+    assert lone.array_job_id is None and between.array_job_id is None
+    for elements, indices, throttle in ((sweep, [1, 3, 5], 2), (grid, [0, 1], None)):
+        head = elements[0].id
+        assert [e.array_job_id for e in elements] == [head] * len(indices)
+        assert [e.array_index for e in elements] == indices and {e.array_throttle for e in elements} == {throttle}
+        answer = JobOut.of(elements[-1])
+        assert (answer.array_job_id, answer.array_index) == (head, indices[-1])
+    with sessions() as s:
+        stored = {r.id: (r.array_job_id, r.array_index, r.array_throttle)
+                  for r in s.execute(select(Job.id, Job.array_job_id, Job.array_index, Job.array_throttle))}
+    assert stored == {j.id: (j.array_job_id, j.array_index, j.array_throttle) for j in [lone, *sweep, between, *grid]}
+    assert stored[sweep[2].id] == (sweep[0].id, 5, 2) and stored[lone.id] == (None, None, None)
+
+
 # -- over HTTP, against a real server process ------------------------------------------------
 
 @pytest.fixture
@@ -218,7 +251,11 @@ def live(corral_home: Path, db_url: str):
     cli = [sys.executable, "-m", "corral.cli.main"]
     subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
     try:
-        yield json.loads((corral_home / "server.json").read_text())["url"]
+        url = json.loads((corral_home / "server.json").read_text())["url"]
+        owner = {"Authorization": f"Bearer {read_local_token(corral_home)}"}
+        made = httpx.post(f"{url}/v1/tokens", json={"user": "alice", "note": "test"}, headers=owner, timeout=60)
+        made.raise_for_status()
+        yield url, {"Authorization": f"Bearer {made.json()['token']}"}  # alice, a user
     finally:
         subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
         kill_leftovers(corral_home)
@@ -227,7 +264,9 @@ def live(corral_home: Path, db_url: str):
 GANG = "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n"  # the whole pool: one runs, the rest wait
 
 
-def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(live: str, db_url: str) -> None:
+def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(live: tuple[str, dict],
+                                                                                db_url: str) -> None:
+    url, alice = live
     requests: list[tuple[str, dict]] = []
     for i in range(96):
         requests.append(("ok", {"yaml": f"name: j{i}\n{GANG}"}))
@@ -240,7 +279,7 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
 
     def send(item: tuple[str, dict]) -> tuple[str, dict, httpx.Response]:
         if not hasattr(local, "client"):
-            local.client = httpx.Client(base_url=live, timeout=60, headers={"X-Corral-User": "alice"})
+            local.client = httpx.Client(base_url=url, timeout=60, headers=alice)
         return item[0], item[1], local.client.post("/v1/jobs", json=item[1])
 
     with ThreadPoolExecutor(16) as pool:
@@ -280,7 +319,7 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
         engine.dispose()
 
     # the control loop heard of every one: one holds the pool, each other waits with a reason
-    with httpx.Client(base_url=live, timeout=60) as client:
+    with httpx.Client(base_url=url, timeout=60, headers=alice) as client:
         def placed() -> list[dict] | None:
             jobs = client.get("/v1/jobs", params={"limit": 1000}).json()
             waiting = [j for j in jobs if j["state"] == "PENDING"]
@@ -289,4 +328,5 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
                 all(j["reason"] not in ("None", "") for j in waiting)
             return jobs if done else None
 
-        wait_for(placed, timeout=60)
+        jobs = wait_for(placed, timeout=60)
+    assert {j["user"] for j in jobs} == {"alice"}  # whom the token speaks for

@@ -181,7 +181,7 @@ def test_singleton_runs_one_job_of_a_name_at_a_time() -> None:
     assert [s.job_id for s in schedule(queued, 0.0, SITE).starts] == [1]
 
 
-@pytest.mark.parametrize("text, error", [("afterok", "needs at least one"), ("after:1", "unknown dependency"),
+@pytest.mark.parametrize("text, error", [("afterok", "needs at least one"), ("aftercorr:1", "unknown dependency"),
                                           ("singleton:3", "no job ids"), ("afterok:x", "job ids")])
 def test_dependency_parse_errors(text: str, error: str) -> None:
     with pytest.raises(ValueError, match=error):

@@ -25,7 +25,9 @@ def sdk(corral_home: Path):
     url = (corral_home / "server.json").read_text()
     import json
 
-    with Client(json.loads(url)["url"], user="alice") as client:
+    from corral.credentials import read_local_token
+
+    with Client(json.loads(url)["url"], read_local_token(corral_home)) as client:  # as the server's owner
         client.env = env
         yield client
     subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)

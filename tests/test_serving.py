@@ -8,7 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import bearer, wait_for
 from test_api import submit, wait_state
 
 from corral.spec import load_job
@@ -106,11 +106,11 @@ def test_the_endpoint_keeps_its_port_across_a_server_restart(corral_home: Path, 
     text = f"name: web\nservice: {{replicas: 2, readiness_probe: /health}}\nresources: {{ports: 8080}}\n" \
            f"run: exec {sys.executable} {SERVER}\n"
     try:
-        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             job = submit(server, text)
             endpoint = wait_for(lambda: server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["endpoint"])
             wait_for(lambda: get(endpoint)[0] == 200, timeout=20)
-        with TestClient(create_app(build_state(settings)), headers={"X-Corral-User": "alice"}) as server:
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             assert server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["endpoint"] == endpoint
             wait_for(lambda: {get(endpoint)[1] for _ in range(8)} == {"0", "1"}, timeout=20)  # adopted, routed again
             server.post(f"/v1/jobs/{job['id']}/cancel")

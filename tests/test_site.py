@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import bearer, wait_for
 from test_api import submit, wait_state
 
 SITE = """
@@ -124,7 +124,7 @@ def test_priority_order_and_the_priority_view(server) -> None:
 @pytest.mark.parametrize("site_config", [SITE.replace("half_life: 1d}", "half_life: 1d, starve_after: 8s}")])
 def test_a_starving_job_is_first_in_line_and_shown_so(server) -> None:
     # bob holds the whole node; alice, who holds nothing, is short of her share: her jobs may starve
-    bob = {"X-Corral-User": "bob"}
+    bob = bearer(server.state, "bob")
     text = "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 30\n"
     blocker = server.post("/v1/jobs", headers=bob, json={"yaml": text}).json()["job"]
     wait_state(server, blocker["id"], "RUNNING")
@@ -183,8 +183,6 @@ def test_singleton_queues_behind_a_job_of_the_same_name(server) -> None:
     ({"time_limit": "2h"}, "time_limit", "longer than partition 'batch'"),
     ({"dependency": "afterok:999"}, "dependency", "there is no job 999"),
     ({"qos": "capped", "partition": "urgent"}, "qos", "more than QOS 'capped'"),
-    ({"priority": 1e6}, "priority", "only operators"),  # alice is not the server's user
-    ({"nice": -100}, "nice", "only operators"),
 ])
 def test_admission_refuses_what_could_never_run_naming_the_field(server, scheduling, field, words) -> None:
     text = "name: x\nresources: {accelerators: H100:3}\nrun: 'true'\n"
@@ -195,15 +193,28 @@ def test_admission_refuses_what_could_never_run_naming_the_field(server, schedul
     assert server.get("/v1/jobs", params={"all": True}).json() == []
 
 
+@pytest.mark.parametrize("scheduling, words", [
+    ({"priority": 1e6}, "setting a job's priority needs the operator role (you are alice, a user)"),
+    ({"nice": -100}, "a negative nice (-100, raising the job above others) needs the operator role"),
+    ({"account": "physics"}, "account 'physics' does not list alice among its users"),
+])
+def test_raising_a_priority_or_charging_anothers_account_is_forbidden(server, scheduling, words) -> None:
+    text = "name: x\nrun: 'true'\n"
+    response = server.post("/v1/jobs", json={"yaml": text, "scheduling": scheduling})
+    assert response.status_code == 403, response.text
+    assert words in response.json()["detail"]
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+
+
 @pytest.mark.parametrize("site_config", [SITE + "operators: [alice]\n"])
 def test_an_operator_fixes_a_priority_and_others_may_lower_their_own(server) -> None:
     fixed = submit(server, "name: vip\nrun: sleep 30\n", scheduling={"priority": 123456, "nice": -10})
     assert fixed["nice"] == -10
     bob = server.post("/v1/jobs", json={"yaml": "name: b\nrun: 'true'\n", "scheduling": {"priority": 1}},
-                      headers={"X-Corral-User": "bob"})
-    assert bob.status_code == 422 and bob.json()["detail"]["errors"][0]["field"] == "priority"
+                      headers=bearer(server.state, "bob"))
+    assert bob.status_code == 403 and "setting a job's priority needs the operator role" in bob.json()["detail"]
     polite = server.post("/v1/jobs", json={"yaml": "name: b\nrun: 'true'\n", "scheduling": {"nice": 50}},
-                         headers={"X-Corral-User": "bob"})
+                         headers=bearer(server.state, "bob"))
     assert polite.status_code == 201, polite.text
     server.post(f"/v1/jobs/{fixed['id']}/cancel")
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
-from corral import __version__
-from corral.api.deps import ServerState
+from corral import __version__, web
+from corral.api.deps import ServerState, get_identity
 from corral.api.errors import Guard
-from corral.api.routes import cluster, jobs, metrics
+from corral.api.routes import access, cluster, jobs, metrics, usage
 
 
 def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
@@ -21,6 +21,7 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
             yield
         finally:
             state.intake.stop()
+            state.auditor.stop()
             if manage_controller:
                 state.controller.stop()
 
@@ -30,7 +31,14 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
     state.controller.metrics.reader = metrics.reader(state)
     app.add_middleware(Guard)
     app.add_middleware(metrics.RequestTimer, metrics=state.controller.metrics)  # outermost: times refusals too
-    app.include_router(jobs.router)
-    app.include_router(cluster.router)
-    app.include_router(metrics.router)
+    # Every route but health needs a token (routes that also read the caller get the same,
+    # computed once per request).
+    authenticated = [Depends(get_identity)]
+    app.include_router(jobs.router, dependencies=authenticated)
+    app.include_router(cluster.router, dependencies=authenticated)
+    app.include_router(access.router, dependencies=authenticated)
+    app.include_router(metrics.router, dependencies=authenticated)
+    app.include_router(usage.router, dependencies=authenticated)
+    app.include_router(cluster.public)
+    web.install(app)  # the dashboard, under /ui/ (static; its API calls carry the token)
     return app

@@ -1,21 +1,24 @@
 """Injected dependencies of the routes: the server's runtime objects, a DB session per
-request, the clock and the current user."""
+request, the clock and the caller's identity (from their bearer token, never from a header
+they could set)."""
 
 from __future__ import annotations
 
-import functools
-import getpass
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from corral.admission import Admission
 from corral.api.intake import Intake
+from corral.auth.audit import Auditor
+from corral.auth.roles import Identity, Role, configured_role
+from corral.auth.tokens import TokenBook, unauthorized
 from corral.control.controller import Controller
 from corral.pool import NodeSpec
 from corral.settings import Settings
@@ -29,12 +32,18 @@ class ServerState:
     site: Site
     controller: Controller
     clock: Callable[[], float] = field(default=time.time)
+    owner: str = ""  # the OS user running the server: the local token speaks for them
+    local_token: str | None = None  # see corral.credentials
     intake: Intake = field(init=False)
     admission: Admission = field(init=False)
+    tokens: TokenBook = field(init=False)
+    auditor: Auditor = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.controller.submitted)
         self.admission = Admission(self.site)
+        self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
+        self.auditor = Auditor(self.sessions, self.clock)
 
     @property
     def nodes(self) -> list[NodeSpec]:
@@ -57,21 +66,40 @@ async def get_clock(state: Annotated[ServerState, Depends(get_state)]) -> Callab
     return state.clock
 
 
-@functools.cache
-def _server_user() -> str:
-    return getpass.getuser()  # reads the environment each call; it does not change while serving
+bearer = HTTPBearer(auto_error=False, scheme_name="token", description=(
+    "`corral token create USER` makes one; the embedded server's owner uses the local token in "
+    "CORRAL_HOME/local.token"))
 
 
-async def get_user(x_corral_user: Annotated[str | None, Header()] = None) -> str:
-    # The embedded server listens on loopback only, where the caller is this machine's user.
-    user = (x_corral_user or _server_user())[:64]
-    if not user.isprintable():
-        raise RequestValidationError([{"loc": ["header", "x-corral-user"], "type": "value_error",
-                                       "msg": "a user name holds only printable characters"}])
-    return user
+async def get_identity(request: Request, state: Annotated[ServerState, Depends(get_state)],
+                       credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> Identity:
+    """Who is calling: the owner (admin) through the local token, or a token's holder. Every
+    request without a valid token is refused, on loopback too: anyone on the machine can
+    reach a loopback port. Async, and answered from memory: no thread hop, no query."""
+    if credentials is None:
+        raise unauthorized("this corral server needs a token (Authorization: Bearer TOKEN): `corral login "
+                           "SERVER` saves one for the CLI and SDK; on the server's machine its owner's commands "
+                           "use CORRAL_HOME/local.token")
+    token = credentials.credentials
+    if state.tokens.is_local(token):
+        identity = Identity(state.owner, Role.admin, "local")
+    else:
+        record = state.tokens.verify(token)
+        role = Role(record.role) if record.role else configured_role(record.user, state.site.operators)
+        identity = Identity(record.user, role, request.client.host if request.client else "unknown", record.id)
+        now = state.clock()
+        if state.tokens.due_for_touch(record, now):
+            await run_in_threadpool(state.tokens.touch, record, now)
+    claimed = request.headers.get("x-corral-user")
+    if claimed is not None and claimed != identity.user:
+        # Clients once named their user in this header; a request naming someone else is refused
+        # rather than quietly acted on as the token's holder.
+        raise HTTPException(403, f"the X-Corral-User header names {claimed[:64]!r} but the token is "
+                                 f"{identity.user}'s: the acting user comes from the token alone (drop the header)")
+    return identity
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 SessionDep = Annotated[Session, Depends(get_session)]
 ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
-UserDep = Annotated[str, Depends(get_user)]
+IdentityDep = Annotated[Identity, Depends(get_identity)]

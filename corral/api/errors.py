@@ -45,7 +45,8 @@ class RejectedOut(BaseModel):
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """``responses=`` for a route that may answer these statuses."""
-    described = {400: "The request cannot be understood", 403: "The user may not do this", 404: "No such job, task or replica",
+    described = {400: "The request cannot be understood", 401: "No valid token (missing, unknown, revoked or expired)",
+                 403: "The caller's role may not do this (the sentence names the role needed)", 404: "No such job, task or replica",
                  409: "The request conflicts with the job's state", 413: "The request body is too large",
                  422: "The request or the job file is invalid"}
     return {code: {"model": RejectedOut if code == 422 else ErrorOut, "description": described[code]}

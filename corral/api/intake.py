@@ -38,6 +38,11 @@ class _Pending:
     job: NewJob
     singleton: bool  # dependency: singleton waits behind its namesake instead of clashing
     future: Future
+    more: tuple[NewJob, ...] = ()  # the other elements of a job array, stored with ``job``
+
+    @property
+    def jobs(self) -> list[NewJob]:
+        return [self.job, *self.more]
 
 
 class Intake:
@@ -51,11 +56,12 @@ class Intake:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: NewJob) -> Future:
-        """A future of the stored job (a row-shaped object with ids) or a ``Clash``."""
+    def submit(self, job: NewJob, *more: NewJob) -> Future:
+        """A future of the stored job (a row-shaped object with ids) or a ``Clash``; with
+        ``more`` (a job array's other elements, sharing its name), of the list of all of them."""
         self._ensure_started()
         singleton = any(kind == "singleton" for kind, _ in job.spec.scheduling.dependency)
-        pending = _Pending(job, singleton, Future())
+        pending = _Pending(job, singleton, Future(), tuple(more))
         self._queue.put(pending)
         return pending.future
 
@@ -111,14 +117,19 @@ class Intake:
                     continue
                 accepted.append(item)
                 taken.setdefault(key, -1)
-            rows = repository.create_jobs(session, [p.job for p in accepted], now) if accepted else []
+            flat = repository.create_jobs(session, [j for p in accepted for j in p.jobs], now) if accepted else []
             session.commit()
+        rows, at = [], 0
+        for item in accepted:
+            rows.append(flat[at] if not item.more else flat[at:at + len(item.jobs)])
+            at += len(item.jobs)
         # Committed: from here on nothing may send the batch round again.
         try:
             first_of: dict[tuple[str, str], int] = {}
             for item, row in zip(accepted, rows):
-                first_of.setdefault((item.job.user, item.job.spec.name), row.id)
-                self.stored(row)
+                first_of.setdefault((item.job.user, item.job.spec.name), row[0].id if item.more else row.id)
+                for one in (row if item.more else [row]):
+                    self.stored(one)
             for i, job_id in clashes.items():
                 key = (batch[i].job.user, batch[i].job.spec.name)
                 batch[i].future.set_result(Clash(job_id if job_id != -1 else first_of[key]))

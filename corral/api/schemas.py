@@ -25,6 +25,9 @@ class SubmitRequest(BaseModel):
     scheduling: dict[str, Any] = Field(default_factory=dict, description=(
         "Overrides job-level scheduling fields: partition, account, qos, nice, priority, dependency, "
         "kill_on_invalid_dep, time_limit"))
+    array: str | None = Field(default=None, max_length=4096, description=(
+        "Submit a job array (Slurm's --array): indices like 0-15, 1,3,5-9:2, with %N to run at most N "
+        "elements at once; one job per index"))
 
 
 class SpecIssueOut(BaseModel):
@@ -60,6 +63,8 @@ class TaskOut(BaseModel):
     cpus: float
     memory: float
     termination_delay: float
+    min_nodes: int | None = Field(default=None, description="An elastic task's fewest replicas (null when fixed)")
+    max_nodes: int | None = Field(default=None, description="An elastic task's most replicas (null when fixed)")
     alternatives: int = Field(default=1, description="How many resource alternatives the task names")
     endpoint: str | None = Field(default=None, description=(
         "HOST:PORT of the task's service endpoint (balanced over its READY replicas) while the job runs"))
@@ -94,6 +99,9 @@ class JobOut(BaseModel):
     expected_start: datetime | None = Field(default=None, description=(
         "A pending job's start as its backfill reservation plans it (squeue --start); null when it "
         "has none (it may start at the next pass, or is too far down the queue to be planned)"))
+    array_job_id: int | None = Field(default=None, description="The array this job is an element of (its first element's id)")
+    array_index: int | None = Field(default=None, description="This element's index in its array")
+    array_throttle: int | None = Field(default=None, description="At most this many of the array's elements run at once")
     tasks: list[TaskOut]
 
     @classmethod
@@ -113,6 +121,8 @@ class JobOut(BaseModel):
             dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
                 if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
             expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
+            array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
+            array_throttle=getattr(job, "array_throttle", None),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
@@ -143,8 +153,10 @@ def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
 
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
+    spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
     return TaskOut.model_construct(
-        name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus, gpu_type=task.gpu_type,
+        name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
+        min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
         alternative=alternative,
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
@@ -158,6 +170,8 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
 class SubmitResponse(BaseModel):
     job: JobOut
     warnings: list[str]
+    array_size: int | None = Field(default=None, description="For a job array: how many elements were queued "
+                                                             "(``job`` is the first)")
 
 
 class EventOut(BaseModel):
@@ -169,9 +183,9 @@ class EventOut(BaseModel):
     message: str | None
 
     @classmethod
-    def of(cls, event: Event) -> EventOut:
+    def of(cls, event: Event, with_message: bool = True) -> EventOut:
         return cls(ts=ts(event.ts), subject=event.subject, from_state=event.from_state, to_state=event.to_state,
-                   cause=event.cause, message=event.message)
+                   cause=event.cause, message=event.message if with_message else None)
 
 
 class NodeOut(BaseModel):
@@ -185,7 +199,17 @@ class NodeOut(BaseModel):
     free_cpus: float
     free_memory: float
     state: str = Field(default="UP", description="UP, or DOWN: its executor lost it (nothing new is placed there)")
-    infra: str = Field(default="local", description="where its replicas run: local or ray")
+    infra: str = Field(default="local", description="where its replicas run: local, ray or slurm")
+
+
+class PartitionOut(BaseModel):
+    name: str
+    infra: str | None = Field(description="local, ray, slurm (each job becomes one Slurm job), or null: any")
+    slurm_partition: str | None = Field(default=None, description="infra slurm: the Slurm partition its jobs go to")
+    nodes: list[str] = Field(description="node name patterns")
+    max_time: float | None
+    default_time: float | None
+    default: bool = Field(description="jobs that name no partition go here")
 
 
 class ScaleRequest(BaseModel):
@@ -193,10 +217,21 @@ class ScaleRequest(BaseModel):
     replicas: int = Field(ge=0, le=4096)
 
 
+class PriorityRequest(BaseModel):
+    """What ``corral update`` changes on a pending job; a field left out stays as it is."""
+
+    priority: float | None = Field(default=None, ge=0, le=1e12, description=(
+        "A fixed priority above the formula (operators); null: back to the formula's"))
+    nice: int | None = Field(default=None, ge=-10000, le=10000, description=(
+        "Lowers the job's priority by this much; a negative value (raising it) is for operators"))
+
+
 class CancelResponse(BaseModel):
     id: int
     cancelled: bool
     state: str
+    elements: int | None = Field(default=None, description="For a whole job array: how many elements were asked "
+                                                           "to stop (those not ended yet)")
 
 
 class ActionResponse(BaseModel):
@@ -252,3 +287,90 @@ class PriorityOut(BaseModel):
     nice: int
     starving: bool = False  # past the starve limit, its user short of their share: first in line, oldest first
     reason: str
+
+
+class AllocationOut(BaseModel):
+    """What one replica holds now on its node (a row of the dashboard's GPU map)."""
+
+    node: str
+    gpus: list[int]
+    cpus: float
+    memory: float
+    job: int
+    job_name: str
+    user: str
+    account: str
+    replica: str = Field(description="task-rank, e.g. trainer-0")
+    state: str = Field(description="the replica's state (a stopping replica still holds its resources)")
+
+
+class UsageSeriesOut(BaseModel):
+    """One user's or account's use over the window, in the buckets of ``AccountingOut``."""
+
+    key: str
+    jobs: int = Field(description="jobs whose run overlaps the window")
+    gpu_hours: float
+    cpu_hours: float
+    gpu_hours_by_bucket: list[float]
+    cpu_hours_by_bucket: list[float]
+
+
+class AccountingOut(BaseModel):
+    """GPU- and CPU-hours per user or account over a window, bucketed for a chart: like
+    ``corral acct``, a job counts the resources it holds at once times the time its last run
+    spent inside the window (running jobs up to now)."""
+
+    since: datetime
+    until: datetime
+    by: str
+    step: float = Field(description="seconds per bucket")
+    buckets: list[datetime] = Field(description="each bucket's start: the first is since rounded down to a whole step")
+    series: list[UsageSeriesOut] = Field(description="largest GPU-hours first")
+
+
+class WhoAmI(BaseModel):
+    user: str
+    role: str = Field(description="admin, operator, user or viewer")
+    source: str = Field(description='"local" (the server owner\'s local token) or the client\'s address')
+    token: int | None = Field(default=None, description="the id of the token used (null: the local token)")
+
+
+class TokenRequest(BaseModel):
+    user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$",
+                      description="Who the token speaks for (a login name)")
+    role: str | None = Field(default=None, description=(
+        "admin, operator, user or viewer; omitted: the role config.yaml gives the user (operators: "
+        "operator, everyone else: user)"))
+    expires: str | float | None = Field(default=None, description=(
+        "How long it lives: seconds, or 30d, 12h, 1d12h; omitted: until revoked"))
+    note: str | None = Field(default=None, max_length=200, description="What it is for (shown by token list)")
+
+
+class TokenOut(BaseModel):
+    id: int
+    user: str
+    role: str = Field(description="the role it grants now")
+    role_from_config: bool = Field(description="true when the role follows config.yaml (made without one)")
+    note: str | None
+    created_by: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+
+
+class TokenCreated(BaseModel):
+    token: str = Field(description="The token itself: shown this once, stored only as a digest")
+    info: TokenOut
+
+
+class AuditOut(BaseModel):
+    id: int
+    ts: datetime
+    user: str
+    role: str
+    source: str
+    action: str
+    target: str | None
+    outcome: str = Field(description="ok, refused (a 403) or failed (allowed, but nothing changed)")
+    detail: str | None

@@ -1,5 +1,6 @@
 """Starting, finding and stopping the embedded local server that the CLI uses when no
-``CORRAL_SERVER`` is configured."""
+``CORRAL_SERVER`` is configured and no ``corral login`` saved another; and which server,
+with which credentials, a client talks to (``locate``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 
 from corral.client import Client, CorralError
+from corral.credentials import Presented, SavedLogins, for_server
 from corral.settings import Settings
 
 
@@ -25,7 +27,7 @@ def running(settings: Settings) -> dict[str, Any] | None:
     if not _alive(int(info.get("pid", 0))):
         return None
     try:
-        with Client(info["url"], timeout=2) as client:
+        with Client(info["url"], "", pinned_cert=info.get("tls_cert") or None, timeout=2) as client:
             client.health()
     except CorralError as exc:
         if exc.status == 503:  # up, with a failing control loop: still the server to talk to
@@ -46,7 +48,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def start(settings: Settings, timeout: float = 20.0) -> dict[str, Any]:
+def start(settings: Settings, timeout: float = 20.0, options: list[str] | None = None) -> dict[str, Any]:
+    """This home's server, started (with ``options``: ``--host``, ``--tls-cert`` …) if none runs."""
     info = running(settings)
     if info:
         return info
@@ -55,7 +58,7 @@ def start(settings: Settings, timeout: float = 20.0) -> dict[str, Any]:
     with open(settings.server_log, "ab") as log:
         import subprocess  # only to start a server: every other command skips its import
 
-        proc = subprocess.Popen([sys.executable, "-m", "corral.server"], stdin=subprocess.DEVNULL, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "corral.server", *(options or [])], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,11 +117,17 @@ def cli_start(args: Any) -> None:
     from corral.cli.render import fail, out
 
     settings = Settings.from_env()
+    options = [f"--port={args.port}"] if args.port else []
+    options += [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in ("host", "tls_cert", "tls_key")
+                if getattr(args, name)]
+    already = running(settings)
     try:
-        info = start(settings)
+        info = already or start(settings, options=options)
     except CorralError as exc:
         fail(exc)
     out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home})")
+    if already and options:
+        out.print(f"it was already running as started before; `corral server stop` first to apply {' '.join(options)}")
 
 
 def cli_stop(args: Any) -> None:
@@ -141,10 +150,21 @@ def cli_status(args: Any) -> None:
     sys.exit(0 if info else 1)
 
 
-def connect(settings: Settings, autostart: bool = True) -> Client:
+def locate(settings: Settings | None = None, autostart: bool = True) -> tuple[str, Presented]:
+    """The server a client talks to and what it presents there: ``CORRAL_SERVER``, else the
+    last ``corral login``, else this home's embedded server (started if ``autostart``)."""
+    settings = settings or Settings.from_env()
     if settings.server_url:
-        return Client(settings.server_url)
+        return settings.server_url, for_server(settings.server_url, settings.home)
+    saved = SavedLogins().default()
+    if saved is not None:
+        return saved[0], for_server(saved[0], settings.home)
     info = start(settings) if autostart else running(settings)
     if not info:
         raise CorralError("no corral server is running; start one with `corral server start`")
-    return Client(info["url"])
+    return info["url"], for_server(info["url"], settings.home)
+
+
+def connect(settings: Settings, autostart: bool = True) -> Client:
+    url, presented = locate(settings, autostart)
+    return Client(url, presented.token or "", ca_bundle=presented.ca_bundle, pinned_cert=presented.pinned_cert)

@@ -1,5 +1,5 @@
-"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue
-and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
+"""The commands that change jobs: launch (and follow), logs, cancel, hold, release, requeue,
+update (priority and nice) and scale. Each takes the parsed arguments; bad input raises ``Usage`` (exit 2), a refusal
 from the server exits through ``fail``."""
 
 from __future__ import annotations
@@ -16,21 +16,31 @@ from corral.cli import daemon
 from corral.cli.render import Usage, err, fail, moment, out, states
 from corral.client import TERMINAL, Client, CorralError
 
+
+def _slurm_partition(client, asked: str | None) -> str:  # noqa: ANN001 - a Client
+    """``--slurm``: the partition whose jobs become Slurm jobs (the one named with -p must be one)."""
+    try:
+        parts = client.partitions()
+    except CorralError as exc:
+        fail(exc)
+    slurm = [p["name"] for p in parts if p.get("infra") == "slurm"]
+    if asked is not None and asked not in slurm:
+        raise Usage("--slurm", f"partition {asked!r} does not have infra: slurm"
+                               + (f" (these do: {', '.join(slurm)})" if slurm else ""))
+    if not slurm:
+        raise Usage("--slurm", "this server has no partition with infra: slurm; add one to config.yaml, e.g. "
+                               "partitions: [{name: slurm, infra: slurm}] (its jobs go to Slurm's default partition)")
+    return asked or slurm[0]
+
+
 def launch(args: Namespace) -> None:
-    limit = args.time_limit
-    if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
-        limit = f"{limit.strip()}m"
-    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": limit,
-               "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
-               "hold": args.hold or None}
-    scheduling = {k: v for k, v in options.items() if v is not None}
+    file = Path(args.file)
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise Usage("--env", f"{item!r} is not K=V")
         env[key] = value
-    file = Path(args.file)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -39,18 +49,51 @@ def launch(args: Namespace) -> None:
         line = file.read_bytes()[:exc.start].count(b"\n") + 1
         raise Usage("FILE", f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
                             "job files are read as UTF-8") from None
+    from corral.spec.sbatch import is_batch_script
+
+    if getattr(args, "slurm", False):
+        args.partition = _slurm_partition(daemon.client(), args.partition)
+    if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
+        from corral.cli import batch
+        from corral.spec.loader import SpecError
+
+        try:
+            batch.submit(file, text, batch.launch_overrides(args), (), [], env=env, name=None, detach=args.detach)
+        except SpecError as exc:
+            batch._refused(exc)
+        return
+    limit = args.time_limit
+    if limit is not None and limit.strip().isdigit():  # sbatch -t 30 means minutes
+        limit = f"{limit.strip()}m"
+    options = {"partition": args.partition, "account": args.account, "qos": args.qos, "time_limit": limit,
+               "nice": args.nice, "dependency": args.dependency, "kill_on_invalid_dep": args.kill_on_invalid_dep or None,
+               "hold": args.hold or None}
+    scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
-                               scheduling=scheduling)
+                               scheduling=scheduling, array=args.array)
     except CorralError as exc:
         fail(exc, str(file))
     for warning in result["warnings"]:
         err.print(f"[yellow]warning:[/yellow] {warning}")
     job = result["job"]
+    if result.get("array_size"):
+        from corral.cli.batch import wait_array
+
+        print(job["array_job_id"])
+        if not args.detach:
+            err.print(f"Array {job['array_job_id']} submitted: {result['array_size']} elements. Ctrl-C detaches.")
+            sys.exit(wait_array(client, job["array_job_id"]))
+        return
     if args.detach:
         print(job["id"])
         return
+    follow(client, job)
+
+
+def follow(client: Client, job: dict) -> None:
+    """Stream a submitted job's logs until it ends; exit 0 only if it SUCCEEDED."""
     summary = " ".join(f"{t['name']}:{t['num_nodes']}" for t in job["tasks"])
     err.print(f"Job {job['id']} ({job['name']}) submitted: {summary}. Ctrl-C detaches; the job keeps running.")
     try:
@@ -128,7 +171,7 @@ def cancel(args: Namespace) -> None:
     wanted_states = states(args.state, "--state", ("PENDING", "STARTING", "RUNNING"))
     if args.user or wanted_states or args.name or args.partition:
         # like scancel for a user: filters reach your own jobs unless -u names someone (an operator's right)
-        owner = args.user or client.headers["X-Corral-User"]
+        owner = args.user or _me(client)
         try:
             found = list(client.iter_jobs(user=owner, name=args.name, states=wanted_states or None))
         except CorralError as exc:
@@ -155,6 +198,14 @@ def cancel(args: Namespace) -> None:
     sys.exit(failed)
 
 
+def _me(client: Client) -> str:
+    try:
+        return client.whoami()["user"]
+    except CorralError as exc:
+        fail(exc)
+        raise  # fail exits
+
+
 def _code(exc: CorralError) -> int:
     """2 for a job that does not exist or a request that is invalid, 1 for a refusal."""
     return 2 if exc.status in (400, 404, 422) else 1
@@ -173,6 +224,33 @@ def each(args: Namespace) -> None:
             failed = max(failed, _code(exc))
             continue
         out.print(result["message"][0].upper() + result["message"][1:], markup=False)
+    sys.exit(failed)
+
+
+def update(args: Namespace) -> None:
+    """Change pending jobs' priority or nice (``scontrol update``); exit 1 if any was refused."""
+    changes: dict[str, float | int | None] = {}
+    if args.priority is not None:
+        text = args.priority.strip().lower()
+        try:
+            changes["priority"] = None if text == "formula" else float(text)
+        except ValueError:
+            raise Usage("--priority", f"{args.priority!r} is not a number (or 'formula')") from None
+    if args.nice is not None:
+        changes["nice"] = args.nice
+    if not changes:
+        raise Usage("--priority", "give --priority and/or --nice")
+    client = daemon.client()
+    failed = 0
+    for ident in args.jobs:
+        try:
+            job = client.set_priority(ident, **changes)
+        except CorralError as exc:
+            err.print(f"[red]error:[/red] {exc.message}")
+            failed = max(failed, _code(exc))
+            continue
+        shown = ", ".join(f"{k} {'from the formula' if v is None else v}" for k, v in changes.items())
+        out.print(f"Job {job['id']}: {shown}")
     sys.exit(failed)
 
 

@@ -1,7 +1,8 @@
 """The ``corral`` command. It talks only to the API (starting an embedded local server on
 first use). The parser is the standard library's argparse and each command's module is
 imported only when it runs: a person waits for every command's start-up, and click alone
-cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``;
+cost a sixth of it. Commands that change jobs are in ``jobs``, those that read in ``views``,
+tokens, login and the audit trail in ``access``;
 ``corral sim`` (the simulator, no server) keeps its own click command in ``sim``."""
 
 from __future__ import annotations
@@ -42,14 +43,16 @@ def build() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     c = _command(sub, "launch", "jobs:launch", "Submit a task or job-group YAML and stream its logs until it ends.",
-                 "Submit FILE (a task or job-group YAML) and stream its logs until it ends; exit 0 only if it "
-                 "SUCCEEDED. While it waits, say why and when it is expected to start. Ctrl-C detaches.")
+                 "Submit FILE (a task or job-group YAML, or a Slurm batch script: a #! line and #SBATCH "
+                 "directives) and stream its logs until it ends; exit 0 only if it SUCCEEDED. While it waits, say why and when it is expected to start. Ctrl-C detaches.")
     c.add_argument("file", metavar="FILE")
     c.add_argument("-d", "--detach", action="store_true", help="print the job id and return at once")
     c.add_argument("--name", help="override the job name")
     c.add_argument("--env", action="append", default=[], metavar="K=V",
                    help="add or override an environment variable of every task (repeatable)")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
+    c.add_argument("--slurm", action="store_true",
+                   help="run the job as one Slurm job: in the site's first partition with infra: slurm")
     c.add_argument("-A", "--account", help="account to charge (default: the first that lists you, else your user name)")
     c.add_argument("-q", "--qos", help="quality of service")
     c.add_argument("-t", "--time-limit", dest="time_limit",
@@ -59,6 +62,10 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--kill-on-invalid-dep", action="store_true",
                    help="cancel the job if its dependency can never be satisfied")
     c.add_argument("-H", "--hold", action="store_true", help="submit held: it waits until `corral release`")
+    c.add_argument("-a", "--array", help="submit a job array: indices like 0-15, 1,3,5-9:2; %%N runs at most N at once")
+
+    _command(sub, "sbatch", "", "Submit a Slurm batch script with sbatch's options (corral sbatch --help).",
+             add_help=False)
 
     c = _command(sub, "queue", "views:queue", "List jobs (pending and running; ended ones with --all).")
     c.add_argument("-a", "--all", action="store_true", help="include ended jobs (the newest 1000; corral acct for more)")
@@ -120,6 +127,13 @@ def build() -> argparse.ArgumentParser:
             c.add_argument("-H", "--hold", action="store_true",
                            help="hold it once it is pending again (scontrol requeuehold)")
 
+    c = _command(sub, "update", "jobs:update", "Change pending jobs' priority or nice, like scontrol update.",
+                 "Change pending jobs' fixed priority (operators; 'formula' goes back to the computed one) or "
+                 "nice (its owner may raise it, lowering the job; a negative nice is for operators).")
+    c.add_argument("jobs", metavar="JOB", nargs="+")
+    c.add_argument("--priority", help="a fixed priority, or 'formula'")
+    c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
+
     c = _command(sub, "scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
     c.add_argument("job", metavar="JOB")
     c.add_argument("task", metavar="TASK")
@@ -131,11 +145,61 @@ def build() -> argparse.ArgumentParser:
     c = _command(sub, "share", "views:share", "Fair share of every account and user (like sshare).")
     c.add_argument("--json", action="store_true")
 
+    c = _command(sub, "dashboard", "dashboard:dashboard", "Print the web dashboard's address, signed in (with --open, open it).",
+                 "Print the address of the web dashboard of the server this command talks to (CORRAL_SERVER, "
+                 "else the last `corral login`, else this CORRAL_HOME's, started if need be), with this "
+                 "command's token in its fragment (ADDRESS#token=TOKEN): the page signs in with it and drops it "
+                 "from the address bar. The address is a credential: do not share it.")
+    c.add_argument("--open", action="store_true", help=(
+        "also open it in a web browser, through a private local file (CORRAL_HOME/dashboard.html) that redirects "
+        "to it, so the token is not on the browser's command line"))
+
     _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
+
+    token = _command(sub, "token", "", "Create, list and revoke API tokens (admins).")
+    actions = token.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = _command(actions, "create", "access:token_create", "Make a token for USER and print it (shown this once).")
+    c.add_argument("user", metavar="USER")
+    c.add_argument("--role", choices=["admin", "operator", "user", "viewer"],
+                   help="what it may do (default: config.yaml's: operators are operators, others users)")
+    c.add_argument("--expires", metavar="DURATION", help="lifetime: 30d, 12h, 1d12h or seconds (default: until revoked)")
+    c.add_argument("--note", help="what the token is for (shown by token list)")
+    c.add_argument("--json", action="store_true")
+    c = _command(actions, "list", "access:token_list", "List tokens: id, user, role, created, expires, last used.")
+    c.add_argument("--revoked", action="store_true", help="include revoked tokens")
+    c.add_argument("--json", action="store_true")
+    c = _command(actions, "revoke", "access:token_revoke", "Revoke tokens by id: refused from their next request.")
+    c.add_argument("ids", metavar="ID", nargs="+", type=_nonnegative(2**62))
+
+    c = _command(sub, "login", "access:login", "Check a token against SERVER and save both for later commands.",
+                 "Check TOKEN against SERVER (https://host:port) and save both (0600, under $XDG_CONFIG_HOME/corral) "
+                 "so later commands and corral.Client() use them. Without --token, it is read from the terminal "
+                 "(or one line of stdin).")
+    c.add_argument("server", metavar="SERVER")
+    c.add_argument("--token", help="the token (prefer the prompt: a command line is visible to other users)")
+    c.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the server's TLS certificate")
+    c = _command(sub, "logout", "access:logout", "Forget the saved token of SERVER (default: the current one).")
+    c.add_argument("server", metavar="SERVER", nargs="?")
+    c = _command(sub, "whoami", "access:whoami", "Say which user and role this client acts as, and where.")
+    c.add_argument("--json", action="store_true")
+    c = _command(sub, "audit", "access:audit", "Who did what, when and from where (admins).")
+    c.add_argument("-S", "--since", help="entries at or after this ISO 8601 time")
+    c.add_argument("-u", "--user", help="only this user's actions")
+    c.add_argument("-a", "--action", help="only this action: submit, cancel, hold, release, requeue, scale, priority, "
+                                          "token_create, token_revoke")
+    c.add_argument("-n", "--limit", type=_nonnegative(10000), default=1000, help="the newest N entries (default 1000)")
+    c.add_argument("--json", action="store_true")
 
     server = _command(sub, "server", "", "Manage the embedded local server.")
     actions = server.add_subparsers(dest="action", metavar="ACTION", required=True)
-    _command(actions, "start", "daemon:cli_start", "Start the local server in the background (idempotent).")
+    c = _command(actions, "start", "daemon:cli_start", "Start the local server in the background (idempotent).",
+                 "Start the local server in the background (idempotent). It listens on loopback unless --host "
+                 "says otherwise; wherever it listens, every request needs a token (this machine's owner's "
+                 "commands use the local one in CORRAL_HOME).")
+    c.add_argument("--host", help="address to listen on, e.g. 0.0.0.0 (default 127.0.0.1)")
+    c.add_argument("--port", type=_nonnegative(65535), help="port (default: a free one)")
+    c.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (chain)")
+    c.add_argument("--tls-key", metavar="FILE", help="and this PEM private key")
     _command(actions, "stop", "daemon:cli_stop",
              "Stop the local server; running replicas keep running and are adopted at the next start.")
     c = _command(actions, "status", "daemon:cli_status", "Say whether the local server runs, where, and on which database.")
@@ -150,6 +214,11 @@ def main(argv: list[str] | None = None) -> None:
         from corral.cli.sim import sim
 
         sim.main(args=argv[1:], prog_name="corral sim")
+        return
+    if argv[:1] == ["sbatch"]:  # sbatch's own option syntax, read by corral.spec.sbatch
+        from corral.cli.batch import sbatch_main
+
+        sbatch_main(argv[1:])
         return
     args = build().parse_args(argv)
     module, function = args.run.split(":")

@@ -1,6 +1,7 @@
 """The commands that read: queue (with ``--priority`` like sprio and ``--start`` like squeue
 --start), acct (like sacct), share (like sshare), status, nodes and events. Each prints a
-table sized to the terminal (tab-separated when piped) or JSON with ``--json``."""
+table sized to the terminal (tab-separated when piped) or JSON with ``--json``. And
+dashboard, which prints the web dashboard's address."""
 
 from __future__ import annotations
 
@@ -67,10 +68,46 @@ def queue(args: Namespace) -> None:
         table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
                Column("PARTITION", optional=1), Column("STATE"), Column("REASON", fold=True, min_width=10),
                Column("TASKS", fold=True, min_width=8), Column("GPUS", right=True), Column("AGE", right=True)],
-              [[j["id"], j["name"], j["user"], j.get("partition") or "-", j["state"],
+              [[ident, j["name"], j["user"], j.get("partition") or "-", j["state"],
                 "-" if j["state"] in TERMINAL or j["reason"] == "None" else j["reason"],
                 " ".join(f"{t['name']}:{t['num_nodes']}" for t in j["tasks"]), j["gpus"],
-                _age(j["submitted_at"], j.get("ended_at"))] for j in jobs])
+                _age(j["submitted_at"], j.get("ended_at"))] for ident, j in fold_arrays(jobs)])
+
+
+def job_ident(job: dict) -> str:
+    """``ID``, or ``ARRAYID_INDEX`` for an element of a job array."""
+    if job.get("array_job_id") is not None and job.get("array_index") is not None:
+        return f"{job['array_job_id']}_{job['array_index']}"
+    return str(job["id"])
+
+
+def fold_arrays(jobs: list[dict]) -> list[tuple[str, dict]]:
+    """(shown id, job) rows; an array's pending elements that wait for the same reason are one
+    row ``ARRAYID_[3-15%4]``, as squeue folds them."""
+    from corral.spec.jobarray import fold
+
+    rows: list[tuple[str, dict]] = []
+    folded: dict[tuple, list[dict]] = {}
+    for job in jobs:
+        if job.get("array_job_id") is not None and job["state"] == "PENDING":
+            key = (job["array_job_id"], job["reason"], job.get("hold") or "")
+            if key not in folded:
+                folded[key] = []
+                rows.append((key, job))  # placeholder, filled below
+            folded[key].append(job)
+        else:
+            rows.append((job_ident(job), job))
+    out = []
+    for ident, job in rows:
+        if isinstance(ident, tuple):
+            members = folded[ident]
+            if len(members) == 1:
+                ident = job_ident(job)
+            else:
+                indices = [m["array_index"] for m in members]
+                ident = f"{job['array_job_id']}_[{fold(indices, job.get('array_throttle'))}]"
+        out.append((ident, job))
+    return out
 
 
 _AGO = re.compile(r"now(?:-(\d+)(s|sec|seconds?|m|min|minutes?|h|hours?|d|days?|w|weeks?))?", re.IGNORECASE)
@@ -227,3 +264,4 @@ def events(args: Namespace) -> None:
            Column("CAUSE", min_width=8), Column("MESSAGE", fold=True, min_width=16)],
           [[when(e["ts"]), e["subject"], f"{e['from_state'] or ''}→{e['to_state']}" if e["to_state"] else "",
             e["cause"], e["message"] or ""] for e in data])
+

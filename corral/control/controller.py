@@ -41,13 +41,15 @@ from corral.control.retention import Housekeeper, Retention
 from corral.control.journal import Journal
 from corral.control.lifecycle import evaluate
 from corral.control import startorder
-from corral.control.records import JobRec, ReplicaRec, alternatives_of, load_records, record_of
+from corral.control.records import JobRec, ReplicaRec, TaskRec, alternatives_of, load_records, record_of
+from corral.control.provisioning import ProvisioningMixin
 from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
 from corral.control.supervisor import AttemptEnded
 from corral import executors as executor_registry
 from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, Observed
 from corral.pool import NodeSpec
+from corral.runtime import slurmjob
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
 from corral.scheduler.applier import apply_starts
@@ -74,7 +76,7 @@ def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
                  for n in nodes)
 
 
-class Controller(SchedulingMixin, ServicesMixin):
+class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], site: Site,
                  clock: Callable[[], float] = time.time, write_lock: threading.RLock | None = None):
         self.settings = settings
@@ -105,6 +107,7 @@ class Controller(SchedulingMixin, ServicesMixin):
         self.pending: dict[int, JobRec] = {}  # queue order = id order
         self.active: dict[int, JobRec] = {}  # STARTING or RUNNING
         self._reasons: dict[int, str] = {}
+        self._engine_waiting: set[int] = set()  # pending jobs whose Slurm allocation does not run yet
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
         self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
         self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
@@ -182,6 +185,11 @@ class Controller(SchedulingMixin, ServicesMixin):
     def hold_changed(self, job_id: int, held: bool) -> None:
         """A pending job was held (it leaves the queue at once) or released (it joins it)."""
         self._inbox.append(("hold" if held else "release", job_id))
+        self._wake.set()
+
+    def priority_changed(self, job_id: int) -> None:
+        """A pending job's priority or nice changed: it is read back into the queue."""
+        self._inbox.append(("reprioritize", job_id))
         self._wake.set()
 
     def requeue_requested(self, job_id: int) -> None:
@@ -274,6 +282,10 @@ class Controller(SchedulingMixin, ServicesMixin):
                         self._sched_needed = True
                 elif kind == "release":
                     self._next_rescan = 0.0  # read back into the queue just below
+                elif kind == "reprioritize":  # read back, with its new priority, just below
+                    self.pending.pop(item, None)  # type: ignore[arg-type]
+                    self._next_rescan = 0.0
+                    self._sched_needed = True
                 elif kind == "requeue":
                     requeues.append(item)  # type: ignore[arg-type]
                 else:
@@ -302,6 +314,7 @@ class Controller(SchedulingMixin, ServicesMixin):
                     log.exception("evaluating job %s failed; failing it", job_id)
                     self._quarantine(job, exc, now)
             self._schedule(s, now)
+            self._provision(s, now)  # 5a. jobs that wait for an engine's allocation (Slurm) ask for it
             self._commit(s)  # STARTING is durable before any process exists
             self._forget_ended()  # ends are durable too: an engine may free what they held
             self._launch_ready(now)
@@ -614,8 +627,8 @@ class Controller(SchedulingMixin, ServicesMixin):
                 for replica in job.replicas:
                     self._replica_to(replica, ReplicaState.KILLED, "dependency", now, ended_at=now)
         for job_id, reason in plan.reasons.items():
-            if job_id in plan.cancels or job_id < 0:
-                continue
+            if job_id in plan.cancels or job_id < 0 or job_id in self._engine_waiting:
+                continue  # (a job waiting in Slurm's queue shows Slurm's reason)
             if self._reasons.get(job_id) != reason.value:
                 self._reasons[job_id] = reason.value
                 self.journal.job(job_id, reason=reason.value)
@@ -817,12 +830,28 @@ class Controller(SchedulingMixin, ServicesMixin):
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        if task.service.sbatch is not None and task.service.sbatch.role == "batch":
+            env.update(self._batch_env(job, task, replica, executor.name))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
                       cwd=None if repo else workdir, repo=repo)
+
+    def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec, infra: str) -> dict[str, str]:
+        """A Slurm batch script's variables and its nodes (``corral.runtime.slurmjob``): its own
+        node first, then those the job's other replicas hold."""
+        holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
+        nodes = tuple(slurmjob.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)
+        ctx = slurmjob.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
+                                    job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
+                                    str(task.spec.get("workdir") or task.service.sbatch.submit_dir))
+        shims = None
+        if infra not in slurmjob.SLURM_EXECUTORS:
+            shims = slurmjob.ensure_shims(self.settings.runtime_dir / "slurm-bin")
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        return slurmjob.batch_env(task.service.sbatch, ctx, infra, shims, keep)
 
     def _release_job(self, job: JobRec) -> None:
         """The job ended: engines give back its reservations and drop its runtime files."""

@@ -111,6 +111,10 @@ class JobRec:
     pipeline: bool = False  # stages run one after another, each placed when its turn comes
     hold: str = ""  # "user" or "admin" while held: it waits out of the queue until released
     rank_priority: float = 0.0  # its priority when it was admitted: preemption stops low ones first
+    array_job_id: int | None = None  # an array element: its array (the first element's id)
+    array_index: int | None = None
+    array_throttle: int | None = None  # at most this many elements of the array run at once
+    no_requeue: bool = False  # --no-requeue: a preempted job is cancelled, whatever the preempt mode
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -133,11 +137,15 @@ class JobRec:
             topology = None if want is None else Topology(want.level, want.required is not None, want.max_wait)
             options = alternatives_of(t.service)
             first = options[0] if options else (t.gpus, t.cpus, t.memory, t.gpu_type)
+            spec = t.service
             tasks.append(TaskRequest(t.name, t.num_nodes, first[0], first[1], first[2], first[3], topology,
-                                     options, t.service.resources.in_order))
+                                     options, spec.resources.in_order, spec.constraint,
+                                     frozenset(spec.nodelist) if spec.nodelist else None, spec.exclusive,
+                                     spec.distinct_nodes))
+        array = (self.array_job_id, self.array_throttle) if self.array_job_id and self.array_throttle else None
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
-                          self.kill_on_invalid_dep)
+                          self.kill_on_invalid_dep, array)
 
     def stage(self) -> list[TaskRec]:
         """The tasks the scheduler places now: all of them, or a pipeline's current stage (its
@@ -180,7 +188,8 @@ def _task_spec(text: str) -> TaskSpec:
 
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
-               Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold)
+               Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold,
+               Job.array_job_id, Job.array_index, Job.array_throttle)
 
 
 def _scheduling(row) -> dict:
@@ -189,7 +198,9 @@ def _scheduling(row) -> dict:
             "dependency": tuple(Dependency(kind, tuple(ids)) for kind, ids in (row.dependency or ())),
             "kill_on_invalid_dep": bool(row.kill_on_invalid_dep), "requeues": row.requeues or 0,
             "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
-            "hold": row.hold or ""}
+            "hold": row.hold or "", "array_job_id": row.array_job_id, "array_index": row.array_index,
+            "array_throttle": row.array_throttle,
+            "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False}
 
 
 def record_of(job: Job) -> JobRec:

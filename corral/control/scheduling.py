@@ -10,10 +10,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from corral.control.accounting import Holding
-from corral.control.records import JobRec
+from corral.control.records import JobRec, ReplicaRec
 from corral.scheduler import NodeView, PendingJob, Preemption, RunningJob, Shrinkable, Snapshot
 from corral.scheduler.placement import FreePool
-from corral.scheduler.plan import Reason
+from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import Factors
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
@@ -51,7 +51,7 @@ class SchedulingMixin:
             any(t.termination_deadline is not None for t in job.tasks)
         return RunningJob(job.id, allocations, max(ends) if ends else float("inf"), job.user, job.account,
                           job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority, ending,
-                          tuple(elastic), job.name)
+                          tuple(elastic), job.name, job.array_job_id)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -86,6 +86,13 @@ class SchedulingMixin:
         return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
                  assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
 
+    def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
+        """What each replica holds now, with its job; a stopping replica keeps its resources
+        until it has exited (read by API threads: works on copies)."""
+        allocs = dict(self._allocs)
+        return [(job, replica, allocs[replica.id]) for job in list(self.active.values())
+                for replica in list(job.replicas) if replica.id in allocs]
+
     def _holdings(self) -> list[Holding]:
         out = []
         for job in self.active.values():
@@ -104,7 +111,7 @@ class SchedulingMixin:
             job = self.active.get(victim_id)
             if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
                 continue
-            mode = self.policy.preempt_mode(job.partition, job.qos)
+            mode = "cancel" if job.no_requeue else self.policy.preempt_mode(job.partition, job.qos)
             self._job_to(job, JobState.PREEMPTED, now, "preempted",
                          f"preempted by job {preemption.for_job}; it will be {'requeued' if mode == 'requeue' else 'cancelled'}")
             for replica in job.members:
@@ -130,8 +137,11 @@ class SchedulingMixin:
         self.active.pop(job.id)
         self._publish.discard(job.id)
         mode = "requeue" if job.requeue_requested else self.policy.preempt_mode(job.partition, job.qos)
+        if job.no_requeue and not job.requeue_requested:
+            mode = "cancel"
         if mode != "requeue" or job.cancel_requested:
-            why = "cancel requested while preempted" if job.cancel_requested else "preempted (preempt mode cancel)"
+            why = "cancel requested while preempted" if job.cancel_requested else \
+                "preempted (--no-requeue)" if job.no_requeue else "preempted (preempt mode cancel)"
             self._job_to(job, JobState.CANCELLED, now, "preempted", why, message=why)
             self._release_job(job)
             return

@@ -1,5 +1,6 @@
 """Executors: where replicas run. ``local`` (processes on this machine, the embedded
-default) and ``ray`` (a Ray cluster, imported only when a site configures one). The
+default), ``ray`` (a Ray cluster) and ``slurm`` (job steps in Slurm allocations), the last
+two imported only when a site uses them. The
 contract is in ``base``; ``build`` makes the executors a site asks for."""
 
 from __future__ import annotations
@@ -30,4 +31,9 @@ def build(settings: Settings, site, wake: Callable[[], None]) -> dict[str, Execu
         from corral.executors.ray import RayExecutor  # Ray is an optional extra: imported only here
 
         executors["ray"] = RayExecutor(site.ray, settings, scope_of(settings), wake)
+    if getattr(site, "slurm", None) is not None:
+        from corral.executors.srun import SrunExecutor
+        from corral.site import inside_allocation
+
+        executors["slurm"] = SrunExecutor(settings, scope_of(settings), wake, inside_allocation(site.slurm))
     return executors

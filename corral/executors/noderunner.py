@@ -115,17 +115,12 @@ class NodeRunner:
     def run_dir(self, key: str) -> Path:
         return self.runs_dir / key
 
-    def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
-              cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
-              repo: tuple[str, str | None] | None = None) -> subprocess.Popen:
-        """Start the attempt's wrapper in its own session (it outlives the server) and
-        return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
+    def command(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
+                hosts: bool, procs: str = "", repo: tuple[str, str | None] | None = None) -> list[str]:
+        """The wrapper's command line for an attempt (run here, or by another engine on the
+        node: the srun executor hands it to ``srun``); its run directory must not exist yet."""
         run_dir = self.run_dir(key)
         run_dir.mkdir(parents=True, exist_ok=False)  # a key is never reused
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        if cwd and not os.path.isdir(cwd):
-            raise OSError(f"workdir {cwd!r} is not a directory on this node")
-        procs = self.trees.prepare(key) or ""
         hosts_file = ""
         argv = ["bash", "-c", WRAPPER, "corral-replica", str(run_dir), setup or "", run or "", procs]
         name = ""
@@ -139,6 +134,18 @@ class NodeRunner:
         if repo is not None:  # cloned by the wrapper (its output is the replica's log), once per job here
             url, ref = repo
             argv += [str(self.repo_dir(job_id, url, ref)), url, ref or ""]
+        return argv
+
+    def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
+              cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
+              repo: tuple[str, str | None] | None = None) -> subprocess.Popen:
+        """Start the attempt's wrapper in its own session (it outlives the server) and
+        return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if cwd and not os.path.isdir(cwd):
+            raise OSError(f"workdir {cwd!r} is not a directory on this node")
+        procs = self.trees.prepare(key) or ""
+        argv = self.command(key, job_id, setup, run, env, hosts, procs, repo)
         env = {**env, ATTEMPT_VAR: key}
         with open(log_path, "ab", buffering=0) as log:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -114,7 +114,14 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
     preempting = policy.preemption and bool(running) and _tiered(policy)
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
+    arrays: dict[int, int] = {}  # array id -> its elements running (a %N throttle caps them)
+    for r in snapshot.running:
+        if r.array_id is not None:
+            arrays[r.array_id] = arrays.get(r.array_id, 0) + 1
     for position, job in enumerate(ready):
+        if job.array is not None and arrays.get(job.array[0], 0) >= job.array[1]:
+            plan.reasons[job.id] = Reason.ARRAY_LIMIT
+            continue
         if len(plan.starts) >= policy.max_starts_per_cycle or (book and examined >= policy.max_backfill_jobs):
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position:]), Reason.PRIORITY))
             break
@@ -140,6 +147,8 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
                 book.started(allocations)
                 tally.start(candidate)
                 plan.starts.append(Start(job.id, allocations, choice if len(variants) > 1 else ()))
+                if job.array is not None:
+                    arrays[job.array[0]] = arrays.get(job.array[0], 0) + 1
                 timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
                 started = True
                 break
@@ -205,22 +214,35 @@ def _tiered(policy: Policy) -> bool:
     return len({p.priority_tier for p in policy.partitions}) > 1 or any(q.preempt for q in policy.qos)
 
 
+DEDICATED = "corral.job"  # a node with this label belongs to that job alone (its Slurm allocation)
+
+
 class _Scopes:
-    """Per-partition node sets, computed once per cycle."""
+    """Per-partition node sets, computed once per cycle. A node dedicated to one job (the
+    nodes of the Slurm allocation made for it) is in that job's scope only."""
 
     def __init__(self, snapshot: Snapshot, policy: Policy):
         self.policy = policy
         self.levels = policy.topology
         self.sets: dict[str, frozenset[str] | None] = {}
         self.names = [n.name for n in snapshot.nodes]
+        self.dedicated: dict[int, set[str]] = {}
+        for node in snapshot.nodes:
+            owner = dict(node.labels).get(DEDICATED)
+            if owner is not None and owner.isdigit():
+                self.dedicated.setdefault(int(owner), set()).add(node.name)
+        self.reserved = frozenset(n for names in self.dedicated.values() for n in names)
 
     def of(self, job: PendingJob, now: float) -> Scope:
         partition = self.policy.partition(job.partition)
         if partition.name not in self.sets:
-            everything = partition.nodes == ("*",)
-            self.sets[partition.name] = None if everything else frozenset(n for n in self.names if partition.holds(n))
-        return Scope(self.sets[partition.name], self.levels, max(0.0, now - job.submitted_at),
-                     self.policy.packing == "first_fit")
+            everything = partition.nodes == ("*",) and not self.reserved
+            self.sets[partition.name] = None if everything else frozenset(
+                n for n in self.names if partition.holds(n) and n not in self.reserved)
+        allowed = self.sets[partition.name]
+        if job.id in self.dedicated:
+            allowed = frozenset(self.dedicated[job.id])
+        return Scope(allowed, self.levels, max(0.0, now - job.submitted_at), self.policy.packing == "first_fit")
 
 
 def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:

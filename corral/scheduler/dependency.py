@@ -1,4 +1,5 @@
-"""Job dependencies, Slurm's vocabulary: ``afterok`` (every listed job succeeded),
+"""Job dependencies, Slurm's vocabulary: ``after`` (every listed job started, or ended
+without starting), ``afterok`` (every listed job succeeded),
 ``afternotok`` (every listed job ended unsuccessfully), ``afterany`` (every listed job
 ended), ``singleton`` (no other job of the same user and name is running or ahead of it
 in the queue). All must hold. A dependency that can no longer be met (an ``afterok`` job
@@ -12,7 +13,8 @@ from corral.scheduler.snapshot import Dependency, PendingJob
 
 SUCCESS = frozenset({"SUCCEEDED"})
 ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"})
-KINDS = ("afterok", "afternotok", "afterany", "singleton")
+KINDS = ("after", "afterok", "afternotok", "afterany", "singleton")
+NOT_STARTED = frozenset({"PENDING"})
 
 
 class Status(Enum):
@@ -42,6 +44,10 @@ def _one(dep: Dependency, job: PendingJob, states: dict[int, str], ahead: set[tu
         state = states.get(job_id)
         if state is None:
             return Status.NEVER
+        if dep.kind == "after":
+            if state in NOT_STARTED:
+                result = Status.WAIT
+            continue
         if state not in ENDED:
             result = Status.WAIT
         elif dep.kind == "afterok" and state not in SUCCESS:

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from corral.scheduler.plan import Allocation
+from corral.scheduler.features import has_features
 from corral.scheduler.snapshot import NodeView, PendingJob, TaskRequest
 
 EPS = 1e-9
@@ -167,16 +168,35 @@ class CapacityFilter(Filter):
         return len(node.gpus) >= req.gpus and node.cpus + EPS >= req.cpus and node.memory + EPS >= req.memory
 
 
-FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter())
+class NodeChoiceFilter(Filter):
+    """``constraint`` (node features), ``nodelist`` and ``exclusive`` (a whole idle node)."""
+
+    def feasible(self, node: FreeNode, req: TaskRequest) -> bool:
+        if req.nodes is not None and node.view.name not in req.nodes:
+            return False
+        if req.constraint and not has_features(node.view.labels, req.constraint):
+            return False
+        if req.exclusive and (len(node.gpus) < node.view.gpus or node.cpus + EPS < node.view.cpus
+                              or node.memory + EPS < node.view.memory):
+            return False
+        return True
+
+
+FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter(), NodeChoiceFilter())
 
 
 def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None,
-                  first_fit: bool = False) -> Allocation | None:
+                  first_fit: bool = False, avoid: set[str] | frozenset[str] = frozenset()) -> Allocation | None:
     """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order, or in
     node order with ``first_fit`` (among ``allowed`` nodes, when given: a partition, or the
-    switches topology chose)."""
+    switches topology chose; never one in ``avoid``). An exclusive replica takes all of its node."""
     for node in pool.candidates(req.gpus, first_fit):
-        if (allowed is None or node.view.name in allowed) and all(f.feasible(node, req) for f in FILTERS):
+        if (allowed is None or node.view.name in allowed) and node.view.name not in avoid \
+                and all(f.feasible(node, req) for f in FILTERS):
+            if req.exclusive:
+                alloc = Allocation(req.name, rank, node.view.name, tuple(sorted(node.gpus)), node.cpus, node.memory)
+                pool.assume(alloc)
+                return alloc
             gpus = tuple(sorted(node.gpus)[: req.gpus])
             alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory)
             pool.assume(alloc)
@@ -220,12 +240,15 @@ def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tu
         placed.extend(allocs)
     wanted = [(task, rank) for task in job.tasks if task not in spread for rank in range(task.replicas)]
     wanted.sort(key=lambda tr: (-tr[0].gpus, -tr[0].cpus, -tr[0].memory))
+    taken: set[str] = {a.node for a in placed if job.task_named(a.task).distinct}
     for task, rank in wanted:
-        alloc = place_replica(pool, task, rank, scope.allowed, scope.first_fit)
+        alloc = place_replica(pool, task, rank, scope.allowed, scope.first_fit, taken if task.distinct else frozenset())
         if alloc is None:
             undo()
             return None
         placed.append(alloc)
+        if task.distinct:
+            taken.add(alloc.node)
     order = {t.name: i for i, t in enumerate(job.tasks)}
     return tuple(sorted(placed, key=lambda a: (order[a.task], a.rank)))
 
@@ -234,6 +257,19 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
     """None if the gang fits the idle pool; otherwise which resource no node can ever give."""
     if place_gang(FreePool.idle(nodes), job) is not None:
         return None
+    for task in job.tasks:
+        chosen = [n for n in nodes if NodeChoiceFilter().feasible(FreeNode(n, set(range(n.gpus)), n.cpus, n.memory),
+                                                                  task)]
+        what = f"task {task.name!r} asks for"
+        if not chosen:
+            asks = "; ".join(x for x in (f"constraint {task.constraint}" if task.constraint else "",
+                                         f"nodes {','.join(sorted(task.nodes))}" if task.nodes is not None else "")
+                             if x)
+            return f"{what} {asks or 'a whole node'}; no node of the pool matches"
+        distinct = sum(t.replicas for t in job.tasks if t.distinct)
+        if task.distinct and distinct > len(chosen):
+            return (f"the job asks for {distinct} distinct nodes; {len(chosen)} node(s) of the pool match "
+                    f"task {task.name!r}")
     for task in job.tasks:
         typed = [n for n in nodes if GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task)]
         what = f"task {task.name!r} asks per replica for"

@@ -27,6 +27,8 @@ class Reason(str, Enum):
     PREEMPTING = "Preempting"  # lower-tier work is being stopped to make room for it
     HELD_USER = "JobHeldUser"  # held by its owner (corral hold, launch --hold)
     HELD_ADMIN = "JobHeldAdmin"  # held by an operator: only an operator releases it
+    ARRAY_LIMIT = "JobArrayTaskLimit"  # its array already runs as many elements as its %N throttle allows
+    CONSTRAINT = "BadConstraints"  # no node of its partition has the features or names it asks for
 
 
 @dataclass(frozen=True)

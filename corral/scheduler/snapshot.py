@@ -56,6 +56,10 @@ class TaskRequest:
     # empty when it has none. ``in_order``: the first that fits wins (else any may).
     alternatives: tuple[tuple[int, float, float, str | None], ...] = ()
     in_order: bool = True
+    constraint: str | None = None  # node features (labels) every node of it must have
+    nodes: frozenset[str] | None = None  # only these nodes (sbatch --nodelist)
+    exclusive: bool = False  # a replica takes a whole idle node
+    distinct: bool = False  # no two distinct replicas of the job share a node (sbatch --nodes=N)
 
     def choose(self, index: int) -> TaskRequest:
         """This request with alternative ``index`` as its resources."""
@@ -89,6 +93,7 @@ class PendingJob:
     dependencies: tuple[Dependency, ...] = ()
     name: str = ""  # for singleton
     kill_on_invalid_dep: bool = False
+    array: tuple[int, int] | None = None  # (array id, throttle): at most that many of its elements run at once
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
@@ -98,6 +103,9 @@ class PendingJob:
     @property
     def in_order(self) -> bool:
         return all(t.in_order for t in self.tasks)
+
+    def task_named(self, name: str) -> TaskRequest:
+        return next(t for t in self.tasks if t.name == name)
 
     @cached_property
     def variants(self) -> tuple[tuple[tuple[int, ...], PendingJob], ...]:
@@ -143,6 +151,7 @@ class RunningJob:
     ending: bool = False  # already being stopped (preempted, cancelled, done): frees soon
     elastic: tuple[Shrinkable, ...] = ()
     name: str = ""
+    array_id: int | None = None  # the job array it is an element of
 
     @property
     def gpus(self) -> int:

@@ -38,7 +38,8 @@ def _fits(node, req: TaskRequest) -> int:
         counts.append(int((node.cpus + EPS) // req.cpus))
     if req.memory > EPS:
         counts.append(int((node.memory + EPS) // req.memory))
-    return min(counts) if counts else req.replicas
+    fit = min(counts) if counts else req.replicas
+    return min(fit, 1) if req.distinct else fit  # distinct replicas: one per node
 
 
 def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocation] | None:
@@ -91,7 +92,8 @@ def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocati
     for leaf in chosen:  # fill the chosen switches in order: biggest first
         allowed = frozenset(members[leaf])
         while len(placed) < task.replicas:
-            alloc = place_replica(pool, task, len(placed), allowed, scope.first_fit)
+            alloc = place_replica(pool, task, len(placed), allowed, scope.first_fit,
+                                  {a.node for a in placed} if task.distinct else frozenset())
             if alloc is None:
                 break
             placed.append(alloc)

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator,
                       model_validator)
 
+from corral.scheduler.features import parse_constraint
+from corral.spec.batchstep import BatchStep
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
@@ -107,6 +109,12 @@ class TaskSpec(BaseModel):
     startup_timeout: Duration = Field(default=600.0, gt=0)
     topology: TopologyRequest | None = None
     endpoint: Endpoint | None = None  # one balanced address over the READY replicas (SkyServe's service)
+    # where replicas may go (corral/spec/batchstep.py): node features, named nodes, whole nodes
+    constraint: str | None = None
+    nodelist: tuple[str, ...] = ()
+    exclusive: bool = False
+    distinct_nodes: bool = False
+    sbatch: BatchStep | None = None  # set for a Slurm batch script's tasks (corral/spec/sbatch.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -150,6 +158,25 @@ class TaskSpec(BaseModel):
         if ref is not None:
             resolve_port(ref, info.data.get("ports") or {})
         return probe
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_constraint(value)
+        return value
+
+    @field_validator("nodelist", mode="before")
+    @classmethod
+    def _nodelist(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            from hostlist import expand_hostlist
+
+            try:
+                return tuple(expand_hostlist(value))
+            except Exception:  # the library raises its own BadHostlist
+                raise ValueError(f"{shown(value)} is not a node list like gpu-[0-3],cpu-1") from None
+        return value
 
     @field_validator("time_limit")
     @classmethod

@@ -192,6 +192,9 @@ class Scheduling(_Strict):
     dependency: Annotated[tuple[tuple[str, tuple[int, ...]], ...], BeforeValidator(_dependency)] = ()
     kill_on_invalid_dep: bool = False
     hold: bool = False  # submitted held (sbatch --hold): waits, JobHeldUser, until released
+    # sbatch --requeue / --no-requeue: False cancels the job when it is preempted instead of
+    # requeueing it (None: the partition's or QOS's preempt mode decides)
+    requeue: bool | None = None
 
     @field_validator("partition", "account", "qos")
     @classmethod

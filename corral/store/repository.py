@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, insert, select, text, update
+from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
@@ -49,6 +49,11 @@ class NewJob:
     account: str = ""
     qos: str = ""
     time_limit: float | None = None
+    # an element of a job array: its index, the array's throttle, and whether it is the
+    # array's first element (the elements of one array are consecutive in a batch)
+    array_index: int | None = None
+    array_throttle: int | None = None
+    array_head: bool = False
 
 
 _INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
@@ -78,6 +83,7 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
         for job, item in zip(jobs, new):
             job.id = next(job_ids)
             _children(job, item, task_ids, replica_ids)
+        _name_arrays(jobs, new)  # the ids are known before the inserts: the rows carry their array
         # psycopg sends the four together, one round trip; another driver, one after another
         raw, dbapi_error = conn.connection.dbapi_connection, conn.dialect.loaded_dbapi.Error
         try:
@@ -91,6 +97,10 @@ def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleN
     else:
         for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [_columns(j) for j in jobs]).scalars().all()):
             job.id = new_id
+        members = _name_arrays(jobs, new)  # numbered by the insert: the array column is set after it
+        if members:
+            conn.execute(update(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+                         .values(array_job_id=bindparam("array")), members)
         for job, item in zip(jobs, new):
             _children(job, item)
         for stmt, rows in ((_INSERT_TASKS, [t for j in jobs for t in j.tasks]),
@@ -114,7 +124,19 @@ def _job_row(item: NewJob, now: float) -> SimpleNamespace:
         time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
         dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
         kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
-        requeue_requested_at=None)
+        requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
+        array_throttle=item.array_throttle)
+
+
+def _name_arrays(jobs: list[SimpleNamespace], new: list[NewJob]) -> list[dict]:
+    """Each array element's ``array_job_id``: an array is named by its first element's id (the
+    elements of one array are consecutive in a batch). Returns (job_id, array) pairs to store."""
+    head = None
+    for job, item in zip(jobs, new):
+        if item.array_index is not None:
+            head = job.id if item.array_head or head is None else head
+            job.array_job_id = head
+    return [{"job_id": j.id, "array": j.array_job_id} for j in jobs if j.array_job_id is not None]
 
 
 def _columns(job: SimpleNamespace) -> dict:
@@ -180,8 +202,13 @@ def load_job(session: Session, job_id: int) -> Job | None:
 
 
 def find_job(session: Session, ident: str, user: str | None = None) -> Job | None:
-    """A job by id, or by name: ``user``'s newest job of that name (names are per user), else
-    anyone's newest."""
+    """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
+    that name (names are per user), else anyone's newest."""
+    array, sep, index = ident.partition("_")
+    if sep and array.isascii() and array.isdigit() and index.isascii() and index.isdigit() and len(ident) < 40:
+        job_id = session.scalars(select(Job.id).where(Job.array_job_id == int(array),
+                                                      Job.array_index == int(index))).first()
+        return load_job(session, job_id) if job_id is not None else None
     if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
         return load_job(session, int(ident)) if int(ident) < 2**63 else None
     if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
@@ -198,7 +225,7 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
 def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable[str] = (),
               user: str | None = None, name: str | None = None, limit: int = 1000, account: str | None = None,
               partition: str | None = None, since: float | None = None, until: float | None = None,
-              after: int | None = None) -> list[Job]:
+              after: int | None = None, array: int | None = None) -> list[Job]:
     """Jobs in id order. ``since``/``until`` keep those alive at some moment of that window
     (submitted by its end, not ended before its start), as ``sacct -S/-E`` does; ``after`` is
     a cursor: the page of ids above it (else, with ended jobs, the newest ``limit``)."""
@@ -226,11 +253,58 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
         query = query.where((Job.ended_at.is_(None)) | (Job.ended_at >= since))
     if after is not None:
         query = query.where(Job.id > after)
+    if array is not None:
+        query = query.where(Job.array_job_id == array)
     if include_ended and not states and after is None:
         # newest ended jobs first when the history is long, then back to id order
         return sorted(session.scalars(query.order_by(None).order_by(Job.id.desc()).limit(limit)).all(),
                       key=lambda j: j.id)
     return list(session.scalars(query.limit(limit)).all())
+
+
+def array_members(session: Session, array_job_id: int) -> list[Job]:
+    """Every element of the array named by ``array_job_id``, in index order."""
+    return list(session.scalars(select(Job).where(Job.array_job_id == array_job_id).order_by(Job.array_index)))
+
+
+@dataclass(frozen=True)
+class Run:
+    """A job's last run with what it held at once (a pipeline: its largest stage)."""
+
+    user: str
+    account: str
+    started_at: float
+    ended_at: float | None
+    gpus: int
+    cpus: float
+
+
+def runs_between(session: Session, since: float, until: float, *, user: str | None = None,
+                 account: str | None = None, partition: str | None = None) -> list[Run]:
+    """Jobs whose last run overlaps ``[since, until]`` (still running ones too), read as plain
+    columns: an accounting window may span thousands of jobs."""
+    per_gpu, per_cpu = Task.gpus * Task.num_nodes, Task.cpus * Task.num_nodes
+    sizes = (select(Task.job_id, func.sum(per_gpu).label("gpus"), func.max(per_gpu).label("stage_gpus"),
+                    func.sum(per_cpu).label("cpus"), func.max(per_cpu).label("stage_cpus"))
+             .group_by(Task.job_id).subquery())
+    query = (select(Job.user, Job.account, Job.started_at, Job.ended_at, Job.state,
+                    Job.spec["pipeline"].as_boolean().label("pipeline"), sizes.c.gpus, sizes.c.stage_gpus,
+                    sizes.c.cpus, sizes.c.stage_cpus)
+             .join(sizes, sizes.c.job_id == Job.id)
+             .where(Job.started_at.is_not(None), Job.started_at <= until,
+                    (Job.ended_at.is_(None)) | (Job.ended_at >= since)))
+    for column, value in ((Job.user, user), (Job.account, account), (Job.partition, partition)):
+        if value:
+            query = query.where(column == value)
+    runs = []
+    for row in session.execute(query):
+        if row.ended_at is None and row.state in TERMINAL:
+            continue  # ended before it ever started a run: nothing was held
+        pipeline = bool(row.pipeline)
+        runs.append(Run(row.user, row.account or row.user, row.started_at, row.ended_at,
+                        int((row.stage_gpus if pipeline else row.gpus) or 0),
+                        float((row.stage_cpus if pipeline else row.cpus) or 0.0)))
+    return runs
 
 
 def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:
@@ -297,3 +371,16 @@ def add_replicas(session: Session, job_id: int, task: str, task_position: int, r
 def set_desired_replicas(session: Session, job_id: int, task: str, count: int) -> None:
     """The desired replica count of a task (the control loop reconciles toward it)."""
     session.execute(update(Task).where(Task.job_id == job_id, Task.name == task).values(num_nodes=count))
+
+
+def set_priority(session: Session, job: Job, now: float, by: str, **values: float | int | None) -> bool:
+    """Change a pending job's ``priority`` (a fixed value, or None for the formula's) and/or
+    ``nice`` (Slurm's ``scontrol update``): False once it is no longer pending."""
+    result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+                                               Job.cancel_requested_at.is_(None))
+                             .values(**values, version=Job.version + 1))
+    if result.rowcount:
+        shown = ", ".join(f"{k} {'formula' if v is None else v}" for k, v in values.items())
+        add_event(session, job.id, now, "job", "reprioritized", message=f"{shown} by {by}")
+        return True
+    return False

@@ -50,6 +50,11 @@ class Job(Base):
     # A requeue asked for (by a user, or a node's loss): kept until the job is pending again, so a
     # server restart while its replicas stop still requeues it instead of ending it.
     requeue_requested_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A job array's element: the array is named by its first element's id (Slurm's
+    # SLURM_ARRAY_JOB_ID); ``array_throttle`` caps how many of its elements run at once.
+    array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    array_throttle: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")
@@ -156,3 +161,37 @@ class Usage(Base):
     charge: Mapped[float] = mapped_column(Float, default=0.0)
     gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ApiToken(Base):
+    """A bearer token for the API. Only its SHA-256 is kept (the token itself is shown once,
+    when created); ``role`` is null when the holder's role follows config.yaml."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    role: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    note: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class AuditEntry(Base):
+    """Who did what to which job or token, from where, and whether it was allowed."""
+
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    ts: Mapped[float] = mapped_column(Float, index=True)
+    user: Mapped[str] = mapped_column(String(64), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(64))  # the client's address, or "local"
+    action: Mapped[str] = mapped_column(String(32), index=True)
+    target: Mapped[str | None] = mapped_column(String(140), nullable=True)  # "job 12", "token 3"
+    outcome: Mapped[str] = mapped_column(String(16))  # "ok", "refused" or "failed"
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,4 +1,6 @@
-"""Cluster routes: the node pool with what is free, and the server's health."""
+"""Cluster routes: the node pool with what is free, fair share, priorities (any role may read
+them), and the server's health (``public``: answered without a token, for probes and the
+CLI's check that a server is up)."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ from fastapi import APIRouter, Response
 
 from corral import __version__
 from corral.api.deps import StateDep
-from corral.api.schemas import Health, NodeOut, PriorityOut, ShareOut
+from corral.api.errors import documented
+from corral.api.schemas import Health, NodeOut, PartitionOut, PriorityOut, ShareOut
 from corral.scheduler import fairshare
 
-router = APIRouter(prefix="/v1", tags=["cluster"])
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=documented(401, 403))
+public = APIRouter(prefix="/v1", tags=["cluster"])
 
 
 @router.get("/nodes", response_model=list[NodeOut])
@@ -29,7 +33,18 @@ def nodes(state: StateDep):
     return up + down
 
 
-@router.get("/health", response_model=Health, responses={503: {"model": Health, "description": "the control loop keeps failing"}})
+@router.get("/partitions", response_model=list[PartitionOut])
+def partitions(state: StateDep):
+    """The site's partitions (config.yaml), the default first."""
+    site = state.site
+    default = site.policy.default_partition.name
+    infra = site.partition_infra
+    return [PartitionOut(name=p.name, infra=infra.get(p.name), slurm_partition=site.slurm_partitions.get(p.name) or None,
+                         nodes=list(p.nodes), max_time=p.max_time, default_time=p.default_time, default=p.name == default)
+            for p in site.policy.partitions]
+
+
+@public.get("/health", response_model=Health, responses={503: {"model": Health, "description": "the control loop keeps failing"}})
 def health(state: StateDep, response: Response):
     dialect = state.settings.db_url.split(":", 1)[0].split("+", 1)[0]
     controller = state.controller

@@ -12,21 +12,24 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from corral.api.deps import ClockDep, SessionDep, StateDep, UserDep
+from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
-from corral.api.schemas import ActionResponse, CancelResponse, EventOut, JobOut, ScaleRequest, SubmitRequest, SubmitResponse
+from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
+                                SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
+from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
+from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
 from corral.store.repository import NewJob
 from corral.store.tables import Job
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=documented(401, 403))
 
 
 def _job_or_404(session, ident: str, user: str | None = None) -> Job:
@@ -36,22 +39,37 @@ def _job_or_404(session, ident: str, user: str | None = None) -> Job:
     return job
 
 
-def _acting_on(session, ident: str, user: str, state, action: str) -> Job:  # noqa: ANN001 - a ServerState
-    """The job ``ident`` names (by name: the user's own first), which ``user`` may change: their
-    own, or any if they are an operator. The read's connection goes back to the pool before
-    the caller waits for the control loop's lock, which itself waits for connections."""
-    found = _job_or_404(session, ident, user)
-    if found.user != user and user not in state.site.operators:
-        raise HTTPException(403, f"job {found.id} belongs to {found.user}; only its owner or an operator "
-                                 f"({', '.join(state.site.operators) or 'none configured'}) may {action} it")
+_DOING = {"cancel": "cancelling", "hold": "holding", "release": "releasing", "requeue": "requeueing",
+          "scale": "scaling", "priority": "changing the priority of"}
+
+
+def _acting_on(session, ident: str, who: Identity, state, action: str) -> Job:  # noqa: ANN001 - a ServerState
+    """The job ``ident`` names (by name: the caller's own first), which ``who`` may change: a
+    user their own, an operator any. A refusal is audited. The read's connection goes back to
+    the pool before the caller waits for the control loop's lock, which itself waits for
+    connections."""
+    found = _job_or_404(session, ident, who.user)
     session.commit()
+    doing = _DOING[action]
+    try:
+        who.require_on(found.user, f"{doing} a job", f"{doing} another user's job (job {found.id}, {found.user}'s)")
+    except HTTPException as exc:
+        state.auditor.record(who, action, f"job {found.id}", "refused", exc.detail)
+        raise
     return found
 
 
-@router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 409, 413, 422))
-async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
+def _is_operator(who: Identity) -> bool:
+    return who.role.at_least(Role.operator)
+
+
+@router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 403, 409, 413, 422))
+async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     """Submit a task or job-group YAML. 422 lists every problem of the file with its field and
-    line (or says why it can never run on this site); 409 names the active job of the same name."""
+    line (or says why it can never run on this site); 409 names the active job of the same name;
+    403 says which role a submission (or its priority) needs, or that the account is not the
+    submitter's."""
+    user = who.user
     # On the event loop, not a worker thread: validation is a fraction of a millisecond of CPU,
     # and the store is the intake's writer thread (group commit), awaited below.
     source = shown(body.source, 200)[1:-1] if body.source else "<spec>"
@@ -63,48 +81,97 @@ async def submit(body: SubmitRequest, state: StateDep, user: UserDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
+    _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
     named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
-    known = await run_in_threadpool(_existing, state, named) if named else set()
-    admitted = state.admission(spec, user, known.__contains__)
+    known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
+    if arrays:  # a dependency on a job array is on every element of it, as in Slurm
+        dependency = tuple((kind, tuple(dict.fromkeys(x for i in ids for x in arrays.get(i, (i,)))))
+                           for kind, ids in spec.scheduling.dependency)
+        spec = spec.model_copy(update={"scheduling": spec.scheduling.model_copy(update={"dependency": dependency})})
+        known |= {i for members in arrays.values() for i in members}
+    admitted = state.admission(spec, user, known.__contains__, any_account=who.role is Role.admin)
+    if isinstance(admitted, Refusal) and admitted.forbidden:
+        state.auditor.record(who, "submit", None, "refused", admitted.message)
+        raise HTTPException(403, admitted.message)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
                 {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
-    stored = state.intake.submit(NewJob(spec, user, admitted.partition, admitted.account, admitted.qos,
-                                        admitted.time_limit))
-    stored = await asyncio.wrap_future(stored)
+    if body.array is not None:
+        try:
+            array = parse_array(body.array)
+        except ValueError as exc:
+            return JSONResponse(status_code=422, content={"detail": {
+                "message": f"{source} is not a valid job", "errors": [
+                    {"document": "options", "field": "array", "line": None, "message": str(exc)}]}})
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
+                           array_index=index, array_throttle=array.throttle, array_head=i == 0)
+                    for i, index in enumerate(array.indices)]
+    else:
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
+    stored = await asyncio.wrap_future(state.intake.submit(*elements))
+    if isinstance(stored, list):
+        stored = stored[0]
     if isinstance(stored, Clash):
         return JSONResponse(status_code=409, content={"detail": (
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
             f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
             f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
     job = stored
-    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings)
+    state.auditor.record(who, "submit", f"job {job.id}", detail=f"{spec.name} (account {admitted.account}, "
+                                                                 f"partition {admitted.partition}, qos {admitted.qos})")
+    if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
+        fixed = spec.scheduling.priority
+        state.auditor.record(who, "priority", f"job {job.id}", detail=", ".join(
+            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"]))
+    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings,
+                          array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
-def _existing(state, ids: list[int]) -> set[int]:
+def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
+    """Role checks of a submission (a 403, audited): submitting needs a user, raising a job above
+    the priority formula an operator (like Slurm, where only operators may)."""
+    try:
+        who.require("submitting a job", Role.user)
+        if priority is not None:
+            who.require("setting a job's priority", Role.operator)
+        if nice < 0:
+            who.require(f"a negative nice ({nice}, raising the job above others)", Role.operator)
+    except HTTPException as exc:
+        state.auditor.record(who, "submit", None, "refused", exc.detail)
+        raise
+
+
+def _existing(state, ids: list[int]) -> tuple[set[int], dict[int, tuple[int, ...]]]:
+    """Which of ``ids`` are jobs, and the elements of those that name a job array."""
     with state.sessions() as session:
-        return set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        known = set(session.scalars(select(Job.id).where(Job.id.in_(ids))))
+        arrays: dict[int, list[int]] = {}
+        for head, member in session.execute(select(Job.array_job_id, Job.id).where(Job.array_job_id.in_(ids))
+                                            .order_by(Job.id)):
+            arrays.setdefault(head, []).append(member)
+        return known, {head: tuple(members) for head, members in arrays.items()}
 
 
-def _moment(name: str, value: str | None) -> float | None:
+def moment(name: str, value: str | None) -> float | None:
     """An ISO 8601 date or time as a timestamp (UTC when it names no zone); 422 otherwise."""
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value)
+        when = datetime.fromisoformat(value)
     except ValueError:
         raise invalid_parameter("query", name, f"{shown(value)} is not an ISO 8601 date or time, "
                                 "e.g. 2026-11-24 or 2026-11-24T13:00:00+01:00", "datetime_from_date_parsing") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 @router.get("", response_model=list[JobOut])
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
+              array: Annotated[int | None, Query(ge=0, lt=2**63, description="Only the elements of this job array")] = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
@@ -119,9 +186,10 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
     if unknown:
         raise invalid_parameter("query", "state", f"unknown state(s) {shown(unknown)}; valid: "
                                 f"{', '.join(JobState.__members__)}", "enum")
-    window = [_moment(name, value) for name, value in (("since", since), ("until", until))]
+    window = [moment(name, value) for name, value in (("since", since), ("until", until))]
     jobs = repository.list_jobs(session, include_ended=all, states=states, user=user, name=name, limit=limit,
-                                account=account, partition=partition, since=window[0], until=window[1], after=after)
+                                account=account, partition=partition, since=window[0], until=window[1], after=after,
+                                array=array)
     if len(jobs) == limit:
         response.headers["X-Next-After"] = str(jobs[-1].id)
     expected = dict(state_.controller.expected_starts)
@@ -129,32 +197,41 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
-def get_job(job: str, session: SessionDep, state: StateDep, user: UserDep):
-    found = _job_or_404(session, job, user)
+def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
+    found = _job_or_404(session, job, who.user)
     return JobOut.of(found, state.controller.expected_starts.get(found.id))
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
-def cancel(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
-    found = _acting_on(session, job, user, state, "cancel")
+def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
+    """Cancel a job; an array's id (its first element's) cancels every element, and
+    ``ARRAYID_INDEX`` one element, as ``scancel`` does."""
+    found = _acting_on(session, job, who, state, "cancel")
+    whole = found.array_job_id == found.id and "_" not in job
+    targets = repository.array_members(session, found.id) if whole else [found]
     with state.controller.write_lock:
-        changed = repository.request_cancel(session, found, clock(), user)
+        changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
         session.commit()
-    if changed:
-        state.controller.cancel_requested(found.id)
-    return CancelResponse(id=found.id, cancelled=changed, state=found.state)
+    state.auditor.record(who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
+                         detail=None if changed else "already ended or cancelling")
+    for job_id in changed:
+        state.controller.cancel_requested(job_id)
+    return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
+                          elements=len(changed) if whole else None)
 
 
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
-def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
     """Keep a pending job from starting (Slurm's ``scontrol hold``): reason JobHeldUser, or
     JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
-    found = _acting_on(session, job, user, state, "hold")
-    kind = "admin" if user in state.site.operators and user != found.user else "user"
+    found = _acting_on(session, job, who, state, "hold")
+    kind = "admin" if _is_operator(who) and who.user != found.user else "user"
     with state.controller.write_lock:
-        changed = repository.set_hold(session, found, kind, clock(), user)
+        changed = repository.set_hold(session, found, kind, clock(), who.user)
         session.commit()
     session.refresh(found)
+    state.auditor.record(who, "hold", f"job {found.id}", "ok" if changed else "failed",
+                         f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
     if changed:
         state.controller.hold_changed(found.id, True)
     elif found.state != JobState.PENDING.value or found.cancel_requested_at is not None:
@@ -165,20 +242,22 @@ def hold(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: C
 
 
 @router.post("/{job}/release", response_model=ActionResponse, responses=documented(403, 404))
-def release(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
     """Let a held job be scheduled again (Slurm's ``scontrol release``)."""
-    found = _acting_on(session, job, user, state, "release")
-    operator = user in state.site.operators
+    found = _acting_on(session, job, who, state, "release")
+    operator = _is_operator(who)
+    doing = f"releasing job {found.id}, which an operator held (JobHeldAdmin),"
     if found.hold == "admin" and not operator:
-        raise HTTPException(403, f"job {found.id} was held by an operator (JobHeldAdmin); only an operator "
-                                 f"({', '.join(state.site.operators) or 'none configured'}) may release it")
+        state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
+        raise who.refuse(doing, Role.operator)
     with state.controller.write_lock:
-        changed = repository.set_hold(session, found, "", clock(), user, operator)
+        changed = repository.set_hold(session, found, "", clock(), who.user, operator)
         session.commit()
     session.refresh(found)
     if not changed and found.hold == "admin" and not operator:  # an operator held it meanwhile
-        raise HTTPException(403, f"job {found.id} was held by an operator (JobHeldAdmin); only an operator may "
-                                 "release it")
+        state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
+        raise who.refuse(doing, Role.operator)
+    state.auditor.record(who, "release", f"job {found.id}", detail=None if changed else "was not held")
     if changed:
         state.controller.hold_changed(found.id, False)
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
@@ -186,17 +265,19 @@ def release(job: str, session: SessionDep, state: StateDep, user: UserDep, clock
 
 
 @router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(403, 404, 409))
-def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep,
+def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep,
             hold: Annotated[bool, Query(description="Hold it once it is pending again (scontrol requeuehold)")] = False):
     """Stop a starting or running job (every replica gets its stop signal and grace period) and
     put it back in the queue under the same id, names and checkpoint directory
     (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
-    found = _acting_on(session, job, user, state, "requeue")
-    kind = ("admin" if user in state.site.operators and user != found.user else "user") if hold else ""
+    found = _acting_on(session, job, who, state, "requeue")
+    kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
     with state.controller.write_lock:
-        changed = repository.request_requeue(session, found, clock(), user, kind)
+        changed = repository.request_requeue(session, found, clock(), who.user, kind)
         session.commit()
     session.refresh(found)
+    state.auditor.record(who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
+                         (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
     if changed:
         state.controller.requeue_requested(found.id)
     elif found.requeue_requested_at is None or JobState(found.state).terminal:
@@ -209,10 +290,10 @@ def requeue(job: str, session: SessionDep, state: StateDep, user: UserDep, clock
 
 
 @router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 403, 404, 409, 413))
-def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, user: UserDep, clock: ClockDep):
+def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
     """Set a task's replica count within its elastic bounds; the control loop places new
     replicas or stops the highest ranks with the task's stop signal and grace period."""
-    found = _acting_on(session, job, user, state, "scale")
+    found = _acting_on(session, job, who, state, "scale")
     if found.state not in (JobState.STARTING.value, JobState.RUNNING.value):
         raise HTTPException(409, f"job {found.id} is {found.state}; only a starting or running job can be scaled")
     spec = next((t for t in found.spec["tasks"] if t["name"] == body.task), None)
@@ -227,18 +308,55 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, us
     with state.controller.write_lock:
         repository.set_desired_replicas(session, found.id, body.task, body.replicas)
         repository.add_event(session, found.id, clock(), body.task, "scale_requested",
-                             message=f"{user} asked for {body.replicas} replica(s)")
+                             message=f"{who.user} asked for {body.replicas} replica(s)")
         session.commit()
+    state.auditor.record(who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
     state.controller.scale_requested(found.id, body.task, body.replicas)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
 
 
+@router.post("/{job}/priority", response_model=JobOut, responses=documented(400, 404, 409, 413, 422))
+def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: StateDep, who: IdentityDep,
+                 clock: ClockDep):
+    """Change a pending job's fixed ``priority`` (operators) or ``nice`` (its owner may raise it,
+    which lowers the job; a negative one is for operators), like Slurm's ``scontrol update``."""
+    changes = body.model_dump(include=body.model_fields_set)
+    if not changes:
+        raise invalid_parameter("body", "priority", "give priority and/or nice")
+    found = _acting_on(session, job, who, state, "priority")
+    try:
+        if "priority" in changes:
+            who.require("setting a job's priority", Role.operator)
+        if changes.get("nice") is None:
+            changes.pop("nice", None)
+        elif changes["nice"] < 0:
+            who.require(f"a negative nice ({changes['nice']}, raising the job above others)", Role.operator)
+    except HTTPException as exc:
+        state.auditor.record(who, "priority", f"job {found.id}", "refused", exc.detail)
+        raise
+    if not changes:
+        raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
+    with state.controller.write_lock:
+        changed = repository.set_priority(session, found, clock(), who.user, **changes)
+        session.commit()
+    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
+    state.auditor.record(who, "priority", f"job {found.id}", "ok" if changed else "failed",
+                         detail if changed else f"{detail} not applied: {found.state}")
+    if not changed:
+        raise HTTPException(409, f"job {found.id} is {found.state}"
+                                 f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
+                                 "job's priority can change")
+    state.controller.priority_changed(found.id)
+    session.expire_all()
+    return JobOut.of(repository.load_job(session, found.id))
+
+
 @router.get("/{job}/endpoints", responses=documented(404))
-def endpoints(job: str, session: SessionDep, clock: ClockDep, user: UserDep) -> dict:
+def endpoints(job: str, session: SessionDep, clock: ClockDep, who: IdentityDep) -> dict:
     """Every replica of every task with rank, name, address, ports, state and readiness:
     the same document as the job's CORRAL_PEERS_FILE."""
-    found = _job_or_404(session, job, user)
+    found = _job_or_404(session, job, who.user)
     specs = {t["name"]: t for t in found.spec["tasks"]}
     tasks = [{"name": t.name, "ports": specs[t.name].get("ports") or {},
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
@@ -251,23 +369,27 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep, user: UserDep) -> 
 
 
 @router.get("/{job}/events", response_model=list[EventOut], responses=documented(404))
-def events(job: str, session: SessionDep, user: UserDep):
-    found = _job_or_404(session, job, user)
-    return [EventOut.of(e) for e in repository.job_events(session, found.id)]
+def events(job: str, session: SessionDep, who: IdentityDep):
+    """The job's story. Messages (which may quote a replica's output or a probe's) are shown to
+    the job's owner and operators; others see each transition and its cause only."""
+    found = _job_or_404(session, job, who.user)
+    inside = who.may_see_inside(found.user)
+    return [EventOut.of(e, with_message=inside) for e in repository.job_events(session, found.id)]
 
 
 @router.get("/{job}/logs", response_class=StreamingResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
                        **documented(404)})
-async def logs(job: str, state: StateDep, user: UserDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
+async def logs(job: str, state: StateDep, who: IdentityDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
                prefix: bool | None = None,
                tail: Annotated[int | None, Query(ge=0, le=10_000_000, description="Only the last N lines of each replica's log, then (with follow) what comes")] = None):
     def lookup():
         with state.sessions() as session:
-            found = _job_or_404(session, job, user)
-            return found.id, [(r.label, r.task, r.rank) for r in found.replicas]
+            found = _job_or_404(session, job, who.user)
+            return found.id, found.user, [(r.label, r.task, r.rank) for r in found.replicas]
 
-    job_id, labels = await run_in_threadpool(lookup)
+    job_id, owner, labels = await run_in_threadpool(lookup)
+    who.require_inside(owner, "logs")
     logs_dir = state.settings.logs_dir / str(job_id)
     files = {label: logs_dir / f"{label}.log" for label, _, _ in labels}
     if replica is not None:

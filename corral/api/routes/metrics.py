@@ -13,11 +13,12 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ServerState
+from corral.api.errors import documented
 from corral.scheduler import fairshare
 from corral.states import JobState
 from corral.store.tables import Job
 
-router = APIRouter(tags=["cluster"])
+router = APIRouter(tags=["cluster"], responses=documented(401, 403))
 
 
 @router.get("/metrics", response_class=Response,

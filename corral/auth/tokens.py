@@ -1,0 +1,127 @@
+"""Bearer tokens: issued, verified, listed and revoked.
+
+A token is ``corral_`` and 256 random bits. The store keeps only its SHA-256: a slow password
+hash (bcrypt, scrypt) exists to make guessing a *low-entropy* secret expensive, and nobody can
+guess 256 random bits however fast the hash is; a fast digest lets every request be checked
+in microseconds. Whoever reads the database learns no token.
+
+One server runs per database (``store.database.Claim``) and every token is created and revoked
+through it, so ``TokenBook`` keeps the table in memory, written through to the store: a request
+is authenticated without a database round trip, yet a revocation holds from the next request.
+Expiry is checked against the server's clock. The owner's local token (``corral.credentials``)
+never enters the store: it lives only in the server's memory and its 0600 file."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fastapi import HTTPException
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.store.tables import ApiToken
+
+PREFIX = "corral_"
+TOUCH_EVERY_S = 60.0  # last-used times are written at most this often per token
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def unauthorized(message: str) -> HTTPException:
+    return HTTPException(401, message, headers={"WWW-Authenticate": 'Bearer realm="corral"'})
+
+
+@dataclass
+class TokenRecord:
+    id: int
+    user: str
+    role: str | None
+    created_by: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    last_used_at: float | None
+    note: str | None
+
+    @classmethod
+    def of(cls, row: ApiToken) -> TokenRecord:
+        return cls(row.id, row.user, row.role, row.created_by, row.created_at, row.expires_at, row.revoked_at,
+                   row.last_used_at, row.note)
+
+
+class TokenBook:
+    def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], float], local_token: str | None):
+        self.sessions = sessions
+        self.clock = clock
+        self.local_token = local_token
+        self._lock = threading.Lock()
+        with sessions() as session:
+            rows = session.scalars(select(ApiToken)).all()
+            self._by_digest = {row.digest: TokenRecord.of(row) for row in rows}
+        self._by_id = {r.id: r for r in self._by_digest.values()}
+
+    def is_local(self, token: str) -> bool:
+        return self.local_token is not None and hmac.compare_digest(token.encode(), self.local_token.encode())
+
+    def verify(self, token: str) -> TokenRecord:
+        """The live token's record; a 401 saying why otherwise (unknown, revoked, expired)."""
+        record = self._by_digest.get(digest(token))
+        if record is None:
+            raise unauthorized("the token is not valid on this server (mistyped, or from another server); "
+                               "ask an admin for one (`corral token create`) and `corral login` with it")
+        if record.revoked_at is not None:
+            raise unauthorized(f"token {record.id} (of {record.user}) was revoked; ask an admin for a new one")
+        if record.expires_at is not None and record.expires_at <= self.clock():
+            raise unauthorized(f"token {record.id} (of {record.user}) expired; ask an admin for a new one")
+        return record
+
+    def due_for_touch(self, record: TokenRecord, now: float) -> bool:
+        return record.last_used_at is None or now - record.last_used_at >= TOUCH_EVERY_S
+
+    def touch(self, record: TokenRecord, now: float) -> None:
+        """Record that the token was used (called at most every ``TOUCH_EVERY_S``)."""
+        record.last_used_at = now
+        with self.sessions() as session:
+            session.execute(update(ApiToken).where(ApiToken.id == record.id).values(last_used_at=now))
+            session.commit()
+
+    def create(self, user: str, role: str | None, expires_at: float | None, note: str | None,
+               by: str) -> tuple[TokenRecord, str]:
+        """A new token for ``user``: its record and the token itself, which is never stored."""
+        token = PREFIX + secrets.token_urlsafe(32)
+        now = self.clock()
+        with self._lock, self.sessions() as session:
+            row = ApiToken(digest=digest(token), user=user, role=role, note=note, created_by=by, created_at=now,
+                           expires_at=expires_at)
+            session.add(row)
+            session.commit()
+            record = TokenRecord.of(row)
+            self._by_digest[row.digest] = record
+            self._by_id[record.id] = record
+        return record, token
+
+    def revoke(self, token_id: int) -> tuple[TokenRecord, bool] | None:
+        """Revoke a token: (its record, whether this call revoked it); None if no such token."""
+        with self._lock:
+            record = self._by_id.get(token_id)
+            if record is None:
+                return None
+            if record.revoked_at is not None:
+                return record, False
+            now = self.clock()
+            with self.sessions() as session:
+                session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked_at=now))
+                session.commit()
+            record.revoked_at = now
+            return record, True
+
+    def records(self, include_revoked: bool = False) -> list[TokenRecord]:
+        return sorted((r for r in self._by_id.values() if include_revoked or r.revoked_at is None),
+                      key=lambda r: r.id)

@@ -1,0 +1,236 @@
+"""Slurm's own commands, as the srun executor uses them: what an allocation holds per node
+(``squeue --json``), the steps running in it by name, a step's exit from accounting, node
+addresses, and submitting/cancelling/signalling jobs and steps.
+
+corral talks to Slurm only through its client commands (never its daemons' files or
+sockets), so it works wherever a user's shell does: the commands find the controller
+through ``SLURM_CONF`` or the node's own configuration. Hostlists are expanded and
+compressed with ``python-hostlist``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+
+import hostlist
+
+TIMEOUT_S = 20.0
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message is Slurm's own."""
+
+
+class SlurmRefused(SlurmError):
+    """Slurm answered and refused the job (bad partition, account, shape): trying again
+    cannot help, unlike a controller that does not answer."""
+
+
+@dataclass(frozen=True)
+class NodeShare:
+    """What one allocation holds on one node."""
+
+    host: str
+    cpus: int
+    memory_mb: int
+    gpus: int
+    gpu_type: str | None
+    gpu_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    slurm_id: str
+    name: str
+    state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, TIMEOUT, ... (squeue's job_state)
+    reason: str  # squeue's state_reason: Priority, Resources, None, ...
+    nodes: tuple[NodeShare, ...] = ()
+    restarts: int = 0
+    partition: str = ""
+    time_limit_min: int | None = None
+    batch_host: str = ""
+    features: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+_GRES = re.compile(r"gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<idx>[^)]*)\))?")
+
+
+def parse_gres(detail: str) -> tuple[int, str | None, tuple[int, ...]]:
+    """``gpu:h100:8(IDX:0-7)`` -> (8, "h100", (0..7)); several gres joined by ',' allowed."""
+    total, kind, ids = 0, None, []
+    for part in re.split(r",(?=gpu)", detail or ""):
+        m = _GRES.search(part)
+        if not m:
+            continue
+        total += int(m.group("count"))
+        kind = kind or m.group("type")
+        idx = (m.group("idx") or "").removeprefix("IDX:")
+        for piece in filter(None, idx.split(",")):
+            if piece.upper() == "N/A":
+                continue
+            lo, _, hi = piece.partition("-")
+            if lo.isdigit():
+                ids.extend(range(int(lo), int(hi or lo) + 1))
+    return total, kind, tuple(ids)
+
+
+def expand(nodelist: str) -> list[str]:
+    return hostlist.expand_hostlist(nodelist) if nodelist else []
+
+
+def compress(hosts: list[str]) -> str:
+    return hostlist.collect_hostlist(hosts)
+
+
+def available() -> str | None:
+    """None when Slurm's commands are on PATH and answer; else why not."""
+    missing = [c for c in ("srun", "squeue", "scancel", "sbatch", "scontrol", "sacct") if shutil.which(c) is None]
+    if missing:
+        return f"Slurm's commands are not on PATH ({', '.join(missing)})"
+    try:
+        done = subprocess.run(["squeue", "-h", "-o", "%i", "-j", "0"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"squeue failed: {exc}"
+    if done.returncode != 0 and "Invalid job id" not in done.stderr:
+        return f"the Slurm controller does not answer: {done.stderr.strip()[:200]}"
+    return None
+
+
+class SlurmCli:
+    """Runs Slurm's client commands with the environment they need (``SLURM_CONF``), never
+    the caller's SLURM_* job variables, which would change what the commands do."""
+
+    def __init__(self, environ: dict[str, str] | None = None):
+        source = dict(os.environ if environ is None else environ)
+        self.env = {k: v for k, v in source.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+
+    def run(self, *argv: str, timeout: float = TIMEOUT_S, check: bool = True) -> str:
+        try:
+            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=self.env,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmError(f"{argv[0]} did not answer within {timeout:g}s") from exc
+        except OSError as exc:
+            raise SlurmError(f"{argv[0]}: {exc}") from exc
+        if check and done.returncode != 0:
+            message = (done.stderr or done.stdout).strip().splitlines()
+            raise SlurmError(f"{argv[0]} failed: {message[-1] if message else f'exit code {done.returncode}'}")
+        return done.stdout
+
+    # -- jobs ------------------------------------------------------------------------------
+    def jobs(self, ids: list[str]) -> dict[str, JobInfo]:
+        """The jobs Slurm still knows, by id (a job it forgot, long ended, is absent)."""
+        if not ids:
+            return {}
+        out = self.run("squeue", "--json", "-j", ",".join(ids), check=False)
+        try:
+            data = json.loads(out) if out.strip() else {"jobs": []}
+        except json.JSONDecodeError as exc:
+            raise SlurmError(f"squeue --json gave no JSON: {out[:200]!r}") from exc
+        return {info.slurm_id: info for info in (_job(j) for j in data.get("jobs", []))}
+
+    def submit(self, argv: list[str], script: str) -> str:
+        """``sbatch --parsable`` with the script on stdin; the new job's id."""
+        try:
+            done = subprocess.run(["sbatch", "--parsable", *argv], input=script, capture_output=True, text=True,
+                                  timeout=TIMEOUT_S, env=self.env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SlurmError(f"sbatch: {exc}") from exc
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            message = lines[-1].removeprefix("sbatch: error: ") if lines else f"sbatch exit {done.returncode}"
+            refused = any("submission failed" in line or "invalid" in line.lower() for line in lines)
+            raise (SlurmRefused if refused else SlurmError)(message)
+        return done.stdout.strip().split(";")[0]
+
+    def cancel(self, target: str, signal: str | None = None, batch: bool = False) -> bool:
+        argv = ["scancel", "--quiet"]
+        if signal:
+            argv.append(f"--signal={signal}")
+        if batch:
+            argv.append("--batch")
+        try:
+            self.run(*argv, target)
+            return True
+        except SlurmError:
+            return False
+
+    # -- steps -----------------------------------------------------------------------------
+    def steps(self, slurm_ids: list[str]) -> dict[str, str]:
+        """Running steps of these jobs: step name -> step id (``123.4``)."""
+        if not slurm_ids:
+            return {}
+        out = self.run("squeue", "--steps", "-h", "-o", "%i %j", "-j", ",".join(slurm_ids), check=False)
+        steps = {}
+        for line in out.splitlines():
+            parts = line.split(None, 1)
+            if len(parts) == 2:
+                steps[parts[1].strip()] = parts[0]
+        return steps
+
+    def step_exit(self, slurm_id: str, name: str) -> tuple[str, int | None] | None:
+        """(state, exit code) of the last step of this name in accounting; None if unknown
+        (no accounting, or not recorded yet). A step killed by a signal gives 128+signal."""
+        try:
+            out = self.run("sacct", "-n", "-P", "-j", slurm_id, "-o", "JobID,JobName,State,ExitCode", timeout=10)
+        except SlurmError:
+            return None
+        found = None
+        for line in out.splitlines():
+            parts = line.split("|")
+            if len(parts) == 4 and parts[1] == name:
+                found = parts
+        if found is None:
+            return None
+        state = found[2].split()[0]
+        code, _, sig = found[3].partition(":")
+        if sig.isdigit() and int(sig):
+            return state, 128 + int(sig)
+        return state, int(code) if code.isdigit() else None
+
+    # -- nodes -----------------------------------------------------------------------------
+    def addresses(self, hosts: list[str]) -> dict[str, str]:
+        """Each node's address (NodeAddr), which its replicas listen on."""
+        if not hosts:
+            return {}
+        out = self.run("scontrol", "-o", "show", "node", compress(hosts), check=False)
+        addrs = {}
+        for line in out.splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if "NodeName" in fields:
+                addrs[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+        return addrs
+
+    def features(self, hosts: list[str]) -> dict[str, tuple[str, ...]]:
+        if not hosts:
+            return {}
+        out = self.run("scontrol", "-o", "show", "node", compress(hosts), check=False)
+        result = {}
+        for line in out.splitlines():
+            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
+            if "NodeName" in fields:
+                active = fields.get("ActiveFeatures", "(null)")
+                result[fields["NodeName"]] = () if active in ("(null)", "") else tuple(active.split(","))
+        return result
+
+
+def _job(j: dict) -> JobInfo:
+    hosts = expand(j.get("nodes") or "")
+    shares = []
+    gres = j.get("gres_detail") or []
+    allocated = {n.get("nodename"): n for n in (j.get("job_resources") or {}).get("allocated_nodes", [])}
+    for i, host in enumerate(hosts):
+        node = allocated.get(host, {})
+        cpus = sum(len(s.get("cores", {})) for s in (node.get("sockets") or {}).values())
+        gpus, kind, ids = parse_gres(gres[i] if i < len(gres) else "")
+        shares.append(NodeShare(host, cpus or 1, int(node.get("memory_allocated") or 0), gpus, kind, ids))
+    limit = j.get("time_limit")
+    return JobInfo(str(j.get("job_id")), j.get("name", ""), str(j.get("job_state", "")), str(j.get("state_reason", "")),
+                   tuple(shares), int(j.get("restart_cnt") or 0), str(j.get("partition", "")),
+                   int(limit) if isinstance(limit, int) else None, str(j.get("batch_host") or ""),
+                   str(j.get("features") or ""))

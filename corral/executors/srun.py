@@ -1,0 +1,560 @@
+"""The srun executor: replicas are Slurm job steps inside Slurm allocations. slurmd and
+slurmstepd start, confine and kill the processes; corral never runs an agent of its own.
+
+Where its nodes come from:
+
+* **corral inside an allocation** — ``corral server start`` under ``salloc``/``sbatch``
+  (``SLURM_JOB_ID`` set): the allocation's nodes, with the CPUs, memory and GPUs Slurm gave
+  the job on each, are the pool, named by their hostnames; many corral jobs share them
+  under corral's queue and fair share.
+* **a job group as one Slurm job** — a partition with ``infra: slurm``: each job there is
+  submitted to Slurm as one allocation sized to its gang (``slurmjob``); while Slurm keeps
+  it pending, ``corral queue`` shows Slurm's reason; once it runs, its nodes join the pool
+  as ``s{slurm id}-{host}``, labelled as dedicated to that corral job, and the group runs
+  inside with corral's runtime. The allocation is cancelled when the job ends.
+
+Each attempt is ``srun --jobid J -N1 -n1 -w HOST`` with exactly the replica's CPUs, memory
+and GPUs (``--gres=gpu:N``, or ``--gres=none``: a step without it would take every GPU of
+the node and block the next step), so Slurm's cgroups and GRES binding apply and two
+replicas never share a GPU (``--overlap`` would let them, in Slurm 22.05). The step is named
+after the attempt's key; its output goes straight to the replica's log (``--output``, written
+by slurmstepd, so nothing is lost if the server dies), and the same wrapper as on other
+executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
+what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
+
+Stop signals go through ``scancel --signal`` to the step; SIGKILL cancels the step, and Slurm
+kills everything in it. After a server restart, steps are found again by name: a running one
+is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
+an attempt with neither a step, an ``srun`` alive nor a trace never started."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal as signals
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.noderunner import NodeRunner, base_environment, process_start_time
+from corral.executors import slurmjob
+from corral.executors.slurmcli import JobInfo, SlurmCli, SlurmError
+from corral.pool import NodeSpec
+from corral.runtime.discovery import RESOLVER_DIR
+from corral.runtime.slurmjob import hostlist
+
+log = logging.getLogger("corral.srun")
+
+POLL_S = 0.5
+PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
+PORT_SPAN = 20000
+DEDICATED = "corral.job"  # node label: the node belongs to this corral job's allocation
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+         "OUT_OF_MEMORY", "SPECIAL_EXIT")
+
+
+@dataclass
+class Allocation:
+    slurm_id: str
+    job_id: int | None  # the corral job it was made for; None: the server's own allocation
+    info: JobInfo | None = None
+    nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # corral node -> (host, address)
+    specs: list[NodeSpec] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.info is not None and self.info.state == "RUNNING"
+
+
+@dataclass
+class Attempt:
+    key: str
+    slurm_id: str
+    node: str
+    step: str  # the step's name in Slurm
+    proc: subprocess.Popen | None = None  # our srun client, while this server started it
+    pid: int = 0
+    pid_started: float | None = None
+    seen: bool = False  # its step was seen running
+
+
+class SrunExecutor(EventStream):
+    name = "slurm"
+
+    def __init__(self, settings, scope: str, wake: Wake = lambda: None, own_allocation: str | None = None,
+                 cli: SlurmCli | None = None):
+        super().__init__(wake)
+        self.scope = scope
+        self.cli = cli or SlurmCli()
+        self.logs_dir: Path = settings.logs_dir
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
+        self._base_env = base_environment(os.environ)
+        self._pythonpath = os.environ.get("PYTHONPATH")
+        self._lock = threading.RLock()
+        self._allocs: dict[str, Allocation] = {}
+        self._by_job: dict[int, str] = {}  # corral job -> its allocation
+        self._node_alloc: dict[str, str] = {}  # corral node -> allocation
+        self._live: dict[str, Attempt] = {}
+        self._handed: dict[str, set[int]] = {}  # host -> ports given to replicas
+        self._version = 0
+        self._closed = threading.Event()
+        self.own = own_allocation
+        if own_allocation:
+            self._allocs[own_allocation] = Allocation(own_allocation, None)
+            self._refresh()
+            if not self._allocs[own_allocation].running:
+                raise SlurmError(f"Slurm job {own_allocation} (this allocation) is not running")
+        self._kinds: dict[str, slurmjob.NodeKind] = {}  # Slurm partition -> its node shape
+        self._kept: set[int] = set()  # jobs whose requeued allocation outlives their release
+        self._find_allocations()
+        self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
+        self._thread.start()
+
+    # -- inventory ---------------------------------------------------------------------------
+    def nodes(self) -> list[NodeSpec]:
+        with self._lock:
+            return [spec for alloc in self._allocs.values() if alloc.running for spec in alloc.specs]
+
+    @property
+    def inventory_version(self) -> int:
+        return self._version
+
+    def track(self, slurm_id: str, job_id: int) -> None:
+        """Watch an allocation made for a corral job (submitted by ``slurmjob``, or found
+        again after a server restart); its nodes join the pool once Slurm starts it."""
+        with self._lock:
+            if slurm_id not in self._allocs:
+                self._allocs[slurm_id] = Allocation(slurm_id, job_id)
+                self._by_job[job_id] = slurm_id
+
+    def _find_allocations(self) -> None:
+        """Allocations an earlier server submitted for its jobs (by their Slurm job name)."""
+        try:
+            out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", self._user(), check=False)
+        except SlurmError:
+            return
+        for line in out.splitlines():
+            parts = line.split(None, 1)
+            job_id = slurmjob.job_of(parts[1].strip(), self.scope) if len(parts) == 2 else None
+            if job_id is not None:
+                self.track(parts[0], job_id)
+
+    @staticmethod
+    def _user() -> str:
+        import getpass
+        return getpass.getuser()
+
+    def provision(self, job_id: int, replicas: list[slurmjob.Replica], gpu_type: str | None,
+                  time_limit: float | None, grace: float, partition: str | None, account: str | None,
+                  qos: str | None, exclusive: bool = False, constraint: str | None = None) -> str | None:
+        """Make sure the job has its Slurm allocation: submitted once (never twice: an
+        allocation is found again by name), None once it runs and its nodes are in the pool,
+        else Slurm's reason it waits. Raises SlurmError when Slurm refuses the job."""
+        with self._lock:
+            slurm_id = self._by_job.get(job_id)
+            alloc = self._allocs.get(slurm_id) if slurm_id else None
+        if alloc is None:
+            kind = self._kind(partition)
+            shape = slurmjob.pack(replicas, kind)
+            if gpu_type and kind.gpu_type and gpu_type.lower() == kind.gpu_type.lower():
+                gpu_type = kind.gpu_type  # Slurm's own spelling of the type (h100 for H100)
+            output = self.logs_dir / str(job_id) / "slurm-%j.out"
+            output.parent.mkdir(parents=True, exist_ok=True)
+            argv = slurmjob.sbatch_args(shape, slurmjob.job_name(self.scope, job_id), time_limit, grace, partition,
+                                        account, qos, gpu_type, str(output), exclusive, constraint)
+            slurm_id = self.cli.submit(argv, slurmjob.HOLD_SCRIPT)
+            log.info("job %s: Slurm job %s asks for %s", job_id, slurm_id, shape)
+            self.track(slurm_id, job_id)
+            self._refresh()
+            with self._lock:
+                alloc = self._allocs[slurm_id]
+        if alloc.running and alloc.specs:
+            return None
+        if alloc.info is None:
+            return "Slurm: submitted"
+        return alloc.info.reason if alloc.info.reason not in ("", "None") else alloc.info.state.capitalize()
+
+    def _kind(self, partition: str | None) -> slurmjob.NodeKind:
+        key = partition or ""
+        if key not in self._kinds:
+            argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
+            rows = [line.split("|") for line in self.cli.run(*argv).splitlines() if line.count("|") == 2]
+            if not rows:
+                raise SlurmError(f"Slurm has no nodes in partition {partition or '(default)'}")
+            from corral.executors.slurmcli import parse_gres
+            shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
+                      for c, m, g in rows]
+            self._kinds[key] = slurmjob.NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes),
+                                                 min(s[1] for s in shapes), shapes[0][2][1])
+        return self._kinds[key]
+
+    def prune(self, keep: set[int]) -> None:
+        """Cancel allocations whose corral job ended (or was cancelled while Slurm held it)."""
+        with self._lock:
+            gone = [j for j in self._by_job if j not in keep]
+        for job_id in gone:
+            self.release(job_id)
+
+    def allocation(self, job_id: int) -> JobInfo | None:
+        with self._lock:
+            slurm_id = self._by_job.get(job_id)
+            return self._allocs[slurm_id].info if slurm_id else None
+
+    def _refresh(self) -> None:
+        with self._lock:
+            ids = list(self._allocs)
+        if not ids:
+            return
+        try:
+            infos = self.cli.jobs(ids)
+        except SlurmError as exc:
+            log.warning("could not read Slurm's queue: %s", exc)
+            return
+        changed = False
+        for slurm_id in ids:
+            info = infos.get(slurm_id)
+            with self._lock:
+                alloc = self._allocs.get(slurm_id)
+                if alloc is None:
+                    continue
+                was = alloc.running
+                alloc.info = info
+                if alloc.running and not was:
+                    self._adopt_nodes(alloc)
+                    changed = True
+                elif was and not alloc.running:
+                    for node in alloc.nodes:
+                        self._node_alloc.pop(node, None)
+                    alloc.nodes, alloc.specs = {}, []
+                    changed = True
+        if changed:
+            with self._lock:
+                self._version += 1
+            self._wake_loop()
+
+    def _adopt_nodes(self, alloc: Allocation) -> None:
+        shares = alloc.info.nodes
+        hosts = [s.host for s in shares]
+        try:
+            addrs = self.cli.addresses(hosts)
+            features = self.cli.features(hosts)
+        except SlurmError:
+            addrs, features = {}, {}
+        nodes, specs = {}, []
+        for share in shares:
+            name = share.host if alloc.job_id is None else f"s{alloc.slurm_id}-{share.host}"
+            labels = {f: "true" for f in features.get(share.host, ())}
+            if alloc.job_id is not None:
+                labels[DEDICATED] = str(alloc.job_id)
+            try:
+                spec = NodeSpec(name=name, gpus=share.gpus, gpu_type=share.gpu_type, cpus=float(share.cpus),
+                                memory=round(share.memory_mb / 1024, 3), labels=labels)
+            except ValueError:
+                log.warning("Slurm node %s has a name corral cannot use; left out", share.host)
+                continue
+            nodes[name] = (share.host, addrs.get(share.host, share.host))
+            specs.append(spec)
+            self._node_alloc[name] = alloc.slurm_id
+        alloc.nodes, alloc.specs = nodes, specs
+
+    def _where(self, node: str) -> tuple[Allocation, str, str]:
+        with self._lock:
+            slurm_id = self._node_alloc.get(node)
+            alloc = self._allocs.get(slurm_id) if slurm_id else None
+            if alloc is None or node not in alloc.nodes:
+                raise LaunchError(f"node {node} is not in a running Slurm allocation")
+            host, addr = alloc.nodes[node]
+            return alloc, host, addr
+
+    # -- binding -------------------------------------------------------------------------------
+    def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
+             previous: Binding | None) -> Binding:
+        _, host, addr = self._where(node)
+        with self._lock:
+            handed = self._handed.setdefault(host, set())
+            if previous is not None and previous.addr == addr and set(previous.ports) == set(ports):
+                handed.update(previous.ports.values())
+                return previous
+            chosen = {}
+            for name, wanted in ports.items():
+                port = wanted if wanted not in handed else self._next_port(host)
+                handed.add(port)
+                chosen[name] = port
+            return Binding(addr, chosen)
+
+    def rendezvous_port(self, node: str) -> int:
+        _, host, _ = self._where(node)
+        with self._lock:
+            port = self._next_port(host)
+            self._handed.setdefault(host, set()).add(port)
+            return port
+
+    def _next_port(self, host: str) -> int:
+        handed = self._handed.setdefault(host, set())
+        start = PORT_BASE + (len(handed) * 7919) % PORT_SPAN
+        for i in range(PORT_SPAN):
+            port = PORT_BASE + (start - PORT_BASE + i) % PORT_SPAN
+            if port not in handed:
+                return port
+        raise LaunchError(f"no port left on {host}")
+
+    def reserve(self, job_id: int, generation: int, slots) -> None:
+        return None  # the allocation is the reservation: Slurm gave it to this server's jobs
+
+    def keep_on_release(self, job_id: int) -> None:
+        """Slurm requeued the job's allocation: when corral requeues the job, keep waiting for
+        the same Slurm job instead of cancelling it."""
+        with self._lock:
+            self._kept.add(job_id)
+
+    def slurm_id(self, job_id: int) -> str | None:
+        with self._lock:
+            return self._by_job.get(job_id)
+
+    def release(self, job_id: int) -> None:
+        with self._lock:
+            if job_id in self._kept:
+                self._kept.discard(job_id)
+                return
+            slurm_id = self._by_job.pop(job_id, None)
+            alloc = self._allocs.pop(slurm_id, None) if slurm_id else None
+            if alloc is not None:
+                for node in alloc.nodes:
+                    self._node_alloc.pop(node, None)
+                self._version += 1
+        if slurm_id:
+            self.cli.cancel(slurm_id)  # the job ended: its allocation goes back to Slurm
+
+    # -- attempts ------------------------------------------------------------------------------
+    def _step_name(self, key: str) -> str:
+        return f"corral-{self.scope}-{key}"
+
+    def start(self, launch: Launch) -> Handle:
+        alloc, host, _ = self._where(launch.node)
+        share = next((s for s in alloc.info.nodes if s.host == host), None)
+        cpus = max(1, math.ceil(launch.cpus - 1e-9))
+        if launch.memory > 0:
+            mem_mb = max(1, int(launch.memory * 1024))
+        elif share is not None and share.memory_mb > 0:  # no request: a share in proportion to CPUs
+            mem_mb = max(1, share.memory_mb * cpus // max(share.cpus, 1))
+        else:
+            mem_mb = 0
+        env = {**self._base_env, **launch.env}
+        if launch.gpus:
+            env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES binding sets it for the step
+        log_file = Path(self.log_path(launch.job_id, launch.label))
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env, launch.hosts,
+                                          "", launch.repo)
+        except (OSError, ValueError) as exc:
+            raise LaunchError(str(exc)) from exc
+        wrapper = self._batch_layout(env) + wrapper
+        step = self._step_name(launch.key)
+        argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
+                else "--gres=none", "--kill-on-bad-exit=1", f"--output={log_file}", "--open-mode=append",
+                "--input=none", "--export=ALL"]
+        if mem_mb:
+            argv.append(f"--mem={mem_mb}M")
+        if launch.cwd:
+            argv.append(f"--chdir={launch.cwd}")
+        client_env = {**env, **{k: v for k, v in self.cli.env.items() if k == "SLURM_CONF"}}
+        srun_log = self.runner.run_dir(launch.key) / "srun.log"
+        try:
+            with open(srun_log, "ab") as out:
+                proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                        env=client_env, start_new_session=True, close_fds=True)
+        except (OSError, ValueError) as exc:
+            raise LaunchError(f"srun could not be started: {exc}") from exc
+        started = process_start_time(proc.pid)
+        attempt = Attempt(launch.key, alloc.slurm_id, launch.node, step, proc, proc.pid, started)
+        with self._lock:
+            self._live[launch.key] = attempt
+        return {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
+                "started_at": started}
+
+    def _batch_layout(self, env: dict[str, str]) -> list[str]:
+        """A Slurm batch script's replica: inside its step, the job's layout replaces the step's
+        (all the job's hosts, its task counts), and the script's own srun steps overlap the
+        steps holding the job's nodes (``SLURM_OVERLAP``), as they would in a batch step."""
+        layout = json.loads(env.pop("CORRAL_SLURM_LAYOUT", "") or "{}")
+        if not layout:
+            return []
+        nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
+        hosts = [self._where(n)[1] for n in nodes]
+        if hosts:
+            layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
+        layout["SLURM_OVERLAP"] = "1"
+        unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+                 "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
+                 "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
+        return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
+
+    def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
+        self._refresh()
+        with self._lock:
+            ids = list(self._allocs)
+        steps = self.cli.steps(ids) if ids else {}
+        for key, handle in attempts:
+            step = self._step_name(key)
+            slurm_id = (handle or {}).get("slurm") or ""
+            pid, pid_started = int((handle or {}).get("pid") or 0), (handle or {}).get("started_at")
+            client_alive = bool(pid) and _alive(pid, pid_started)
+            if step in steps or client_alive:
+                slurm_id = slurm_id or steps.get(step, "").split(".")[0]
+                attempt = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None,
+                                  pid if client_alive else 0, pid_started, seen=step in steps)
+                with self._lock:
+                    self._live[key] = attempt
+                self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
+                                                                              "slurm": slurm_id})))
+                continue
+            self._emit(self._ended(key, slurm_id, step, None))
+
+    def _ended(self, key: str, slurm_id: str, step: str, client_rc: int | None) -> Observed:
+        """The attempt's step is gone: its exit from the wrapper's file, else Slurm's
+        accounting, else the srun client's code; never started: ABSENT."""
+        code = self.runner.exit_code(key)
+        if code is not None:
+            return Observed(key, Kind.EXITED, code=code)
+        started = self.runner.started_pid(key) is not None
+        if not started and client_rc is None:
+            return Observed(key, Kind.ABSENT, reason="its Slurm step never started the replica")
+        if not started:  # srun gave up (the allocation ended, Slurm refused the step): say why
+            return Observed(key, Kind.LOST, reason=f"Slurm did not start the step: {self._srun_said(key)}")
+        recorded = self.cli.step_exit(slurm_id, step) if slurm_id else None
+        if recorded is not None and recorded[1] is not None:
+            return Observed(key, Kind.EXITED, code=recorded[1],
+                            reason="" if recorded[0] == "COMPLETED" else f"Slurm: step {recorded[0].lower()}")
+        if client_rc is not None:
+            return Observed(key, Kind.EXITED, code=128 - client_rc if client_rc < 0 else client_rc)
+        return Observed(key, Kind.LOST, reason="its Slurm step ended and left no exit code")
+
+    def _srun_said(self, key: str) -> str:
+        try:
+            lines = (self.runner.run_dir(key) / "srun.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            lines = []
+        return lines[-1][:300] if lines else "srun ended without a message"
+
+    def signal(self, handle: Handle, signum: int) -> bool:
+        key = handle["key"]
+        with self._lock:
+            attempt = self._live.get(key)
+        if attempt is None:
+            return False
+        step_id = self.cli.steps([attempt.slurm_id]).get(attempt.step) if attempt.slurm_id else None
+        if signum == signals.SIGKILL:
+            if step_id:
+                self.cli.cancel(step_id)  # Slurm ends every process of the step
+            if attempt.pid and _alive(attempt.pid, attempt.pid_started):
+                try:  # a step not created yet is never created
+                    os.kill(attempt.pid, signals.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return True
+        if step_id:
+            return self.cli.cancel(step_id, signal=signals.Signals(signum).name.removeprefix("SIG"))
+        if attempt.pid and _alive(attempt.pid, attempt.pid_started):
+            os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
+            return True
+        return False
+
+    def forget(self, handle: Handle) -> None:
+        self.runner.forget(handle["key"])
+
+    # -- discovery, probes, logs ------------------------------------------------------------------
+    def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
+        self.runner.publish(job_id, hosts, peers)  # on the shared filesystem: every node reads it
+
+    def attempt_env(self, job_id: int) -> dict[str, str]:
+        directory = self.runner.job_dir(job_id)
+        path = self._pythonpath
+        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json"),
+                "CORRAL_NAMES": self.runner.hosts_mode,
+                "PYTHONPATH": str(RESOLVER_DIR) + (os.pathsep + path if path else "")}
+
+    def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
+                   timeout: float) -> tuple[bool, str]:
+        try:
+            _, host, _ = self._where(handle.get("node", ""))
+        except LaunchError as exc:
+            return False, str(exc)
+        argv = ["srun", f"--jobid={handle.get('slurm')}", "--overlap", "--nodes=1", "--ntasks=1",
+                f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe", "bash", "-c",
+                command]
+        try:
+            done = subprocess.run(argv, env={**self._base_env, **env, **{k: v for k, v in self.cli.env.items()
+                                                                        if k == "SLURM_CONF"}},
+                                  cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout:g}s"
+        except OSError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return done.returncode == 0, f"exit code {done.returncode}"
+
+    def log_path(self, job_id: int, label: str) -> str:
+        return str(self.logs_dir / str(job_id) / f"{label}.log")
+
+    def cleanup_job(self, job_id: int) -> None:
+        self.runner.cleanup_job(job_id)
+
+    def close(self) -> None:
+        # steps and allocations outlive the server: the next one adopts them
+        self._closed.set()
+        self._thread.join(timeout=5)
+
+    # -- the watcher thread -------------------------------------------------------------------------
+    def _watch(self) -> None:
+        next_queue = 0.0
+        while not self._closed.wait(POLL_S):
+            try:
+                if time.monotonic() >= next_queue:
+                    next_queue = time.monotonic() + 2 * POLL_S
+                    self._refresh()
+                self._check_attempts()
+            except Exception:  # the watcher must outlive a flaky call to Slurm
+                log.exception("srun watcher step failed")
+
+    def _check_attempts(self) -> None:
+        with self._lock:
+            live = list(self._live.values())
+        if not live:
+            return
+        steps = self.cli.steps(sorted({a.slurm_id for a in live if a.slurm_id}))
+        for attempt in live:
+            if attempt.step in steps:
+                attempt.seen = True
+                continue
+            rc = None
+            if attempt.proc is not None:
+                rc = attempt.proc.poll()
+                if rc is None:
+                    continue  # srun waits for its step to be created
+            elif attempt.pid and _alive(attempt.pid, attempt.pid_started):
+                continue
+            # neither its step nor its srun is there: it ended (srun's own end may race the step's
+            # listing, so look once more before reporting)
+            if attempt.step in self.cli.steps([attempt.slurm_id]):
+                continue
+            with self._lock:
+                self._live.pop(attempt.key, None)
+            self._emit(self._ended(attempt.key, attempt.slurm_id, attempt.step, rc))
+
+
+def _alive(pid: int, started: float | None) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - float(started)) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

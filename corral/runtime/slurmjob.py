@@ -1,0 +1,203 @@
+"""What a Slurm batch script's replicas see at launch: Slurm's job variables, the job's node
+layout for ``srun``, the ``--output``/``--error`` files, and where the ``srun``/``scontrol``
+commands come from.
+
+How a batch job holds its nodes on corral's queue (see ``corral.spec.sbatch``): the primary
+task ``batch`` (one replica) runs the script on the job's first node; the auxiliary task
+``node`` holds each other node with one replica that waits until the script ends. Every
+replica is placed by the scheduler on a node of its own, so ``SLURM_JOB_NODELIST`` is the
+corral nodes those replicas were placed on, batch node first, and each node's GPUs are the
+ones its replica holds.
+
+Off Slurm (the local executor, Ray), ``srun`` and ``scontrol`` are corral's own commands
+(``corral.runtime.srun``), put first on the script's PATH through ``CORRAL_SLURM_SHIMS``.
+The local executor's nodes are all this machine, so ``srun`` starts each task itself, as a
+process of the batch replica (inside its process tree and cgroup, so it ends with the job)
+with the environment of the node it stands for (``SLURMD_NODENAME``, that node's GPUs in
+``CUDA_VISIBLE_DEVICES``). On a Slurm infra (executor ``slurm``/``srun``) the shims are not
+put on PATH and no ``SLURM_*`` variable is set here: the real ``srun``/``scontrol`` of the
+allocation are used, with the variables Slurm itself gives the step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.spec.batchstep import BatchStep
+
+SLURM_EXECUTORS = frozenset({"slurm", "srun"})
+# the batch step's variables that describe the job's shape (not its identity), set over the
+# step's own on a real Slurm
+LAYOUT = frozenset({"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
+                    "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK",
+                    "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR",
+                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"})  # where the real srun and scontrol are on PATH
+NO_ARRAY_INDEX = "4294967294"  # what Slurm puts in %a for a job that is not an array element
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    name: str
+    gpus: tuple[int, ...]
+    cpus: float
+    addr: str
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    job_id: int
+    job_name: str
+    user: str
+    partition: str
+    account: str
+    qos: str
+    time_limit: float | None
+    restart_count: int
+    array_job_id: int | None
+    array_index: int | None
+    nodes: tuple[NodeSlot, ...]  # the batch node first
+    workdir: str
+
+
+def hostlist(names: list[str] | tuple[str, ...]) -> str:
+    """The compressed form (``gpu-[0-3]``) that keeps the batch node first, as in Slurm, where
+    it is the allocation's first node: runs the library compresses are joined in order."""
+    from hostlist import collect_hostlist, expand_hostlist
+
+    names = list(names)
+    whole = collect_hostlist(names) if names else ""
+    if expand_hostlist(whole) == names:
+        return whole
+    runs: list[list[str]] = []
+    for name in names:
+        if runs and expand_hostlist(collect_hostlist(runs[-1] + [name])) == runs[-1] + [name]:
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ",".join(collect_hostlist(run) for run in runs)
+
+
+def tasks_per_node(step: BatchStep) -> list[int]:
+    """How ``ntasks`` spread over the nodes: ``--ntasks-per-node`` each, else block
+    distribution (the first nodes get one more when it does not divide)."""
+    if step.ntasks_per_node:
+        return [step.ntasks_per_node] * step.nodes
+    base, extra = divmod(step.ntasks, step.nodes)
+    return [base + (1 if i < extra else 0) for i in range(step.nodes)]
+
+
+def compressed_counts(counts: list[int]) -> str:
+    """Slurm's ``2(x3),1`` form of per-node task counts."""
+    out: list[str] = []
+    i = 0
+    while i < len(counts):
+        j = i
+        while j + 1 < len(counts) and counts[j + 1] == counts[i]:
+            j += 1
+        out.append(str(counts[i]) + (f"(x{j - i + 1})" if j > i else ""))
+        i = j + 1
+    return ",".join(out)
+
+
+def expand_pattern(pattern: str, ctx: BatchContext, node: str) -> str:
+    """sbatch's filename patterns; a number after ``%`` zero-pads numeric fields."""
+    array_id = str(ctx.array_job_id if ctx.array_job_id is not None else ctx.job_id)
+    index = str(ctx.array_index) if ctx.array_index is not None else NO_ARRAY_INDEX
+    values = {"j": str(ctx.job_id), "J": f"{ctx.job_id}.batch", "x": ctx.job_name, "A": array_id, "a": index,
+              "N": node, "n": "0", "t": "0", "s": "batch", "u": ctx.user}
+
+    def fill(match: re.Match) -> str:
+        width, code = match.group(1), match.group(2)
+        if code == "%":
+            return "%"
+        value = values[code]
+        return value.zfill(int(width)) if width and value.isdigit() else value
+
+    path = re.sub(r"%(\d*)([jJxAaNntsu%])", fill, pattern)
+    return path if path.startswith("/") else os.path.join(ctx.workdir, path)
+
+
+def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None,
+              keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """Slurm's variables for the batch script (the batch step: node 0, task 0). With
+    ``--export=NONE`` the script starts with only these, corral's own, the basics of a login
+    (PATH, HOME, USER …) and ``keep`` (the variables the job names)."""
+    names = [n.name for n in ctx.nodes]
+    counts = tasks_per_node(step)
+    first = ctx.nodes[0]
+    env = {
+        "SLURM_JOB_ID": str(ctx.job_id), "SLURM_JOBID": str(ctx.job_id), "SLURM_JOB_NAME": ctx.job_name,
+        "SLURM_JOB_NODELIST": hostlist(names), "SLURM_NODELIST": hostlist(names),
+        "SLURM_NNODES": str(len(names)), "SLURM_JOB_NUM_NODES": str(len(names)),
+        "SLURM_NTASKS": str(step.ntasks), "SLURM_NPROCS": str(step.ntasks),
+        "SLURM_TASKS_PER_NODE": compressed_counts(counts),
+        "SLURM_CPUS_PER_TASK": str(step.cpus_per_task),
+        "SLURM_JOB_CPUS_PER_NODE": compressed_counts([int(n.cpus) or 1 for n in ctx.nodes]),
+        "SLURM_CPUS_ON_NODE": str(int(first.cpus) or 1),
+        "SLURM_SUBMIT_DIR": step.submit_dir, "SLURM_SUBMIT_HOST": os.uname().nodename,
+        "SLURM_JOB_PARTITION": ctx.partition, "SLURM_JOB_ACCOUNT": ctx.account, "SLURM_JOB_QOS": ctx.qos,
+        "SLURM_JOB_USER": ctx.user, "SLURM_CLUSTER_NAME": "corral",
+        "SLURM_RESTART_COUNT": str(ctx.restart_count),
+        "SLURMD_NODENAME": first.name, "SLURM_TOPOLOGY_ADDR": first.name,
+        "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+        "SLURM_JOB_GPUS": ",".join(str(g) for g in first.gpus),
+        "CORRAL_SBATCH_NODES": json.dumps([{"name": n.name, "gpus": list(n.gpus), "cpus": n.cpus, "addr": n.addr}
+                                           for n in ctx.nodes]),
+    }
+    if step.ntasks_per_node:
+        env["SLURM_NTASKS_PER_NODE"] = str(step.ntasks_per_node)
+    if step.gpus_per_node:
+        env["SLURM_GPUS_PER_NODE"] = str(step.gpus_per_node)
+        env["SLURM_GPUS_ON_NODE"] = str(len(first.gpus))
+    if step.gpus_per_task is not None:
+        env["SLURM_GPUS_PER_TASK"] = str(step.gpus_per_task)
+    if ctx.time_limit is not None:
+        env["SLURM_JOB_TIME_LIMIT"] = str(int(ctx.time_limit))
+    if ctx.array_job_id is not None and ctx.array_index is not None:
+        env["SLURM_ARRAY_JOB_ID"] = str(ctx.array_job_id)
+        env["SLURM_ARRAY_TASK_ID"] = str(ctx.array_index)
+    output = step.output or ("slurm-%A_%a.out" if ctx.array_index is not None else "slurm-%j.out")
+    env["CORRAL_SBATCH_OUTPUT"] = expand_pattern(output, ctx, first.name)
+    if step.error:
+        env["CORRAL_SBATCH_ERROR"] = expand_pattern(step.error, ctx, first.name)
+    if step.warn_signal:
+        env["CORRAL_SBATCH_BATCH_SIGNAL" if step.signal_batch_only else "CORRAL_SBATCH_STEP_SIGNAL"] = step.warn_signal
+    if step.export_none:
+        env["CORRAL_SBATCH_EXPORT_NONE"] = "1"
+        env["CORRAL_SBATCH_KEEP"] = " ".join(keep)
+    if infra in SLURM_EXECUTORS:
+        # Inside a real allocation Slurm sets the step's own variables (one node, one task), and
+        # the real srun reads them; the srun executor sets the job's layout over them in the step
+        # (CORRAL_SLURM_LAYOUT, node names mapped to Slurm's hosts) so the script's srun spans the
+        # job. Who and where the job is (its id, partition, account) stay Slurm's.
+        layout = {k: v for k, v in env.items() if k in LAYOUT}
+        out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        out["CORRAL_SLURM_LAYOUT"] = json.dumps(layout)
+        return out
+    if shims is not None:
+        env["CORRAL_SLURM_SHIMS"] = str(shims)
+    return env
+
+
+def ensure_shims(directory: Path) -> Path:
+    """Write ``srun`` and ``scontrol`` commands that run ``corral.runtime.srun`` with this
+    server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""
+    directory.mkdir(parents=True, exist_ok=True)
+    runner = Path(__file__).with_name("srun.py").resolve()
+    for command in ("srun", "scontrol"):
+        text = f"#!/bin/sh\nexec {_sh(sys.executable)} {_sh(str(runner))} {command} \"$@\"\n"
+        path = directory / command
+        if not path.exists() or path.read_text() != text:
+            temp = directory / f".{command}.tmp"
+            temp.write_text(text)
+            temp.chmod(0o755)
+            temp.replace(path)
+    return directory
+
+
+def _sh(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"

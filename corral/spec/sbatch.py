@@ -1,0 +1,559 @@
+"""Slurm batch scripts as corral jobs: ``corral launch train.sbatch`` and ``corral sbatch
+[options] SCRIPT [ARGS]``.
+
+A file is a batch script when its first line is a ``#!`` line and it has ``#SBATCH`` lines
+before its first command (sbatch stops reading directives there too). Directives and
+command-line options go through one option table (``OPTIONS``): long and short forms,
+``--opt=value`` and ``--opt value``; command-line options override the script's, as in
+sbatch. An option with no meaning on corral is named in a warning; an unknown option or a
+malformed value is an error naming the option and its line, and nothing is submitted.
+
+The result maps onto corral's own job model so the queue, fair share, partitions, QOS, time
+limits, signals, requeue, dependencies and node constraints of corral apply:
+
+- one node: a plain job of one task that runs the script;
+- ``--nodes=N`` (N > 1): a job group of a primary task ``batch`` (one replica, runs the
+  script, on the first node) and an auxiliary task ``node`` (N-1 replicas that hold the
+  other nodes until the script ends; termination delay 0), all on distinct nodes
+  (``distinct_nodes``), each holding one node's share (``--gpus-per-node``, tasks per node ×
+  ``--cpus-per-task`` CPUs, ``--mem``);
+- the script's text travels inside the job (``corral.spec.batchshell``), so a requeued job
+  runs the script it was submitted with;
+- ``BatchStep`` (``corral.spec.batchstep``) carries what the runtime needs for Slurm's
+  variables and the ``srun``/``scontrol`` commands (``corral.runtime.slurmjob``)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.scheduler.dependency import parse as parse_dependency
+from corral.spec.batchshell import HOLD, runner
+from corral.scheduler.features import parse_constraint
+from corral.spec.jobarray import parse_array
+from corral.spec.loader import SpecError, SpecIssue
+from corral.spec.models import NAME_RE, NAME_RULE
+from corral.spec.service import STOP_SIGNALS
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def slurm_minutes(text: str) -> float | None:
+    """Seconds from Slurm's time formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``; ``UNLIMITED``/``INFINITE`` is None."""
+    text = text.strip()
+    if text.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not match:
+        raise ValueError(f"{text!r} is not a Slurm time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
+    days, a, b, c = match.groups()
+    numbers = [int(x) for x in (a, b, c) if x is not None]
+    if days is None:  # M, M:S, H:M:S
+        h, m, s = ([0, numbers[0], 0] if len(numbers) == 1 else [0, *numbers] if len(numbers) == 2 else numbers)
+    else:  # D-H, D-H:M, D-H:M:S
+        h, m, s = (numbers + [0, 0])[:3]
+    seconds = int(days or 0) * 86400 + h * 3600 + m * 60 + s
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive time limit")
+    return float(seconds)
+
+
+_SIZE_UNITS = {"K": 1 / 2**20, "M": 1 / 2**10, "G": 1.0, "T": 2.0**10}
+
+
+def slurm_size_gb(text: str) -> float:
+    """GB from ``--mem`` values: a number of megabytes, or with K, M, G or T."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)B?", text.strip().upper())
+    if not match:
+        raise ValueError(f"{text!r} is not a memory size like 16G, 512M or 16000 (megabytes)")
+    return float(match.group(1)) * _SIZE_UNITS[match.group(2) or "M"]
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def _nodes(text: str) -> int:
+    low, _, high = text.partition("-")
+    count = _count(low)
+    if high:
+        _count(high)
+    return count
+
+
+def _gpus(text: str) -> tuple[str | None, int]:
+    """``[type:]N`` (``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``)."""
+    kind, sep, number = text.rpartition(":")
+    if not number.isdigit():
+        raise ValueError(f"{text!r} is not a GPU count like 4 or a100:4")
+    return (kind or None) if sep else None, int(number)
+
+
+def _gres(text: str) -> tuple[str | None, int]:
+    """``gpu``, ``gpu:N`` or ``gpu:type:N`` (other generic resources are refused)."""
+    found: tuple[str | None, int] | None = None
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        if parts[0] != "gpu":
+            raise ValueError(f"generic resource {parts[0]!r} is not one corral schedules (only gpu)")
+        if len(parts) == 1:
+            found = (None, 1)
+        elif len(parts) == 2:
+            found = (None, int(parts[1])) if parts[1].isdigit() else (parts[1], 1)
+        elif len(parts) == 3 and parts[2].isdigit():
+            found = (parts[1], int(parts[2]))
+        else:
+            raise ValueError(f"{item!r} is not gpu, gpu:N or gpu:TYPE:N")
+    if found is None:
+        raise ValueError("--gres needs gpu[:type]:N")
+    return found
+
+
+def _signal(text: str) -> tuple[bool, str, float]:
+    """``[{R|B}:]SIG[@seconds]`` → (batch only, signal name, seconds before the limit)."""
+    batch = False
+    body = text
+    if ":" in text.split("@")[0]:
+        flags, body = text.split(":", 1)
+        if not set(flags.upper()) <= {"B", "R"}:
+            raise ValueError(f"{text!r}: the flags before ':' are B (batch shell) and R (reservation)")
+        batch = "B" in flags.upper()
+    name, _, when = body.partition("@")
+    if name.isdigit():
+        import signal as _signal_module
+        try:
+            name = _signal_module.Signals(int(name)).name
+        except ValueError:
+            raise ValueError(f"{name} is not a signal number") from None
+    name = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    if name not in STOP_SIGNALS:
+        raise ValueError(f"{name} is not a signal corral sends; use one of {', '.join(STOP_SIGNALS)}")
+    if when and not when.isdigit():
+        raise ValueError(f"{when!r} after '@' is not a number of seconds")
+    return batch, name, float(when or 60)
+
+
+_PATTERN_CODES = set("jJxAaNntsu%")
+
+
+def _pattern(text: str) -> str:
+    for match in re.finditer(r"%(\d*)(.)?", text):
+        if match.group(2) is None or match.group(2) not in _PATTERN_CODES:
+            raise ValueError(f"{text!r}: %{match.group(2) or ''} is not a filename pattern corral fills in "
+                             "(%j %J %x %A %a %N %n %t %s %u %%)")
+    return text
+
+
+def _name(text: str) -> str:
+    if not NAME_RE.fullmatch(text):
+        raise ValueError(f"{text!r} is not a job name corral can use as a host name part: {NAME_RULE}")
+    return text
+
+
+def _dependency(text: str) -> str:
+    parts = []
+    for part in text.replace("?", ",").split(","):
+        if not part.strip():
+            continue
+        if "+" in part:
+            raise ValueError(f"{part!r}: a delay after '+' is not supported")
+        if "_" in part:
+            raise ValueError(f"{part!r}: dependencies on single array elements are not supported; "
+                             "name the element's own job id")
+        parts.append(part.strip())
+    parse_dependency(",".join(parts))  # raises with what is wrong
+    return ",".join(parts)
+
+
+def _export(text: str) -> tuple[bool, tuple[str, ...]]:
+    items = [i.strip() for i in text.split(",") if i.strip()]
+    if not items:
+        raise ValueError("--export takes ALL, NONE or a list of VAR or VAR=value")
+    first = items[0].upper()
+    none = first == "NONE" or first not in ("ALL", "NIL")
+    rest = items[1:] if first in ("ALL", "NONE", "NIL") else items
+    for item in rest:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(=.*)?", item):
+            raise ValueError(f"{item!r} is not VAR or VAR=value")
+    return none, tuple(rest)
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("yes", "no"):
+        raise ValueError(f"{text!r}: use yes or no")
+    return text.lower() == "yes"
+
+
+def _nodelist(text: str) -> tuple[str, ...]:
+    from hostlist import expand_hostlist
+
+    try:
+        return tuple(expand_hostlist(text))
+    except Exception:  # the library's BadHostlist
+        raise ValueError(f"{text!r} is not a node list like gpu-[0-3],cpu-1") from None
+
+
+def _constraint(text: str) -> str:
+    parse_constraint(text)
+    return text
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be empty")
+    return text.strip()
+
+
+def _nice(text: str) -> int:
+    if not re.fullmatch(r"-?\d+", text.strip()):
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+# -- the option table -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    long: str
+    short: str | None = None
+    parse: Callable[[str], Any] | None = _text  # None: a flag
+    default: str | None = None  # the value of an optional-argument option given bare
+    ignored: str = ""  # why it has no meaning here (a warning); empty: it is used
+
+
+_IGNORED = "has no meaning on corral's queue"
+OPTIONS: tuple[Option, ...] = (
+    Option("job-name", "J", _name),
+    Option("nodes", "N", _nodes),
+    Option("ntasks", "n", _count),
+    Option("ntasks-per-node", None, _count),
+    Option("cpus-per-task", "c", _count),
+    Option("cpus-per-gpu", None, _count),
+    Option("gres", None, _gres),
+    Option("gpus", "G", _gpus),
+    Option("gpus-per-node", None, _gpus),
+    Option("gpus-per-task", None, _gpus),
+    Option("mem", None, slurm_size_gb),
+    Option("mem-per-cpu", None, slurm_size_gb),
+    Option("time", "t", slurm_minutes),
+    Option("partition", "p", _text),
+    Option("account", "A", _text),
+    Option("qos", "q", _text),
+    Option("output", "o", _pattern),
+    Option("error", "e", _pattern),
+    Option("exclusive", None, _text, default="exclusive"),
+    Option("array", "a", parse_array),
+    Option("dependency", "d", _dependency),
+    Option("kill-on-invalid-dep", None, _yes_no),
+    Option("signal", None, _signal),
+    Option("requeue", None, None),
+    Option("no-requeue", None, None),
+    Option("constraint", "C", _constraint),
+    Option("nodelist", "w", _nodelist),
+    Option("chdir", "D", _text),
+    Option("export", None, _export),
+    Option("hold", "H", None),
+    Option("nice", None, _nice, default="100"),
+    Option("wait", "W", None),
+    Option("parsable", None, None),
+    # accepted with a warning naming them: they change nothing a corral job could honour
+    *(Option(name, short, _text, ignored=_IGNORED) for name, short in (
+        ("mail-type", None), ("mail-user", None), ("hint", None), ("reservation", None), ("comment", None),
+        ("wckey", None), ("profile", None), ("acctg-freq", None), ("distribution", "m"), ("cpu-freq", None),
+        ("gpu-bind", None), ("gpu-freq", None), ("mem-bind", None), ("licenses", "L"), ("open-mode", None),
+        ("network", None), ("switches", None), ("tmp", None), ("threads-per-core", None), ("propagate", None),
+        ("sockets-per-node", None), ("cores-per-socket", None), ("mcs-label", None), ("power", None))),
+    *(Option(name, short, None, ignored=_IGNORED) for name, short in (
+        ("overcommit", "O"), ("oversubscribe", "s"), ("spread-job", None), ("quiet", "Q"), ("verbose", "v"),
+        ("no-kill", "k"), ("get-user-env", None), ("use-min-nodes", None))),
+)
+_BY_LONG = {o.long: o for o in OPTIONS}
+_BY_SHORT = {o.short: o for o in OPTIONS if o.short}
+
+
+@dataclass
+class _Given:
+    value: Any
+    line: int | None  # None: the command line
+
+
+@dataclass
+class BatchJob:
+    """A batch script as a corral submission: the job's YAML documents, its job-level
+    scheduling fields, its array (if any), and warnings to show."""
+
+    documents: list[dict[str, Any]]
+    scheduling: dict[str, Any]
+    array: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    wait: bool = False  # sbatch --wait: block until the job ends
+    parsable: bool = False
+    base_dir: str = "/"
+
+
+def is_batch_script(text: str) -> bool:
+    """A ``#!`` first line, then ``#SBATCH`` before the first command (comments and blank lines
+    aside), as sbatch reads its directives."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("#!"):
+        return False
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            return True
+        if stripped and not stripped.startswith("#"):
+            return False
+    return False
+
+
+def directives(text: str) -> list[tuple[int, list[str]]]:
+    """The words of each ``#SBATCH`` line before the first command, with its line number."""
+    out = []
+    for number, line in enumerate(text.splitlines()[1:], start=2):
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            rest = stripped[len("#SBATCH"):]
+            if rest and not rest[0].isspace():
+                continue  # "#SBATCHX" is a comment to sbatch too
+            try:
+                out.append((number, shlex.split(rest, comments=True)))
+            except ValueError as exc:
+                out.append((number, [f"\0{exc}"]))
+        elif stripped and not stripped.startswith("#"):
+            break
+    return out
+
+
+def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: list[SpecIssue],
+          warnings: list[str], stop_at_operand: bool = False) -> int:
+    """Read options into ``given``; returns how many words were options (the command line
+    stops at the script's path)."""
+    where = "sbatch script" if line is not None else "command line"
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word.startswith("\0"):
+            issues.append(SpecIssue(where, "", line, f"cannot split the line into words: {word[1:]}"))
+            return len(words)
+        if not word.startswith("-") or word == "-":
+            if stop_at_operand:
+                return i
+            issues.append(SpecIssue(where, word, line, "is not an option (directives are --name=value or -x value)"))
+            i += 1
+            continue
+        if word == "--":
+            return i + 1
+        value: str | None
+        if word.startswith("--"):
+            name, sep, value = word[2:].partition("=")
+            option = _BY_LONG.get(name)
+            label = f"--{name}"
+            value = value if sep else None
+        else:
+            option = _BY_SHORT.get(word[1:2])
+            label = word[:2]
+            value = word[2:] or None
+            if value is not None and value.startswith("="):
+                value = value[1:]
+        if option is None:
+            issues.append(SpecIssue(where, label, line, "unknown sbatch option"))
+            i += 1
+            continue
+        if option.parse is None:  # a flag
+            if value is not None:
+                issues.append(SpecIssue(where, label, line, "takes no value"))
+        elif value is None:
+            if option.default is not None:
+                value = option.default
+            elif i + 1 < len(words):
+                i += 1
+                value = words[i]
+            else:
+                issues.append(SpecIssue(where, label, line, "needs a value"))
+                i += 1
+                continue
+        i += 1
+        if option.ignored:
+            warnings.append(f"{label}{'=' + value if value else ''} (line {line}) {option.ignored}; ignored"
+                            if line is not None else f"{label} {option.ignored}; ignored")
+            continue
+        try:
+            parsed = True if option.parse is None else option.parse(value)
+        except ValueError as exc:
+            issues.append(SpecIssue(where, label, line, str(exc)))
+            continue
+        if option.long in ("requeue", "no-requeue"):
+            given.pop("requeue", None)
+            given["requeue"] = _Given(option.long == "requeue", line)
+            continue
+        given[option.long] = _Given(parsed, line)
+    return len(words)
+
+
+def parse_command_line(words: list[str]) -> tuple[dict[str, _Given], list[str], list[SpecIssue], list[str]]:
+    """``corral sbatch`` arguments: (options, [SCRIPT, ARGS…], problems, warnings)."""
+    given: dict[str, _Given] = {}
+    issues: list[SpecIssue] = []
+    warnings: list[str] = []
+    used = _read(words, None, given, issues, warnings, stop_at_operand=True)
+    return given, words[used:], issues, warnings
+
+
+def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", args: tuple[str, ...] = (),
+               overrides: dict[str, _Given] | None = None, environ: Mapping[str, str] | None = None,
+               warnings: list[str] | None = None) -> BatchJob:
+    """The script's directives, overridden by ``overrides`` (the command line's), as a
+    corral submission. ``environ`` is the submitter's environment (for ``--export=VAR``)."""
+    given: dict[str, _Given] = {}
+    issues: list[SpecIssue] = []
+    notes: list[str] = list(warnings or [])
+    if "\x00" in text:
+        raise SpecError([SpecIssue("sbatch script", "", None, "holds a NUL byte")], source)
+    for line, words in directives(text):
+        _read(words, line, given, issues, notes)
+    given.update(overrides or {})
+    if issues:
+        raise SpecError(issues, source)
+    job = _to_job(text, given, source, submit_dir, args, environ or {}, issues, notes)
+    if issues:
+        raise SpecError(issues, source)
+    return job
+
+
+def _value(given: dict[str, _Given], name: str, default: Any = None) -> Any:
+    return given[name].value if name in given else default
+
+
+def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, args: tuple[str, ...],
+            environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]) -> BatchJob:
+    def problem(name: str, message: str) -> None:
+        issues.append(SpecIssue("sbatch script" if given[name].line else "command line", f"--{name}",
+                                given[name].line, message))
+
+    nodes = _value(given, "nodes", 1)
+    if "nodelist" in given and "nodes" not in given:
+        nodes = len(given["nodelist"].value)
+    if "nodelist" in given and len(given["nodelist"].value) > nodes:
+        problem("nodelist", f"names {len(given['nodelist'].value)} nodes but the job asks for {nodes} (--nodes)")
+    per_node = _value(given, "ntasks-per-node")
+    ntasks = _value(given, "ntasks")
+    if ntasks is None:
+        ntasks = nodes * (per_node or 1)
+    elif per_node is not None and per_node * nodes < ntasks:
+        problem("ntasks", f"{ntasks} tasks do not fit {nodes} node(s) x {per_node} tasks per node")
+    if ntasks < nodes:
+        problem("ntasks", f"{ntasks} task(s) cannot cover {nodes} nodes (each node runs at least one)")
+    tasks_per_node = per_node or math.ceil(ntasks / nodes)
+    cpt = _value(given, "cpus-per-task", 1)
+
+    gpu_type: str | None = None
+    gpus_node = 0
+    gpt = None
+    sources = [n for n in ("gres", "gpus", "gpus-per-node", "gpus-per-task") if n in given]
+    if len(sources) > 1 and not (set(sources) == {"gpus-per-task", "gpus"}):
+        problem(sources[1], f"give the GPUs once: --{sources[0]} is given too")
+    if "gres" in given:
+        gpu_type, gpus_node = given["gres"].value
+    if "gpus-per-node" in given:
+        gpu_type, gpus_node = given["gpus-per-node"].value
+    if "gpus" in given and "gpus-per-task" not in given:
+        gpu_type, total = given["gpus"].value
+        if total % nodes:
+            problem("gpus", f"{total} GPUs do not split evenly over {nodes} nodes; use --gpus-per-node")
+        gpus_node = total // nodes
+    if "gpus-per-task" in given:
+        gpu_type, gpt = given["gpus-per-task"].value
+        gpus_node = gpt * tasks_per_node
+    cpus_node = cpt * tasks_per_node
+    if "cpus-per-gpu" in given:
+        cpus_node = max(cpus_node, given["cpus-per-gpu"].value * gpus_node)
+    memory = 0.0
+    if "mem" in given and "mem-per-cpu" in given:
+        problem("mem-per-cpu", "give --mem or --mem-per-cpu, not both")
+    elif "mem" in given:
+        memory = given["mem"].value
+        if memory == 0:
+            notes.append("--mem=0 asks for all of a node's memory: corral reserves none (use --exclusive for "
+                         "whole nodes)")
+    elif "mem-per-cpu" in given:
+        memory = given["mem-per-cpu"].value * cpus_node
+
+    name = _value(given, "job-name") or _script_name(source)
+    batch_only, warn_signal, warn_seconds = _value(given, "signal", (True, None, 0.0))
+    export_none, exported = _value(given, "export", (False, ()))
+    envs: dict[str, str] = {}
+    for item in exported:
+        key, sep, val = item.partition("=")
+        if sep:
+            envs[key] = val
+        elif key in environ:
+            envs[key] = environ[key]
+        else:
+            problem("export", f"{key} is not set in the submitting environment")
+    chdir = _value(given, "chdir")
+    if chdir is not None and not chdir.startswith("/"):
+        chdir = f"{submit_dir.rstrip('/')}/{chdir}"
+    step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
+            "submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none,
+            "args": list(args)}
+    for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt), ("warn_signal", warn_signal),
+                       ("output", _value(given, "output")), ("error", _value(given, "error"))):
+        if value is not None:
+            step[key] = value
+    resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
+    if gpus_node:
+        resources["accelerators"] = f"{gpu_type}:{gpus_node}" if gpu_type else gpus_node
+    placement: dict[str, Any] = {}
+    if "constraint" in given:
+        placement["constraint"] = given["constraint"].value
+    if "nodelist" in given:
+        placement["nodelist"] = list(given["nodelist"].value)
+    if "exclusive" in given:
+        placement["exclusive"] = True
+    common = {"resources": resources, **placement, "grace_period": "30s"}
+    if warn_signal is not None:
+        common["signal_before_timeout"] = {"signal": warn_signal, "seconds": warn_seconds}
+    batch_task = {"name": "batch" if nodes > 1 else name, "run": runner(text, args), "envs": envs,
+                  "workdir": chdir or submit_dir, **common, "sbatch": {**step, "role": "batch"}}
+    scheduling: dict[str, Any] = {}
+    for option, key in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
+                        ("dependency", "dependency"), ("nice", "nice"), ("kill-on-invalid-dep", "kill_on_invalid_dep"),
+                        ("requeue", "requeue")):
+        if option in given:
+            scheduling[key] = given[option].value
+    if "partition" in given and "," in scheduling["partition"]:
+        first = scheduling["partition"].split(",")[0]
+        notes.append(f"--partition={scheduling['partition']}: corral queues a job in one partition; using {first}")
+        scheduling["partition"] = first
+    if "hold" in given:
+        scheduling["hold"] = True
+    limit = _value(given, "time")
+    if limit is not None:
+        scheduling["time_limit"] = limit
+    if nodes == 1:
+        documents = [{**batch_task}]
+    else:
+        batch_task["distinct_nodes"] = True
+        holder = {"name": "node", "num_nodes": nodes - 1, "run": HOLD, "workdir": chdir or submit_dir,
+                  "distinct_nodes": True, **common, "sbatch": {**step, "role": "node"}}
+        holder.pop("signal_before_timeout", None)
+        documents = [{"name": name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
+                     batch_task, holder]
+    array = given["array"].value if "array" in given else None
+    return BatchJob(documents, scheduling, str(array) if array is not None else None, notes,
+                    wait=bool(_value(given, "wait", False)), parsable=bool(_value(given, "parsable", False)),
+                    base_dir=submit_dir)
+
+
+def _script_name(source: str) -> str:
+    stem = re.sub(r"\.(sbatch|slurm|sh|bash)$", "", source.rsplit("/", 1)[-1])
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_")[:63]
+    return cleaned if NAME_RE.fullmatch(cleaned or "-") else "sbatch"
