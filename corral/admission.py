@@ -5,7 +5,13 @@ job that could never run is refused with the field to fix: a partition whose nod
 never hold the gang, an account the partition does not allow, a QOS or account cap below
 the job's GPUs, a dependency on a job that does not exist. Like Slurm's associations, an
 account the site's tree declares may be charged only by the users it lists (a ``forbidden``
-refusal). Which roles may raise a job's priority is the API's to check (``corral.auth``)."""
+refusal). Which roles may raise a job's priority is the API's to check (``corral.auth``).
+
+``Admission`` remembers what it admitted by the request's shape (user, whether they may
+charge any account, scheduling fields, whether the partition is a Slurm one, time limit,
+each task's replicas and resources): a flood of submissions asks the same few shapes of a
+site that does not change, so only the first of each shape pays for the checks (a pool that
+changed, say a Ray node joined, starts the memory afresh)."""
 
 from __future__ import annotations
 
@@ -75,10 +81,9 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     if partition.max_time is not None and limit is not None and limit > partition.max_time:
         return Refusal("time_limit", f"{limit:g}s is longer than partition {partition.name!r} allows "
                                      f"({partition.max_time:g}s)")
-    for kind, ids in sched.dependency:
-        for job_id in ids:
-            if not job_exists(job_id):
-                return Refusal("dependency", f"{kind}:{job_id}: there is no job {job_id}")
+    missing = _missing_dependency(sched.dependency, job_exists)
+    if missing is not None:
+        return missing
     # a pipeline's stages run one at a time: each must fit alone; a job group's tasks, together
     stages = [[t] for t in spec.tasks] if spec.pipeline else [list(spec.tasks)]
     tally = Tally(Snapshot((), ()), policy, 0.0)
@@ -103,6 +108,53 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
             return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                                   f"{account!r} ever allows")
     return Admitted(partition.name, account, qos, limit)
+
+
+class Admission:
+    """``admit`` for one site, remembering admitted shapes (refusals are rare and name the
+    task, so they are worked out each time)."""
+
+    MAX_SHAPES = 1024
+
+    def __init__(self, site: Site):
+        self.site = site
+        self._pool: tuple = ()
+        self._admitted: dict[tuple, Admitted] = {}
+
+    def __call__(self, spec: JobSpec, user: str, job_exists: Callable[[int], bool],
+                 any_account: bool = False) -> Admitted | Refusal:
+        site = self.site
+        pool = tuple(site.nodes)
+        if pool != self._pool:  # identical node objects compare at once; a new pool forgets every shape
+            self._pool, self._admitted = pool, {}
+        sched = spec.scheduling
+        # Everything ``admit`` reads besides the dependencies (checked for each job below). The
+        # role matters through any_account (an admin may charge accounts that do not list them);
+        # a Slurm partition skips the capacity check, so it is keyed too should the site's map
+        # change. Priority and nice are the API's role checks, and an array's elements share the
+        # one admission of their spec: neither changes the answer.
+        slurm = site.policy.partition(sched.partition or "").name in site.slurm_partitions
+        key = (user, any_account, sched.partition, slurm, sched.account, sched.qos, spec.time_limit,
+               spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
+        admitted = self._admitted.get(key)
+        if admitted is None:
+            result = admit(spec, user, site, job_exists, any_account=any_account)
+            if isinstance(result, Admitted):
+                if len(self._admitted) >= self.MAX_SHAPES:
+                    self._admitted.clear()
+                self._admitted[key] = result
+            return result
+        # every check before the dependencies passed for this shape; the dependencies are this job's own
+        return _missing_dependency(sched.dependency, job_exists) or admitted
+
+
+def _missing_dependency(dependency: tuple[tuple[str, tuple[int, ...]], ...],
+                        job_exists: Callable[[int], bool]) -> Refusal | None:
+    for kind, ids in dependency:
+        for job_id in ids:
+            if not job_exists(job_id):
+                return Refusal("dependency", f"{kind}:{job_id}: there is no job {job_id}")
+    return None
 
 
 # Whether a request shape can ever fit a partition's pool, by (pool, partition, shape): a flood

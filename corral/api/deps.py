@@ -14,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from corral.admission import Admission
 from corral.api.intake import Intake
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
@@ -34,11 +35,13 @@ class ServerState:
     owner: str = ""  # the OS user running the server: the local token speaks for them
     local_token: str | None = None  # see corral.credentials
     intake: Intake = field(init=False)
+    admission: Admission = field(init=False)
     tokens: TokenBook = field(init=False)
     auditor: Auditor = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.controller.submitted)
+        self.admission = Admission(self.site)
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)
 

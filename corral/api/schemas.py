@@ -106,19 +106,24 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job, expected_start: float | None = None) -> JobOut:
+        """Built from a stored row without validating it again (``model_construct``): every
+        value already has its field's type, and a listing of thousands of jobs (or a flood of
+        submissions, each answered with its job) would otherwise validate each one twice."""
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
-        return cls(id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
-                   exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
-                   submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
-                   cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
-                   account=job.account or "", qos=job.qos or "", nice=job.nice or 0, time_limit=job.time_limit,
-                   dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
-                   if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
-                   expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
-                   array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
-                   array_throttle=getattr(job, "array_throttle", None), tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+        return cls.model_construct(
+            id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
+            exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
+            submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
+            cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
+            account=job.account or "", qos=job.qos or "", nice=job.nice or 0, time_limit=job.time_limit,
+            dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
+                if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
+            expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
+            array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
+            array_throttle=getattr(job, "array_throttle", None),
+            tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
 _LIVE = (JobState.STARTING.value, JobState.RUNNING.value)
@@ -149,16 +154,17 @@ def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
-    return TaskOut(name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
-                   min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"),
-                   gpu_type=task.gpu_type, cpus=task.cpus, memory=task.memory,
-                   termination_delay=task.termination_delay, alternatives=alternatives, alternative=alternative,
-                   endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
-                   replicas=[ReplicaOut(rank=r.rank, state=r.state, ready=bool(r.ready),
-                                        hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
-                                        node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code,
-                                        last_exit_code=r.last_exit_code, restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at),
-                                        log_path=r.log_path) for r in replicas])
+    return TaskOut.model_construct(
+        name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
+        min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
+        cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
+        alternative=alternative,
+        endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
+        replicas=[ReplicaOut.model_construct(
+            rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
+            node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,
+            restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path)
+            for r in replicas])
 
 
 class SubmitResponse(BaseModel):

@@ -213,6 +213,11 @@ def record_of(job: Job) -> JobRec:
                          getattr(t, "endpoint_port", None)) for t in job.tasks]
     rec.replicas = [ReplicaRec(r.id, r.job_id, r.task, r.rank, ReplicaState(r.state), restarts=r.restarts)
                     for r in job.replicas]
+    validated = getattr(job, "validated", None)  # a job the intake just stored: its spec is validated
+    if validated is not None:
+        tasks = {t.name: t for t in validated.tasks}
+        for task in rec.tasks:
+            task.__dict__["service"] = tasks[task.name]  # the cached property, filled without a second validation
     return rec
 
 

@@ -3,11 +3,13 @@ and records requests (cancel); the control loop alone moves states."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.scheduler.plan import Reason
@@ -55,67 +57,122 @@ class NewJob:
 
 
 _INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
+# inline: no implicit RETURNING of a single row's key, which a pipeline cannot hand back before it syncs
+_PLAIN_INSERTS = {table.name: insert(table).inline() for table in (_JOBS, _TASKS, _REPLICAS, _EVENTS)}
+_NEXT_IDS = text("SELECT (SELECT array_agg(nextval(pg_get_serial_sequence('jobs', 'id'))) "
+                 "FROM generate_series(1, :jobs)), "
+                 "(SELECT array_agg(nextval(pg_get_serial_sequence('tasks', 'id'))) FROM generate_series(1, :tasks)), "
+                 "(SELECT array_agg(nextval(pg_get_serial_sequence('replicas', 'id'))) "
+                 "FROM generate_series(1, :replicas))")
 
 
 def create_jobs(session: Session, new: list[NewJob], now: float) -> list[SimpleNamespace]:
-    """Insert jobs with their tasks, replicas and first events in four Core statements for the
-    whole batch (the submit hot path). Returns the rows as plain objects with ids filled in,
-    shaped like the ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care."""
+    """Insert jobs with their tasks, replicas and first events, a few statements for the whole
+    batch (the submit hot path). Returns the rows as plain objects with ids filled in, shaped
+    like the ORM classes (``job.tasks``, ``job.replicas``) so readers of either need not care.
+
+    SQLite (in process) numbers the rows with RETURNING, a statement per table. Over a network
+    each statement is a round trip, so PostgreSQL takes every id the batch needs from the
+    sequences in one query and sends the four inserts as one pipeline."""
     conn = session.connection()
-    jobs = []
-    for item in new:
-        spec, sched = item.spec, item.spec.scheduling
-        jobs.append(SimpleNamespace(
-            name=spec.name, user=item.user, state=JobState.PENDING.value,
-            reason=Reason.HELD_USER.value if sched.hold else "None", message=None, exit_code=None,
-            spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
-            cancel_requested_at=None, version=0, partition=item.partition, account=item.account or item.user,
-            qos=item.qos, nice=sched.nice, priority=sched.priority,
-            time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
-            dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
-            kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
-            requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
-            array_throttle=item.array_throttle))
-    for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [vars(j) for j in jobs]).scalars().all()):
-        job.id = new_id
+    jobs = [_job_row(item, now) for item in new]
+    if conn.dialect.name == "postgresql":
+        counts = {"jobs": len(jobs), "tasks": sum(len(i.spec.tasks) for i in new),
+                  "replicas": sum(t.num_nodes for i in new for t in i.spec.tasks)}
+        job_ids, task_ids, replica_ids = (iter(sorted(ids or ())) for ids in conn.execute(_NEXT_IDS, counts).one())
+        for job, item in zip(jobs, new):
+            job.id = next(job_ids)
+            _children(job, item, task_ids, replica_ids)
+        _name_arrays(jobs, new)  # the ids are known before the inserts: the rows carry their array
+        # psycopg sends the four together, one round trip; another driver, one after another
+        raw, dbapi_error = conn.connection.dbapi_connection, conn.dialect.loaded_dbapi.Error
+        try:
+            with raw.pipeline() if conn.dialect.driver == "psycopg" else contextlib.nullcontext():
+                conn.execute(_PLAIN_INSERTS["jobs"], [_columns(j) for j in jobs])
+                conn.execute(_PLAIN_INSERTS["tasks"], [vars(t) for j in jobs for t in j.tasks])
+                conn.execute(_PLAIN_INSERTS["replicas"], [vars(r) for j in jobs for r in j.replicas])
+                conn.execute(_PLAIN_INSERTS["events"], [_first_event(job, item, now) for job, item in zip(jobs, new)])
+        except dbapi_error as exc:  # raised as the pipeline syncs, where SQLAlchemy does not translate it
+            raise DBAPIError.instance(None, None, exc, dbapi_error) from exc
+    else:
+        for job, new_id in zip(jobs, conn.execute(_INSERT_JOBS, [_columns(j) for j in jobs]).scalars().all()):
+            job.id = new_id
+        members = _name_arrays(jobs, new)  # numbered by the insert: the array column is set after it
+        if members:
+            conn.execute(update(_JOBS).where(_JOBS.c.id == bindparam("job_id"))
+                         .values(array_job_id=bindparam("array")), members)
+        for job, item in zip(jobs, new):
+            _children(job, item)
+        for stmt, rows in ((_INSERT_TASKS, [t for j in jobs for t in j.tasks]),
+                           (_INSERT_REPLICAS, [r for j in jobs for r in j.replicas])):
+            for row, new_id in zip(rows, conn.execute(stmt, [vars(r) for r in rows]).scalars().all()):
+                row.id = new_id
+        conn.execute(_INSERT_EVENT, [_first_event(job, item, now) for job, item in zip(jobs, new)])
+    for job, item in zip(jobs, new):
+        job.validated = item.spec  # what ``spec`` was dumped from: its reader need not validate it again
+    return jobs
+
+
+def _job_row(item: NewJob, now: float) -> SimpleNamespace:
+    spec, sched = item.spec, item.spec.scheduling
+    return SimpleNamespace(
+        name=spec.name, user=item.user, state=JobState.PENDING.value,
+        reason=Reason.HELD_USER.value if sched.hold else "None", message=None, exit_code=None,
+        spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
+        cancel_requested_at=None, version=0, partition=item.partition, account=item.account or item.user,
+        qos=item.qos, nice=sched.nice, priority=sched.priority,
+        time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,
+        dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
+        kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
+        requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
+        array_throttle=item.array_throttle)
+
+
+def _name_arrays(jobs: list[SimpleNamespace], new: list[NewJob]) -> list[dict]:
+    """Each array element's ``array_job_id``: an array is named by its first element's id (the
+    elements of one array are consecutive in a batch). Returns (job_id, array) pairs to store."""
     head = None
-    for job, item in zip(jobs, new):  # an array is named by its first element's id, known only now
+    for job, item in zip(jobs, new):
         if item.array_index is not None:
             head = job.id if item.array_head or head is None else head
             job.array_job_id = head
-    members = [{"job_id": j.id, "array": j.array_job_id} for j in jobs if j.array_job_id is not None]
-    if members:
-        conn.execute(update(_JOBS).where(_JOBS.c.id == bindparam("job_id")).values(array_job_id=bindparam("array")),
-                     members)
-    tasks, replicas = [], []
-    for job, item in zip(jobs, new):
-        spec = item.spec
-        job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
-                                     primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,
-                                     gpus=task.resources.gpus, gpu_type=task.resources.gpu_type,
-                                     cpus=task.resources.cpus, memory=task.resources.memory,
-                                     grace_period=task.grace_period,
-                                     termination_delay=spec.termination_delay.get(task.name, 0.0),
-                                     termination_deadline=None, master_port=None, endpoint_port=None)
-                     for position, task in enumerate(spec.tasks)]
-        job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
-                                        state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
-                                        pid=None, infra=None, handle=None, attempt=0, ports=None, exit_code=None,
-                                        restarts=0, started_at=None, ended_at=None, stop_requested_at=None,
-                                        stop_cause=None, kill_at=None, log_path=None, addr=None, ready=False,
-                                        restart_at=None, last_exit_code=None)
-                        for t in job.tasks for rank in range(t.num_nodes)]
-        tasks += job.tasks
-        replicas += job.replicas
-    for stmt, rows in ((_INSERT_TASKS, tasks), (_INSERT_REPLICAS, replicas)):
-        for row, new_id in zip(rows, conn.execute(stmt, [vars(r) for r in rows]).scalars().all()):
+    return [{"job_id": j.id, "array": j.array_job_id} for j in jobs if j.array_job_id is not None]
+
+
+def _columns(job: SimpleNamespace) -> dict:
+    return {k: v for k, v in vars(job).items() if k not in ("tasks", "replicas")}
+
+
+def _children(job: SimpleNamespace, item: NewJob, task_ids: Iterator[int] | None = None,
+              replica_ids: Iterator[int] | None = None) -> None:
+    """``job.tasks`` and ``job.replicas`` (with ids when they are given)."""
+    spec = item.spec
+    job.tasks = [SimpleNamespace(job_id=job.id, position=position, name=task.name,
+                                 primary=task.name in spec.primary_tasks, num_nodes=task.num_nodes,
+                                 gpus=task.resources.gpus, gpu_type=task.resources.gpu_type,
+                                 cpus=task.resources.cpus, memory=task.resources.memory,
+                                 grace_period=task.grace_period,
+                                 termination_delay=spec.termination_delay.get(task.name, 0.0),
+                                 termination_deadline=None, master_port=None, endpoint_port=None)
+                 for position, task in enumerate(spec.tasks)]
+    job.replicas = [SimpleNamespace(job_id=job.id, task=t.name, task_position=t.position, rank=rank,
+                                    state=ReplicaState.PENDING.value, node=None, gpus=[], cpus=0.0, memory=0.0,
+                                    pid=None, infra=None, handle=None, attempt=0, ports=None, exit_code=None,
+                                    restarts=0, started_at=None, ended_at=None, stop_requested_at=None,
+                                    stop_cause=None, kill_at=None, log_path=None, addr=None, ready=False,
+                                    restart_at=None, last_exit_code=None)
+                    for t in job.tasks for rank in range(t.num_nodes)]
+    if task_ids is not None and replica_ids is not None:
+        for row, new_id in zip(job.tasks, task_ids):
             row.id = new_id
-    conn.execute(_INSERT_EVENT, [{"job_id": job.id, "ts": now, "subject": "job", "cause": "submitted",
-                                  "from_state": None, "to_state": JobState.PENDING.value,
-                                  "message": f"submitted by {job.user}: {len(item.spec.tasks)} task(s), "
-                                             f"{len(job.replicas)} replica(s)"}
-                                 for job, item in zip(jobs, new)])
-    return jobs
+        for row, new_id in zip(job.replicas, replica_ids):
+            row.id = new_id
+
+
+def _first_event(job: SimpleNamespace, item: NewJob, now: float) -> dict:
+    return {"job_id": job.id, "ts": now, "subject": "job", "cause": "submitted", "from_state": None,
+            "to_state": JobState.PENDING.value,
+            "message": f"submitted by {job.user}: {len(item.spec.tasks)} task(s), {len(job.replicas)} replica(s)"}
 
 
 _ACTIVE_NAMED = select(_JOBS.c.id).where(_JOBS.c.user == bindparam("user"), _JOBS.c.name == bindparam("name"),

@@ -17,7 +17,7 @@ from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
-from corral.admission import Refusal, admit
+from corral.admission import Refusal
 from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
@@ -90,7 +90,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                            for kind, ids in spec.scheduling.dependency)
         spec = spec.model_copy(update={"scheduling": spec.scheduling.model_copy(update={"dependency": dependency})})
         known |= {i for members in arrays.values() for i in members}
-    admitted = admit(spec, user, state.site, known.__contains__, any_account=who.role is Role.admin)
+    admitted = state.admission(spec, user, known.__contains__, any_account=who.role is Role.admin)
     if isinstance(admitted, Refusal) and admitted.forbidden:
         state.auditor.record(who, "submit", None, "refused", admitted.message)
         raise HTTPException(403, admitted.message)
