@@ -354,3 +354,23 @@ def test_sbatch_array_on_slurm_keeps_its_throttle(corpus):
         spans.append((float(start), float(end)))
     for start, _ in spans:  # %2: never more than two elements at once
         assert sum(1 for s, e in spans if s <= start < e) <= 2
+
+
+def test_a_job_slurm_requeues_is_requeued_by_corral_under_the_same_id(slurm_home, tmp_path):
+    corral = slurm_home
+    spec = tmp_path / "rq.yaml"
+    spec.write_text("name: rq\nresources: {accelerators: H100:1}\nrun: sleep 300\n")
+    job_id = corral("launch", "--slurm", "-d", str(spec)).stdout.strip()
+    wait_for(lambda: _job(corral, job_id)["state"] == "RUNNING", timeout=30, interval=0.5)
+    slurm_id = _slurm_job_of(corral, job_id)
+    subprocess.run(["scontrol", "requeue", slurm_id], env=ENV, check=True)
+    # the replica is lost with the requeue (not failed), the job pending again with Slurm's reason,
+    # waiting for the same Slurm job rather than a new one
+    job = wait_for(lambda: (j := _job(corral, job_id))["state"] == "PENDING" and j["requeues"] == 1 and j,
+                   timeout=30, interval=0.5)
+    assert job["reason"] not in ("None", "Resources")  # Slurm's own (BeginTime while it waits out the requeue)
+    assert _slurm_job_of(corral, job_id) == slurm_id
+    events = corral("events", job_id).stdout
+    assert "Slurm requeued its allocation" in events and "FAILED" not in events
+    corral("cancel", job_id)
+    wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)

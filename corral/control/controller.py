@@ -107,7 +107,8 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         self.pending: dict[int, JobRec] = {}  # queue order = id order
         self.active: dict[int, JobRec] = {}  # STARTING or RUNNING
         self._reasons: dict[int, str] = {}
-        self._engine_waiting: set[int] = set()  # pending jobs whose Slurm allocation does not run yet
+        self._engine_waiting: set[int] = set()
+        self.down_infra: dict[str, str] = {}  # a DOWN node -> the infra it was on  # pending jobs whose Slurm allocation does not run yet
         self._allocs: dict[int, Allocation] = {}  # replica id -> resources it holds
         self._by_key: dict[str, tuple[int, int]] = {}  # attempt key -> (job id, replica id)
         self._forget: list[tuple[str, dict]] = []  # (infra, handle) of ends made durable this cycle
@@ -250,8 +251,9 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                     nodes.append(node)
                     infra[node.name] = name
         for old in self.nodes:
-            if old.name not in infra:
+            if old.name not in infra and "corral.job" not in old.labels:  # an allocation's nodes leave with it
                 self.down_nodes[old.name] = old
+                self.down_infra[old.name] = self.node_infra.get(old.name, "local")
         for node in nodes:
             self.down_nodes.pop(node.name, None)
         self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
@@ -813,7 +815,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         task = job.task(replica.task)
         executor = self.executor_of(replica)
         checkpoint = self.settings.checkpoints_dir / str(job.id) / replica.task
-        if executor.name == "local":
+        if executor.name in ("local", "slurm"):  # here, or on the filesystem Slurm's nodes share
             checkpoint.mkdir(parents=True, exist_ok=True)
         envs = {**task.spec.get("envs", {}), **task.spec.get("secrets", {})}
         peers = job.replicas_of(replica.task)
@@ -861,6 +863,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                 executor.cleanup_job(job.id)
             except Exception:
                 log.exception("releasing job %s on %s failed", job.id, executor.name)
+        self.refresh_inventory()  # nodes that left with it (a Slurm allocation) are not placed on again
 
     # -- recovery -----------------------------------------------------------------------
     def recover(self) -> None:

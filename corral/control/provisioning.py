@@ -22,8 +22,8 @@ from corral.states import JobState, ReplicaState
 log = logging.getLogger("corral.control")
 
 # squeue states in which an allocation that ran before is waiting to run again
-REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED")
-LIVE = ("RUNNING", "CONFIGURING", "COMPLETING")
+REQUEUED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
+LIVE = ("RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED")
 
 
 # corral's own reasons that leave a job free to be given an allocation: it waits only for nodes
@@ -46,12 +46,22 @@ class ProvisioningMixin:
         forward = set(self.site.slurm.forward) if self.site.slurm is not None else set()
         waiting: set[int] = set()
         keep: set[int] = set()
+        # an array's %N throttle counts the elements that hold an allocation, pending ones too
+        holding: dict[int, int] = {}
+        for job in list(self.pending.values()) + list(self.active.values()):
+            if job.array_job_id and (job.id in self.active or engine.slurm_id(job.id) is not None):
+                holding[job.array_job_id] = holding.get(job.array_job_id, 0) + 1
         for job in list(self.pending.values()):
             if job.partition not in partitions:
                 continue
             keep.add(job.id)
-            if engine.slurm_id(job.id) is None and self._reasons.get(job.id) not in FOR_NODES:
+            submitted = engine.slurm_id(job.id) is not None
+            if not submitted and self._reasons.get(job.id) not in FOR_NODES:
                 continue  # not placed yet by the scheduler, or gated: not Slurm's business yet
+            if not submitted and job.array_job_id and job.array_throttle and \
+                    holding.get(job.array_job_id, 0) >= job.array_throttle:
+                self._set_reason(job.id, Reason.ARRAY_LIMIT.value)
+                continue
             stage = job.stage()
             replicas = [Replica(t.gpus, t.cpus, t.memory, t.service.distinct_nodes)
                         for t in stage for _ in range(t.num_nodes)]
@@ -70,13 +80,16 @@ class ProvisioningMixin:
                 continue
             except SlurmError as exc:  # the controller does not answer: the job waits, and says why
                 reason = f"Slurm unreachable: {str(exc)[:120]}"
+            if not submitted and engine.slurm_id(job.id) is not None:
+                if job.array_job_id:
+                    holding[job.array_job_id] = holding.get(job.array_job_id, 0) + 1
+                self.journal.event(job.id, now, "job", "slurm",
+                                   message=f"submitted to Slurm as job {engine.slurm_id(job.id)}")
             if reason is None:
                 self._sched_needed = True  # its nodes are in the pool: place it
             else:
                 waiting.add(job.id)
-                if self._reasons.get(job.id) != reason:
-                    self._reasons[job.id] = reason
-                    self.journal.job(job.id, reason=reason)
+                self._set_reason(job.id, reason)
         for job in list(self.active.values()):
             if job.partition not in partitions:
                 continue
@@ -99,6 +112,11 @@ class ProvisioningMixin:
                 self._dirty.add(job.id)
         engine.prune(keep)
         self._engine_waiting = waiting
+
+    def _set_reason(self, job_id: int, reason: str) -> None:
+        if self._reasons.get(job_id) != reason:
+            self._reasons[job_id] = reason
+            self.journal.job(job_id, reason=reason)
 
     def _refused_by_engine(self, job, why: str, now: float) -> None:  # noqa: ANN001 - a JobRec
         self.pending.pop(job.id, None)

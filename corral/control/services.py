@@ -323,7 +323,7 @@ class ServicesMixin:
                 out.append(PendingJob(-r.id, (TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory,
                                                           task.gpu_type),),
                                       job.submitted_at, job.user, job.account, limit, job.nice, job.partition,
-                                      job.qos, job.priority, (), job.name))
+                                      job.qos, job.priority, (), job.name, owner=job.id))
         return out
 
     def _place_growth(self, replica_id: int, alloc: Allocation, now: float) -> None:

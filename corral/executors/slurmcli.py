@@ -60,6 +60,10 @@ class JobInfo:
 _GRES = re.compile(r"gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<idx>[^)]*)\))?")
 
 
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                      "BOOT_FAIL", "DEADLINE"})
+
+
 def parse_gres(detail: str) -> tuple[int, str | None, tuple[int, ...]]:
     """``gpu:h100:8(IDX:0-7)`` -> (8, "h100", (0..7)); several gres joined by ',' allowed."""
     total, kind, ids = 0, None, []
@@ -127,11 +131,14 @@ class SlurmCli:
         """The jobs Slurm still knows, by id (a job it forgot, long ended, is absent)."""
         if not ids:
             return {}
-        out = self.run("squeue", "--json", "-j", ",".join(ids), check=False)
+        # a failed query raises: an allocation Slurm did not answer about is unknown, never gone
+        out = self.run("squeue", "--json")  # (22.05 ignores -j with --json: every job comes back)
         try:
-            data = json.loads(out) if out.strip() else {"jobs": []}
+            data = json.loads(out)
         except json.JSONDecodeError as exc:
             raise SlurmError(f"squeue --json gave no JSON: {out[:200]!r}") from exc
+        if data.get("errors"):
+            raise SlurmError(f"squeue: {data['errors'][0]}")
         return {info.slurm_id: info for info in (_job(j) for j in data.get("jobs", []))}
 
     def submit(self, argv: list[str], script: str) -> str:
@@ -144,7 +151,10 @@ class SlurmCli:
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
             message = lines[-1].removeprefix("sbatch: error: ") if lines else f"sbatch exit {done.returncode}"
-            refused = any("submission failed" in line or "invalid" in line.lower() for line in lines)
+            text = " ".join(lines).lower()
+            unreachable = any(w in text for w in ("unable to contact", "connect failure", "timed out", "timeout",
+                                                    "communication", "configuration source"))
+            refused = not unreachable and ("submission failed" in text or "invalid" in text)
             raise (SlurmRefused if refused else SlurmError)(message)
         return done.stdout.strip().split(";")[0]
 
@@ -162,16 +172,39 @@ class SlurmCli:
 
     # -- steps -----------------------------------------------------------------------------
     def steps(self, slurm_ids: list[str]) -> dict[str, str]:
-        """Running steps of these jobs: step name -> step id (``123.4``)."""
+        """Running steps of these jobs: step name -> step id (``123.4``). Raises when squeue
+        does not answer: a step Slurm did not answer about is unknown, never gone."""
         if not slurm_ids:
             return {}
-        out = self.run("squeue", "--steps", "-h", "-o", "%i %j", "-j", ",".join(slurm_ids), check=False)
+        out = self._query("squeue", "--steps", "-h", "-o", "%i %j", "-j", ",".join(slurm_ids))
         steps = {}
         for line in out.splitlines():
             parts = line.split(None, 1)
             if len(parts) == 2:
                 steps[parts[1].strip()] = parts[0]
         return steps
+
+    def _query(self, *argv: str) -> str:
+        """A squeue of given jobs: "" when Slurm no longer knows them (Invalid job id)."""
+        try:
+            done = subprocess.run(list(argv), capture_output=True, text=True, timeout=TIMEOUT_S, env=self.env,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SlurmError(f"{argv[0]}: {exc}") from exc
+        if done.returncode != 0:
+            if "Invalid job id" in done.stderr:
+                return ""
+            raise SlurmError(f"{argv[0]} failed: {done.stderr.strip()[-200:]}")
+        return done.stdout
+
+    def alive(self, slurm_ids: list[str]) -> bool:
+        """Whether squeue answers and lists any of these jobs (raises when it does not answer)."""
+        return bool(self._query("squeue", "-h", "-o", "%i", "-j", ",".join(slurm_ids)).split())
+
+    def by_name(self, name: str) -> list[str]:
+        """Ids of the user's jobs with this name that Slurm still runs or holds."""
+        out = self.run("squeue", "-h", "-o", "%i %T", "-n", name)
+        return [line.split()[0] for line in out.splitlines() if line.split()]
 
     def step_exit(self, slurm_id: str, name: str) -> tuple[str, int | None] | None:
         """(state, exit code) of the last step of this name in accounting; None if unknown
@@ -188,6 +221,8 @@ class SlurmCli:
         if found is None:
             return None
         state = found[2].split()[0]
+        if state not in TERMINAL:
+            return None  # not final yet (sacct says RUNNING 0:0 until the step is finalised)
         code, _, sig = found[3].partition(":")
         if sig.isdigit() and int(sig):
             return state, 128 + int(sig)

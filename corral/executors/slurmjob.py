@@ -120,7 +120,9 @@ def sbatch_args(shape: Shape, name: str, time_limit_s: float | None, grace_s: fl
 
 
 HOLD_SCRIPT = """#!/bin/bash
-# The allocation of a corral job: corral starts its replicas as job steps (srun) and
-# cancels this job when the corral job ends. Nothing runs here but this wait.
-exec sleep infinity
+# The allocation of a corral job: corral starts its replicas as job steps (srun) and ends
+# this job when the corral job ends (SIGUSR1: it completes). Nothing runs here but this wait.
+trap 'exit 0' USR1
+sleep infinity &
+wait
 """

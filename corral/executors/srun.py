@@ -48,14 +48,16 @@ from corral.executors import slurmjob
 from corral.executors.slurmcli import JobInfo, SlurmCli, SlurmError
 from corral.pool import NodeSpec
 from corral.runtime.discovery import RESOLVER_DIR
-from corral.runtime.slurmjob import hostlist
+from corral.runtime.slurmjob import compressed_counts, hostlist
 
 log = logging.getLogger("corral.srun")
 
 POLL_S = 0.5
+ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
 PORT_SPAN = 20000
 DEDICATED = "corral.job"  # node label: the node belongs to this corral job's allocation
+REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
          "OUT_OF_MEMORY", "SPECIAL_EXIT")
 
@@ -66,6 +68,7 @@ class Allocation:
     job_id: int | None  # the corral job it was made for; None: the server's own allocation
     info: JobInfo | None = None
     nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # corral node -> (host, address)
+    checked: bool = False  # Slurm answered about it since it was tracked
     specs: list[NodeSpec] = field(default_factory=list)
 
     @property
@@ -83,6 +86,8 @@ class Attempt:
     pid: int = 0
     pid_started: float | None = None
     seen: bool = False  # its step was seen running
+    ending: bool = False  # its main process ended: the step is being ended
+    gone_since: float | None = None  # when its step was first found gone
 
 
 class SrunExecutor(EventStream):
@@ -135,11 +140,18 @@ class SrunExecutor(EventStream):
                 self._by_job[job_id] = slurm_id
 
     def _find_allocations(self) -> None:
-        """Allocations an earlier server submitted for its jobs (by their Slurm job name)."""
-        try:
-            out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", self._user(), check=False)
-        except SlurmError:
-            return
+        """Allocations an earlier server submitted for its jobs (by their Slurm job name). Slurm
+        must answer: a server that started blind would take its jobs' allocations for gone."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", self._user())
+                break
+            except SlurmError as exc:
+                if time.monotonic() > deadline:
+                    raise SlurmError(f"Slurm does not answer, so this server cannot tell which of its jobs "
+                                     f"have allocations: {exc}") from exc
+                time.sleep(2)
         for line in out.splitlines():
             parts = line.split(None, 1)
             job_id = slurmjob.job_of(parts[1].strip(), self.scope) if len(parts) == 2 else None
@@ -160,7 +172,18 @@ class SrunExecutor(EventStream):
         with self._lock:
             slurm_id = self._by_job.get(job_id)
             alloc = self._allocs.get(slurm_id) if slurm_id else None
+        if alloc is not None and alloc.checked and alloc.info is None:
+            # cancelled outside corral (or forgotten) while the job still waits: ask again
+            log.info("job %s: its Slurm job %s is gone; asking Slurm again", job_id, slurm_id)
+            with self._lock:
+                self._allocs.pop(slurm_id, None)
+                self._by_job.pop(job_id, None)
+            alloc = None
         if alloc is None:
+            for existing in self.cli.by_name(slurmjob.job_name(self.scope, job_id)):
+                self.track(existing, job_id)  # submitted before (an sbatch that timed out, a crash)
+                self._refresh()
+                return "Slurm: submitted"
             kind = self._kind(partition)
             shape = slurmjob.pack(replicas, kind)
             if gpu_type and kind.gpu_type and gpu_type.lower() == kind.gpu_type.lower():
@@ -195,6 +218,11 @@ class SrunExecutor(EventStream):
                                                  min(s[1] for s in shapes), shapes[0][2][1])
         return self._kinds[key]
 
+    def _cancel_if_left(self, slurm_id: str) -> None:
+        info = self.cli.jobs([slurm_id]).get(slurm_id)
+        if info is not None and info.state not in ENDED:
+            self.cli.cancel(slurm_id)
+
     def prune(self, keep: set[int]) -> None:
         """Cancel allocations whose corral job ended (or was cancelled while Slurm held it)."""
         with self._lock:
@@ -226,6 +254,7 @@ class SrunExecutor(EventStream):
                     continue
                 was = alloc.running
                 alloc.info = info
+                alloc.checked = True
                 if alloc.running and not was:
                     self._adopt_nodes(alloc)
                     changed = True
@@ -329,8 +358,23 @@ class SrunExecutor(EventStream):
                 for node in alloc.nodes:
                     self._node_alloc.pop(node, None)
                 self._version += 1
+        if not slurm_id:
+            return  # not a job of Slurm's
+        try:
+            for extra in self.cli.by_name(slurmjob.job_name(self.scope, job_id)):
+                if extra != slurm_id:
+                    self.cli.cancel(extra)
+        except SlurmError:
+            log.warning("could not look for other Slurm jobs of job %s", job_id)
         if slurm_id:
-            self.cli.cancel(slurm_id)  # the job ended: its allocation goes back to Slurm
+            # the job ended: its allocation completes (its batch script exits 0 on SIGUSR1, so
+            # Slurm's accounting does not call every corral job cancelled); cancelled if not
+            if not self.cli.cancel(slurm_id, signal="USR1", batch=True):
+                self.cli.cancel(slurm_id)
+            else:
+                timer = threading.Timer(10.0, self._cancel_if_left, (slurm_id,))
+                timer.daemon = True
+                timer.start()
 
     # -- attempts ------------------------------------------------------------------------------
     def _step_name(self, key: str) -> str:
@@ -351,12 +395,14 @@ class SrunExecutor(EventStream):
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES binding sets it for the step
         log_file = Path(self.log_path(launch.job_id, launch.label))
         log_file.parent.mkdir(parents=True, exist_ok=True)
+        if "CORRAL_SLURM_LAYOUT" in env:  # a batch script: its host name is the node's, as under sbatch
+            env.pop("CORRAL_HOSTNAME", None)
         try:
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env, launch.hosts,
                                           "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
-        wrapper = self._batch_layout(env) + wrapper
+        wrapper = self._batch_layout(env, alloc) + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
@@ -381,7 +427,7 @@ class SrunExecutor(EventStream):
         return {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
                 "started_at": started}
 
-    def _batch_layout(self, env: dict[str, str]) -> list[str]:
+    def _batch_layout(self, env: dict[str, str], alloc: Allocation) -> list[str]:
         """A Slurm batch script's replica: inside its step, the job's layout replaces the step's
         (all the job's hosts, its task counts), and the script's own srun steps overlap the
         steps holding the job's nodes (``SLURM_OVERLAP``), as they would in a batch step."""
@@ -392,6 +438,8 @@ class SrunExecutor(EventStream):
         hosts = [self._where(n)[1] for n in nodes]
         if hosts:
             layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
+            cpus = {share.host: share.cpus for share in alloc.info.nodes}
+            layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
         layout["SLURM_OVERLAP"] = "1"
         unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
                  "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
@@ -402,12 +450,18 @@ class SrunExecutor(EventStream):
         self._refresh()
         with self._lock:
             ids = list(self._allocs)
-        steps = self.cli.steps(ids) if ids else {}
+        steps = _retrying(lambda: self.cli.steps(ids)) if ids else {}
+        clients = _srun_clients()  # srun commands still alive, by the step name they create
         for key, handle in attempts:
             step = self._step_name(key)
             slurm_id = (handle or {}).get("slurm") or ""
             pid, pid_started = int((handle or {}).get("pid") or 0), (handle or {}).get("started_at")
             client_alive = bool(pid) and _alive(pid, pid_started)
+            if not client_alive and step in clients:
+                # its handle was never stored (the server died while srun waited for its step):
+                # the srun is still there and will start it, so the attempt is not absent
+                pid, pid_started = clients[step]
+                client_alive = True
             if step in steps or client_alive:
                 slurm_id = slurm_id or steps.get(step, "").split(".")[0]
                 attempt = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None,
@@ -417,11 +471,21 @@ class SrunExecutor(EventStream):
                 self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
                                                                               "slurm": slurm_id})))
                 continue
-            self._emit(self._ended(key, slurm_id, step, None))
+            ended = self._ended(key, slurm_id, step, None)
+            if ended is None:  # accounting has not finalised its step yet: watch it a little longer
+                with self._lock:
+                    self._live[key] = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None, 0, None,
+                                              seen=True, gone_since=time.monotonic())
+                self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
+                                                                              "slurm": slurm_id})))
+                continue
+            self._emit(ended)
 
-    def _ended(self, key: str, slurm_id: str, step: str, client_rc: int | None) -> Observed:
-        """The attempt's step is gone: its exit from the wrapper's file, else Slurm's
-        accounting, else the srun client's code; never started: ABSENT."""
+    def _ended(self, key: str, slurm_id: str, step: str, client_rc: int | None,
+               waited: float = ACCOUNTING_WAIT_S) -> Observed | None:
+        """The attempt's step is gone: its exit from the wrapper's file, else the srun client's
+        code, else Slurm's accounting once final (None: not final yet, ask again); never
+        started: ABSENT."""
         code = self.runner.exit_code(key)
         if code is not None:
             return Observed(key, Kind.EXITED, code=code)
@@ -430,12 +494,14 @@ class SrunExecutor(EventStream):
             return Observed(key, Kind.ABSENT, reason="its Slurm step never started the replica")
         if not started:  # srun gave up (the allocation ended, Slurm refused the step): say why
             return Observed(key, Kind.LOST, reason=f"Slurm did not start the step: {self._srun_said(key)}")
+        if client_rc is not None:
+            return Observed(key, Kind.EXITED, code=128 - client_rc if client_rc < 0 else client_rc)
         recorded = self.cli.step_exit(slurm_id, step) if slurm_id else None
         if recorded is not None and recorded[1] is not None:
             return Observed(key, Kind.EXITED, code=recorded[1],
                             reason="" if recorded[0] == "COMPLETED" else f"Slurm: step {recorded[0].lower()}")
-        if client_rc is not None:
-            return Observed(key, Kind.EXITED, code=128 - client_rc if client_rc < 0 else client_rc)
+        if waited < ACCOUNTING_WAIT_S:
+            return None
         return Observed(key, Kind.LOST, reason="its Slurm step ended and left no exit code")
 
     def _srun_said(self, key: str) -> str:
@@ -451,10 +517,15 @@ class SrunExecutor(EventStream):
             attempt = self._live.get(key)
         if attempt is None:
             return False
-        step_id = self.cli.steps([attempt.slurm_id]).get(attempt.step) if attempt.slurm_id else None
+        try:
+            step_id = _retrying(lambda: self.cli.steps([attempt.slurm_id])).get(attempt.step) \
+                if attempt.slurm_id else None
+        except SlurmError:
+            step_id = None
+            log.warning("could not find the step of %s to signal it; trying its srun", key)
         if signum == signals.SIGKILL:
             if step_id:
-                self.cli.cancel(step_id)  # Slurm ends every process of the step
+                _retrying(lambda: self.cli.cancel(step_id) or _raise("scancel failed"), quiet=True)
             if attempt.pid and _alive(attempt.pid, attempt.pid_started):
                 try:  # a step not created yet is never created
                     os.kill(attempt.pid, signals.SIGKILL)
@@ -462,7 +533,11 @@ class SrunExecutor(EventStream):
                     pass
             return True
         if step_id:
-            return self.cli.cancel(step_id, signal=signals.Signals(signum).name.removeprefix("SIG"))
+            name = signals.Signals(signum).name.removeprefix("SIG")
+            # True even when Slurm did not take it: the loop then arms the SIGKILL deadline,
+            # which is retried, so a stop is never silently dropped
+            _retrying(lambda: self.cli.cancel(step_id, signal=name) or _raise("scancel failed"), quiet=True)
+            return True
         if attempt.pid and _alive(attempt.pid, attempt.pid_started):
             os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
             return True
@@ -529,10 +604,19 @@ class SrunExecutor(EventStream):
             live = list(self._live.values())
         if not live:
             return
-        steps = self.cli.steps(sorted({a.slurm_id for a in live if a.slurm_id}))
+        try:
+            steps = self.cli.steps(sorted({a.slurm_id for a in live if a.slurm_id}))
+        except SlurmError as exc:  # unknown is not gone: look again at the next tick
+            log.warning("could not list Slurm steps: %s", exc)
+            return
         for attempt in live:
             if attempt.step in steps:
                 attempt.seen = True
+                if not attempt.ending and self.runner.exit_code(attempt.key) is not None:
+                    # the replica's main process ended; what it left behind (a script's background
+                    # srun clients) ends with its step, as a batch step's does
+                    attempt.ending = True
+                    self.cli.cancel(steps[attempt.step])
                 continue
             rc = None
             if attempt.proc is not None:
@@ -543,11 +627,68 @@ class SrunExecutor(EventStream):
                 continue
             # neither its step nor its srun is there: it ended (srun's own end may race the step's
             # listing, so look once more before reporting)
-            if attempt.step in self.cli.steps([attempt.slurm_id]):
+            try:
+                if attempt.slurm_id and attempt.step in self.cli.steps([attempt.slurm_id]):
+                    continue
+            except SlurmError:
                 continue
             with self._lock:
+                alloc = self._allocs.get(attempt.slurm_id)
+            state = alloc.info.state if alloc is not None and alloc.info is not None else ""
+            if state == "COMPLETING" and (attempt.gone_since is None or
+                                          time.monotonic() - attempt.gone_since < ACCOUNTING_WAIT_S):
+                attempt.gone_since = attempt.gone_since or time.monotonic()
+                continue  # the allocation is ending or being requeued: its fate decides what this was
+            if state in REQUEUED_STATES:
+                with self._lock:
+                    self._live.pop(attempt.key, None)
+                self._emit(Observed(attempt.key, Kind.LOST, reason=f"Slurm requeued its allocation "
+                                                                   f"(job {attempt.slurm_id})"))
+                continue
+            if attempt.gone_since is None:
+                attempt.gone_since = time.monotonic()
+            ended = self._ended(attempt.key, attempt.slurm_id, attempt.step, rc, time.monotonic() - attempt.gone_since)
+            if ended is None:
+                continue  # accounting not final yet
+            with self._lock:
                 self._live.pop(attempt.key, None)
-            self._emit(self._ended(attempt.key, attempt.slurm_id, attempt.step, rc))
+            self._emit(ended)
+
+
+def _raise(message: str):
+    raise SlurmError(message)
+
+
+def _retrying(call, tries: int = 3, quiet: bool = False):
+    """A Slurm call tried again on failure (a controller busy for a moment); the last error
+    is raised (or, ``quiet``, logged)."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except SlurmError as exc:
+            if attempt == tries - 1:
+                if quiet:
+                    log.warning("Slurm call failed %d times: %s", tries, exc)
+                    return None
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+def _srun_clients() -> dict[str, tuple[int, float]]:
+    """srun commands alive on this machine, by the ``--job-name`` they were given."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
+        try:
+            argv = proc.info["cmdline"] or []
+            if not argv or os.path.basename(argv[0]) != "srun":
+                continue
+            for arg in argv[1:]:
+                if arg.startswith("--job-name="):
+                    found[arg.split("=", 1)[1]] = (proc.pid, proc.info["create_time"])
+                    break
+        except (psutil.Error, OSError):
+            continue
+    return found
 
 
 def _alive(pid: int, started: float | None) -> bool:

@@ -175,6 +175,9 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
         # (CORRAL_SLURM_LAYOUT, node names mapped to Slurm's hosts) so the script's srun spans the
         # job. Who and where the job is (its id, partition, account) stay Slurm's.
         layout = {k: v for k, v in env.items() if k in LAYOUT}
+        if not step.ntasks_given:  # as sbatch: then srun's task count follows its own -N/-n
+            layout.pop("SLURM_NTASKS", None)
+            layout.pop("SLURM_NPROCS", None)
         out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
         out["CORRAL_SLURM_LAYOUT"] = json.dumps(layout)
         return out

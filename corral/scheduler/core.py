@@ -240,8 +240,9 @@ class _Scopes:
             self.sets[partition.name] = None if everything else frozenset(
                 n for n in self.names if partition.holds(n) and n not in self.reserved)
         allowed = self.sets[partition.name]
-        if job.id in self.dedicated:
-            allowed = frozenset(self.dedicated[job.id])
+        owner = job.owner or job.id  # a growth request places on its running job's nodes
+        if owner in self.dedicated:
+            allowed = frozenset(self.dedicated[owner])
         return Scope(allowed, self.levels, max(0.0, now - job.submitted_at), self.policy.packing == "first_fit")
 
 

@@ -94,6 +94,7 @@ class PendingJob:
     name: str = ""  # for singleton
     kill_on_invalid_dep: bool = False
     array: tuple[int, int] | None = None  # (array id, throttle): at most that many of its elements run at once
+    owner: int = 0  # a running job's growth request (id < 0): that job's id
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))

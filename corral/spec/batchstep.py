@@ -26,6 +26,7 @@ class BatchStep(_Strict):
     nodes: int = Field(ge=1, le=4096)
     ntasks: int = Field(ge=1, le=1_000_000)
     ntasks_per_node: int | None = Field(default=None, ge=1)
+    ntasks_given: bool = True  # -n or --ntasks-per-node was given (sbatch sets SLURM_NTASKS only then)
     cpus_per_task: int = Field(default=1, ge=1)
     gpus_per_node: int = Field(default=0, ge=0)
     gpus_per_task: int | None = Field(default=None, ge=0)

@@ -503,7 +503,7 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
     step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
             "submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none,
-            "args": list(args)}
+            "args": list(args), "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
     for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt), ("warn_signal", warn_signal),
                        ("output", _value(given, "output")), ("error", _value(given, "error"))):
         if value is not None:

@@ -28,7 +28,8 @@ def nodes(state: StateDep):
                   free_memory=round(free[n.name].free_memory, 3), infra=infra.get(n.name, "local"))
           for n in list(controller.nodes) if n.name in free]
     down = [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
-                    free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN", infra="ray")
+                    free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN",
+                    infra=controller.down_infra.get(n.name, "ray"))
             for n in list(controller.down_nodes.values())]
     return up + down
 
