@@ -15,6 +15,8 @@ changed, say a Ray node joined, starts the memory afresh)."""
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -94,7 +96,12 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
         if partition.name in site.slurm_partitions:
-            continue  # sized for Slurm when it is submitted there; Slurm says whether it can ever run
+            # sized for Slurm when it is submitted there: refused now if no node of the Slurm
+            # partition can hold one of its replicas (when Slurm answers; else Slurm decides later)
+            why = _slurm_misfit(site.slurm_partitions[partition.name] or None, stage)
+            if why is not None:
+                return Refusal("resources", f"can never run in partition {partition.name!r}: {why}")
+            continue
         # refused only when no alternative can ever run (the reason given is the first one's)
         reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
@@ -108,6 +115,31 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
             return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                                   f"{account!r} ever allows")
     return Admitted(partition.name, account, qos, limit)
+
+
+_SLURM_KINDS: dict[str, tuple[float, object]] = {}  # Slurm partition -> (when read, its node shape)
+
+
+def _slurm_misfit(slurm_partition: str | None, tasks) -> str | None:  # noqa: ANN001 - TaskSpecs
+    from corral.executors.slurmcli import SlurmCli, SlurmError, SlurmRefused
+    from corral.executors.slurmjob import Replica, pack
+
+    key = slurm_partition or ""
+    seen = _SLURM_KINDS.get(key)
+    if seen is None or time.monotonic() - seen[0] > 60:
+        try:
+            seen = (time.monotonic(), SlurmCli().node_kind(slurm_partition))
+        except SlurmRefused as exc:
+            return str(exc)
+        except SlurmError:
+            return None
+        _SLURM_KINDS[key] = seen
+    try:
+        pack([Replica(t.resources.gpus, t.resources.cpus, t.resources.memory) for t in tasks for _ in range(t.num_nodes)],
+             seen[1])
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 class Admission:

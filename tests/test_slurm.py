@@ -374,3 +374,13 @@ def test_a_job_slurm_requeues_is_requeued_by_corral_under_the_same_id(slurm_home
     assert "Slurm requeued its allocation" in events and "FAILED" not in events
     corral("cancel", job_id)
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
+
+
+def test_a_job_no_slurm_node_can_hold_is_refused_at_submit(slurm_home, tmp_path):
+    corral = slurm_home
+    spec = tmp_path / "big.yaml"
+    spec.write_text("name: big\nresources: {accelerators: H100:16}\nrun: 'true'\n")
+    refused = corral("launch", "--slurm", "-d", str(spec), check=False)
+    assert refused.returncode == 2
+    assert "16 GPUs" in refused.stderr and "8 GPUs" in refused.stderr  # what it asks, what a node has
+    assert json.loads(corral("queue", "--json").stdout) == []  # nothing stored, nothing sent to Slurm

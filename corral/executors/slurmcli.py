@@ -229,6 +229,20 @@ class SlurmCli:
         return state, int(code) if code.isdigit() else None
 
     # -- nodes -----------------------------------------------------------------------------
+    def node_kind(self, partition: str | None):
+        """The partition's node shape: the least GPUs, CPUs and memory of its nodes (so any of
+        them holds what fits it). Refused when Slurm has no such partition."""
+        from corral.executors.slurmjob import NodeKind
+
+        argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
+        rows = [line.split("|") for line in self.run(*argv).splitlines() if line.count("|") == 2]
+        if not rows:
+            raise SlurmRefused(f"Slurm has no nodes in partition {partition or '(its default)'}")
+        shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
+                  for c, m, g in rows]
+        return NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes), min(s[1] for s in shapes),
+                        shapes[0][2][1])
+
     def addresses(self, hosts: list[str]) -> dict[str, str]:
         """Each node's address (NodeAddr), which its replicas listen on."""
         if not hosts:

@@ -207,15 +207,7 @@ class SrunExecutor(EventStream):
     def _kind(self, partition: str | None) -> slurmjob.NodeKind:
         key = partition or ""
         if key not in self._kinds:
-            argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
-            rows = [line.split("|") for line in self.cli.run(*argv).splitlines() if line.count("|") == 2]
-            if not rows:
-                raise SlurmError(f"Slurm has no nodes in partition {partition or '(default)'}")
-            from corral.executors.slurmcli import parse_gres
-            shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
-                      for c, m, g in rows]
-            self._kinds[key] = slurmjob.NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes),
-                                                 min(s[1] for s in shapes), shapes[0][2][1])
+            self._kinds[key] = self.cli.node_kind(partition)
         return self._kinds[key]
 
     def _cancel_if_left(self, slurm_id: str) -> None:
