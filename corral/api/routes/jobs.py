@@ -171,7 +171,7 @@ def moment(name: str, value: str | None) -> float | None:
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
-              array: Annotated[int | None, Query(ge=0, lt=2**63, description="Only the elements of this job array")] = None,
+              array: Annotated[int | None, Query(ge=0, lt=2**31, description="Only the elements of this job array (a job id)")] = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
@@ -229,12 +229,12 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     with state.controller.write_lock:
         changed = repository.set_hold(session, found, kind, clock(), who.user)
         session.commit()
+        if changed:  # told before the lock is let go: no cycle may still take the job as unheld
+            state.controller.hold_changed(found.id, True)
     session.refresh(found)
     state.auditor.record(who, "hold", f"job {found.id}", "ok" if changed else "failed",
                          f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
-    if changed:
-        state.controller.hold_changed(found.id, True)
-    elif found.state != JobState.PENDING.value or found.cancel_requested_at is not None:
+    if not changed and (found.state != JobState.PENDING.value or found.cancel_requested_at is not None):
         raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
                                  "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
