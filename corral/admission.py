@@ -128,7 +128,8 @@ def _slurm_misfit(slurm_partition: str | None, tasks) -> str | None:  # noqa: AN
     seen = _SLURM_KINDS.get(key)
     if seen is None or time.monotonic() - seen[0] > 60:
         try:
-            seen = (time.monotonic(), SlurmCli().node_kind(slurm_partition))
+            # on the API's event loop: a Slurm that is slow to answer is skipped, not waited for
+            seen = (time.monotonic(), SlurmCli().node_kind(slurm_partition, timeout=2.0))
         except SlurmRefused as exc:
             return str(exc)
         except SlurmError:

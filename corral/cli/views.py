@@ -93,7 +93,7 @@ def fold_arrays(jobs: list[dict]) -> list[tuple[str, dict]]:
             key = (job["array_job_id"], job["reason"], job.get("hold") or "")
             if key not in folded:
                 folded[key] = []
-                rows.append((key, job))  # placeholder, filled below
+                rows.append((key, job))  # the folded row stands where its first element was; named below
             folded[key].append(job)
         else:
             rows.append((job_ident(job), job))

@@ -98,7 +98,7 @@ class ProvisioningMixin:
                 continue
             info = engine.allocation(job.id)
             state = info.state if info is not None else "GONE"
-            if state in LIVE or (state == "PENDING" and job.state == JobState.STARTING and not job.started_at):
+            if state in LIVE:
                 continue
             if state in REQUEUED:
                 engine.keep_on_release(job.id)

@@ -21,7 +21,7 @@ from pathlib import Path
 from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
 from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
 from corral.pool import NodeSpec
-from corral.runtime.discovery import RESOLVER_DIR, loopback_address
+from corral.runtime.discovery import loopback_address
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -131,11 +131,7 @@ class LocalExecutor(EventStream):
         self.runner.publish(job_id, hosts, peers)
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
-        directory = self.runner.job_dir(job_id)
-        path = self._pythonpath
-        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json"),
-                "CORRAL_NAMES": self.runner.hosts_mode,
-                "PYTHONPATH": str(RESOLVER_DIR) + (os.pathsep + path if path else "")}
+        return self.runner.attempt_env(job_id, self._pythonpath)
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:

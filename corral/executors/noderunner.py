@@ -203,6 +203,16 @@ class NodeRunner:
         finally:
             os.close(fd)
 
+    def attempt_env(self, job_id: int, pythonpath: str | None) -> dict[str, str]:
+        """Where an attempt on this node finds the job's names and peers, and how Python in it
+        resolves them (the injected resolver first on its path)."""
+        from corral.runtime.discovery import RESOLVER_DIR
+
+        directory = self.job_dir(job_id)
+        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json"),
+                "CORRAL_NAMES": self.hosts_mode,
+                "PYTHONPATH": str(RESOLVER_DIR) + (os.pathsep + pythonpath if pythonpath else "")}
+
     def publish(self, job_id: int, hosts: str, peers: str) -> None:
         directory = self.job_dir(job_id)
         directory.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import hostlist
 
@@ -49,12 +49,6 @@ class JobInfo:
     state: str  # PENDING, RUNNING, COMPLETING, CANCELLED, TIMEOUT, ... (squeue's job_state)
     reason: str  # squeue's state_reason: Priority, Resources, None, ...
     nodes: tuple[NodeShare, ...] = ()
-    restarts: int = 0
-    partition: str = ""
-    time_limit_min: int | None = None
-    batch_host: str = ""
-    features: str = ""
-    extra: dict = field(default_factory=dict, compare=False)
 
 
 _GRES = re.compile(r"gpu(?::(?P<type>[^:(]+))?:(?P<count>\d+)(?:\((?P<idx>[^)]*)\))?")
@@ -112,6 +106,8 @@ class SlurmCli:
     def __init__(self, environ: dict[str, str] | None = None):
         source = dict(os.environ if environ is None else environ)
         self.env = {k: v for k, v in source.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+        # what an srun started with a replica's own environment needs to find the controller
+        self.conf = {k: v for k, v in self.env.items() if k == "SLURM_CONF"}
 
     def run(self, *argv: str, timeout: float = TIMEOUT_S, check: bool = True) -> str:
         try:
@@ -197,10 +193,6 @@ class SlurmCli:
             raise SlurmError(f"{argv[0]} failed: {done.stderr.strip()[-200:]}")
         return done.stdout
 
-    def alive(self, slurm_ids: list[str]) -> bool:
-        """Whether squeue answers and lists any of these jobs (raises when it does not answer)."""
-        return bool(self._query("squeue", "-h", "-o", "%i", "-j", ",".join(slurm_ids)).split())
-
     def by_name(self, name: str) -> list[str]:
         """Ids of the user's jobs with this name that Slurm still runs or holds."""
         out = self.run("squeue", "-h", "-o", "%i %T", "-n", name)
@@ -229,13 +221,13 @@ class SlurmCli:
         return state, int(code) if code.isdigit() else None
 
     # -- nodes -----------------------------------------------------------------------------
-    def node_kind(self, partition: str | None):
+    def node_kind(self, partition: str | None, timeout: float = TIMEOUT_S):
         """The partition's node shape: the least GPUs, CPUs and memory of its nodes (so any of
         them holds what fits it). Refused when Slurm has no such partition."""
         from corral.executors.slurmjob import NodeKind
 
         argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
-        rows = [line.split("|") for line in self.run(*argv).splitlines() if line.count("|") == 2]
+        rows = [line.split("|") for line in self.run(*argv, timeout=timeout).splitlines() if line.count("|") == 2]
         if not rows:
             raise SlurmRefused(f"Slurm has no nodes in partition {partition or '(its default)'}")
         shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
@@ -243,29 +235,20 @@ class SlurmCli:
         return NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes), min(s[1] for s in shapes),
                         shapes[0][2][1])
 
-    def addresses(self, hosts: list[str]) -> dict[str, str]:
-        """Each node's address (NodeAddr), which its replicas listen on."""
+    def node_facts(self, hosts: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
+        """Each node's address (NodeAddr, which its replicas listen on) and active features
+        (the labels ``--constraint`` matches), from one ``scontrol show node``."""
         if not hosts:
             return {}
         out = self.run("scontrol", "-o", "show", "node", compress(hosts), check=False)
-        addrs = {}
-        for line in out.splitlines():
-            fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
-            if "NodeName" in fields:
-                addrs[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
-        return addrs
-
-    def features(self, hosts: list[str]) -> dict[str, tuple[str, ...]]:
-        if not hosts:
-            return {}
-        out = self.run("scontrol", "-o", "show", "node", compress(hosts), check=False)
-        result = {}
+        facts = {}
         for line in out.splitlines():
             fields = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
             if "NodeName" in fields:
                 active = fields.get("ActiveFeatures", "(null)")
-                result[fields["NodeName"]] = () if active in ("(null)", "") else tuple(active.split(","))
-        return result
+                facts[fields["NodeName"]] = (fields.get("NodeAddr") or fields["NodeName"],
+                                             () if active in ("(null)", "") else tuple(active.split(",")))
+        return facts
 
 
 def _job(j: dict) -> JobInfo:
@@ -278,8 +261,5 @@ def _job(j: dict) -> JobInfo:
         cpus = sum(len(s.get("cores", {})) for s in (node.get("sockets") or {}).values())
         gpus, kind, ids = parse_gres(gres[i] if i < len(gres) else "")
         shares.append(NodeShare(host, cpus or 1, int(node.get("memory_allocated") or 0), gpus, kind, ids))
-    limit = j.get("time_limit")
     return JobInfo(str(j.get("job_id")), j.get("name", ""), str(j.get("job_state", "")), str(j.get("state_reason", "")),
-                   tuple(shares), int(j.get("restart_cnt") or 0), str(j.get("partition", "")),
-                   int(limit) if isinstance(limit, int) else None, str(j.get("batch_host") or ""),
-                   str(j.get("features") or ""))
+                   tuple(shares))

@@ -29,6 +29,7 @@ an attempt with neither a step, an ``srun`` alive nor a trace never started."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import logging
 import math
@@ -47,7 +48,6 @@ from corral.executors.noderunner import NodeRunner, base_environment, process_st
 from corral.executors import slurmjob
 from corral.executors.slurmcli import JobInfo, SlurmCli, SlurmError
 from corral.pool import NodeSpec
-from corral.runtime.discovery import RESOLVER_DIR
 from corral.runtime.slurmjob import compressed_counts, hostlist
 
 log = logging.getLogger("corral.srun")
@@ -85,7 +85,6 @@ class Attempt:
     proc: subprocess.Popen | None = None  # our srun client, while this server started it
     pid: int = 0
     pid_started: float | None = None
-    seen: bool = False  # its step was seen running
     ending: bool = False  # its main process ended: the step is being ended
     gone_since: float | None = None  # when its step was first found gone
 
@@ -160,7 +159,6 @@ class SrunExecutor(EventStream):
 
     @staticmethod
     def _user() -> str:
-        import getpass
         return getpass.getuser()
 
     def provision(self, job_id: int, replicas: list[slurmjob.Replica], gpu_type: str | None,
@@ -264,14 +262,14 @@ class SrunExecutor(EventStream):
         shares = alloc.info.nodes
         hosts = [s.host for s in shares]
         try:
-            addrs = self.cli.addresses(hosts)
-            features = self.cli.features(hosts)
+            facts = self.cli.node_facts(hosts)
         except SlurmError:
-            addrs, features = {}, {}
+            facts = {}
         nodes, specs = {}, []
         for share in shares:
             name = share.host if alloc.job_id is None else f"s{alloc.slurm_id}-{share.host}"
-            labels = {f: "true" for f in features.get(share.host, ())}
+            addr, features = facts.get(share.host, (share.host, ()))
+            labels = {f: "true" for f in features}
             if alloc.job_id is not None:
                 labels[DEDICATED] = str(alloc.job_id)
             try:
@@ -280,7 +278,7 @@ class SrunExecutor(EventStream):
             except ValueError:
                 log.warning("Slurm node %s has a name corral cannot use; left out", share.host)
                 continue
-            nodes[name] = (share.host, addrs.get(share.host, share.host))
+            nodes[name] = (share.host, addr)
             specs.append(spec)
             self._node_alloc[name] = alloc.slurm_id
         alloc.nodes, alloc.specs = nodes, specs
@@ -358,15 +356,14 @@ class SrunExecutor(EventStream):
                     self.cli.cancel(extra)
         except SlurmError:
             log.warning("could not look for other Slurm jobs of job %s", job_id)
-        if slurm_id:
-            # the job ended: its allocation completes (its batch script exits 0 on SIGUSR1, so
-            # Slurm's accounting does not call every corral job cancelled); cancelled if not
-            if not self.cli.cancel(slurm_id, signal="USR1", batch=True):
-                self.cli.cancel(slurm_id)
-            else:
-                timer = threading.Timer(10.0, self._cancel_if_left, (slurm_id,))
-                timer.daemon = True
-                timer.start()
+        # the job ended: its allocation completes (its batch script exits 0 on SIGUSR1, so
+        # Slurm's accounting does not call every corral job cancelled); cancelled if not
+        if not self.cli.cancel(slurm_id, signal="USR1", batch=True):
+            self.cli.cancel(slurm_id)
+        else:
+            timer = threading.Timer(10.0, self._cancel_if_left, (slurm_id,))
+            timer.daemon = True
+            timer.start()
 
     # -- attempts ------------------------------------------------------------------------------
     def _step_name(self, key: str) -> str:
@@ -404,7 +401,7 @@ class SrunExecutor(EventStream):
             argv.append(f"--mem={mem_mb}M")
         if launch.cwd:
             argv.append(f"--chdir={launch.cwd}")
-        client_env = {**env, **{k: v for k, v in self.cli.env.items() if k == "SLURM_CONF"}}
+        client_env = {**env, **self.cli.conf}
         srun_log = self.runner.run_dir(launch.key) / "srun.log"
         try:
             with open(srun_log, "ab") as out:
@@ -457,7 +454,7 @@ class SrunExecutor(EventStream):
             if step in steps or client_alive:
                 slurm_id = slurm_id or steps.get(step, "").split(".")[0]
                 attempt = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None,
-                                  pid if client_alive else 0, pid_started, seen=step in steps)
+                                  pid if client_alive else 0, pid_started)
                 with self._lock:
                     self._live[key] = attempt
                 self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
@@ -467,7 +464,7 @@ class SrunExecutor(EventStream):
             if ended is None:  # accounting has not finalised its step yet: watch it a little longer
                 with self._lock:
                     self._live[key] = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None, 0, None,
-                                              seen=True, gone_since=time.monotonic())
+                                              gone_since=time.monotonic())
                 self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
                                                                               "slurm": slurm_id})))
                 continue
@@ -543,11 +540,7 @@ class SrunExecutor(EventStream):
         self.runner.publish(job_id, hosts, peers)  # on the shared filesystem: every node reads it
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
-        directory = self.runner.job_dir(job_id)
-        path = self._pythonpath
-        return {"CORRAL_HOSTS_FILE": str(directory / "hosts"), "CORRAL_PEERS_FILE": str(directory / "peers.json"),
-                "CORRAL_NAMES": self.runner.hosts_mode,
-                "PYTHONPATH": str(RESOLVER_DIR) + (os.pathsep + path if path else "")}
+        return self.runner.attempt_env(job_id, self._pythonpath)
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
@@ -559,8 +552,7 @@ class SrunExecutor(EventStream):
                 f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe", "bash", "-c",
                 command]
         try:
-            done = subprocess.run(argv, env={**self._base_env, **env, **{k: v for k, v in self.cli.env.items()
-                                                                        if k == "SLURM_CONF"}},
+            done = subprocess.run(argv, env={**self._base_env, **env, **self.cli.conf},
                                   cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:g}s"
@@ -603,7 +595,6 @@ class SrunExecutor(EventStream):
             return
         for attempt in live:
             if attempt.step in steps:
-                attempt.seen = True
                 if not attempt.ending and self.runner.exit_code(attempt.key) is not None:
                     # the replica's main process ended; what it left behind (a script's background
                     # srun clients) ends with its step, as a batch step's does
