@@ -593,6 +593,7 @@ class SrunExecutor(EventStream):
         except SlurmError as exc:  # unknown is not gone: look again at the next tick
             log.warning("could not list Slurm steps: %s", exc)
             return
+        refreshed = False
         for attempt in live:
             if attempt.step in steps:
                 if not attempt.ending and self.runner.exit_code(attempt.key) is not None:
@@ -615,6 +616,9 @@ class SrunExecutor(EventStream):
                     continue
             except SlurmError:
                 continue
+            if not refreshed:  # the allocation's state now, not a second old: a requeue ends steps too
+                self._refresh()
+                refreshed = True
             with self._lock:
                 alloc = self._allocs.get(attempt.slurm_id)
             state = alloc.info.state if alloc is not None and alloc.info is not None else ""
