@@ -629,6 +629,8 @@ class SrunExecutor(EventStream):
             if state in REQUEUED_STATES:
                 with self._lock:
                     self._live.pop(attempt.key, None)
+                    if alloc.job_id is not None:  # the job's requeue must wait for this Slurm job, not cancel it
+                        self._kept.add(alloc.job_id)
                 self._emit(Observed(attempt.key, Kind.LOST, reason=f"Slurm requeued its allocation "
                                                                    f"(job {attempt.slurm_id})"))
                 continue
