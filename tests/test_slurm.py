@@ -210,7 +210,7 @@ def test_job_group_runs_as_one_slurm_job(slurm_home, tmp_path):
 def test_pending_in_slurm_shows_slurms_reason_and_cancel_withdraws_it(slurm_home, tmp_path):
     corral = slurm_home
     blocker = subprocess.run(["sbatch", "--parsable", "-J", "ctest-blocker", "-N4", "--exclusive", "-t", "5",
-                              "--wrap", "sleep 300"], capture_output=True, text=True, env=ENV, check=True).stdout.strip()
+                              "-o", str(tmp_path / "blocker-%j.out"), "--wrap", "sleep 300"], capture_output=True, text=True, env=ENV, check=True).stdout.strip()
     wait_for(lambda: subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
                                     env=ENV).stdout.strip() == "RUNNING", timeout=30)
     spec = tmp_path / "one.yaml"

@@ -70,7 +70,10 @@ def load_documents(text: str) -> list[Document]:
         if exc.context_mark is not None and at_end:
             mark = exc.context_mark  # an unclosed bracket at the end: point where it opened
         line = mark.line + 1 if mark else None
-        raise SourceError(f"invalid YAML: {exc.problem or exc.context}", line) from None
+        problem = str(exc.problem or exc.context)
+        if "nesting depth" in problem:  # libyaml (PyYAML >= 6.0.4) stops far past our own limit
+            raise SourceError(f"the document nests deeper than {MAX_DEPTH} levels", line) from None
+        raise SourceError(f"invalid YAML: {problem}", line) from None
     except yaml.YAMLError as exc:
         raise SourceError(f"invalid YAML: {exc}") from None
     finally:
