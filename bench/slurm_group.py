@@ -120,7 +120,7 @@ def main() -> None:
     os.environ.update({k: v for k, v in env.items() if k == "SLURM_CONF"})
     sys.path.insert(0, str(ROOT))
     from corral.client import Client
-    from corral.executors.slurmcli import available
+    from corral.executors.slurm.cli import available
 
     why = available()
     if why is not None:

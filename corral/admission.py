@@ -121,8 +121,8 @@ _SLURM_KINDS: dict[str, tuple[float, object]] = {}  # Slurm partition -> (when r
 
 
 def _slurm_misfit(slurm_partition: str | None, tasks) -> str | None:  # noqa: ANN001 - TaskSpecs
-    from corral.executors.slurmcli import SlurmCli, SlurmError, SlurmRefused
-    from corral.executors.slurmjob import Replica, pack
+    from corral.executors.slurm.cli import SlurmCli, SlurmError, SlurmRefused
+    from corral.executors.slurm.shape import Replica, pack
 
     key = slurm_partition or ""
     seen = _SLURM_KINDS.get(key)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from corral.executors.base import Binding, Kind, Launch, Observed
+from corral.executors.contract import Binding, Kind, Launch, Observed
 from corral.pool import NodeSpec
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import bearer, wait_for
-from corral.executors.base import Kind, Observed
+from corral.executors.contract import Kind, Observed
 from corral.pool import NodeSpec
 from fake_executor import FakeExecutor
 from test_api import submit, wait_state

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from corral.executors.base import Kind, Launch, LaunchError, Observed
-from corral.executors.local import LocalExecutor
-from corral.executors.noderunner import EXIT_FILE, STARTED_FILE
+from corral.executors.contract import Kind, Launch, LaunchError, Observed
+from corral.executors.local.executor import LocalExecutor
+from corral.node.runner import EXIT_FILE, STARTED_FILE
 from corral.pool import NodeSpec
 
 

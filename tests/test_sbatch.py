@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from builders import node, snapshot, task
 
-from corral.runtime import slurmjob
-from corral.runtime.srun import UsageError, parse_args, plan_step, scontrol
+from corral.runtime import batchenv as slurmjob
+from corral.node.srun import UsageError, parse_args, plan_step, scontrol
 from corral.scheduler import PendingJob, Policy, RunningJob, schedule
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.placement import why_infeasible
@@ -358,7 +358,7 @@ def _srun(tmp_path, *argv: str) -> tuple[int, float, str]:
 
     env = {**os.environ, "SLURM_JOB_ID": "5", "SLURM_NTASKS": "2", "CORRAL_HOSTS_FILE": str(tmp_path / "hosts"),
            "CORRAL_SBATCH_NODES": json.dumps([{"name": "n0", "gpus": [0]}, {"name": "n1", "gpus": [1]}])}
-    runner = Path(slurmjob.__file__).with_name("srun.py")
+    runner = Path(slurmjob.__file__).parents[1] / "node" / "srun.py"
     began = time.monotonic()
     proc = subprocess.run([sys.executable, str(runner), "srun", *argv], env=env, capture_output=True, text=True,
                           timeout=30)

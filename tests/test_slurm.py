@@ -36,7 +36,7 @@ ENV = _slurm_env()
 
 def _why_no_slurm() -> str | None:
     os.environ.setdefault("SLURM_CONF", ENV.get("SLURM_CONF", ""))
-    from corral.executors.slurmcli import available
+    from corral.executors.slurm.cli import available
 
     reason = available()
     if reason is None:

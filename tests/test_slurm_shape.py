@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from corral.executors.slurmcli import parse_gres
-from corral.executors.slurmjob import NodeKind, Replica, Shape, job_name, job_of, pack, sbatch_args
+from corral.executors.slurm.cli import parse_gres
+from corral.executors.slurm.shape import NodeKind, Replica, Shape, job_name, job_of, pack, sbatch_args
 
 H100_NODE = NodeKind(gpus=8, cpus=64, memory_mb=512_000, gpu_type="h100")
 

@@ -47,9 +47,9 @@ from corral.control.scheduling import SchedulingMixin
 from corral.control.services import ServicesMixin
 from corral.control.supervisor import AttemptEnded
 from corral import executors as executor_registry
-from corral.executors.base import Binding, Executor, Kind, Launch, LaunchError, Observed
+from corral.executors.contract import Binding, Executor, Kind, Launch, LaunchError, Observed
 from corral.pool import NodeSpec
-from corral.runtime import slurmjob
+from corral.runtime import batchenv as slurmjob
 from corral.runtime.environment import ReplicaContext, replica_env
 from corral.scheduler import (Allocation, NodeView, Policy, Reason, priorities, schedule)
 from corral.scheduler.applier import apply_starts
@@ -842,7 +842,7 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
                       cwd=None if repo else workdir, repo=repo)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec, infra: str) -> dict[str, str]:
-        """A Slurm batch script's variables and its nodes (``corral.runtime.slurmjob``): its own
+        """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
         node first, then those the job's other replicas hold."""
         holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
         nodes = tuple(slurmjob.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)

@@ -14,8 +14,8 @@ import logging
 
 from sqlalchemy.orm import Session
 
-from corral.executors.slurmcli import SlurmError, SlurmRefused
-from corral.executors.slurmjob import Replica
+from corral.executors.slurm.cli import SlurmError, SlurmRefused
+from corral.executors.slurm.shape import Replica
 from corral.scheduler.plan import Reason
 from corral.states import JobState, ReplicaState
 

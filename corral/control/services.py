@@ -15,11 +15,11 @@ from corral.control import startorder
 from corral.control.records import JobRec, ReplicaRec
 from corral.control.supervisor import (Decision, End, Kill, ProbeAnswered, Relaunch, Replace, RequeueJob, Restart,
                                        SetReady, Signal, Stop, Supervisor, check)
-from corral.runtime.balancer import Balancer
+from corral.control.balancer import Balancer
 from corral.runtime.discovery import hosts_text, peers_document
 from corral.scheduler import Allocation, PendingJob, TaskRequest
 from corral.store import repository
-from corral.runtime.probes import Prober, ProbeTarget
+from corral.control.probes import Prober, ProbeTarget
 from corral.spec.service import signal_number
 from corral.states import JobState, ReplicaState
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # importing base pulls in the spec models: too slow for every Ray actor's worker
-    from corral.executors.base import Executor
+    from corral.executors.contract import Executor
     from corral.settings import Settings
 
 
@@ -22,17 +22,17 @@ def scope_of(settings: Settings) -> str:
 def build(settings: Settings, site, wake: Callable[[], None]) -> dict[str, Executor]:
     import os
 
-    from corral.executors.local import LocalExecutor
+    from corral.executors.local.executor import LocalExecutor
 
     executors: dict[str, Executor] = {
         "local": LocalExecutor(site.nodes, settings.runs_dir, settings.logs_dir, settings.runtime_dir,
                                scope_of(settings), wake, os.environ.get("PYTHONPATH"))}
     if getattr(site, "ray", None) is not None:
-        from corral.executors.ray import RayExecutor  # Ray is an optional extra: imported only here
+        from corral.executors.ray.executor import RayExecutor  # Ray is an optional extra: imported only here
 
         executors["ray"] = RayExecutor(site.ray, settings, scope_of(settings), wake)
     if getattr(site, "slurm", None) is not None:
-        from corral.executors.srun import SrunExecutor
+        from corral.executors.slurm.executor import SrunExecutor
         from corral.site import inside_allocation
 
         executors["slurm"] = SrunExecutor(settings, scope_of(settings), wake, inside_allocation(site.slurm))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-RESOLVER_DIR = Path(__file__).parent / "resolver"
+RESOLVER_DIR = Path(__file__).parents[1] / "node" / "resolver"
 
 
 def loopback_address(replica_id: int) -> str:

@@ -2,7 +2,7 @@
 
 The script's text travels inside the job (a here-document written next to the job's runtime
 files at launch), so a requeued job runs the script it was submitted with. Before running
-it, the shell applies what the launch environment (``corral.runtime.slurmjob``) asks for;
+it, the shell applies what the launch environment (``corral.runtime.batchenv``) asks for;
 then it runs the script in a session of its own and relays the signals the replica gets, the
 way Slurm routes them (``RELAY``)."""
 
@@ -18,7 +18,7 @@ HOLD = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
 
 def runner(text: str, args: tuple[str, ...]) -> str:
     """Bash that writes the script next to the job's runtime files and runs it, after setting
-    up what the launch environment (``corral.runtime.slurmjob``) asks for: ``srun``/``scontrol``
+    up what the launch environment (``corral.runtime.batchenv``) asks for: ``srun``/``scontrol``
     on PATH off Slurm, ``--output``/``--error`` files (copied to the job's log too, through tee
     processes that ignore the job's signals), and a signal meant only for the steps
     (``--signal`` without ``B:``) ignored by the batch shell; then relays signals (``RELAY``)."""

@@ -7,7 +7,7 @@ two such replicas of the job share a node, as ``sbatch --nodes=N`` asks for N no
 
 ``BatchStep`` is what the runtime needs to give a batch script Slurm's environment and the
 ``srun``/``scontrol`` commands: the job's task layout, output files and signal routing. It
-is produced by ``corral.spec.sbatch`` and read at launch by ``corral.runtime.slurmjob``."""
+is produced by ``corral.spec.sbatch`` and read at launch by ``corral.runtime.batchenv``."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ limits, signals, requeue, dependencies and node constraints of corral apply:
 - the script's text travels inside the job (``corral.spec.batchshell``), so a requeued job
   runs the script it was submitted with;
 - ``BatchStep`` (``corral.spec.batchstep``) carries what the runtime needs for Slurm's
-  variables and the ``srun``/``scontrol`` commands (``corral.runtime.slurmjob``)."""
+  variables and the ``srun``/``scontrol`` commands (``corral.runtime.batchenv``)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
-from corral.executors.noderunner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
+from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.node.runner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
 from corral.pool import NodeSpec
 from corral.runtime.discovery import loopback_address
 

@@ -10,7 +10,7 @@ corral nodes those replicas were placed on, batch node first, and each node's GP
 ones its replica holds.
 
 Off Slurm (the local executor, Ray), ``srun`` and ``scontrol`` are corral's own commands
-(``corral.runtime.srun``), put first on the script's PATH through ``CORRAL_SLURM_SHIMS``.
+(``corral.node.srun``), put first on the script's PATH through ``CORRAL_SLURM_SHIMS``.
 The local executor's nodes are all this machine, so ``srun`` starts each task itself, as a
 process of the batch replica (inside its process tree and cgroup, so it ends with the job)
 with the environment of the node it stands for (``SLURMD_NODENAME``, that node's GPUs in
@@ -187,10 +187,10 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
 
 
 def ensure_shims(directory: Path) -> Path:
-    """Write ``srun`` and ``scontrol`` commands that run ``corral.runtime.srun`` with this
+    """Write ``srun`` and ``scontrol`` commands that run ``corral.node.srun`` with this
     server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""
     directory.mkdir(parents=True, exist_ok=True)
-    runner = Path(__file__).with_name("srun.py").resolve()
+    runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
     for command in ("srun", "scontrol"):
         text = f"#!/bin/sh\nexec {_sh(sys.executable)} {_sh(str(runner))} {command} \"$@\"\n"
         path = directory / command

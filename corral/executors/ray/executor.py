@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
 from corral.pool import NodeSpec
 
 log = logging.getLogger("corral.ray")
@@ -48,7 +48,7 @@ class RayExecutor(EventStream):
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-        from corral.executors import rayactor
+        from corral.executors.ray import actor as rayactor
 
         self._ray = ray
         self._affinity = NodeAffinitySchedulingStrategy

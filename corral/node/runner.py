@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from corral.executors.proctree import ATTEMPT_VAR, ProcessTrees
+from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put

@@ -12,7 +12,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from corral.executors.noderunner import NodeRunner, base_environment, process_start_time
+from corral.node.runner import NodeRunner, base_environment, process_start_time
 
 
 def node_dirs(scope: str) -> tuple[Path, Path, Path]:

@@ -1,4 +1,4 @@
-"""corral's ``srun`` and ``scontrol`` for batch scripts off Slurm (``corral.runtime.slurmjob``
+"""corral's ``srun`` and ``scontrol`` for batch scripts off Slurm (``corral.runtime.batchenv``
 explains where they run and why). Run as ``python srun.py srun|scontrol ARGS``.
 
 ``srun CMD`` starts a job step: its tasks spread over the job's nodes (``-N``, ``-n``,
@@ -187,7 +187,7 @@ def _step_id(env: dict[str, str]) -> int:
 
 
 def _task_env(base: dict[str, str], task: dict, tasks: list[dict], step: int, opts: dict[str, str]) -> dict[str, str]:
-    from corral.runtime.slurmjob import compressed_counts, hostlist
+    from corral.runtime.batchenv import compressed_counts, hostlist
 
     nodes = list(dict.fromkeys(t["node"] for t in tasks))
     counts = [sum(1 for t in tasks if t["node"] == n) for n in nodes]

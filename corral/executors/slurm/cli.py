@@ -224,7 +224,7 @@ class SlurmCli:
     def node_kind(self, partition: str | None, timeout: float = TIMEOUT_S):
         """The partition's node shape: the least GPUs, CPUs and memory of its nodes (so any of
         them holds what fits it). Refused when Slurm has no such partition."""
-        from corral.executors.slurmjob import NodeKind
+        from corral.executors.slurm.shape import NodeKind
 
         argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
         rows = [line.split("|") for line in self.run(*argv, timeout=timeout).splitlines() if line.count("|") == 2]

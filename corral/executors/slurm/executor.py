@@ -43,12 +43,12 @@ from pathlib import Path
 
 import psutil
 
-from corral.executors.base import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
-from corral.executors.noderunner import NodeRunner, base_environment, process_start_time
-from corral.executors import slurmjob
-from corral.executors.slurmcli import JobInfo, SlurmCli, SlurmError
+from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.node.runner import NodeRunner, base_environment, process_start_time
+from corral.executors.slurm import shape as slurmjob
+from corral.executors.slurm.cli import JobInfo, SlurmCli, SlurmError
 from corral.pool import NodeSpec
-from corral.runtime.slurmjob import compressed_counts, hostlist
+from corral.runtime.batchenv import compressed_counts, hostlist
 
 log = logging.getLogger("corral.srun")
 
