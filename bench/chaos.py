@@ -17,7 +17,12 @@ still runs records DOUBLE). Then it checks:
 * no replica was ever alive twice (no DOUBLE) and no process of the run outlives it;
 * every job ends in the state its kind must end in.
 
-Prints the counts; exits 1 on any violation. ``run()`` is what the CI test calls (smaller)."""
+With ``--db postgresql+psycopg://…`` the server runs on PostgreSQL, and ``--cut-every S``
+also cuts every connection the server holds to it (``pg_terminate_backend``, its claim's
+too) every S seconds while the workload is submitted: the same promises must hold, and the
+server must keep its claim (taken again) and finish every job.
+
+Prints the counts; exits 1 on any violation. ``run()`` is what the CI tests call (smaller)."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -58,10 +64,12 @@ GUARD = ("echo $CORRAL_LAUNCH_KEY >> {markers}/{name}; exec 9>{locks}/$CORRAL_JO
 
 
 class Server:
-    def __init__(self, home: Path):
+    def __init__(self, home: Path, db: str | None = None):
         self.home = home
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
         self.env["CORRAL_HOME"] = str(home)
+        if db:
+            self.env["CORRAL_DB_URL"] = db
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
 
@@ -98,7 +106,40 @@ class Server:
             self.proc.wait()
 
 
-def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None, quiet: bool = False) -> dict:
+class Cutter:
+    """Terminates every other connection to the server's PostgreSQL database, every ``every``
+    seconds, on its own thread, until stopped."""
+
+    def __init__(self, db: str, every: float):
+        from sqlalchemy import create_engine, text
+
+        self.every, self.cuts, self._text = every, 0, text
+        self._engine = create_engine(db, pool_size=1, max_overflow=0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                with self._engine.begin() as conn:
+                    cut = conn.execute(self._text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")).scalar()
+                self.cuts += int(cut or 0)
+            except Exception:  # the cutter's own connection is pooled: try again next time
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._engine.dispose()
+
+
+def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None, quiet: bool = False,
+        db: str | None = None, cut_every: float | None = None) -> dict:
     rng = random.Random(seed)
     home = home or Path(tempfile.mkdtemp(prefix="corral-chaos-"))
     home.mkdir(parents=True, exist_ok=True)
@@ -106,9 +147,12 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
     markers, locks = home / "markers", home / "locks"
     markers.mkdir(exist_ok=True)
     locks.mkdir(exist_ok=True)
-    server = Server(home)
+    server = Server(home, db)
     server.start()
     assert server.wait_up(), (home / "chaos-server.log").read_text()[-3000:]
+    cutter = Cutter(db, cut_every) if db and cut_every else None
+    if cutter is not None:
+        cutter.start()
     plan = [rng.choice(list(KINDS)) for _ in range(jobs)]
     acknowledged: dict[int, tuple[str, str]] = {}  # id -> (name, kind)
     to_cancel: list[int] = []
@@ -134,6 +178,10 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
                     server.start()
                     server.wait_up()
                 continue
+            if response.status_code >= 500:  # refused while its database was cut: tried again
+                refused += 1
+                time.sleep(0.1)
+                continue
             if response.status_code == 201:
                 job_id = response.json()["job"]["id"]
                 acknowledged[job_id] = (name, kind)
@@ -146,7 +194,9 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
         if to_cancel and rng.random() < 0.3:
             job_id = to_cancel.pop(rng.randrange(len(to_cancel)))
             try:
-                httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10, headers=server.auth)
+                if httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10,
+                              headers=server.auth).status_code >= 500:
+                    to_cancel.append(job_id)  # refused while its database was cut: asked again later
             except httpx.HTTPError:
                 to_cancel.append(job_id)
         if kill_at and i == kill_at[0]:
@@ -161,8 +211,17 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
                 kills_done += 1
                 server.start()
             assert server.wait_up(), (home / "chaos-server.log").read_text()[-3000:]
+    if cutter is not None:
+        cutter.stop()
     for job_id in to_cancel:
-        httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10, headers=server.auth)
+        for _ in range(20):
+            try:
+                if httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10,
+                              headers=server.auth).status_code < 500:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
 
     deadline = time.monotonic() + 180
     stored: dict[int, dict] = {}
@@ -173,7 +232,10 @@ def run(jobs: int = 120, kills: int = 8, seed: int = 0, home: Path | None = None
             break
         time.sleep(0.5)
     report = check(server, home, acknowledged, stored, markers)
-    report.update(jobs=len(acknowledged), kills=kills_done, refused_while_down=refused)
+    report.update(jobs=len(acknowledged), kills=kills_done, refused_while_down=refused,
+                  connections_cut=cutter.cuts if cutter is not None else 0)
+    if server.proc is not None and server.proc.poll() is not None and not kills:
+        report["violations"].append(f"the server exited (code {server.proc.returncode}) with nobody else on its database")
     server.kill()
     leftovers = _processes_of(home)
     report["violations"] += [f"process {p} of the run still alive" for p in leftovers]
@@ -241,8 +303,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=120)
     parser.add_argument("--kills", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--db", help="run the server on this PostgreSQL URL (default: SQLite in its home)")
+    parser.add_argument("--cut-every", type=float, help="with --db: cut the server's connections every S seconds")
     args = parser.parse_args()
-    report = run(args.jobs, args.kills, args.seed)
+    report = run(args.jobs, args.kills, args.seed, db=args.db, cut_every=args.cut_every)
     sys.exit(1 if report["violations"] else 0)
 
 

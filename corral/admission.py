@@ -8,20 +8,18 @@ account the site's tree declares may be charged only by the users it lists (a ``
 refusal). Which roles may raise a job's priority is the API's to check (``corral.auth``).
 
 ``Admission`` remembers what it admitted by the request's shape (user, whether they may
-charge any account, scheduling fields, whether the partition is a Slurm one, time limit,
+charge any account, scheduling fields, whether the partition's nodes are provisioned, time limit,
 each task's replicas and resources): a flood of submissions asks the same few shapes of a
 site that does not change, so only the first of each shape pays for the checks (a pool that
 changed, say a Ray node joined, starts the memory afresh)."""
 
 from __future__ import annotations
 
-import time
-
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from corral.control.controller import node_views
 from corral.control.records import alternatives_of
+from corral.pool import NodeSpec, node_views
 from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.limits import Tally
 from corral.scheduler.placement import why_infeasible
@@ -46,9 +44,14 @@ class Refusal:
     forbidden: bool = False  # the job could run, but not charged by this user
 
 
+Misfit = Callable[[str, list], "str | None"]  # (partition, tasks) -> why its engine can never provision them
+
+
 def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool],
-          any_account: bool = False) -> Admitted | Refusal:
-    """``any_account``: the submitter may charge any account (an admin, who keeps the tree)."""
+          any_account: bool = False, misfit: Misfit | None = None,
+          pool: tuple[NodeSpec, ...] | None = None) -> Admitted | Refusal:
+    """``any_account``: the submitter may charge any account (an admin, who keeps the tree).
+    ``misfit``: asks a provisioned partition's engine whether it could ever hold the job."""
     policy, sched = site.policy, spec.scheduling
     partitions = {p.name: p for p in policy.partitions}
     if sched.partition is not None and partitions and sched.partition not in partitions:
@@ -95,15 +98,16 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   alternatives=alternatives_of(t), in_order=t.resources.in_order)
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
-        if partition.name in site.slurm_partitions:
-            # sized for Slurm when it is submitted there: refused now if no node of the Slurm
-            # partition can hold one of its replicas (when Slurm answers; else Slurm decides later)
-            why = _slurm_misfit(site.slurm_partitions[partition.name] or None, stage)
+        if partition.name in site.provisioned:
+            # nodes are provisioned for it when it is submitted there: refused now if the engine
+            # says none it could give can hold one of its replicas (when it answers; else later)
+            why = misfit(partition.name, stage) if misfit is not None else None
             if why is not None:
                 return Refusal("resources", f"can never run in partition {partition.name!r}: {why}")
             continue
         # refused only when no alternative can ever run (the reason given is the first one's)
-        reasons = [_infeasible(site, partition, variant) for _, variant in request.variants]
+        nodes = pool if pool is not None else tuple(site.nodes)
+        reasons = [_infeasible(nodes, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
             where = f" in partition {partition.name!r}" if policy.partitions else ""
             if len(reasons) == 1:
@@ -117,61 +121,39 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     return Admitted(partition.name, account, qos, limit)
 
 
-_SLURM_KINDS: dict[str, tuple[float, object]] = {}  # Slurm partition -> (when read, its node shape)
-
-
-def _slurm_misfit(slurm_partition: str | None, tasks) -> str | None:  # noqa: ANN001 - TaskSpecs
-    from corral.executors.slurm.cli import SlurmCli, SlurmError, SlurmRefused
-    from corral.executors.slurm.shape import Replica, pack
-
-    key = slurm_partition or ""
-    seen = _SLURM_KINDS.get(key)
-    if seen is None or time.monotonic() - seen[0] > 60:
-        try:
-            # on the API's event loop: a Slurm that is slow to answer is skipped, not waited for
-            seen = (time.monotonic(), SlurmCli().node_kind(slurm_partition, timeout=2.0))
-        except SlurmRefused as exc:
-            return str(exc)
-        except SlurmError:
-            return None
-        _SLURM_KINDS[key] = seen
-    try:
-        pack([Replica(t.resources.gpus, t.resources.cpus, t.resources.memory) for t in tasks for _ in range(t.num_nodes)],
-             seen[1])
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 class Admission:
     """``admit`` for one site, remembering admitted shapes (refusals are rare and name the
     task, so they are worked out each time)."""
 
     MAX_SHAPES = 1024
 
-    def __init__(self, site: Site):
+    def __init__(self, site: Site, misfit: Misfit | None = None,
+                 pool: Callable[[], tuple[NodeSpec, ...] | list[NodeSpec]] | None = None):
         self.site = site
+        self.misfit = misfit
+        # the node pool as the control loop last published it (default: the site's declared one)
+        self.pool = pool or (lambda: tuple(site.nodes))
         self._pool: tuple = ()
         self._admitted: dict[tuple, Admitted] = {}
 
     def __call__(self, spec: JobSpec, user: str, job_exists: Callable[[int], bool],
                  any_account: bool = False) -> Admitted | Refusal:
         site = self.site
-        pool = tuple(site.nodes)
+        pool = tuple(self.pool())
         if pool != self._pool:  # identical node objects compare at once; a new pool forgets every shape
             self._pool, self._admitted = pool, {}
         sched = spec.scheduling
         # Everything ``admit`` reads besides the dependencies (checked for each job below). The
         # role matters through any_account (an admin may charge accounts that do not list them);
-        # a Slurm partition skips the capacity check, so it is keyed too should the site's map
-        # change. Priority and nice are the API's role checks, and an array's elements share the
-        # one admission of their spec: neither changes the answer.
-        slurm = site.policy.partition(sched.partition or "").name in site.slurm_partitions
-        key = (user, any_account, sched.partition, slurm, sched.account, sched.qos, spec.time_limit,
+        # a provisioned partition skips the capacity check, so it is keyed too should the site's
+        # map change. Priority and nice are the API's role checks, and an array's elements share
+        # the one admission of their spec: neither changes the answer.
+        provisioned = site.policy.partition(sched.partition or "").name in site.provisioned
+        key = (user, any_account, sched.partition, provisioned, sched.account, sched.qos, spec.time_limit,
                spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
         admitted = self._admitted.get(key)
         if admitted is None:
-            result = admit(spec, user, site, job_exists, any_account=any_account)
+            result = admit(spec, user, site, job_exists, any_account=any_account, misfit=self.misfit, pool=pool)
             if isinstance(result, Admitted):
                 if len(self._admitted) >= self.MAX_SHAPES:
                     self._admitted.clear()
@@ -197,8 +179,7 @@ def _missing_dependency(dependency: tuple[tuple[str, tuple[int, ...]], ...],
 _FEASIBLE: dict[tuple, tuple] = {}  # key -> the pool (kept alive, so its ids stay its own)
 
 
-def _infeasible(site: Site, partition, request: PendingJob) -> str | None:  # noqa: ANN001 - a Partition
-    pool = tuple(site.nodes)
+def _infeasible(pool: tuple[NodeSpec, ...], partition, request: PendingJob) -> str | None:  # noqa: ANN001 - a Partition
     key = (tuple(map(id, pool)), partition.name,
            tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type) for t in request.tasks))
     if key in _FEASIBLE:

@@ -13,13 +13,14 @@ from typing import Any
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from corral.scheduler.snapshot import NodeView
 from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE
 from corral.spec.source import Document
 
 
-class NodeSpec(BaseModel):
-    """One node as the scheduler sees it."""
+class _Node(BaseModel):
+    """A node's name, resources and labels: what ``config.yaml`` may declare."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -38,7 +39,14 @@ class NodeSpec(BaseModel):
         return value
 
 
-class NodeEntry(NodeSpec):
+class NodeSpec(_Node):
+    """One node as the scheduler sees it."""
+
+    # the job this node belongs to alone: an engine provisioned it for that job (never declared)
+    dedicated_to: int | None = None
+
+
+class NodeEntry(_Node):
     """A ``nodes:`` entry; ``count`` declares ``name-0 … name-{count-1}``."""
 
     count: int | None = Field(default=None, ge=1, le=10_000)
@@ -49,6 +57,12 @@ class NodeEntry(NodeSpec):
         if isinstance(value, dict):
             return {str(k): str(v) for k, v in value.items()}
         return value
+
+
+def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
+    """The pool as the scheduler reads it."""
+    return tuple(NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, tuple(sorted(n.labels.items())),
+                          dedicated_to=n.dedicated_to) for n in nodes)
 
 
 def expand_nodes(entries: list[NodeEntry], doc: Document, source: str) -> list[NodeSpec]:

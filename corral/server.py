@@ -27,7 +27,7 @@ import uvicorn
 
 from corral.api.app import create_app
 from corral.api.deps import ServerState
-from corral.control.controller import Controller
+from corral.control.loop import ControlLoop
 from corral.credentials import remove_local_token, write_local_token
 from corral.site import load_site
 from corral.settings import Settings
@@ -44,16 +44,27 @@ def owner() -> str:
         return getpass.getuser()
 
 
-def build_state(settings: Settings, clock=time.time) -> ServerState:
-    """The server's objects, and a fresh local token for its owner in CORRAL_HOME."""
+def build_state(settings: Settings, clock=time.time, claim: Claim | None = None) -> ServerState:
+    """The server's objects, and a fresh local token for its owner in CORRAL_HOME. With the
+    database's ``claim`` (the server process holds it), every write of the control loop is
+    fenced by it, and losing it to another server stops this one."""
     settings.ensure_dirs()
     site = load_site(settings.config_path)
     engine = make_engine(settings.db_url)
     migrate(engine)
+    if claim is not None:
+        claim.begin(engine, f"{socket.gethostname()}:{os.getpid()}:{settings.home}", clock())
     sessions = session_factory(engine)
-    controller = Controller(settings, sessions, site, clock=clock)
-    return ServerState(settings=settings, sessions=sessions, site=site, controller=controller, clock=clock,
+    loop = ControlLoop(settings, sessions, site, clock=clock, claim=claim, on_claim_lost=_stop_on_claim_lost)
+    return ServerState(settings=settings, sessions=sessions, site=site, loop=loop, clock=clock,
                        owner=owner(), local_token=write_local_token(settings.home))
+
+
+def _stop_on_claim_lost(why: str) -> None:
+    """Another server took this database over: this one ends (as ``corral server stop``
+    would), its control loop already stopped and its attempts killed."""
+    log.error("stopping: %s", why)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _tune_gc() -> None:
@@ -143,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     # the event loop (no thread hop), so Python's default 5 ms switch interval serves best:
     # bench/submit.py 507 vs 372 accepted/s at 0.2 ms, bench/launch.py unchanged (~100 jobs/s).
     sys.setswitchinterval(0.005)
-    state = build_state(settings)
+    state = build_state(settings, claim=claim)
     app = create_app(state)
     _tune_gc()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,

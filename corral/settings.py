@@ -40,6 +40,12 @@ class Settings:
     def logs_dir(self) -> Path:
         return self.home / "logs"
 
+    def log_file(self, job_id: int, label: str) -> Path:
+        """Where a replica's log is kept on the server, whatever infra it runs on (the one rule:
+        ``corral logs``, the API and every executor use it; an executor whose nodes are
+        elsewhere mirrors the log here)."""
+        return self.logs_dir / str(job_id) / f"{label}.log"
+
     @property
     def runs_dir(self) -> Path:
         """Per-replica bookkeeping of the local executor (pid and exit files)."""

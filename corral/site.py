@@ -17,12 +17,14 @@ starts with it.
                   max_gpus_per_user: 8, max_gpus_per_account: 16, max_gpus: 32, gpu_minutes: 1e6}]
     topology:   [leaf, spine]   # node label keys, leaf switch first
     operators:  [ann]           # may set priority / negative nice; default: the server's user
-    infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine
+    infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine (executors.registry)
     retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
 
-A partition with ``infra: ray`` holds the Ray cluster's nodes (named ``ray-<ip>``, or the
-node's ``corral.node`` label), found at run time; other partitions hold the nodes their
-patterns match, of any infra, so one queue and one fair share span local and Ray nodes.
+A partition with ``infra: NAME`` holds that infra's nodes (a Ray cluster's, found at run
+time; the nodes Slurm allocates for each of its jobs); each infra's section under ``infra:``
+is the schema its plugin declares (``corral.executors.registry``). Partitions without one
+hold the nodes their patterns match, of any infra, so one queue and one fair share span
+local, Ray and Slurm nodes.
 
 The first partition is the default; a site without ``qos`` has one, ``normal``."""
 
@@ -36,15 +38,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, create_model, field_validator
 
+from corral.executors.registry import infras
 from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
 from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
 from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest, find_cycle
 from corral.spec.quantity import parse_duration, parse_memory
 from corral.spec.source import Document, SourceError, load_documents
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+from corral.spec.base import Duration, Strict as _Strict
 
 
 def _duration_or_off(value: object) -> float:
@@ -55,10 +58,6 @@ def _duration_or_off(value: object) -> float:
 
 
 Mode = Literal["requeue", "cancel", "off"]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Weights(_Strict):
@@ -103,7 +102,7 @@ class SchedulerSettings(_Strict):
 
 class PartitionEntry(_Strict):
     name: str
-    infra: Literal["local", "ray", "slurm"] | None = None  # None: nodes of any infra its patterns match
+    infra: str | None = None  # None: nodes of any infra its patterns match
     slurm_partition: str | None = None  # infra slurm: the Slurm partition its jobs go to (default: Slurm's)
     nodes: list[str] = ["*"]
     max_time: Duration | None = None
@@ -112,6 +111,14 @@ class PartitionEntry(_Strict):
     priority_tier: int = 0
     job_factor: float = Field(default=1.0, ge=0)
     preempt_mode: Mode = "requeue"
+
+    @field_validator("infra")
+    @classmethod
+    def _known_infra(cls, value: str | None) -> str | None:
+        known = infras()
+        if value is not None and value not in known:
+            raise ValueError(f"no infra is named {value!r}{_suggest(value, set(known))}; known: {', '.join(known)}")
+        return value
 
 
 class AccountEntry(_Strict):
@@ -134,28 +141,12 @@ class QosEntry(_Strict):
     gpu_minutes: float | None = Field(default=None, ge=0)
 
 
-class RayInfra(_Strict):
-    """A Ray cluster corral runs replicas on: ``auto`` (the cluster this machine belongs
-    to), a GCS address ``HOST:PORT``, or ``ray://HOST:PORT`` (Ray Client)."""
-
-    address: str = "auto"
-    node_prefix: str = Field(default="ray", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
-    namespace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,63}$")
 
 
-class SlurmInfra(_Strict):
-    """Slurm as an engine, through its own commands on PATH (``SLURM_CONF`` from the
-    environment). ``inside: auto``: a server started inside an allocation (``salloc``,
-    ``sbatch``) uses its nodes as the pool. ``forward``: which of a job's corral account and
-    QOS are passed to Slurm (when the site's names are Slurm's own)."""
-
-    inside: Literal["auto", "off"] = "auto"
-    forward: list[Literal["account", "qos"]] = []
-
-
-class InfraConfig(_Strict):
-    ray: RayInfra | None = None
-    slurm: SlurmInfra | None = None
+def _infra_config() -> type[BaseModel]:
+    """``infra:``: one optional section per known infra, each its plugin's schema."""
+    return create_model("InfraConfig", __base__=_Strict,
+                        **{name: (i.config | None, None) for name, i in infras().items()})
 
 
 class RetentionConfig(_Strict):
@@ -167,9 +158,12 @@ class RetentionConfig(_Strict):
     max_log_size: Annotated[float, BeforeValidator(parse_memory)] = 100 / 1024  # GB
 
 
+InfraConfig = _infra_config()
+
+
 class SiteConfig(_Strict):
     nodes: list[NodeEntry] | None = None
-    infra: InfraConfig = InfraConfig()
+    infra: InfraConfig = InfraConfig()  # type: ignore[valid-type]
     retention: RetentionConfig = RetentionConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
@@ -192,11 +186,12 @@ class Site:
     # Who may set a job's fixed ``priority`` or a negative ``nice`` (Slurm: operators and
     # admins only); by default the user the server runs as, the machine's owner.
     operators: tuple[str, ...] = field(default_factory=_server_user)
-    ray: RayInfra | None = None  # the Ray cluster, when the site uses one
+    # the infras this site uses (local always), each with its validated config.yaml section
+    infras: dict[str, Any] = field(default_factory=lambda: {"local": infras()["local"].config()})
     retention: RetentionConfig = RetentionConfig()
-    slurm: SlurmInfra | None = None  # Slurm as an engine (infra: slurm partitions, or inside an allocation)
-    # partitions whose jobs each become one Slurm job: partition -> Slurm partition ("" = Slurm's default)
-    slurm_partitions: dict[str, str] = field(default_factory=dict)
+    # partitions whose jobs each get nodes provisioned for them alone: partition -> (infra,
+    # the engine's own partition or pool, "" for its default)
+    provisioned: dict[str, tuple[str, str]] = field(default_factory=dict)
     partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
 
     def account_of(self, user: str) -> str:
@@ -242,31 +237,42 @@ def load_site(config_path: Path) -> Site:
     if issues:
         raise SpecError(issues, source)
     operators = tuple(config.operators) if config.operators is not None else _server_user()
-    slurm = config.infra.slurm
-    provisioned = {p.name: p.slurm_partition or "" for p in config.partitions if p.infra == "slurm"}
-    if provisioned and slurm is None:
-        slurm = SlurmInfra()
-    if config.nodes is None and inside_allocation(slurm):
-        nodes = []  # this machine is one of the allocation's nodes: the pool is the allocation
+    used = _used_infras(config)
+    if config.nodes is None and any(infras()[n].replaces_pool and infras()[n].replaces_pool(c) for n, c in used.items()):
+        nodes = []  # this machine is one of an engine's nodes (inside a Slurm allocation): that is the pool
+    provisioned = {p.name: (p.infra, p.slurm_partition or "") for p in config.partitions
+                   if p.infra is not None and infras()[p.infra].provisions}
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
-                config.infra.ray, config.retention, slurm, provisioned,
-                {p.name: p.infra for p in config.partitions if p.infra is not None})
+                used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None})
+
+
+def _used_infras(config: SiteConfig) -> dict[str, Any]:
+    """Every infra the site uses: those with a section, those a partition names, and those the
+    environment implies (a server started inside a Slurm allocation); local always."""
+    used: dict[str, Any] = {}
+    named = {p.infra for p in config.partitions if p.infra is not None}
+    for name, infra in infras().items():
+        section = getattr(config.infra, name, None)
+        if section is None and infra.implied is not None:
+            section = infra.implied()
+        if section is None and (name == "local" or name in named):
+            section = infra.config()
+        if section is not None:
+            used[name] = section
+    return used
 
 
 def _unconfigured() -> Site:
-    """No config.yaml: this machine, or, inside a Slurm allocation, the allocation's nodes."""
-    if inside_allocation(None):
-        return Site([], slurm=SlurmInfra())
-    return Site([local_machine()])
-
-
-def inside_allocation(slurm: SlurmInfra | None) -> str | None:
-    """The Slurm job this server runs inside whose nodes it should use, if any."""
-    import os
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job or os.environ.get("CORRAL_SLURM_INSIDE", "auto") == "off" or (slurm is not None and slurm.inside == "off"):
-        return None
-    return job
+    """No config.yaml: this machine, or the nodes of an engine the environment implies (inside
+    a Slurm allocation, the allocation's)."""
+    used = {"local": infras()["local"].config()}
+    for name, infra in infras().items():
+        section = infra.implied() if infra.implied is not None else None
+        if section is not None:
+            used[name] = section
+            if infra.replaces_pool is not None and infra.replaces_pool(section):
+                return Site([], infras=used)
+    return Site([local_machine()], infras=used)
 
 
 def _policy(config: SiteConfig) -> Policy:
@@ -296,19 +302,14 @@ def _policy(config: SiteConfig) -> Policy:
 
 
 def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:
-    """Node name patterns of a partition. A Ray partition's nodes exist only at run time,
-    all named under the cluster's prefix, so "*" there means every Ray node."""
-    if p.infra == "ray" and config.infra.ray is not None:
-        prefix = config.infra.ray.node_prefix + "-"
-        return tuple(n if n.startswith(prefix) else prefix + n for n in p.nodes)
-    if p.infra == "slurm":
-        return ("s[0-9]*",)  # the nodes of its jobs' allocations, named s{slurm job}-{host}
-    if p.infra == "local":
-        ray_prefix = config.infra.ray.node_prefix + "-" if config.infra.ray is not None else None
-        local = [n.name for n in (expand_nodes(config.nodes, None, "") if config.nodes else [local_machine()])]
-        return tuple(name for name in local if any(fnmatch.fnmatchcase(name, pat) for pat in p.nodes)
-                     and not (ray_prefix and name.startswith(ray_prefix))) or ("\0none",)
-    return tuple(p.nodes)
+    """Node name patterns of a partition: as written, or as its infra's plugin maps them (a
+    Ray partition's nodes are all named under the cluster's prefix)."""
+    infra = infras()[p.infra] if p.infra is not None else None
+    if infra is None or infra.partition_nodes is None:
+        return tuple(p.nodes)
+    section = _used_infras(config).get(p.infra) or infra.config()
+    declared = [n.name for n in (expand_nodes(config.nodes, None, "") if config.nodes else [local_machine()])]
+    return infra.partition_nodes(section, tuple(p.nodes), declared)
 
 
 def _pick(value, default):
@@ -330,23 +331,24 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
     names = [n.name for n in nodes]
     accounts = {a.name for a in config.accounts}
     qos = {q.name for q in config.qos}
-    ray = config.infra.ray
+    used = _used_infras(config)
+    for name, section in used.items():
+        check = infras()[name].check
+        for loc, message in (check(section, names) if check is not None else []):
+            issue(loc, message)
+    # nodes join the pool at run time (a Ray cluster's, an allocation's): patterns may match them then
+    runtime = any(infras()[n].runtime_nodes is not None and infras()[n].runtime_nodes(c) for n, c in used.items())
     for i, p in enumerate(config.partitions):
-        if p.infra == "ray" and ray is None:
-            issue(("partitions", i, "infra"), "infra ray needs a Ray cluster: add infra: {ray: {address: auto}}")
-        if ray is not None:
-            for j, node in enumerate(names):
-                if node.startswith(ray.node_prefix + "-"):
-                    issue(("nodes",), f"node {node!r} is named like a Ray node (prefix {ray.node_prefix!r}-); "
-                                      "rename it or set infra.ray.node_prefix")
-                    break
+        infra = infras()[p.infra] if p.infra is not None else None
+        if infra is not None and infra.runtime_nodes is not None and getattr(config.infra, p.infra, None) is None \
+                and not infra.provisions and infra.implied is None:
+            issue(("partitions", i, "infra"), f"infra {p.infra} needs its section: add infra: {{{p.infra}: {{...}}}}")
         for j, pattern in enumerate(p.nodes):
-            if p.infra in ("ray", "slurm"):
-                continue  # Ray's and Slurm's nodes are known only at run time
-            runtime = ray is not None or inside_allocation(config.infra.slurm) is not None
+            if infra is not None and infra.runtime_nodes is not None:
+                continue  # its nodes are known only at run time
             if not fnmatch.filter(names, pattern) and not (p.infra is None and runtime):
                 issue(("partitions", i, "nodes", j), f"{pattern!r} matches no node of the pool")
-        if p.slurm_partition is not None and p.infra != "slurm":
+        if p.slurm_partition is not None and (infra is None or not infra.provisions):
             issue(("partitions", i, "slurm_partition"), "slurm_partition is for partitions with infra: slurm")
         if p.max_time is not None and p.default_time is not None and p.default_time > p.max_time:
             issue(("partitions", i, "default_time"), "default_time is longer than max_time")
@@ -378,7 +380,7 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
                                          "preempt each other forever)")
     labels = {k for n in nodes for k in n.labels}
     for i, level in enumerate(config.topology):
-        if level not in labels and ray is None:  # Ray's nodes bring their labels at run time
+        if level not in labels and not runtime:  # nodes that join at run time bring their labels
             issue(("topology", i), f"no node has the label {level!r}; label nodes like labels: {{{level}: sw0}}")
     return issues
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from corral.executors.contract import Binding, Kind, Launch, Observed
+from corral.executors.contract import Binding, Kind, Launch, Observed, Started
 from corral.pool import NodeSpec
 
 
@@ -59,12 +59,9 @@ class FakeExecutor:
     def release(self, job_id: int) -> None:
         return None
 
-    def start(self, launch: Launch) -> dict:
+    def start(self, launch: Launch) -> Started:
         self.started.append(launch)
-        handle = {"key": launch.key, "node": launch.node}
-        if self.confirm_later:
-            handle["pending"] = True
-        return handle
+        return Started({"key": launch.key, "node": launch.node}, confirmed=not self.confirm_later)
 
     def adopt(self, attempts) -> None:
         for key, handle in attempts:
@@ -91,9 +88,6 @@ class FakeExecutor:
 
     def exec_probe(self, handle, command, env, cwd, timeout):
         return True, "ok"
-
-    def log_path(self, job_id: int, label: str) -> str:
-        return f"/dev/null/{job_id}/{label}"
 
     def cleanup_job(self, job_id: int) -> None:
         return None

@@ -83,7 +83,7 @@ def test_a_slurm_partitions_shape_is_not_sized_against_the_pool(tmp_path: Path) 
     refused = admission(spec("partition: batch\n", nodes=4), "alice", lambda i: True)
     assert isinstance(refused, Refusal) and refused.field == "resources"
     # were the partition no longer Slurm's, the same shape is checked afresh (and cannot fit)
-    site.slurm_partitions.pop("cluster")
+    site.provisioned.pop("cluster")
     refused = admission(spec("partition: cluster\n", nodes=4), "alice", lambda i: True)
     assert isinstance(refused, Refusal) and refused.field == "resources"
 

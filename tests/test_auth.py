@@ -265,7 +265,7 @@ def test_a_token_expires_on_the_servers_clock(corral_home: Path, db_url: str) ->
 
     now = [1_800_000_000.0]
     state = build_state(Settings(home=corral_home, db_url=db_url), clock=lambda: now[0])
-    with TestClient(create_app(state, manage_controller=False)) as client:
+    with TestClient(create_app(state, manage_loop=False)) as client:
         admin = {"Authorization": f"Bearer {state.local_token}"}
         made = client.post("/v1/tokens", json={"user": "ann", "expires": "30d"}, headers=admin).json()
         assert made["info"]["expires_at"] == "2027-02-14T08:00:00Z"

@@ -16,3 +16,22 @@ def test_kill_9_at_random_moments_breaks_no_promise(tmp_path: Path) -> None:
     report = run(jobs=30, kills=4, seed=7, home=tmp_path / "home", quiet=True)
     assert report["jobs"] >= 25 and report["kills"] >= 4
     assert report["violations"] == [], report["violations"]
+
+
+def test_cut_database_connections_break_no_promise(tmp_path: Path) -> None:
+    """Every connection the server holds to PostgreSQL (its claim's too) is cut every 0.3 s
+    while jobs are submitted, exit and are cancelled: no exit is lost, no job stays running
+    without a process, no cancel is forgotten, the server keeps its claim."""
+    import os
+
+    import pytest
+
+    db = os.environ.get("CORRAL_TEST_DB_URL")
+    if not db:
+        pytest.skip("needs PostgreSQL (CORRAL_TEST_DB_URL)")
+    from conftest import reset_postgres
+
+    reset_postgres(db)
+    report = run(jobs=40, kills=0, seed=11, home=tmp_path / "home", quiet=True, db=db, cut_every=0.3)
+    assert report["jobs"] >= 30 and report["connections_cut"] >= 5, report
+    assert report["violations"] == [], report["violations"]

@@ -25,14 +25,15 @@ def fake_server(corral_home: Path, db_url: str) -> Iterator:
     from corral.settings import Settings
 
     state = build_state(Settings(home=corral_home, db_url=db_url, poll_interval_s=0.1))
-    controller = state.controller
-    real = controller.executors["local"]
+    loop = state.loop
+    real = loop.inventory.executors["local"]
     fake = FakeExecutor([NodeSpec(name="gpu-0", gpus=4, gpu_type="H100", cpus=8, memory=64),
-                         NodeSpec(name="gpu-1", gpus=4, gpu_type="H100", cpus=8, memory=64)], controller._wake_soon, confirm_later=True)
-    controller.executors["local"] = fake
+                         NodeSpec(name="gpu-1", gpus=4, gpu_type="H100", cpus=8, memory=64)], loop.notify,
+                        confirm_later=True)
+    loop.inventory.executors["local"] = fake
     real.close()
-    controller._inventory_versions = None
-    controller.refresh_inventory()
+    loop.inventory.refresh(force=True)
+    loop._publish_view()
     with TestClient(create_app(state), headers=bearer(state, "alice")) as client:
         client.fake = fake
         yield client
@@ -48,7 +49,7 @@ def test_a_start_confirmed_later_is_running_only_then(fake_server) -> None:
     wait_for(lambda: len(fake.started) == 1)
     assert _replica(fake_server, job["id"])["state"] == "STARTING"  # pending until the engine confirms
     key = fake.keys()[0]
-    fake.emit(Observed(key, Kind.STARTED, handle={"key": key, "node": "gpu-0", "gpus": [3]}))
+    fake.emit(Observed(key, Kind.STARTED, handle={"key": key, "node": "gpu-0"}, gpus=(3,)))
     running = wait_for(lambda: (lambda r: r if r["state"] == "RUNNING" else None)(_replica(fake_server, job["id"])))
     assert running["gpus"] == [3]  # the GPUs the engine bound
     fake.emit(Observed(key, Kind.EXITED, code=0))

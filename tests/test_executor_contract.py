@@ -87,7 +87,7 @@ class _Crash(BaseException):
 
 
 def test_a_crash_between_commit_and_launch_records_no_run(corral_home: Path, db_url: str, tmp_path: Path) -> None:
-    from corral.control.controller import Controller
+    from corral.control.loop import ControlLoop
     from corral.server import build_state
     from corral.settings import Settings
     from corral.store import repository
@@ -96,8 +96,8 @@ def test_a_crash_between_commit_and_launch_records_no_run(corral_home: Path, db_
     markers = tmp_path / "markers"
     settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.1)
     state = build_state(settings)
-    first: Controller = state.controller
-    real_start = first.executors["local"].start
+    first: ControlLoop = state.loop
+    real_start = first.inventory.executors["local"].start
     calls = []
 
     def start_then_crash(launch):
@@ -106,7 +106,7 @@ def test_a_crash_between_commit_and_launch_records_no_run(corral_home: Path, db_
             raise _Crash()
         return real_start(launch)
 
-    first.executors["local"].start = start_then_crash
+    first.inventory.executors["local"].start = start_then_crash
     first.start()
     spec = load_job(f"""
 name: flaky
@@ -119,10 +119,10 @@ restart: {{policy: on_failure, max_restarts: 2, backoff: {{initial: 0s}}}}
         job_id = job.id
     first.notify()
     wait_for(lambda: len(calls) >= 2 and not first._thread.is_alive())
-    first.executors["local"].close()
-    first.prober.close()
+    first.inventory.executors["local"].close()
+    first.probes.close()
 
-    second = Controller(settings, state.sessions, state.site)
+    second = ControlLoop(settings, state.sessions, state.site)
     second.start()
     try:
         def ended():
@@ -165,25 +165,23 @@ def test_a_bad_stored_job_fails_alone_and_the_loop_keeps_scheduling(server, tmp_
     assert wait_state(server, good["id"], "SUCCEEDED")["state"] == "SUCCEEDED"
     failed = wait_state(server, bad, "FAILED")
     assert failed["reason"] == "InvalidSpec" and "invalid stored job" in failed["message"]
-    assert state.controller.failing_cycles == 0
+    assert state.loop.failing_cycles == 0
 
 
 def test_health_reports_a_loop_that_keeps_failing(server) -> None:
-    controller = server.state.controller
-    real = controller.refresh_inventory
+    loop = server.state.loop
+    real = loop.inventory.refresh
     assert server.get("/v1/health").json()["status"] == "ok"
 
-    def broken() -> bool:
+    def broken(force: bool = False) -> bool:
         raise RuntimeError("the store is unreachable")
 
-    controller.refresh_inventory = broken
+    loop.inventory.refresh = broken
     try:
-        wait_for(lambda: controller.failing_cycles >= 3, timeout=20)
-        response = server.get("/v1/health")
-        assert response.status_code == 503
+        response = wait_for(lambda: (r := server.get("/v1/health")).status_code == 503 and r, timeout=20)
         assert response.json()["status"] == "failing" and "unreachable" in response.json()["loop_error"]
     finally:
-        controller.refresh_inventory = real
+        loop.inventory.refresh = real
     wait_for(lambda: server.get("/v1/health").status_code == 200, timeout=20)
 
 

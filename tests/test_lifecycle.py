@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from builders import GroupBuilder
-from corral.control.lifecycle import evaluate
+from corral.control import lifecycle
+from corral.control.decisions import EndJob, SetDeadline, Stop, WakeAt
 from corral.states import JobState, ReplicaState, TransitionError, check_job_transition
 
 S = ReplicaState
+
+
+def evaluate(view, now: float) -> SimpleNamespace:  # noqa: ANN001 - a JobView
+    """The decisions for a job, sorted by kind (each must be one of the job vocabulary's)."""
+    decisions = lifecycle.evaluate(view, now)
+    assert all(isinstance(d, (Stop, SetDeadline, EndJob, WakeAt)) for d in decisions)
+    ends = [d for d in decisions if isinstance(d, EndJob)]
+    wakes = [d.at for d in decisions if isinstance(d, WakeAt)]
+    assert len(ends) <= 1 and len(wakes) <= 1
+    return SimpleNamespace(stops=[d for d in decisions if isinstance(d, Stop)],
+                           deadlines=[d for d in decisions if isinstance(d, SetDeadline)],
+                           end=ends[0] if ends else None, wake_at=wakes[0] if wakes else None)
 
 
 def group() -> GroupBuilder:

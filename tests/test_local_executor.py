@@ -17,11 +17,12 @@ from corral.executors.contract import Kind, Launch, LaunchError, Observed
 from corral.executors.local.executor import LocalExecutor
 from corral.node.runner import EXIT_FILE, STARTED_FILE
 from corral.pool import NodeSpec
+from corral.settings import Settings
 
 
 def _executor(tmp_path: Path) -> LocalExecutor:
-    return LocalExecutor([NodeSpec(name="n0", gpus=2, cpus=2)], tmp_path / "runs", tmp_path / "logs",
-                         tmp_path / "run", scope=f"t{os.getpid()}{tmp_path.name[-6:]}")
+    settings = Settings(home=tmp_path, db_url="sqlite://")
+    return LocalExecutor([NodeSpec(name="n0", gpus=2, cpus=2)], settings, scope=f"t{os.getpid()}{tmp_path.name[-6:]}")
 
 
 def _launch(key: str, run: str, job_id: int = 1, label: str = "main-0", env: dict | None = None) -> Launch:
@@ -109,7 +110,7 @@ def test_an_attempt_that_never_started_is_absent_not_the_previous_attempts_exit(
     previous attempt's exit file as the new attempt's result."""
     executor = _executor(tmp_path)
     try:
-        handle = executor.start(_launch("5.w.0.a1", "exit 3"))
+        handle = executor.start(_launch("5.w.0.a1", "exit 3")).handle
         assert [(e.kind, e.code) for e in _wait_events(executor)] == [(Kind.EXITED, 3)]
         assert handle["key"] == "5.w.0.a1"
         executor.adopt([("5.w.0.a2", None)])  # the next attempt's key: nothing ran under it
@@ -156,7 +157,7 @@ def test_a_killed_wrapper_takes_its_whole_tree_with_it(tmp_path: Path) -> None:
     executor = _executor(tmp_path)
     marker = tmp_path / "child.pid"
     try:
-        handle = executor.start(_launch("7.w.0.a1", _detached_child(marker)))
+        handle = executor.start(_launch("7.w.0.a1", _detached_child(marker))).handle
         child = _wait_file(marker)
         os.kill(handle["pid"], signal.SIGKILL)  # the wrapper dies; its detached child would live on
         events = _wait_events(executor)
@@ -170,7 +171,7 @@ def test_a_killed_wrapper_takes_its_whole_tree_with_it(tmp_path: Path) -> None:
 def test_a_wrapper_killed_while_the_server_was_down_leaves_nothing_running(tmp_path: Path) -> None:
     first = _executor(tmp_path)
     marker = tmp_path / "child.pid"
-    handle = first.start(_launch("8.w.0.a1", _detached_child(marker)))
+    handle = first.start(_launch("8.w.0.a1", _detached_child(marker))).handle
     child = _wait_file(marker)
     first.close()  # the server goes down; the attempt runs on
     os.kill(handle["pid"], signal.SIGKILL)

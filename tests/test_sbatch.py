@@ -282,7 +282,7 @@ def test_batch_environment() -> None:
     ctx = slurmjob.BatchContext(9, "train", "alice", "batch", "ml", "normal", 600.0, 1, 8, 1,
                                 (slurmjob.NodeSlot("gpu-1", (2, 3), 6, "127.1.0.1"),
                                  slurmjob.NodeSlot("gpu-0", (0, 1), 6, "127.1.0.2")), "/sub")
-    env = slurmjob.batch_env(s, ctx, "local", None)
+    env = slurmjob.batch_env(s, ctx, None)
     expected = {"SLURM_JOB_ID": "9", "SLURM_JOB_NAME": "train", "SLURM_JOB_NODELIST": "gpu-1,gpu-0",
                 "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "3",
                 "SLURM_GPUS_PER_NODE": "2", "SLURM_SUBMIT_DIR": "/sub", "SLURM_ARRAY_JOB_ID": "8",
@@ -293,10 +293,20 @@ def test_batch_environment() -> None:
     assert {k: env.get(k) for k in expected} == expected
     assert "CORRAL_SLURM_SHIMS" not in env  # none given
     from pathlib import Path
-    on_slurm = slurmjob.batch_env(s, ctx, "slurm", Path("/x"))  # the real srun, with Slurm's own variables
+    from corral.executors.slurm.executor import batch_layout
+
+    on_slurm = slurmjob.batch_env(s, ctx, Path("/x"))
+    assert on_slurm["CORRAL_SLURM_SHIMS"] == "/x"
+    # in a real allocation: the real srun, with Slurm's own variables, the job's layout set over the step's
+    command = batch_layout(on_slurm, ["h1", "h0"], {"h1": 6, "h0": 6})
     assert "CORRAL_SLURM_SHIMS" not in on_slurm and not any(k.startswith("SLURM") for k in on_slurm)
     assert on_slurm["CORRAL_SBATCH_OUTPUT"] == "/sub/slurm-8_1.out"
-    assert slurmjob.batch_env(s, ctx, "local", Path("/x"))["CORRAL_SLURM_SHIMS"] == "/x"
+    assert command[0] == "env" and "SLURM_JOB_NODELIST=h1,h0" in command and "SLURM_OVERLAP=1" in command
+    assert "SLURM_PROCID=0" in command and "SLURM_JOB_ID=9" not in command  # the job's identity stays Slurm's
+    assert "SLURM_NTASKS=4" in command  # asked for (-n 4): set over the step's
+    unasked = slurmjob.batch_env(BatchStep(role="batch", nodes=2, ntasks=2, ntasks_given=False, submit_dir="/sub"), ctx,
+                                 Path("/x"))
+    assert not any(a.startswith("SLURM_NTASKS=") for a in batch_layout(unasked, ["h1", "h0"], {}))  # srun's own -n decides
 
 
 # -- the scheduler: constraints, distinct nodes, whole nodes, array throttles ---------------------

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from corral.control.records import JobRec, ReplicaRec, TaskRec
-from corral.control.supervisor import (MOVES, AttemptEnded, End, Kill, ProbeAnswered, Relaunch, Replace, RequeueJob,
-                                       Restart, SetReady, Signal, Stop, Supervisor, check, target)
+from corral.control.decisions import (MOVES, End, Kill, Relaunch, Replace, RequeueJob, Restart, SetReady, Signal, Stop,
+                                      check, target)
+from corral.control.supervisor import AttemptEnded, ProbeAnswered, Supervisor
 from corral.states import REPLICA_TRANSITIONS, JobState, ReplicaState, TransitionError
 
 

@@ -12,25 +12,25 @@ from corral.api.errors import Guard
 from corral.api.routes import access, cluster, jobs, metrics, usage
 
 
-def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
+def create_app(state: ServerState, manage_loop: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        if manage_controller:
-            state.controller.start()
+        if manage_loop:
+            state.loop.start()
         try:
             yield
         finally:
             state.intake.stop()
             state.auditor.stop()
-            if manage_controller:
-                state.controller.stop()
+            if manage_loop:
+                state.loop.stop()
 
     app = FastAPI(title="corral", version=__version__, lifespan=lifespan,
                   description="Gang-scheduled AI job groups: submit, watch, cancel.")
     app.state.corral = state
-    state.controller.metrics.reader = metrics.reader(state)
+    state.loop.metrics.reader = metrics.reader(state)
     app.add_middleware(Guard)
-    app.add_middleware(metrics.RequestTimer, metrics=state.controller.metrics)  # outermost: times refusals too
+    app.add_middleware(metrics.RequestTimer, metrics=state.loop.metrics)  # outermost: times refusals too
     # Every route but health needs a token (routes that also read the caller get the same,
     # computed once per request).
     authenticated = [Depends(get_identity)]

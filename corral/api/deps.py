@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -19,10 +20,14 @@ from corral.api.intake import Intake
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
 from corral.auth.tokens import TokenBook, unauthorized
-from corral.control.controller import Controller
+from corral.control.loop import ControlLoop
 from corral.pool import NodeSpec
 from corral.settings import Settings
 from corral.site import Site
+
+
+T = TypeVar("T")
+READ_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -30,7 +35,7 @@ class ServerState:
     settings: Settings
     sessions: sessionmaker[Session]
     site: Site
-    controller: Controller
+    loop: ControlLoop
     clock: Callable[[], float] = field(default=time.time)
     owner: str = ""  # the OS user running the server: the local token speaks for them
     local_token: str | None = None  # see corral.credentials
@@ -40,14 +45,22 @@ class ServerState:
     auditor: Auditor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.intake = Intake(self.sessions, self.clock, self.controller.submitted)
-        self.admission = Admission(self.site)
+        self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
+        self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes)
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)
 
+    def read(self, read: Callable[[], T], timeout: float = READ_TIMEOUT_S) -> T:
+        """An answer computed on the control loop's thread (it never shares its memory)."""
+        try:
+            return self.loop.ask(read).result(timeout=timeout)
+        except FutureTimeout:
+            raise HTTPException(503, f"the control loop did not answer within {timeout:g}s; try again") from None
+
     @property
-    def nodes(self) -> list[NodeSpec]:
-        return self.site.nodes
+    def nodes(self) -> tuple[NodeSpec, ...]:
+        """The node pool as the loop last published it."""
+        return self.loop.view.nodes
 
 
 # Trivial dependencies are async so FastAPI does not hop to a worker thread for each one.

@@ -33,6 +33,12 @@ class Journal:
         self._events.append({"job_id": job_id, "ts": ts, "subject": subject, "cause": cause,
                              "from_state": from_state, "to_state": to_state, "message": message})
 
+    def clear(self) -> None:
+        """Drop what was journalled and not flushed (the cycle that wrote it failed)."""
+        for rows in self._rows.values():
+            rows.clear()
+        self._events = []
+
     def __bool__(self) -> bool:
         return bool(self._events) or any(self._rows.values())
 

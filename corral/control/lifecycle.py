@@ -1,6 +1,7 @@
 """Job-group lifecycle as pure decisions: given a job's tasks and replicas and the time,
 say which replicas to stop, which termination deadlines to set and whether the job ends.
-No I/O here; the controller carries the decisions out and records each with its cause.
+No I/O here: it returns decisions (``corral.control.decisions``: ``Stop``, ``SetDeadline``,
+``EndJob``, ``WakeAt``) that the loop's carrier carries out, recording each with its cause.
 
 Rules (SkyPilot job-group semantics, with the delay persisted):
   * primaries drive completion; a plain job's one task is its own primary;
@@ -13,8 +14,9 @@ Rules (SkyPilot job-group semantics, with the delay persisted):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from corral.control.decisions import Decision, EndJob, SetDeadline, Stop, WakeAt
 from corral.states import JobState, ReplicaState
 
 
@@ -46,36 +48,8 @@ class JobView:
     replicas: tuple[ReplicaView, ...]
 
 
-@dataclass(frozen=True)
-class StopReplica:
-    replica_id: int
-    cause: str
-
-
-@dataclass(frozen=True)
-class SetDeadline:
-    task: str
-    deadline: float
-
-
-@dataclass(frozen=True)
-class EndJob:
-    state: JobState
-    exit_code: int | None
-    cause: str
-    message: str | None = None
-
-
-@dataclass
-class Decisions:
-    stops: list[StopReplica] = field(default_factory=list)
-    deadlines: list[SetDeadline] = field(default_factory=list)
-    end: EndJob | None = None
-    wake_at: float | None = None  # when to look at this job again without any event
-
-
-def evaluate(job: JobView, now: float) -> Decisions:
-    out = Decisions()
+def evaluate(job: JobView, now: float) -> list[Decision]:
+    out: list[Decision] = []
     if job.state.terminal or job.state == JobState.PENDING:
         return out
     live = [r for r in job.replicas if not r.state.terminal]
@@ -84,28 +58,29 @@ def evaluate(job: JobView, now: float) -> Decisions:
     if job.cancel_requested:
         _stop(out, live, "cancel")
         if not live:
-            out.end = EndJob(JobState.CANCELLED, None, "cancel", "cancelled by request")
+            out.append(EndJob(JobState.CANCELLED, None, "cancel", "cancelled by request"))
         return out
 
     timed_out = next((r for r in job.replicas if r.timed_out), None)
     if timed_out is not None:  # like Slurm: a time limit ends the whole job
         _stop(out, live, "job_time_limit")
         if not live:
-            out.end = EndJob(JobState.TIMEOUT, timed_out.exit_code, "time_limit",
-                             f"replica {timed_out.task}-{timed_out.rank} reached its time limit")
+            out.append(EndJob(JobState.TIMEOUT, timed_out.exit_code, "time_limit",
+                              f"replica {timed_out.task}-{timed_out.rank} reached its time limit"))
         return out
 
     failed_primary = next((r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED), None)
     if failed_primary is not None:
         _stop(out, live, "primary_failed")
         if not live:
-            out.end = EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
-                             f"primary replica {failed_primary.task}-{failed_primary.rank} failed "
-                             f"({_how(failed_primary.exit_code)})")
+            out.append(EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
+                              f"primary replica {failed_primary.task}-{failed_primary.rank} failed "
+                              f"({_how(failed_primary.exit_code)})"))
         return out
 
     primaries = [r for r in job.replicas if r.task in primary_tasks]
     if primaries and all(r.state == ReplicaState.SUCCEEDED for r in primaries):
+        wake_at = None
         for task in job.tasks:
             if task.primary:
                 continue
@@ -115,19 +90,21 @@ def evaluate(job: JobView, now: float) -> Decisions:
             deadline = task.termination_deadline
             if deadline is None:
                 deadline = now + task.termination_delay
-                out.deadlines.append(SetDeadline(task.name, deadline))
+                out.append(SetDeadline(task.name, deadline))
             if now >= deadline:
                 _stop(out, task_live, "termination_delay")
             else:
-                out.wake_at = deadline if out.wake_at is None else min(out.wake_at, deadline)
+                wake_at = deadline if wake_at is None else min(wake_at, deadline)
+        if wake_at is not None:
+            out.append(WakeAt(wake_at))
         if not live:
             failed_aux = next((r for r in job.replicas if r.state == ReplicaState.FAILED), None)
             if failed_aux is not None:
-                out.end = EndJob(JobState.FAILED, failed_aux.exit_code, "auxiliary_failed",
-                                 f"auxiliary replica {failed_aux.task}-{failed_aux.rank} failed "
-                                 f"({_how(failed_aux.exit_code)})")
+                out.append(EndJob(JobState.FAILED, failed_aux.exit_code, "auxiliary_failed",
+                                  f"auxiliary replica {failed_aux.task}-{failed_aux.rank} failed "
+                                  f"({_how(failed_aux.exit_code)})"))
             else:
-                out.end = EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded")
+                out.append(EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded"))
     return out
 
 
@@ -136,5 +113,5 @@ def _how(exit_code: int | None) -> str:
     return f"exit code {exit_code}" if exit_code is not None else "no exit code: it was lost or killed"
 
 
-def _stop(out: Decisions, replicas: list[ReplicaView], cause: str) -> None:
-    out.stops.extend(StopReplica(r.id, cause) for r in replicas if not r.stopping)
+def _stop(out: list[Decision], replicas: list[ReplicaView], cause: str) -> None:
+    out.extend(Stop(r.id, cause) for r in replicas if not r.stopping)

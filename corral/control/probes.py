@@ -72,7 +72,10 @@ class Prober:
 
     def watch(self, target: ProbeTarget) -> None:
         with self._cond:
+            watched = (target.key, target.kind) in self._targets
             self._targets[(target.key, target.kind)] = target
+            if watched:  # watched again (adopted once more): its turn in the queue stands
+                return
             heapq.heappush(self._queue, (self._clock() + target.probe.initial_delay, next(self._seq), target.key,
                                          target.kind))
             self._cond.notify()
@@ -104,8 +107,10 @@ class Prober:
     def _check(self, target: ProbeTarget) -> None:
         ok, detail = run_check(target)
         with self._cond:
-            if self._targets.get((target.key, target.kind)) is not target:
+            current = self._targets.get((target.key, target.kind))
+            if current is None:
                 return  # forgotten meanwhile (the replica exited or restarted)
-            heapq.heappush(self._queue, (self._clock() + target.probe.period, next(self._seq), target.key, target.kind))
+            heapq.heappush(self._queue, (self._clock() + current.probe.period, next(self._seq), target.key, target.kind))
             self._cond.notify()
-        self._on_result(target, ok, detail)
+        if current is target:  # else watched anew meanwhile: this answer is stale
+            self._on_result(target, ok, detail)

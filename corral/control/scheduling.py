@@ -1,44 +1,85 @@
-"""The control loop's side of scheduling and preemption: the snapshot the pure scheduler
-reads (free resources, pending jobs, running jobs with expected ends and elastic surplus,
-usage, dependency states), the priorities shown by ``corral queue --priority``, and the
-application of a plan's preemptions (stop with grace, then requeue keeping the id, or
-cancel) and elastic shrinks."""
+"""The loop's scheduling step: the snapshot the pure scheduler reads (free resources, pending
+jobs in queue order and replicas of running jobs waiting for a place, running jobs with
+their expected ends and elastic surplus, usage, dependency states), the plan it returns, and
+the plan carried out: every start re-checked by the one applier (shared with the simulator)
+and claimed with a compare-and-swap on the job's state (PENDING → STARTING) for the whole
+plan in one statement, preemptions and dependency cancels carried out, and every waiting
+job's reason written where it changed.
+
+The pass runs when something it reads changed, and at least every ``rescan_interval_s``
+while jobs wait (age, usage and topology waits drift slowly). While a flood of submissions
+arrives, passes for new jobs alone are spaced by a multiple of what the last one cost, so
+scheduling a long queue takes at most about a fifth of the loop's time."""
 
 from __future__ import annotations
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+import logging
+import math
+import time
+from collections.abc import Callable
 
-from corral.control.accounting import Holding
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from corral.control.accounting import Holding, Ledger
+from corral.control.book import Book
+from corral.control.inventory import Inventory
+from corral.control.placement import Placer
+from corral.control.queue import Queue
 from corral.control.records import JobRec, ReplicaRec
-from corral.scheduler import NodeView, PendingJob, Preemption, RunningJob, Shrinkable, Snapshot
+from corral.control.requeue import Requeues
+from corral.control.scaling import Scaling
+from corral.control.transitions import Transitions
+from corral.metrics import Metrics
+from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
+from corral.scheduler.applier import apply_starts
 from corral.scheduler.placement import FreePool
 from corral.scheduler.plan import Allocation, Reason
-from corral.scheduler.priority import Factors
+from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
 
+log = logging.getLogger("corral.control")
 
-class SchedulingMixin:
+ARRIVAL_SPACING = 4.0  # a pass for new jobs alone waits 4x the last pass's cost: scheduling <= ~20% of the loop
+
+_JOBS = Job.__table__
+_CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), _JOBS.c.state == JobState.PENDING.value,
+                              _JOBS.c.cancel_requested_at.is_(None), _JOBS.c.hold == "")
+          .values(state=JobState.STARTING.value, reason="None", version=_JOBS.c.version + 1).returning(_JOBS.c.id))
+
+
+class Scheduling:
+    def __init__(self, book: Book, moves: Transitions, inventory: Inventory, placer: Placer, queue: Queue,
+                 requeues: Requeues, scaling: Scaling, ledger: Ledger, policy: Policy,
+                 sessions: sessionmaker[Session], rescan_s: float, metrics: Metrics):
+        self.book, self.moves, self.inventory, self.placer = book, moves, inventory, placer
+        self.queue, self.requeues, self.scaling, self.ledger = queue, requeues, scaling, ledger
+        self.policy, self.sessions, self.rescan_s, self.metrics = policy, sessions, rescan_s, metrics
+        self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last pass
+        self.hungry: frozenset[tuple[str, str]] = frozenset()  # short of their share, as of the last pass
+        self.expected_starts: dict[int, float] = {}  # pending job -> its backfill reservation's start
+        self._priorities_at = 0.0
+        self._refresh_at = 0.0
+        self._cost = 0.0
+        self._done_at = 0.0
+
+    # -- what the scheduler reads ---------------------------------------------------------------
     def free_views(self) -> tuple[NodeView, ...]:
-        pool = FreePool(self.views)
-        for alloc in list(self._allocs.values()):  # also read from API threads
+        pool = FreePool(self.inventory.views)
+        for alloc in self.book.allocs.values():
             pool.assume(alloc)
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
-        """The scheduler's input: free resources, pending jobs in queue order (and replicas
-        of running jobs waiting for a place), running jobs (what they hold, their expected
-        ends, elastic surplus), usage and dependency states."""
-        nodes = self.free_views()
-        pending = tuple(growth or ()) + tuple(job.request for job in list(self.pending.values()))
-        running = tuple(self._running_view(job) for job in list(self.active.values()))
-        return Snapshot(nodes, pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
+        pending = tuple(growth or ()) + tuple(job.request for job in self.book.pending.values())
+        running = tuple(self._running_view(job) for job in self.book.active.values())
+        return Snapshot(self.free_views(), pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)
 
     def _running_view(self, job: JobRec) -> RunningJob:
-        live = [r for r in job.members if not r.state.terminal and r.id in self._allocs]
-        allocations = tuple(self._allocs[r.id] for r in live)
+        allocs = self.book.allocs
+        live = [r for r in job.members if not r.state.terminal and r.id in allocs]
         ends = [job.started_at + limit for t in job.tasks
                 if job.started_at is not None and (limit := job.time_limit_of(t)) is not None]
         elastic = []
@@ -46,12 +87,12 @@ class SchedulingMixin:
             low = task.service.min_nodes
             mine = sorted((r for r in live if r.task == task.name and r.stop_requested_at is None), key=lambda r: r.rank)
             if low is not None and len(mine) > low and len(mine) == len(job.replicas_of(task.name)):
-                elastic.append(Shrinkable(task.name, low, tuple(self._allocs[r.id] for r in mine)))
+                elastic.append(Shrinkable(task.name, low, tuple(allocs[r.id] for r in mine)))
         ending = job.state == JobState.PREEMPTED or job.cancel_requested or \
             any(t.termination_deadline is not None for t in job.tasks)
-        return RunningJob(job.id, allocations, max(ends) if ends else float("inf"), job.user, job.account,
-                          job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority, ending,
-                          tuple(elastic), job.name, job.array_job_id)
+        return RunningJob(job.id, tuple(allocs[r.id] for r in live), max(ends) if ends else float("inf"), job.user,
+                          job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
+                          ending, tuple(elastic), job.name, job.array_job_id)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -60,11 +101,11 @@ class SchedulingMixin:
         states: dict[int, str] = {}
         unknown = []
         for job_id in wanted:
-            rec = self.active.get(job_id) or self.pending.get(job_id)
+            rec = self.book.active.get(job_id) or self.book.pending.get(job_id)
             if rec is not None:
                 states[job_id] = rec.state.value
-            elif job_id in self._ended_states:
-                states[job_id] = self._ended_states[job_id]
+            elif job_id in self.book.ended_states:
+                states[job_id] = self.book.ended_states[job_id]
             else:
                 unknown.append(job_id)
         if unknown:
@@ -72,107 +113,114 @@ class SchedulingMixin:
                 for job_id, state in s.execute(select(Job.id, Job.state).where(Job.id.in_(unknown))):
                     states[job_id] = state
                     if JobState(state).terminal:
-                        self._ended_states[job_id] = state
+                        self.book.ended_states[job_id] = state
         return states
 
-    def pending_priorities(self) -> list[tuple[JobRec, Factors | None, str, bool]]:
-        """Pending jobs in the order the last cycle ranked them, with their factors, reason
-        and whether they are starving (read by API threads: works on copies)."""
-        factors, hungry, now = dict(self.priorities), self.hungry, self.clock()
-        jobs = list(self.pending.values())
-        key, unscored = self.policy.queue_key(now, hungry), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
-        assoc = {j.id: j.request.assoc for j in jobs}
-        jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
-        return [(j, factors.get(j.id), self._reasons.get(j.id, "None"),
-                 assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
-
-    def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
-        """What each replica holds now, with its job; a stopping replica keeps its resources
-        until it has exited (read by API threads: works on copies)."""
-        allocs = dict(self._allocs)
-        return [(job, replica, allocs[replica.id]) for job in list(self.active.values())
-                for replica in list(job.replicas) if replica.id in allocs]
-
-    def _holdings(self) -> list[Holding]:
+    def holdings(self) -> list[Holding]:
         out = []
-        for job in self.active.values():
+        for job in self.book.active.values():
             for replica in job.replicas:
-                alloc = self._allocs.get(replica.id)
+                alloc = self.book.allocs.get(replica.id)
                 if alloc is not None and replica.state in (ReplicaState.RUNNING, ReplicaState.STARTING):
                     out.append(Holding(job.account or job.user, job.user, self.policy.qos_of(job.qos).name,
                                        len(alloc.gpus), alloc.cpus, alloc.memory))
         return out
 
-    # -- preemption and requeue -------------------------------------------------------
-    def _preempt(self, s: Session, preemption: Preemption, now: float) -> None:
-        """Stop the victims (each replica gets its stop signal and grace period) and shrink
-        elastic tasks; the preemptor starts once their resources are free."""
-        for victim_id in preemption.victims:
-            job = self.active.get(victim_id)
-            if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
-                continue
-            mode = "cancel" if job.no_requeue else self.policy.preempt_mode(job.partition, job.qos)
-            self._job_to(job, JobState.PREEMPTED, now, "preempted",
-                         f"preempted by job {preemption.for_job}; it will be {'requeued' if mode == 'requeue' else 'cancelled'}")
-            for replica in job.members:
-                if not replica.state.terminal and replica.stop_requested_at is None:
-                    self._stop_replica(job, replica, "preempted", now)
-            self._dirty.add(job.id)
-        for shrink in preemption.shrinks:
-            job = self.active.get(shrink.job_id)
-            if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
-                continue
-            task = job.task(shrink.task)
-            self.journal.event(job.id, now, shrink.task, "shrunk",
-                               message=f"{len(job.replicas_of(shrink.task))} -> {shrink.replicas} replicas to make room "
-                                       f"for job {preemption.for_job} (elastic minimum {task.service.min_nodes})")
-            self.journal.task(task.id, num_nodes=shrink.replicas)
-            self._reconcile_scale(s, job, shrink.task, shrink.replicas, now)
+    # -- the pass -------------------------------------------------------------------------------
+    def next_arrival_pass(self) -> float:
+        return self._done_at + ARRIVAL_SPACING * self._cost
 
-    def _finish_preemption(self, job: JobRec, now: float) -> None:
-        """Once every replica of a preempted job has stopped: requeue it (same id, same
-        names, same checkpoint directory; CORRAL_RESTART_COUNT goes up) or cancel it."""
-        if any(not r.state.terminal for r in job.members):
+    def run(self, s: Session, now: float, flush: Callable[[], None]) -> None:
+        """One scheduling pass, when one is due; ``flush`` writes what the cycle journalled so
+        far (a job requeued this cycle is PENDING in the store before its claim)."""
+        book = self.book
+        growth = self.scaling.requests(now)
+        if not book.pending and not growth:
+            self.priorities, self.expected_starts = {}, {}
             return
-        self.active.pop(job.id)
-        self._publish.discard(job.id)
-        mode = "requeue" if job.requeue_requested else self.policy.preempt_mode(job.partition, job.qos)
-        if job.no_requeue and not job.requeue_requested:
-            mode = "cancel"
-        if mode != "requeue" or job.cancel_requested:
-            why = "cancel requested while preempted" if job.cancel_requested else \
-                "preempted (--no-requeue)" if job.no_requeue else "preempted (preempt mode cancel)"
-            self._job_to(job, JobState.CANCELLED, now, "preempted", why, message=why)
-            self._release_job(job)
+        clock = time.monotonic()
+        if not book.sched_needed and clock < self._refresh_at and not (
+                self.queue.arrivals and clock >= self.next_arrival_pass()):
             return
-        self._release_job(job)
-        job.requeues += 1
-        for task in job.tasks:  # an elastic task comes back at its initial size: that one fit the pool
-            initial = int(task.spec.get("num_nodes") or 1)
-            if task.service.min_nodes is None or task.num_nodes <= initial:
+        book.sched_needed = self.queue.arrivals = False
+        self._refresh_at = clock + self.rescan_s
+        # Priorities are recomputed for every pending job every few seconds (age and usage
+        # drift slowly; Slurm's PriorityCalcPeriod is 5 min); in between only new jobs are scored.
+        if clock >= self._priorities_at:
+            self._priorities_at = clock + CALC_PERIOD_S
+            self.priorities = {}
+        snapshot = self.snapshot(growth)
+        plan = schedule(snapshot, now, self.policy)
+        self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
+        self.hungry = plan.hungry
+        # a start after a job without a time limit is unknown (infinite): not shown
+        self.expected_starts = {j: t for j, t in plan.reserved_starts.items() if j > 0 and math.isfinite(t)}
+        # the one applier (the simulator's too) re-checks every start, a gang all or none
+        accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
+        self._done_at = time.monotonic()
+        self._cost = self._done_at - clock
+        self.metrics.cycle.observe(self._cost)
+        for start in stale:
+            log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
+        starts = []
+        for start in accepted:
+            if start.job_id < 0:  # a replica of a running job, placed like any job: limits hold
+                self.scaling.place(-start.job_id, start.allocations[0], now)
                 continue
-            for replica in sorted(job.replicas_of(task.name), key=lambda r: r.rank)[initial:]:
-                replica.stop_cause = "scale_down"  # ended already: now retired, out of the gang
-                self.journal.replica(replica.id, stop_cause="scale_down")
-            self.journal.event(job.id, now, task.name, "scaled",
-                               message=f"{task.num_nodes} -> {initial} replicas for the requeue (its initial size)")
-            task.num_nodes = initial
-            self.journal.task(task.id, num_nodes=initial)
-        for replica in job.members:
-            if job.pipeline and replica.state == ReplicaState.SUCCEEDED:
-                continue  # a pipeline resumes at the stage it was in; stages done stay done
-            replica.restarts += 1
-            replica.node, replica.gpus, replica.handle, replica.ready = None, (), None, False
-            replica.stop_requested_at = replica.stop_cause = replica.kill_at = replica.exit_code = None
-            self._replica_to(replica, ReplicaState.PENDING, "requeued", now, node=None, gpus=[], handle=None,
-                             stop_requested_at=None, stop_cause=None, kill_at=None,
-                             exit_code=None, ended_at=None, ready=False, restarts=replica.restarts)
-        for task in job.tasks:
-            task.termination_deadline = None
-        job.started_at = None
-        job.requeue_requested = False
-        job.forget_request()
-        held = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(job.hold)
-        self._job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}" + (", held" if held else ""),
-                     requeues=job.requeues, started_at=None, reason=held or "None", requeue_requested_at=None)
-        self._enqueue(job)
+            starts.append(start)
+        flush()
+        claimed = self._claim(s, [start.job_id for start in starts])
+        self.metrics.placements.observe(len(claimed))
+        if stale or len(claimed) < len(starts):
+            book.sched_needed = True  # a stale or lost start: look again next cycle
+        for start in starts:
+            job = book.pending.pop(start.job_id)
+            book.reasons.pop(job.id, None)
+            if job.id in claimed:
+                factors = self.priorities.get(job.id)
+                job.rank_priority = factors.total if factors is not None else 0.0
+                self.placer.admit(job, start.allocations, now, start.choice)
+        for preemption in plan.preemptions:
+            if preemption.for_job > 0:  # elastic growth never preempts: it waits for free resources
+                self.requeues.preempt(s, preemption, now)
+        for job_id, why in plan.cancels.items():
+            job = book.pending.pop(job_id, None)
+            if job is not None:
+                self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", why,
+                                    reason=Reason.DEPENDENCY_NEVER.value, message=why)
+        for job_id, reason in plan.reasons.items():
+            if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:
+                continue  # (a job an engine provisions shows the engine's reason)
+            self.set_reason(job_id, reason.value)
+
+    def set_reason(self, job_id: int, reason: str) -> None:
+        if self.book.reasons.get(job_id) != reason:
+            self.book.reasons[job_id] = reason
+            self.moves.journal.job(job_id, reason=reason)
+
+    @staticmethod
+    def _claim(s: Session, job_ids: list[int]) -> set[int]:
+        """Compare-and-swap PENDING → STARTING for a whole plan in one statement; a job
+        cancelled (or changed) since the snapshot is not returned and does not start."""
+        if not job_ids:
+            return set()
+        return set(s.connection().execute(_CLAIM, {"ids": job_ids}).scalars())
+
+    # -- what the API shows (read from the loop's published view) --------------------------------
+    def ranked(self, now: float) -> list[tuple[JobRec, Factors | None, str, bool]]:
+        """Pending jobs in the order the last pass ranked them, with their factors, reason
+        and whether they are starving."""
+        factors, hungry = self.priorities, self.hungry
+        jobs = list(self.book.pending.values())
+        key, unscored = self.policy.queue_key(now, hungry), Factors(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0.0)
+        assoc = {j.id: j.request.assoc for j in jobs}
+        jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
+        return [(j, factors.get(j.id), self.book.reasons.get(j.id, "None"),
+                 assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
+
+    def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
+        """What each replica holds now, with its job; a stopping replica keeps its resources
+        until it has exited."""
+        allocs = self.book.allocs
+        return [(job, replica, allocs[replica.id]) for job in self.book.active.values()
+                for replica in job.replicas if replica.id in allocs]

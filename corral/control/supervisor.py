@@ -12,13 +12,11 @@ everything that happens to a replica once its job holds resources:
     again by the scheduler, so every limit holds), waiting replicas whose dependency can
     never be met, startup timeouts, time-limit warnings and stops, grace periods over.
 
-Job-level rules (primaries, termination delays, job ends) stay in ``lifecycle.evaluate``.
-The ``Supervisor`` keeps the little memory supervision needs between events (probe
-streaks, warnings sent) — like dask's worker state machine it never touches a process, a
-file or the store; the controller carries each decision out and journals it with its
-cause. Every decision that moves a replica names its target state, and ``MOVES`` is the
-table of which states each kind of decision may move a replica from; ``check`` holds each
-decision to it and to ``states.REPLICA_TRANSITIONS``."""
+Job-level rules (primaries, termination delays, job ends) are ``lifecycle.evaluate``'s; both
+speak the one vocabulary of ``decisions``. The ``Supervisor`` keeps the little memory
+supervision needs between events (probe streaks, warnings sent) — like dask's worker state
+machine it never touches a process, a file or the store; the loop's carrier carries each
+decision out and journals it with its cause."""
 
 from __future__ import annotations
 
@@ -26,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from corral.control import startorder
+from corral.control.decisions import (LIVE, Decision, End, Kill, Relaunch, Replace, RequeueJob, Restart, SetReady,
+                                      Signal, Stop)
 from corral.control.records import JobRec, ReplicaRec
-from corral.states import JobState, ReplicaState, TransitionError, check_replica_transition
+from corral.states import JobState, ReplicaState
 
 # -- events --------------------------------------------------------------------------------
 
@@ -48,116 +48,6 @@ class ProbeAnswered:
     kind: str  # "readiness" | "liveness"
     ok: bool
     detail: str = ""
-
-
-# -- decisions -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Restart:
-    """RESTARTING until ``at`` (the backoff); its resources stay held meanwhile."""
-    replica_id: int
-    at: float
-    exit_code: int | None
-    message: str
-
-
-@dataclass(frozen=True)
-class Relaunch:
-    """A due restart on the same node: a new attempt key, committed before it launches."""
-    replica_id: int
-    message: str
-
-
-@dataclass(frozen=True)
-class Replace:
-    """A due restart whose node is gone: back to PENDING, placed again by the scheduler."""
-    replica_id: int
-    message: str
-
-
-@dataclass(frozen=True)
-class End:
-    replica_id: int
-    state: ReplicaState
-    cause: str
-    message: str
-    exit_code: int | None = None
-
-
-@dataclass(frozen=True)
-class RequeueJob:
-    """Lost with its node and may not restart: the replica FAILED, the job PREEMPTED, its
-    other replicas stopped, and the job requeued once they have (Slurm on node failure)."""
-    replica_id: int
-    message: str
-    job_message: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Stop for good: the stop signal, SIGKILL after the grace period (or KILLED at once if
-    no process runs for it)."""
-    replica_id: int
-    cause: str
-
-
-@dataclass(frozen=True)
-class Signal:
-    """Send ``signal``; with ``grace`` set, SIGKILL follows after it (the attempt's exit then
-    goes to the restart policy); without, it is a warning only."""
-    replica_id: int
-    signal: str
-    cause: str
-    message: str
-    grace: float | None
-
-
-@dataclass(frozen=True)
-class Kill:
-    """The grace period ran out: SIGKILL."""
-    replica_id: int
-
-
-@dataclass(frozen=True)
-class SetReady:
-    replica_id: int
-    ready: bool
-    detail: str
-
-
-Decision = Restart | Relaunch | Replace | End | RequeueJob | Stop | Signal | Kill | SetReady
-
-_LIVE = frozenset({ReplicaState.STARTING, ReplicaState.RUNNING})
-# Which states each kind of decision may move a replica from, and to which.
-MOVES: dict[type, tuple[frozenset[ReplicaState], ReplicaState | None]] = {
-    Restart: (_LIVE, ReplicaState.RESTARTING),
-    Relaunch: (frozenset({ReplicaState.RESTARTING}), ReplicaState.STARTING),
-    Replace: (frozenset({ReplicaState.RESTARTING}), ReplicaState.PENDING),
-    RequeueJob: (_LIVE, ReplicaState.FAILED),
-    End: (_LIVE, None),  # to the decision's own (terminal) state
-}
-
-
-def target(decision: Decision) -> ReplicaState | None:
-    if isinstance(decision, End):
-        return decision.state
-    move = MOVES.get(type(decision))
-    return move[1] if move else None
-
-
-def check(decision: Decision, state: ReplicaState) -> None:
-    """Raise ``TransitionError`` if the decision may not move a replica in ``state``."""
-    move = MOVES.get(type(decision))
-    if move is None:
-        return
-    sources, _ = move
-    if state not in sources:
-        raise TransitionError(f"{type(decision).__name__} cannot apply to a {state.value} replica")
-    new = target(decision)
-    if isinstance(decision, End) and (new is None or not new.terminal):
-        raise TransitionError(f"End must name a terminal state, not {new}")
-    check_replica_transition(state, new)  # type: ignore[arg-type]
 
 
 class Supervisor:
@@ -198,7 +88,7 @@ class Supervisor:
     # -- events ----------------------------------------------------------------------------
     def attempt_ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float) -> list[Decision]:
         self.forget(replica.launch_key)
-        if replica.state.terminal or replica.state not in _LIVE:
+        if replica.state.terminal or replica.state not in LIVE:
             return []
         asked = replica.stop_requested_at is not None
         policy = job.task(replica.task).service.restart

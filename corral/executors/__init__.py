@@ -1,7 +1,8 @@
-"""Executors: where replicas run. ``local`` (processes on this machine, the embedded
-default), ``ray`` (a Ray cluster) and ``slurm`` (job steps in Slurm allocations), the last
-two imported only when a site uses them. The
-contract is in ``base``; ``build`` makes the executors a site asks for."""
+"""Executors: where replicas run. One folder per infra (``local``: processes on this
+machine, the embedded default; ``ray``: a Ray cluster; ``slurm``: job steps in Slurm
+allocations), each behind the contract in ``contract`` and found through ``registry``
+(open to other packages by entry point). ``build`` makes the executors a site uses. Kept
+light: a Ray actor's worker imports this package."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # importing base pulls in the spec models: too slow for every Ray actor's worker
+if TYPE_CHECKING:  # importing the contract pulls in the spec models: too slow for every Ray actor's worker
     from corral.executors.contract import Executor
     from corral.settings import Settings
 
@@ -20,20 +21,8 @@ def scope_of(settings: Settings) -> str:
 
 
 def build(settings: Settings, site, wake: Callable[[], None]) -> dict[str, Executor]:
-    import os
+    """One executor per infra the site uses, keyed by the infra's name."""
+    from corral.executors.registry import infras
 
-    from corral.executors.local.executor import LocalExecutor
-
-    executors: dict[str, Executor] = {
-        "local": LocalExecutor(site.nodes, settings.runs_dir, settings.logs_dir, settings.runtime_dir,
-                               scope_of(settings), wake, os.environ.get("PYTHONPATH"))}
-    if getattr(site, "ray", None) is not None:
-        from corral.executors.ray.executor import RayExecutor  # Ray is an optional extra: imported only here
-
-        executors["ray"] = RayExecutor(site.ray, settings, scope_of(settings), wake)
-    if getattr(site, "slurm", None) is not None:
-        from corral.executors.slurm.executor import SrunExecutor
-        from corral.site import inside_allocation
-
-        executors["slurm"] = SrunExecutor(settings, scope_of(settings), wake, inside_allocation(site.slurm))
-    return executors
+    known = infras()
+    return {name: known[name].build(settings, section, site.nodes, wake) for name, section in site.infras.items()}

@@ -1,4 +1,4 @@
-"""The contract between the control loop and the engines replicas run on (v2).
+"""The contract between the control loop and the engines replicas run on.
 
 An executor starts, signals, watches and adopts *attempts* of replicas on the nodes it
 reports, and keeps no job state the store does not also hold. The core never sees a pid,
@@ -7,13 +7,27 @@ a loopback address or a file of the executor's: it stores the opaque, JSON-stora
 as a stream of ``Observed`` events (started, exited with a code, lost with a reason, or
 absent: never started), drained by the control loop on its own thread.
 
+``Executor`` is what every infra implements. Beyond it an infra may offer *capabilities*,
+each a small protocol the loop checks with ``isinstance`` (as Kueue's job framework does
+with its optional interfaces), never by the infra's name:
+
+* ``Reserving``   — hold a gang's resources in the engine's own accounting before any
+                    replica starts (Ray's placement groups);
+* ``ExecProbes``  — run a probe command where the attempt runs;
+* ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
+                    today; a cloud or Kubernetes node pool later), checked at submission
+                    (``misfit``) and followed while the job runs.
+
 Two promises every executor keeps (the first law: never lost, never run twice, never alive
 twice):
 
 * An attempt counts only once its process really started: ``adopt`` reports an attempt
   that left no trace as ``ABSENT``, never as an exit, so the loop launches it anew.
 * An attempt is alive at most once: before an executor reports an attempt ended (exited or
-  lost), it has ended the attempt's whole process tree; ``signal(SIGKILL)`` kills the tree."""
+  lost), it has ended the attempt's whole process tree; ``signal(SIGKILL)`` kills the tree.
+
+Where a replica's log is kept on the server is one rule (``Settings.log_file``): an
+executor whose nodes are elsewhere mirrors the log there while the attempt runs."""
 
 from __future__ import annotations
 
@@ -21,7 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from corral.pool import NodeSpec
 
@@ -51,6 +65,19 @@ class Launch:
     # a git workdir (url, ref): cloned once per job on the node, the attempt starts in the clone
     repo: tuple[str, str | None] | None = None
     hosts: bool = True  # resolve the job's names through /etc/hosts where the executor can
+    # directories the attempt expects to exist where it runs (its checkpoint directory)
+    dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Started:
+    """What ``start`` returns: the attempt's handle, and what the core may know of it
+    without reading the handle."""
+
+    handle: Handle
+    confirmed: bool = True  # False: the engine confirms the start later with a STARTED event
+    gpus: tuple[int, ...] | None = None  # the GPUs the engine bound, when it chose them itself
+    detail: str = ""  # shown in the replica's event: "pid 4242", "step 17.3" …
 
 
 @dataclass(frozen=True)
@@ -63,7 +90,7 @@ class Binding:
 
 
 class Kind(str, Enum):
-    STARTED = "started"  # the attempt runs (reported by adopt for one still alive)
+    STARTED = "started"  # the attempt runs (reported by adopt for one still alive, or a late confirmation)
     EXITED = "exited"  # its process ended with ``code``
     LOST = "lost"  # it ended and its exit code cannot be known (node died, no record)
     ABSENT = "absent"  # adopt found no trace: it never started
@@ -77,7 +104,8 @@ class Observed:
     reason: str = ""
     handle: Handle | None = None
     node: str | None = None
-    gpus: tuple[int, ...] | None = None  # the GPUs the engine bound, when it chose them
+    gpus: tuple[int, ...] | None = None  # STARTED: the GPUs the engine bound, when it chose them
+    detail: str = ""  # STARTED: as ``Started.detail``
 
 
 Wake = Callable[[], None]
@@ -102,7 +130,10 @@ class EventStream:
         return out
 
 
+@runtime_checkable
 class Executor(Protocol):
+    """What every infra implements."""
+
     name: str
 
     def nodes(self) -> list[NodeSpec]:
@@ -123,23 +154,18 @@ class Executor(Protocol):
         """A TCP port free on ``node`` for a task's rank 0 (``MASTER_PORT``)."""
         ...
 
-    def reserve(self, job_id: int, generation: int, slots: list[tuple[str, str, tuple[int, ...], float, float]]) -> None:
-        """Hold a gang's resources in the engine's own accounting, all or nothing, before any
-        replica starts: ``slots`` are (label, node, gpus, cpus, memory). Raises LaunchError."""
-        ...
-
-    def release(self, job_id: int) -> None:
-        """Give back everything ``reserve`` held for the job (it ended or was requeued)."""
-        ...
-
-    def start(self, launch: Launch) -> Handle:
-        """Start the attempt; raise ``LaunchError`` when it cannot be started."""
+    def start(self, launch: Launch) -> Started:
+        """Start the attempt; raise ``LaunchError`` when it cannot be started. It creates
+        ``launch.dirs`` where the attempt runs and keeps the replica's log current at
+        ``Settings.log_file`` on the server."""
         ...
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
-        """After a server restart: re-attach to each (key, handle or None if the handle was
-        never stored) and report each through the event stream: STARTED if alive, EXITED /
-        LOST if it ended, ABSENT if it never started. Reported before this returns."""
+        """After a server restart (or a cycle whose writes were lost): re-attach to each (key,
+        handle or None if the handle was never stored) and report each through the event
+        stream: STARTED if alive, EXITED / LOST if it ended, ABSENT if it never started.
+        Reported before this returns. An attempt already watched is reported again, once,
+        and not watched twice."""
         ...
 
     def signal(self, handle: Handle, signum: int) -> bool:
@@ -162,14 +188,9 @@ class Executor(Protocol):
         """Variables the executor adds to every attempt of the job (where its files are)."""
         ...
 
-    def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
-                   timeout: float) -> tuple[bool, str]:
-        """Run an exec probe where the attempt runs."""
-        ...
-
-    def log_path(self, job_id: int, label: str) -> str:
-        """Where ``corral logs`` reads the replica's log on the server (the executor keeps
-        it current, streaming it from the node when the node is elsewhere)."""
+    def release(self, job_id: int) -> None:
+        """The job ended or was requeued: give back whatever is held for it (reservations,
+        a provisioned allocation unless asked to keep it)."""
         ...
 
     def cleanup_job(self, job_id: int) -> None:
@@ -177,3 +198,103 @@ class Executor(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# -- optional capabilities ------------------------------------------------------------------
+
+
+@runtime_checkable
+class Reserving(Protocol):
+    """Holds a gang's resources in the engine's own accounting before any replica starts."""
+
+    def reserve(self, job_id: int, generation: int, slots: list[tuple[str, str, tuple[int, ...], float, float]]) -> None:
+        """All or nothing: ``slots`` are (label, node, gpus, cpus, memory); raises LaunchError."""
+        ...
+
+
+@runtime_checkable
+class ExecProbes(Protocol):
+    def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
+                   timeout: float) -> tuple[bool, str]:
+        """Run an exec probe where the attempt runs: (passed, what it said)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ReplicaShape:
+    """One replica a provisioned allocation must hold."""
+
+    gpus: int
+    cpus: float
+    memory: float  # GB
+    distinct: bool = False  # needs a node of its own (no other replica of its task beside it)
+
+
+@dataclass(frozen=True)
+class ProvisionRequest:
+    """What a job asks of an engine that provisions nodes for it."""
+
+    job_id: int
+    replicas: tuple[ReplicaShape, ...]
+    gpu_type: str | None
+    time_limit: float | None
+    grace: float  # the longest stop grace period of its tasks
+    target: str | None  # the engine's own partition or pool (None: its default)
+    account: str  # the job's; an engine passes them on only if its section says the names are its own
+    qos: str
+    exclusive: bool = False
+    constraint: str | None = None
+
+
+class Provision(str, Enum):
+    READY = "ready"  # its nodes are in the inventory, dedicated to the job
+    WAITING = "waiting"  # asked for; the engine says why it waits
+    REFUSED = "refused"  # the engine will never give it: the job fails with the reason
+    UNREACHABLE = "unreachable"  # the engine does not answer: the job waits, saying so
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    state: Provision
+    reason: str = ""
+    submitted: str | None = None  # the engine's id for a request made just now (said in the job's events)
+
+
+class Allocation(str, Enum):
+    """What became of a running job's provisioned nodes."""
+
+    LIVE = "live"
+    REQUEUED = "requeued"  # the engine took them back and will give them again (requeue the job)
+    ENDED = "ended"  # the engine ended them (time limit, cancelled outside corral, node failure)
+
+
+@runtime_checkable
+class Provisioner(Protocol):
+    """An infra that must first obtain nodes for a job (a Slurm allocation per job). Its
+    partitions' jobs are placed only on the nodes provisioned for them, which carry
+    ``NodeSpec.dedicated_to``."""
+
+    def provision(self, request: ProvisionRequest) -> Provisioned:
+        """Make sure the job's nodes are asked for (never twice) and say where it stands."""
+        ...
+
+    def allocation(self, job_id: int) -> tuple[Allocation, str]:
+        """What became of a running job's nodes, and the engine's words for it."""
+        ...
+
+    def holds(self, job_id: int) -> bool:
+        """Whether something is asked for or held on the job's behalf (array throttles count it)."""
+        ...
+
+    def keep_on_release(self, job_id: int) -> None:
+        """The engine requeued the job's nodes: the next ``release`` keeps waiting for them."""
+        ...
+
+    def prune(self, keep: set[int]) -> None:
+        """Give back what is held for jobs not in ``keep``."""
+        ...
+
+    def misfit(self, target: str | None, replicas: list[ReplicaShape], timeout: float) -> str | None:
+        """At submission: why no allocation of ``target`` could ever hold these replicas, or
+        None (also when the engine does not answer within ``timeout``: it decides later)."""
+        ...

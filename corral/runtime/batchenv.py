@@ -9,14 +9,14 @@ replica is placed by the scheduler on a node of its own, so ``SLURM_JOB_NODELIST
 corral nodes those replicas were placed on, batch node first, and each node's GPUs are the
 ones its replica holds.
 
-Off Slurm (the local executor, Ray), ``srun`` and ``scontrol`` are corral's own commands
-(``corral.node.srun``), put first on the script's PATH through ``CORRAL_SLURM_SHIMS``.
-The local executor's nodes are all this machine, so ``srun`` starts each task itself, as a
-process of the batch replica (inside its process tree and cgroup, so it ends with the job)
-with the environment of the node it stands for (``SLURMD_NODENAME``, that node's GPUs in
-``CUDA_VISIBLE_DEVICES``). On a Slurm infra (executor ``slurm``/``srun``) the shims are not
-put on PATH and no ``SLURM_*`` variable is set here: the real ``srun``/``scontrol`` of the
-allocation are used, with the variables Slurm itself gives the step."""
+``srun`` and ``scontrol`` are corral's own commands (``corral.node.srun``), put first on the
+script's PATH through ``CORRAL_SLURM_SHIMS``. The local executor's nodes are all this
+machine, so ``srun`` starts each task itself, as a process of the batch replica (inside its
+process tree and cgroup, so it ends with the job) with the environment of the node it stands
+for (``SLURMD_NODENAME``, that node's GPUs in ``CUDA_VISIBLE_DEVICES``). An infra that runs
+replicas inside real Slurm allocations replaces this layout with Slurm's own at launch (the
+Slurm executor's ``_batch_layout``): the variables named in ``LAYOUT`` describe the job's
+shape, the rest its identity."""
 
 from __future__ import annotations
 
@@ -29,13 +29,12 @@ from pathlib import Path
 
 from corral.spec.batchstep import BatchStep
 
-SLURM_EXECUTORS = frozenset({"slurm", "srun"})
 # the batch step's variables that describe the job's shape (not its identity), set over the
 # step's own on a real Slurm
 LAYOUT = frozenset({"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
                     "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK",
                     "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR",
-                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"})  # where the real srun and scontrol are on PATH
+                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"})
 NO_ARRAY_INDEX = "4294967294"  # what Slurm puts in %a for a job that is not an array element
 
 
@@ -121,8 +120,7 @@ def expand_pattern(pattern: str, ctx: BatchContext, node: str) -> str:
     return path if path.startswith("/") else os.path.join(ctx.workdir, path)
 
 
-def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None,
-              keep: tuple[str, ...] = ()) -> dict[str, str]:
+def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tuple[str, ...] = ()) -> dict[str, str]:
     """Slurm's variables for the batch script (the batch step: node 0, task 0). With
     ``--export=NONE`` the script starts with only these, corral's own, the basics of a login
     (PATH, HOME, USER …) and ``keep`` (the variables the job names)."""
@@ -169,18 +167,8 @@ def batch_env(step: BatchStep, ctx: BatchContext, infra: str, shims: Path | None
     if step.export_none:
         env["CORRAL_SBATCH_EXPORT_NONE"] = "1"
         env["CORRAL_SBATCH_KEEP"] = " ".join(keep)
-    if infra in SLURM_EXECUTORS:
-        # Inside a real allocation Slurm sets the step's own variables (one node, one task), and
-        # the real srun reads them; the srun executor sets the job's layout over them in the step
-        # (CORRAL_SLURM_LAYOUT, node names mapped to Slurm's hosts) so the script's srun spans the
-        # job. Who and where the job is (its id, partition, account) stay Slurm's.
-        layout = {k: v for k, v in env.items() if k in LAYOUT}
-        if not step.ntasks_given:  # as sbatch: then srun's task count follows its own -N/-n
-            layout.pop("SLURM_NTASKS", None)
-            layout.pop("SLURM_NPROCS", None)
-        out = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "SLURMD_"))}
-        out["CORRAL_SLURM_LAYOUT"] = json.dumps(layout)
-        return out
+    if step.ntasks_given:  # as sbatch: without it, a real srun's task count follows its own -N/-n
+        env["CORRAL_SBATCH_NTASKS_GIVEN"] = "1"
     if shims is not None:
         env["CORRAL_SLURM_SHIMS"] = str(shims)
     return env

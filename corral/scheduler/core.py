@@ -214,12 +214,9 @@ def _tiered(policy: Policy) -> bool:
     return len({p.priority_tier for p in policy.partitions}) > 1 or any(q.preempt for q in policy.qos)
 
 
-DEDICATED = "corral.job"  # a node with this label belongs to that job alone (its Slurm allocation)
-
-
 class _Scopes:
     """Per-partition node sets, computed once per cycle. A node dedicated to one job (the
-    nodes of the Slurm allocation made for it) is in that job's scope only."""
+    nodes an engine provisioned for it) is in that job's scope only."""
 
     def __init__(self, snapshot: Snapshot, policy: Policy):
         self.policy = policy
@@ -228,9 +225,8 @@ class _Scopes:
         self.names = [n.name for n in snapshot.nodes]
         self.dedicated: dict[int, set[str]] = {}
         for node in snapshot.nodes:
-            owner = dict(node.labels).get(DEDICATED)
-            if owner is not None and owner.isdigit():
-                self.dedicated.setdefault(int(owner), set()).add(node.name)
+            if node.dedicated_to is not None:
+                self.dedicated.setdefault(node.dedicated_to, set()).add(node.name)
         self.reserved = frozenset(n for names in self.dedicated.values() for n in names)
 
     def of(self, job: PendingJob, now: float) -> Scope:

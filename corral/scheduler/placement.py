@@ -82,11 +82,12 @@ class FreePool:
     def views(self) -> tuple[NodeView, ...]:
         """The pool as the scheduler's input: each node with what is free on it now."""
         return tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
-                              frozenset(n.gpus), n.cpus, n.memory) for n in self.by_name.values())
+                              frozenset(n.gpus), n.cpus, n.memory, n.view.dedicated_to) for n in self.by_name.values())
 
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
-        return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels) for n in nodes])
+        return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels, dedicated_to=n.dedicated_to)
+                    for n in nodes])
 
     def candidates(self, gpus: int, first_fit: bool = False):
         """Nodes with at least ``gpus`` free, fewest free first (best fit), or in node order."""

@@ -20,6 +20,8 @@ class NodeView:
     free_gpus: frozenset[int] | None = None  # None: all free
     free_cpus: float | None = None
     free_memory: float | None = None
+    # the job this node belongs to alone (provisioned for it, e.g. its Slurm allocation)
+    dedicated_to: int | None = None
 
     def __post_init__(self) -> None:
         if self.free_gpus is None:

@@ -148,6 +148,18 @@ class Event(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
+class ServerClaim(Base):
+    """One row: the epoch of the server that owns the database's control loop (raised by
+    each server that takes the claim; see ``store.database.Claim``)."""
+
+    __tablename__ = "server_claim"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer)
+    holder: Mapped[str] = mapped_column(String(256))
+    taken_at: Mapped[float] = mapped_column(Float)
+
+
 class Usage(Base):
     """What each association (account, user) under each QOS has consumed: ``charge`` is
     the fair-share usage (weighted resource-seconds, decayed with the half-life up to

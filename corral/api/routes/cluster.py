@@ -12,7 +12,6 @@ from corral import __version__
 from corral.api.deps import StateDep
 from corral.api.errors import documented
 from corral.api.schemas import Health, NodeOut, PartitionOut, PriorityOut, ShareOut
-from corral.scheduler import fairshare
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=documented(401, 403))
 public = APIRouter(prefix="/v1", tags=["cluster"])
@@ -20,17 +19,15 @@ public = APIRouter(prefix="/v1", tags=["cluster"])
 
 @router.get("/nodes", response_model=list[NodeOut])
 def nodes(state: StateDep):
-    controller = state.controller
-    free = {n.name: n for n in controller.free_views()}
-    infra = dict(controller.node_infra)
+    view = state.loop.view
+    free = {n.name: n for n in state.read(state.loop.reads.free_nodes)}
     up = [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
                   free_gpus=sorted(free[n.name].free_gpus), free_cpus=round(free[n.name].free_cpus, 3),
-                  free_memory=round(free[n.name].free_memory, 3), infra=infra.get(n.name, "local"))
-          for n in list(controller.nodes) if n.name in free]
+                  free_memory=round(free[n.name].free_memory, 3), infra=view.node_infra.get(n.name, "local"))
+          for n in view.nodes if n.name in free]
     down = [NodeOut(name=n.name, gpus=n.gpus, gpu_type=n.gpu_type, cpus=n.cpus, memory=n.memory, labels=n.labels,
-                    free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN",
-                    infra=controller.down_infra.get(n.name, "ray"))
-            for n in list(controller.down_nodes.values())]
+                    free_gpus=[], free_cpus=0.0, free_memory=0.0, state="DOWN", infra=infra)
+            for n, infra in view.down]
     return up + down
 
 
@@ -40,7 +37,7 @@ def partitions(state: StateDep):
     site = state.site
     default = site.policy.default_partition.name
     infra = site.partition_infra
-    return [PartitionOut(name=p.name, infra=infra.get(p.name), slurm_partition=site.slurm_partitions.get(p.name) or None,
+    return [PartitionOut(name=p.name, infra=infra.get(p.name), slurm_partition=site.provisioned.get(p.name, ("", ""))[1] or None,
                          nodes=list(p.nodes), max_time=p.max_time, default_time=p.default_time, default=p.name == default)
             for p in site.policy.partitions]
 
@@ -48,30 +45,28 @@ def partitions(state: StateDep):
 @public.get("/health", response_model=Health, responses={503: {"model": Health, "description": "the control loop keeps failing"}})
 def health(state: StateDep, response: Response):
     dialect = state.settings.db_url.split(":", 1)[0].split("+", 1)[0]
-    controller = state.controller
-    failing = controller.failing_cycles >= 3  # one bad cycle is retried; several in a row are an outage
+    view = state.loop.view
+    failing = view.failing_cycles >= 3  # one bad cycle is retried; several in a row are an outage
     if failing:
         response.status_code = 503
     return Health(status="failing" if failing else "ok", version=__version__, database=dialect, pid=os.getpid(),
-                  nodes=len(controller.nodes), cycles=controller.cycles,
-                  loop_error=controller.last_error if failing else None)
+                  nodes=len(view.nodes), cycles=view.cycles, loop_error=view.last_error if failing else None)
 
 
 @router.get("/share", response_model=list[ShareOut])
 def share(state: StateDep):
     """Every account and user of the fair-share tree with shares, decayed usage and factor."""
-    controller = state.controller
-    assocs = {(j.account or j.user, j.user) for j in list(controller.pending.values()) + list(controller.active.values())}
-    rows = fairshare.report(controller.policy, controller.ledger.usage(), assocs)
-    return [ShareOut(**vars(r)) for r in rows]
+    return [ShareOut(**vars(r)) for r in state.read(state.loop.reads.share)]
 
 
 @router.get("/priority", response_model=list[PriorityOut])
 def priority(state: StateDep):
     """Pending jobs in scheduling order with the weighted factors of their priority."""
-    w = state.controller.policy.weights
+    w = state.site.policy.weights
+    now = state.clock()
     out = []
-    for job, f, reason, starving in state.controller.pending_priorities():
+    for job in state.read(lambda: state.loop.reads.ranked(now)):
+        f, reason, starving = job.factors, job.reason, job.starving
         out.append(PriorityOut(
             id=job.id, name=job.name, user=job.user, account=job.account, partition=job.partition, qos=job.qos,
             priority=round(f.total, 3) if f else 0.0, age=round(w.age * f.age, 3) if f else 0.0,

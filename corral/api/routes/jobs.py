@@ -192,14 +192,14 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
                                 array=array)
     if len(jobs) == limit:
         response.headers["X-Next-After"] = str(jobs[-1].id)
-    expected = dict(state_.controller.expected_starts)
+    expected = dict(state_.loop.view.expected_starts)
     return [JobOut.of(j, expected.get(j.id)) for j in jobs]
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
 def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
     found = _job_or_404(session, job, who.user)
-    return JobOut.of(found, state.controller.expected_starts.get(found.id))
+    return JobOut.of(found, state.loop.view.expected_starts.get(found.id))
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
@@ -209,13 +209,13 @@ def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clo
     found = _acting_on(session, job, who, state, "cancel")
     whole = found.array_job_id == found.id and "_" not in job
     targets = repository.array_members(session, found.id) if whole else [found]
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
         session.commit()
     state.auditor.record(who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
                          detail=None if changed else "already ended or cancelling")
     for job_id in changed:
-        state.controller.cancel_requested(job_id)
+        state.loop.cancel_requested(job_id)
     return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
                           elements=len(changed) if whole else None)
 
@@ -226,11 +226,11 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
     found = _acting_on(session, job, who, state, "hold")
     kind = "admin" if _is_operator(who) and who.user != found.user else "user"
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         changed = repository.set_hold(session, found, kind, clock(), who.user)
         session.commit()
         if changed:  # told before the lock is let go: no cycle may still take the job as unheld
-            state.controller.hold_changed(found.id, True)
+            state.loop.hold_changed(found.id, True)
     session.refresh(found)
     state.auditor.record(who, "hold", f"job {found.id}", "ok" if changed else "failed",
                          f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
@@ -250,7 +250,7 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     if found.hold == "admin" and not operator:
         state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
         raise who.refuse(doing, Role.operator)
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         changed = repository.set_hold(session, found, "", clock(), who.user, operator)
         session.commit()
     session.refresh(found)
@@ -259,7 +259,7 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
         raise who.refuse(doing, Role.operator)
     state.auditor.record(who, "release", f"job {found.id}", detail=None if changed else "was not held")
     if changed:
-        state.controller.hold_changed(found.id, False)
+        state.loop.hold_changed(found.id, False)
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
                           message=f"job {found.id} released" if changed else f"job {found.id} was not held")
 
@@ -272,14 +272,14 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
     found = _acting_on(session, job, who, state, "requeue")
     kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         changed = repository.request_requeue(session, found, clock(), who.user, kind)
         session.commit()
     session.refresh(found)
     state.auditor.record(who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
                          (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
     if changed:
-        state.controller.requeue_requested(found.id)
+        state.loop.requeue_requested(found.id)
     elif found.requeue_requested_at is None or JobState(found.state).terminal:
         raise HTTPException(409, f"job {found.id} is {found.state}"
                                  f"{' and being cancelled' if found.cancel_requested_at else ''}; only a starting or "
@@ -305,13 +305,13 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
         detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
                   f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
         raise invalid_parameter("body", "replicas", detail)
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         repository.set_desired_replicas(session, found.id, body.task, body.replicas)
         repository.add_event(session, found.id, clock(), body.task, "scale_requested",
                              message=f"{who.user} asked for {body.replicas} replica(s)")
         session.commit()
     state.auditor.record(who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
-    state.controller.scale_requested(found.id, body.task, body.replicas)
+    state.loop.scale_requested(found.id, body.task, body.replicas)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
 
@@ -337,7 +337,7 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise
     if not changes:
         raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
-    with state.controller.write_lock:
+    with state.loop.write_lock:
         changed = repository.set_priority(session, found, clock(), who.user, **changes)
         session.commit()
     detail = ", ".join(f"{k} {v}" for k, v in changes.items())
@@ -347,7 +347,7 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise HTTPException(409, f"job {found.id} is {found.state}"
                                  f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
                                  "job's priority can change")
-    state.controller.priority_changed(found.id)
+    state.loop.priority_changed(found.id)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
 

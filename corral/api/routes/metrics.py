@@ -14,7 +14,6 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ServerState
 from corral.api.errors import documented
-from corral.scheduler import fairshare
 from corral.states import JobState
 from corral.store.tables import Job
 
@@ -29,7 +28,7 @@ async def metrics(request: Request) -> Response:
     partition and account, fair-share factors, scheduler cycle and placement histograms,
     submit-to-start latency, restarts and probe failures by cause, API latency by route."""
     state: ServerState = request.app.state.corral
-    body = await run_in_threadpool(generate_latest, state.controller.metrics.registry)
+    body = await run_in_threadpool(generate_latest, state.loop.metrics.registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -38,7 +37,7 @@ def reader(state: ServerState):
     ``corral queue`` shows), the loop's memory for GPUs and fair share."""
 
     def read() -> dict[str, Any]:
-        controller = state.controller
+        loop = state.loop
         with state.sessions() as session:
             by_state = dict(session.execute(select(Job.state, func.count()).group_by(Job.state)).all())
             pending: dict[tuple[str, str], int] = {}
@@ -46,24 +45,22 @@ def reader(state: ServerState):
                     select(Job.reason, Job.partition, func.count()).where(Job.state == JobState.PENDING.value)
                     .group_by(Job.reason, Job.partition)):
                 pending[(reason or "None", partition or "")] = count
-        free = {n.name: n for n in controller.free_views()}
-        infra = dict(controller.node_infra)
-        nodes = [{"name": n.name, "gpu_type": n.gpu_type, "infra": infra.get(n.name, "local"),
+        view = loop.view
+        free = {n.name: n for n in state.read(loop.reads.free_nodes)}
+        nodes = [{"name": n.name, "gpu_type": n.gpu_type, "infra": view.node_infra.get(n.name, "local"),
                   "idle": len(free[n.name].free_gpus), "allocated": n.gpus - len(free[n.name].free_gpus)}
-                 for n in list(controller.nodes) if n.name in free]
+                 for n in view.nodes if n.name in free]
         partitions: dict[tuple[str, str], int] = {}
-        policy = controller.policy
+        policy = state.site.policy
         for p in policy.partitions or ():
             for n in nodes:
                 if p.holds(n["name"]):
                     for kind in ("allocated", "idle"):
                         partitions[(p.name, kind)] = partitions.get((p.name, kind), 0) + n[kind]
         accounts: dict[str, int] = {}
-        for holding in controller._holdings():
+        for holding in state.read(loop.reads.holdings):
             accounts[holding.account] = accounts.get(holding.account, 0) + holding.gpus
-        assocs = {(j.account or j.user, j.user) for j in list(controller.pending.values()) + list(controller.active.values())}
-        share = [(r.account, r.user or "", r.fair_share)
-                 for r in fairshare.report(policy, controller.ledger.usage(), assocs)]
+        share = [(r.account, r.user or "", r.fair_share) for r in state.read(loop.reads.share)]
         return {"jobs_by_state": {s.value: by_state.get(s.value, 0) for s in JobState}, "pending": pending,
                 "nodes": nodes, "partitions": partitions, "accounts": accounts, "fair_share": share}
 

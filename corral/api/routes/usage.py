@@ -31,10 +31,9 @@ _WHEN = {"json_schema_extra": {"format": "date-time"}, "max_length": 64}
 def allocations(state: StateDep):
     """Every replica's node, GPU indices, CPUs and memory, with its job: which job holds
     which GPU."""
-    return [AllocationOut(node=alloc.node, gpus=sorted(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, job=job.id,
-                          job_name=job.name, user=job.user, account=job.account or job.user, replica=replica.label,
-                          state=replica.state.value)
-            for job, replica, alloc in state.controller.allocations()]
+    return [AllocationOut(node=h.node, gpus=sorted(h.gpus), cpus=h.cpus, memory=h.memory, job=h.job,
+                          job_name=h.job_name, user=h.user, account=h.account, replica=h.replica, state=h.state)
+            for h in state.read(state.loop.reads.held)]
 
 
 @router.get("/accounting", response_model=AccountingOut, responses=documented(422))

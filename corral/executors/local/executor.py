@@ -15,13 +15,18 @@ import shutil
 import signal
 import socket
 import subprocess
+import logging
 import threading
 from pathlib import Path
 
-from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
 from corral.node.runner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
 from corral.pool import NodeSpec
 from corral.runtime.discovery import loopback_address
+from corral.settings import Settings
+
+
+log = logging.getLogger("corral.local")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -33,12 +38,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LocalExecutor(EventStream):
     name = "local"
 
-    def __init__(self, nodes: list[NodeSpec], runs_dir: Path, logs_dir: Path, runtime_dir: Path, scope: str,
+    def __init__(self, nodes: list[NodeSpec], settings: Settings, scope: str,
                  wake: Wake = lambda: None, base_pythonpath: str | None = None):
         super().__init__(wake)
         self._nodes = list(nodes)
-        self.logs_dir = logs_dir
-        self.runner = NodeRunner(runs_dir, runtime_dir, scope)
+        self.settings = settings
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
         self._pythonpath = base_pythonpath
         self._base_env = base_environment(os.environ)
         try:  # replicas create files as the user would, not with the server's private umask
@@ -47,6 +52,8 @@ class LocalExecutor(EventStream):
             self._umask = 0o022
         self._children: dict[str, subprocess.Popen] = {}  # key -> our child wrapper
         self._watched: dict[int, tuple[str, int]] = {}  # pidfd -> (key, pid)
+        self._ending: set[str] = set()  # wrappers ended, processes of the attempt not yet all gone
+        self._rc: dict[str, int | None] = {}  # our child wrapper's return code, kept while it is being ended
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -71,18 +78,17 @@ class LocalExecutor(EventStream):
     def rendezvous_port(self, node: str) -> int:
         return free_port()
 
-    def reserve(self, job_id, generation, slots) -> None:
+    def release(self, job_id: int) -> None:
         return None  # corral's own allocation is the only accounting on this machine
 
-    def release(self, job_id: int) -> None:
-        return None
-
     # -- attempts -------------------------------------------------------------------------
-    def start(self, launch: Launch) -> Handle:
+    def start(self, launch: Launch) -> Started:
         try:
+            for directory in launch.dirs:
+                Path(directory).mkdir(parents=True, exist_ok=True)
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
                                      {**self._base_env, **launch.env}, launch.cwd,
-                                     Path(self.log_path(launch.job_id, launch.label)), launch.hosts, self._umask,
+                                     self.settings.log_file(launch.job_id, launch.label), launch.hosts, self._umask,
                                      launch.repo)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
@@ -92,7 +98,7 @@ class LocalExecutor(EventStream):
         with self._lock:
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
-        return handle
+        return Started(handle, detail=f"pid {proc.pid}")
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
         for key, handle in attempts:
@@ -105,10 +111,16 @@ class LocalExecutor(EventStream):
                 continue
             if self._alive(pid, key, handle.get("started_at") if handle else None):
                 new = {"pid": pid, "started_at": process_start_time(pid), "key": key}
-                self._emit(Observed(key, Kind.STARTED, handle=new))
-                self._watch(key, pid)
+                self._emit(Observed(key, Kind.STARTED, handle=new, detail=f"pid {pid}"))
+                with self._lock:  # adopted again (a cycle's writes were lost): one watch is enough
+                    watched = any(k == key for k, _ in self._watched.values())
+                if not watched:
+                    self._watch(key, pid)
                 continue
-            self._report(key, pid)
+            with self._lock:
+                ending = key in self._ending
+            if not ending:  # an attempt still being ended reports its exit once that is done
+                self._report(key, pid)
 
     def signal(self, handle: Handle, signum: int) -> bool:
         key, pid = handle["key"], int(handle.get("pid") or 0)
@@ -141,9 +153,6 @@ class LocalExecutor(EventStream):
             return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,
                                           timeout)
         return self.runner.exec_probe(command, env, cwd, timeout)
-
-    def log_path(self, job_id: int, label: str) -> str:
-        return str(self.logs_dir / str(job_id) / f"{label}.log")
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)
@@ -195,24 +204,35 @@ class LocalExecutor(EventStream):
                 if key is not None:
                     self._report(key, pid)
 
-    def _report(self, key: str, pid: int) -> None:
-        """The wrapper ended: end what is left of its tree, then report the exit."""
+    def _report(self, key: str, pid: int, tries: int = 0) -> None:
+        """The wrapper ended: end what is left of its tree, then report the exit. While any
+        process of the attempt survives, nothing is reported (the attempt is still alive):
+        the tree is ended again, more thoroughly and less often, until it is gone."""
         with self._lock:
             proc = self._children.pop(key, None)
-        survivors = self.runner.end_tree(key, pid)
-        rc = proc.wait() if proc is not None else None  # reaped only now: the pgid stayed ours
+            self._rc.setdefault(key, proc.wait() if proc is not None else None)  # reaped only now: the pgid stayed ours
+        survivors = self.runner.end_tree(key, pid, thorough=tries > 0)
+        if survivors:
+            with self._lock:
+                self._ending.add(key)
+            if tries % 60 == 1:
+                log.warning("attempt %s: processes %s survive SIGKILL; its end is reported once they are gone",
+                            key, survivors)
+            if not self._closed:
+                retry = threading.Timer(min(5.0, 0.1 * 2 ** tries), self._report, (key, pid, tries + 1))
+                retry.daemon = True
+                retry.start()
+            return
+        with self._lock:
+            self._ending.discard(key)
+            rc = self._rc.pop(key, None)
         code = self.runner.exit_code(key)
         if code is None and rc is not None:
             code = 128 - rc if rc < 0 else rc
-        if survivors:
-            reason = f"processes {survivors} of the attempt could not be killed"
-        else:
-            reason = ""
         if code is None:
-            self._emit(Observed(key, Kind.LOST, reason=reason or
-                                "the process ended while corral was down and left no exit code"))
+            self._emit(Observed(key, Kind.LOST, reason="the process ended while corral was down and left no exit code"))
         else:
-            self._emit(Observed(key, Kind.EXITED, code=code, reason=reason))
+            self._emit(Observed(key, Kind.EXITED, code=code))
 
 
 def _quote(text: str) -> str:

@@ -54,8 +54,8 @@ class ReplicaActor:
         env["CORRAL_NAMES"] = self.runner.hosts_mode
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
-        if env.get("CORRAL_CHECKPOINT_DIR"):  # node-local unless the site mounts shared storage there
-            Path(env["CORRAL_CHECKPOINT_DIR"]).mkdir(parents=True, exist_ok=True)
+        for directory in launch.get("dirs") or ():  # node-local unless the site mounts shared storage there
+            Path(directory).mkdir(parents=True, exist_ok=True)
         self.log_file = self.logs / f"{self.key}.log"
         repo = launch.get("repo")
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],

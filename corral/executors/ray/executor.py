@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
+                                      Wake)
 from corral.pool import NodeSpec
 
 log = logging.getLogger("corral.ray")
@@ -56,7 +57,7 @@ class RayExecutor(EventStream):
         self.scope = scope
         self.prefix = config.node_prefix
         self.namespace = config.namespace or f"corral-{scope}"
-        self.logs_dir: Path = settings.logs_dir
+        self.settings = settings
         if not ray.is_initialized():
             ray.init(address=config.address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)
@@ -251,7 +252,7 @@ class RayExecutor(EventStream):
     def _actor_name(self, key: str) -> str:
         return f"corral-{self.scope}-{key}"
 
-    def start(self, launch: Launch) -> Handle:
+    def start(self, launch: Launch) -> Started:
         with self._lock:
             group = self._groups.get((launch.job_id, launch.label))
             hosts, peers = self._docs.get(launch.job_id, ("", "{}"))
@@ -270,14 +271,14 @@ class RayExecutor(EventStream):
             raise LaunchError(f"Ray refused the replica's actor: {_short(exc)}") from exc
         data = {"key": launch.key, "job_id": launch.job_id, "setup": launch.setup, "run": launch.run,
                 "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts,
-                "repo": list(launch.repo) if launch.repo else None}
+                "repo": list(launch.repo) if launch.repo else None, "dirs": list(launch.dirs)}
         handle = {"actor": name, "key": launch.key, "node": launch.node, "pending": True}
         with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
             self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
                                           "handle": handle, "job": launch.job_id, "label": launch.label,
                                           "deadline": time.monotonic() + START_TIMEOUT_S}
         self._kick.set()
-        return handle
+        return Started(handle, confirmed=False, detail=f"actor {name}")
 
     def _confirm(self, key: str, entry: dict, ready: bool) -> None:
         """The actor answered its start (or ran out of time): STARTED with the GPUs Ray
@@ -300,7 +301,8 @@ class RayExecutor(EventStream):
         handle.pop("pending", None)
         handle.update(node_pid=info["node_pid"], gpus=info["gpus"])
         self._track(key, entry["actor"], entry["job"], node, entry["label"], 0)
-        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node))
+        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node, gpus=tuple(info["gpus"]),
+                            detail=f"pid {info['node_pid']} on {node}"))
 
     def _track(self, key: str, actor, job_id: int, node: str, label: str, offset: int) -> None:
         with self._lock:
@@ -339,7 +341,9 @@ class RayExecutor(EventStream):
                 new.pop("pending", None)
                 new.update(node_pid=status.get("node_pid"), gpus=status.get("gpus"))
                 self._track(key, actor, job_id, node, label, offset)
-                self._emit(Observed(key, Kind.STARTED, handle=new))
+                gpus = status.get("gpus")
+                self._emit(Observed(key, Kind.STARTED, handle=new, gpus=tuple(gpus) if gpus is not None else None,
+                                    detail=f"pid {status.get('node_pid')} on {node}"))
             else:
                 self._pump(key, actor, job_id, label, offset, final=True)
                 self._emit(Observed(key, Kind.EXITED, code=status.get("code")))
@@ -402,11 +406,8 @@ class RayExecutor(EventStream):
         except Exception as exc:
             return False, f"probe on the node failed: {_short(exc)}"
 
-    def log_path(self, job_id: int, label: str) -> str:
-        return str(self._log_file(job_id, label))
-
     def _log_file(self, job_id: int, label: str) -> Path:
-        return self.logs_dir / str(job_id) / f"{label}.log"
+        return self.settings.log_file(job_id, label)
 
     def cleanup_job(self, job_id: int) -> None:
         with self._lock:

@@ -10,7 +10,7 @@ Where its nodes come from:
 * **a job group as one Slurm job** — a partition with ``infra: slurm``: each job there is
   submitted to Slurm as one allocation sized to its gang (``slurmjob``); while Slurm keeps
   it pending, ``corral queue`` shows Slurm's reason; once it runs, its nodes join the pool
-  as ``s{slurm id}-{host}``, labelled as dedicated to that corral job, and the group runs
+  as ``s{slurm id}-{host}``, dedicated to that corral job, and the group runs
   inside with corral's runtime. The allocation is cancelled when the job ends.
 
 Each attempt is ``srun --jobid J -N1 -n1 -w HOST`` with exactly the replica's CPUs, memory
@@ -29,7 +29,6 @@ an attempt with neither a step, an ``srun`` alive nor a trace never started."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import math
@@ -38,17 +37,18 @@ import signal as signals
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Wake
+from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
+                                      Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
+from corral.executors.slurm.allocations import REQUEUED_STATES, Allocations, SlurmAllocation
 from corral.node.runner import NodeRunner, base_environment, process_start_time
-from corral.executors.slurm import shape as slurmjob
-from corral.executors.slurm.cli import JobInfo, SlurmCli, SlurmError
+from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.pool import NodeSpec
-from corral.runtime.batchenv import compressed_counts, hostlist
+from corral.runtime.batchenv import LAYOUT, compressed_counts, hostlist
 
 log = logging.getLogger("corral.srun")
 
@@ -56,24 +56,6 @@ POLL_S = 0.5
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
 PORT_SPAN = 20000
-DEDICATED = "corral.job"  # node label: the node belongs to this corral job's allocation
-REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
-ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
-         "OUT_OF_MEMORY", "SPECIAL_EXIT")
-
-
-@dataclass
-class Allocation:
-    slurm_id: str
-    job_id: int | None  # the corral job it was made for; None: the server's own allocation
-    info: JobInfo | None = None
-    nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # corral node -> (host, address)
-    checked: bool = False  # Slurm answered about it since it was tracked
-    specs: list[NodeSpec] = field(default_factory=list)
-
-    @property
-    def running(self) -> bool:
-        return self.info is not None and self.info.state == "RUNNING"
 
 
 @dataclass
@@ -93,209 +75,57 @@ class SrunExecutor(EventStream):
     name = "slurm"
 
     def __init__(self, settings, scope: str, wake: Wake = lambda: None, own_allocation: str | None = None,
-                 cli: SlurmCli | None = None):
+                 cli: SlurmCli | None = None, forward: tuple[str, ...] = ()):
         super().__init__(wake)
         self.scope = scope
         self.cli = cli or SlurmCli()
-        self.logs_dir: Path = settings.logs_dir
+        self.settings = settings
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
         self._base_env = base_environment(os.environ)
         self._pythonpath = os.environ.get("PYTHONPATH")
         self._lock = threading.RLock()
-        self._allocs: dict[str, Allocation] = {}
-        self._by_job: dict[int, str] = {}  # corral job -> its allocation
-        self._node_alloc: dict[str, str] = {}  # corral node -> allocation
         self._live: dict[str, Attempt] = {}
         self._handed: dict[str, set[int]] = {}  # host -> ports given to replicas
-        self._version = 0
         self._closed = threading.Event()
         self.own = own_allocation
-        if own_allocation:
-            self._allocs[own_allocation] = Allocation(own_allocation, None)
-            self._refresh()
-            if not self._allocs[own_allocation].running:
-                raise SlurmError(f"Slurm job {own_allocation} (this allocation) is not running")
-        self._kinds: dict[str, slurmjob.NodeKind] = {}  # Slurm partition -> its node shape
-        self._kept: set[int] = set()  # jobs whose requeued allocation outlives their release
-        self._find_allocations()
+        self.allocations = Allocations(self.cli, scope, settings.logs_dir, wake, own_allocation, forward)
         self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
         self._thread.start()
 
     # -- inventory ---------------------------------------------------------------------------
     def nodes(self) -> list[NodeSpec]:
-        with self._lock:
-            return [spec for alloc in self._allocs.values() if alloc.running for spec in alloc.specs]
+        return self.allocations.nodes()
 
     @property
     def inventory_version(self) -> int:
-        return self._version
+        return self.allocations.version
 
-    def track(self, slurm_id: str, job_id: int) -> None:
-        """Watch an allocation made for a corral job (submitted by ``slurmjob``, or found
-        again after a server restart); its nodes join the pool once Slurm starts it."""
-        with self._lock:
-            if slurm_id not in self._allocs:
-                self._allocs[slurm_id] = Allocation(slurm_id, job_id)
-                self._by_job[job_id] = slurm_id
+    # -- provisioning (Provisioner): the allocations' ------------------------------------------
+    def provision(self, request: ProvisionRequest) -> Provisioned:
+        return self.allocations.provision(request)
 
-    def _find_allocations(self) -> None:
-        """Allocations an earlier server submitted for its jobs (by their Slurm job name). Slurm
-        must answer: a server that started blind would take its jobs' allocations for gone."""
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", self._user())
-                break
-            except SlurmError as exc:
-                if time.monotonic() > deadline:
-                    raise SlurmError(f"Slurm does not answer, so this server cannot tell which of its jobs "
-                                     f"have allocations: {exc}") from exc
-                time.sleep(2)
-        for line in out.splitlines():
-            parts = line.split(None, 1)
-            job_id = slurmjob.job_of(parts[1].strip(), self.scope) if len(parts) == 2 else None
-            if job_id is not None:
-                self.track(parts[0], job_id)
+    def allocation(self, job_id: int) -> tuple[Fate, str]:
+        return self.allocations.allocation(job_id)
 
-    @staticmethod
-    def _user() -> str:
-        return getpass.getuser()
+    def holds(self, job_id: int) -> bool:
+        return self.allocations.holds(job_id)
 
-    def provision(self, job_id: int, replicas: list[slurmjob.Replica], gpu_type: str | None,
-                  time_limit: float | None, grace: float, partition: str | None, account: str | None,
-                  qos: str | None, exclusive: bool = False, constraint: str | None = None) -> str | None:
-        """Make sure the job has its Slurm allocation: submitted once (never twice: an
-        allocation is found again by name), None once it runs and its nodes are in the pool,
-        else Slurm's reason it waits. Raises SlurmError when Slurm refuses the job."""
-        with self._lock:
-            slurm_id = self._by_job.get(job_id)
-            alloc = self._allocs.get(slurm_id) if slurm_id else None
-        if alloc is not None and alloc.checked and alloc.info is None:
-            # cancelled outside corral (or forgotten) while the job still waits: ask again
-            log.info("job %s: its Slurm job %s is gone; asking Slurm again", job_id, slurm_id)
-            with self._lock:
-                self._allocs.pop(slurm_id, None)
-                self._by_job.pop(job_id, None)
-            alloc = None
-        if alloc is None:
-            for existing in self.cli.by_name(slurmjob.job_name(self.scope, job_id)):
-                self.track(existing, job_id)  # submitted before (an sbatch that timed out, a crash)
-                self._refresh()
-                return "Slurm: submitted"
-            kind = self._kind(partition)
-            shape = slurmjob.pack(replicas, kind)
-            if gpu_type and kind.gpu_type and gpu_type.lower() == kind.gpu_type.lower():
-                gpu_type = kind.gpu_type  # Slurm's own spelling of the type (h100 for H100)
-            output = self.logs_dir / str(job_id) / "slurm-%j.out"
-            output.parent.mkdir(parents=True, exist_ok=True)
-            argv = slurmjob.sbatch_args(shape, slurmjob.job_name(self.scope, job_id), time_limit, grace, partition,
-                                        account, qos, gpu_type, str(output), exclusive, constraint)
-            slurm_id = self.cli.submit(argv, slurmjob.HOLD_SCRIPT)
-            log.info("job %s: Slurm job %s asks for %s", job_id, slurm_id, shape)
-            self.track(slurm_id, job_id)
-            self._refresh()
-            with self._lock:
-                alloc = self._allocs[slurm_id]
-        if alloc.running and alloc.specs:
-            return None
-        if alloc.info is None:
-            return "Slurm: submitted"
-        return alloc.info.reason if alloc.info.reason not in ("", "None") else alloc.info.state.capitalize()
-
-    def _kind(self, partition: str | None) -> slurmjob.NodeKind:
-        key = partition or ""
-        if key not in self._kinds:
-            self._kinds[key] = self.cli.node_kind(partition)
-        return self._kinds[key]
-
-    def _cancel_if_left(self, slurm_id: str) -> None:
-        info = self.cli.jobs([slurm_id]).get(slurm_id)
-        if info is not None and info.state not in ENDED:
-            self.cli.cancel(slurm_id)
+    def keep_on_release(self, job_id: int) -> None:
+        self.allocations.keep_on_release(job_id)
 
     def prune(self, keep: set[int]) -> None:
-        """Cancel allocations whose corral job ended (or was cancelled while Slurm held it)."""
-        with self._lock:
-            gone = [j for j in self._by_job if j not in keep]
-        for job_id in gone:
-            self.release(job_id)
+        self.allocations.prune(keep)
 
-    def allocation(self, job_id: int) -> JobInfo | None:
-        with self._lock:
-            slurm_id = self._by_job.get(job_id)
-            return self._allocs[slurm_id].info if slurm_id else None
+    def misfit(self, target: str | None, replicas: list[ReplicaShape], timeout: float) -> str | None:
+        return self.allocations.misfit(target, replicas, timeout)
 
-    def _refresh(self) -> None:
-        with self._lock:
-            ids = list(self._allocs)
-        if not ids:
-            return
-        try:
-            infos = self.cli.jobs(ids)
-        except SlurmError as exc:
-            log.warning("could not read Slurm's queue: %s", exc)
-            return
-        changed = False
-        for slurm_id in ids:
-            info = infos.get(slurm_id)
-            with self._lock:
-                alloc = self._allocs.get(slurm_id)
-                if alloc is None:
-                    continue
-                was = alloc.running
-                alloc.info = info
-                alloc.checked = True
-                if alloc.running and not was:
-                    self._adopt_nodes(alloc)
-                    changed = True
-                elif was and not alloc.running:
-                    for node in alloc.nodes:
-                        self._node_alloc.pop(node, None)
-                    alloc.nodes, alloc.specs = {}, []
-                    changed = True
-        if changed:
-            with self._lock:
-                self._version += 1
-            self._wake_loop()
-
-    def _adopt_nodes(self, alloc: Allocation) -> None:
-        shares = alloc.info.nodes
-        hosts = [s.host for s in shares]
-        try:
-            facts = self.cli.node_facts(hosts)
-        except SlurmError:
-            facts = {}
-        nodes, specs = {}, []
-        for share in shares:
-            name = share.host if alloc.job_id is None else f"s{alloc.slurm_id}-{share.host}"
-            addr, features = facts.get(share.host, (share.host, ()))
-            labels = {f: "true" for f in features}
-            if alloc.job_id is not None:
-                labels[DEDICATED] = str(alloc.job_id)
-            try:
-                spec = NodeSpec(name=name, gpus=share.gpus, gpu_type=share.gpu_type, cpus=float(share.cpus),
-                                memory=round(share.memory_mb / 1024, 3), labels=labels)
-            except ValueError:
-                log.warning("Slurm node %s has a name corral cannot use; left out", share.host)
-                continue
-            nodes[name] = (share.host, addr)
-            specs.append(spec)
-            self._node_alloc[name] = alloc.slurm_id
-        alloc.nodes, alloc.specs = nodes, specs
-
-    def _where(self, node: str) -> tuple[Allocation, str, str]:
-        with self._lock:
-            slurm_id = self._node_alloc.get(node)
-            alloc = self._allocs.get(slurm_id) if slurm_id else None
-            if alloc is None or node not in alloc.nodes:
-                raise LaunchError(f"node {node} is not in a running Slurm allocation")
-            host, addr = alloc.nodes[node]
-            return alloc, host, addr
+    def release(self, job_id: int) -> None:
+        self.allocations.release(job_id)
 
     # -- binding -------------------------------------------------------------------------------
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
-        _, host, addr = self._where(node)
+        _, host, addr = self.allocations.where(node)
         with self._lock:
             handed = self._handed.setdefault(host, set())
             if previous is not None and previous.addr == addr and set(previous.ports) == set(ports):
@@ -309,7 +139,7 @@ class SrunExecutor(EventStream):
             return Binding(addr, chosen)
 
     def rendezvous_port(self, node: str) -> int:
-        _, host, _ = self._where(node)
+        _, host, _ = self.allocations.where(node)
         with self._lock:
             port = self._next_port(host)
             self._handed.setdefault(host, set()).add(port)
@@ -324,53 +154,12 @@ class SrunExecutor(EventStream):
                 return port
         raise LaunchError(f"no port left on {host}")
 
-    def reserve(self, job_id: int, generation: int, slots) -> None:
-        return None  # the allocation is the reservation: Slurm gave it to this server's jobs
-
-    def keep_on_release(self, job_id: int) -> None:
-        """Slurm requeued the job's allocation: when corral requeues the job, keep waiting for
-        the same Slurm job instead of cancelling it."""
-        with self._lock:
-            self._kept.add(job_id)
-
-    def slurm_id(self, job_id: int) -> str | None:
-        with self._lock:
-            return self._by_job.get(job_id)
-
-    def release(self, job_id: int) -> None:
-        with self._lock:
-            if job_id in self._kept:
-                self._kept.discard(job_id)
-                return
-            slurm_id = self._by_job.pop(job_id, None)
-            alloc = self._allocs.pop(slurm_id, None) if slurm_id else None
-            if alloc is not None:
-                for node in alloc.nodes:
-                    self._node_alloc.pop(node, None)
-                self._version += 1
-        if not slurm_id:
-            return  # not a job of Slurm's
-        try:
-            for extra in self.cli.by_name(slurmjob.job_name(self.scope, job_id)):
-                if extra != slurm_id:
-                    self.cli.cancel(extra)
-        except SlurmError:
-            log.warning("could not look for other Slurm jobs of job %s", job_id)
-        # the job ended: its allocation completes (its batch script exits 0 on SIGUSR1, so
-        # Slurm's accounting does not call every corral job cancelled); cancelled if not
-        if not self.cli.cancel(slurm_id, signal="USR1", batch=True):
-            self.cli.cancel(slurm_id)
-        else:
-            timer = threading.Timer(10.0, self._cancel_if_left, (slurm_id,))
-            timer.daemon = True
-            timer.start()
-
     # -- attempts ------------------------------------------------------------------------------
     def _step_name(self, key: str) -> str:
         return f"corral-{self.scope}-{key}"
 
-    def start(self, launch: Launch) -> Handle:
-        alloc, host, _ = self._where(launch.node)
+    def start(self, launch: Launch) -> Started:
+        alloc, host, _ = self.allocations.where(launch.node)
         share = next((s for s in alloc.info.nodes if s.host == host), None)
         cpus = max(1, math.ceil(launch.cpus - 1e-9))
         if launch.memory > 0:
@@ -382,16 +171,19 @@ class SrunExecutor(EventStream):
         env = {**self._base_env, **launch.env}
         if launch.gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES binding sets it for the step
-        log_file = Path(self.log_path(launch.job_id, launch.label))
+        log_file = self.settings.log_file(launch.job_id, launch.label)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        if "CORRAL_SLURM_LAYOUT" in env:  # a batch script: its host name is the node's, as under sbatch
+        for directory in launch.dirs:  # on the filesystem Slurm's nodes share with the server
+            Path(directory).mkdir(parents=True, exist_ok=True)
+        batch = "CORRAL_SBATCH_NODES" in env
+        if batch:  # a batch script: its host name is the node's, as under sbatch
             env.pop("CORRAL_HOSTNAME", None)
         try:
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env, launch.hosts,
                                           "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
-        wrapper = self._batch_layout(env, alloc) + wrapper
+        wrapper = (self._batch_layout(env, alloc) if batch else []) + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
@@ -413,32 +205,19 @@ class SrunExecutor(EventStream):
         attempt = Attempt(launch.key, alloc.slurm_id, launch.node, step, proc, proc.pid, started)
         with self._lock:
             self._live[launch.key] = attempt
-        return {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
-                "started_at": started}
+        handle = {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
+                  "started_at": started}
+        return Started(handle, detail=f"step {step} of Slurm job {alloc.slurm_id} (srun pid {proc.pid})")
 
-    def _batch_layout(self, env: dict[str, str], alloc: Allocation) -> list[str]:
-        """A Slurm batch script's replica: inside its step, the job's layout replaces the step's
-        (all the job's hosts, its task counts), and the script's own srun steps overlap the
-        steps holding the job's nodes (``SLURM_OVERLAP``), as they would in a batch step."""
-        layout = json.loads(env.pop("CORRAL_SLURM_LAYOUT", "") or "{}")
-        if not layout:
-            return []
+    def _batch_layout(self, env: dict[str, str], alloc: SlurmAllocation) -> list[str]:
         nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
-        hosts = [self._where(n)[1] for n in nodes]
-        if hosts:
-            layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
-            cpus = {share.host: share.cpus for share in alloc.info.nodes}
-            layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
-        layout["SLURM_OVERLAP"] = "1"
-        unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
-                 "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
-                 "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
-        return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
+        hosts = [self.allocations.where(n)[1] for n in nodes]
+        return batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
-        self._refresh()
-        with self._lock:
-            ids = list(self._allocs)
+        self.allocations.refresh()
+        with self.allocations.lock:
+            ids = list(self.allocations.by_id)
         steps = _retrying(lambda: self.cli.steps(ids)) if ids else {}
         clients = _srun_clients()  # srun commands still alive, by the step name they create
         for key, handle in attempts:
@@ -545,7 +324,7 @@ class SrunExecutor(EventStream):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         try:
-            _, host, _ = self._where(handle.get("node", ""))
+            _, host, _ = self.allocations.where(handle.get("node", ""))
         except LaunchError as exc:
             return False, str(exc)
         argv = ["srun", f"--jobid={handle.get('slurm')}", "--overlap", "--nodes=1", "--ntasks=1",
@@ -559,9 +338,6 @@ class SrunExecutor(EventStream):
         except OSError as exc:
             return False, f"{type(exc).__name__}: {exc}"
         return done.returncode == 0, f"exit code {done.returncode}"
-
-    def log_path(self, job_id: int, label: str) -> str:
-        return str(self.logs_dir / str(job_id) / f"{label}.log")
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)
@@ -578,7 +354,7 @@ class SrunExecutor(EventStream):
             try:
                 if time.monotonic() >= next_queue:
                     next_queue = time.monotonic() + 2 * POLL_S
-                    self._refresh()
+                    self.allocations.refresh()
                 self._check_attempts()
             except Exception:  # the watcher must outlive a flaky call to Slurm
                 log.exception("srun watcher step failed")
@@ -617,10 +393,10 @@ class SrunExecutor(EventStream):
             except SlurmError:
                 continue
             if not refreshed:  # the allocation's state now, not a second old: a requeue ends steps too
-                self._refresh()
+                self.allocations.refresh()
                 refreshed = True
-            with self._lock:
-                alloc = self._allocs.get(attempt.slurm_id)
+            with self.allocations.lock:
+                alloc = self.allocations.by_id.get(attempt.slurm_id)
             state = alloc.info.state if alloc is not None and alloc.info is not None else ""
             if state == "COMPLETING" and (attempt.gone_since is None or
                                           time.monotonic() - attempt.gone_since < ACCOUNTING_WAIT_S):
@@ -629,8 +405,8 @@ class SrunExecutor(EventStream):
             if state in REQUEUED_STATES:
                 with self._lock:
                     self._live.pop(attempt.key, None)
-                    if alloc.job_id is not None:  # the job's requeue must wait for this Slurm job, not cancel it
-                        self._kept.add(alloc.job_id)
+                if alloc.job_id is not None:  # the job's requeue must wait for this Slurm job, not cancel it
+                    self.allocations.keep_on_release(alloc.job_id)
                 self._emit(Observed(attempt.key, Kind.LOST, reason=f"Slurm requeued its allocation "
                                                                    f"(job {attempt.slurm_id})"))
                 continue
@@ -642,6 +418,32 @@ class SrunExecutor(EventStream):
             with self._lock:
                 self._live.pop(attempt.key, None)
             self._emit(ended)
+
+
+def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) -> list[str]:
+    """A Slurm batch script's replica, given the job's layout as corral's batch environment
+    describes it (``corral.runtime.batchenv``; ``env`` is changed in place), as the ``env``
+    command that starts it inside its step. Inside a real allocation Slurm sets the step's own
+    variables (one node, one task) and the real ``srun`` reads them: the job's layout is set
+    over them (all the job's ``hosts``, its task counts), corral's srun shims are not used, and
+    the script's own srun steps overlap the steps holding the job's nodes (``SLURM_OVERLAP``),
+    as they would in a batch step. Who and where the job is (its id, partition, account) stay
+    Slurm's."""
+    layout = {k: env.pop(k) for k in list(env) if k in LAYOUT}
+    if env.pop("CORRAL_SBATCH_NTASKS_GIVEN", None) is None:  # as sbatch: srun's count follows its own -N/-n
+        layout.pop("SLURM_NTASKS", None)
+        layout.pop("SLURM_NPROCS", None)
+    for name in [k for k in env if k.startswith(("SLURM_", "SLURMD_"))]:
+        del env[name]
+    env.pop("CORRAL_SLURM_SHIMS", None)
+    if hosts:
+        layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
+        layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
+    layout["SLURM_OVERLAP"] = "1"
+    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
+             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
+    return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
 
 
 def _raise(message: str):

@@ -1,0 +1,93 @@
+"""What the loop's decisions make happen outside the store, done only once the decisions
+are committed: a stop signal or a kill sent to an attempt, an attempt's records dropped by
+its executor once its end is durable, a job's reservations and files given back once its
+end (or requeue) is durable.
+
+A cycle queues effects while it decides; ``run`` carries them out after the commit. A cycle
+whose commit fails drops its queue with the rest of its memory (``recovery``): nothing it
+decided happened, outside the store or in it."""
+
+from __future__ import annotations
+
+import logging
+import signal as signals
+from dataclasses import dataclass
+
+from corral.control.inventory import Inventory
+from corral.executors.contract import Handle
+
+log = logging.getLogger("corral.control")
+
+
+@dataclass(frozen=True)
+class SendSignal:
+    infra: str
+    handle: Handle
+    signum: int
+    what: str  # "job 12 trainer-0", for the log when it fails
+
+
+@dataclass(frozen=True)
+class Forget:
+    infra: str
+    handle: Handle
+
+
+@dataclass(frozen=True)
+class Release:
+    job_id: int
+
+
+Effect = SendSignal | Forget | Release
+
+
+class Effects:
+    def __init__(self, inventory: Inventory):
+        self.inventory = inventory
+        self._queue: list[Effect] = []
+
+    def signal(self, infra: str, handle: Handle, signum: int, what: str) -> None:
+        self._queue.append(SendSignal(infra, handle, signum, what))
+
+    def kill(self, infra: str, handle: Handle, what: str) -> None:
+        self._queue.append(SendSignal(infra, handle, signals.SIGKILL, what))
+
+    def forget(self, infra: str, handle: Handle) -> None:
+        self._queue.append(Forget(infra, handle))
+
+    def release(self, job_id: int) -> None:
+        self._queue.append(Release(job_id))
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def drop(self) -> None:
+        """The cycle's writes were lost: what it decided did not happen."""
+        self._queue.clear()
+
+    def run(self) -> bool:
+        """Carry out what was queued (after the commit that made it durable); True when a job
+        was released (the inventory may have changed: provisioned nodes leave with it)."""
+        queue, self._queue = self._queue, []
+        released = False
+        for effect in queue:
+            try:
+                if isinstance(effect, SendSignal):
+                    executor = self.inventory.executors.get(effect.infra)
+                    if executor is not None:
+                        executor.signal(effect.handle, effect.signum)
+                elif isinstance(effect, Forget):
+                    executor = self.inventory.executors.get(effect.infra)
+                    if executor is not None:
+                        executor.forget(effect.handle)
+                else:
+                    released = True
+                    for executor in list(self.inventory.executors.values()):
+                        try:
+                            executor.release(effect.job_id)
+                            executor.cleanup_job(effect.job_id)
+                        except Exception:
+                            log.exception("releasing job %s on %s failed", effect.job_id, executor.name)
+            except Exception:  # one engine's failure must not keep the rest from happening
+                log.exception("carrying out %s failed", effect)
+        return released

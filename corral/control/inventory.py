@@ -1,0 +1,117 @@
+"""The executors a server runs replicas on, and the node pool they report.
+
+Each executor reports its own nodes, and that list may change while the server runs (a Ray
+node joins or leaves; a Slurm allocation starts or ends). ``refresh`` takes the executors'
+lists when any changed: a node that disappears is DOWN (nothing new is placed there), except
+nodes provisioned for one job, which leave with their job. Which executor runs a replica is
+found from its node, never from an infra's name."""
+
+from __future__ import annotations
+
+import logging
+
+from corral.control.records import ReplicaRec
+from corral.executors.contract import Executor, Kind, Observed
+from corral.pool import NodeSpec, node_views
+from corral.scheduler import NodeView
+
+log = logging.getLogger("corral.control")
+
+
+class Inventory:
+    def __init__(self, executors: dict[str, Executor]):
+        self.executors = executors
+        self.nodes: list[NodeSpec] = []
+        self.views: tuple[NodeView, ...] = ()
+        self.node_infra: dict[str, str] = {}
+        self.down_nodes: dict[str, NodeSpec] = {}  # nodes an executor reported once and lost since
+        self.down_infra: dict[str, str] = {}  # a DOWN node -> the infra it was on
+        self._versions: tuple[int, ...] | None = None
+
+    def refresh(self, force: bool = False) -> bool:
+        """Take the executors' node lists when any changed; True if they did."""
+        versions = tuple(e.inventory_version for e in self.executors.values())
+        if versions == self._versions and not force:
+            return False
+        self._versions = versions
+        nodes, infra = [], {}
+        for name, executor in self.executors.items():
+            for node in executor.nodes():
+                if node.name not in infra:
+                    nodes.append(node)
+                    infra[node.name] = name
+        for old in self.nodes:
+            if old.name not in infra and old.dedicated_to is None:  # a job's provisioned nodes leave with it
+                self.down_nodes[old.name] = old
+                self.down_infra[old.name] = self.node_infra.get(old.name, "local")
+        for node in nodes:
+            self.down_nodes.pop(node.name, None)
+        self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
+        return True
+
+    def up(self, node: str | None) -> bool:
+        return node in self.node_infra
+
+    def infra_of_node(self, node: str) -> str:
+        return self.node_infra.get(node, "local")
+
+    def for_node(self, node: str) -> Executor:
+        return self.executors[self.infra_of_node(node)]
+
+    def of(self, replica: ReplicaRec) -> Executor:
+        return self.executors[replica.infra or self.infra_of_node(replica.node or "")]
+
+    def gone(self, infra: str) -> _Gone:
+        """Stands in for an infra the site no longer has: its attempts are reported lost."""
+        gone = self.executors.get("_gone")
+        if not isinstance(gone, _Gone):
+            gone = self.executors["_gone"] = _Gone()
+        gone.infra = infra
+        return gone
+
+    def close(self) -> None:
+        for executor in self.executors.values():
+            try:
+                executor.close()
+            except Exception:
+                log.exception("closing executor %s failed", executor.name)
+
+
+class _Gone:
+    """Stands in for an infra the site dropped while attempts ran on it: reports them lost."""
+
+    name = "gone"
+    inventory_version = 0
+
+    def __init__(self) -> None:
+        self._events: list[Observed] = []
+        self.infra = ""
+
+    def adopt(self, attempts) -> None:  # noqa: ANN001 - see Executor.adopt
+        for key, _ in attempts:
+            self._events.append(Observed(key, Kind.LOST, reason=f"infra {self.infra!r} is not configured any more"))
+
+    def nodes(self) -> list[NodeSpec]:
+        return []
+
+    def drain(self) -> list[Observed]:
+        out, self._events = self._events, []
+        return out
+
+    def signal(self, handle, signum) -> bool:  # noqa: ANN001
+        return False
+
+    def forget(self, handle) -> None:  # noqa: ANN001
+        return None
+
+    def release(self, job_id: int) -> None:
+        return None
+
+    def cleanup_job(self, job_id: int) -> None:
+        return None
+
+    def publish(self, job_id, nodes, hosts, peers) -> None:  # noqa: ANN001
+        return None
+
+    def close(self) -> None:
+        return None

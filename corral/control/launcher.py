@@ -1,0 +1,167 @@
+"""Launching attempts, after the commit that made their STARTING state and attempt key
+durable: every placed replica whose start order allows it (``startorder``) gets its gang's
+resources reserved in engines that keep their own accounting (``Reserving``), its
+environment (what a replica sees: ``runtime.environment``, the executor's files, a batch
+script's Slurm variables), and its start. A start the engine confirms later stays STARTING
+until its STARTED event; a start that fails ends the attempt FAILED with the engine's words.
+
+An attempt that runs is RUNNING with the GPUs its engine bound, its probes watched and its
+time limit armed; the job is RUNNING once none of its replicas is still starting."""
+
+from __future__ import annotations
+
+from corral.control import startorder
+from corral.control.book import Book
+from corral.control.carrier import Carrier
+from corral.control.discovery import Discovery
+from corral.control.inventory import Inventory
+from corral.control.probing import Probes
+from corral.control.records import JobRec, ReplicaRec, TaskRec
+from corral.control.transitions import Transitions
+from corral.executors.contract import Handle, Launch, LaunchError, Reserving
+from corral.metrics import Metrics
+from corral.runtime import batchenv
+from corral.runtime.environment import ReplicaContext, replica_env
+from corral.scheduler import Allocation
+from corral.settings import Settings
+from corral.states import JobState, ReplicaState
+
+
+class Launcher:
+    def __init__(self, settings: Settings, book: Book, moves: Transitions, inventory: Inventory, carrier: Carrier,
+                 probes: Probes, discovery: Discovery, metrics: Metrics):
+        self.settings, self.book, self.moves, self.inventory = settings, book, moves, inventory
+        self.carrier, self.probes, self.discovery, self.metrics = carrier, probes, discovery, metrics
+
+    def launch_ready(self, now: float) -> None:
+        """Launch every placed replica whose start order allows it."""
+        checks, self.book.launch_check = self.book.launch_check, set()
+        for job_id in sorted(checks):
+            job = self.book.active.get(job_id)
+            replicas = startorder.launchable(job) if job is not None else []
+            if replicas:  # the files exist, and show these replicas, before any of them runs
+                self.discovery.publish_job(job, now, launching=frozenset(r.id for r in replicas))
+                self._launch(job, replicas, now)
+
+    def _reserve(self, job: JobRec, replicas: list[ReplicaRec]) -> str | None:
+        """Hold the replicas' resources in each engine's own accounting, a gang at a time,
+        before any starts; the error when an engine refuses."""
+        by_infra: dict[str, list[ReplicaRec]] = {}
+        for replica in replicas:
+            by_infra.setdefault(replica.infra or "local", []).append(replica)
+        for infra, group in by_infra.items():
+            executor = self.inventory.executors[infra]
+            if not isinstance(executor, Reserving):
+                continue  # corral's own allocation is the engine's only accounting
+            slots = [(r.label, r.node or "", tuple(r.gpus), r.cpus, r.memory) for r in group]
+            try:
+                executor.reserve(job.id, job.requeues, slots)
+            except LaunchError as exc:
+                return str(exc)
+        return None
+
+    def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
+        refused = self._reserve(job, replicas)
+        for replica in replicas:
+            executor = self.inventory.of(replica)
+            try:
+                launch = self.launch_for(job, replica)
+                if refused is not None:
+                    raise LaunchError(refused)
+                started = executor.start(launch)
+            except Exception as exc:  # any failure ends the attempt and frees what it held
+                message = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+                self.moves.replica_to(replica, ReplicaState.FAILED, "launch_failed", now, message, ended_at=now)
+                self.book.touch(job.id)
+                continue
+            self.book.by_key[launch.key] = (job.id, replica.id)
+            replica.handle = started.handle
+            if not started.confirmed:  # the engine confirms the start later (a STARTED event)
+                self.book.unconfirmed.add(replica.id)
+                self.moves.journal.replica(replica.id, handle=started.handle)
+                continue
+            self.running(job, replica, started.handle, now, "launched", None, launch, started.gpus, started.detail)
+        if startorder.waiting(job):
+            self.book.launch_check.add(job.id)  # others may wait for these to start
+
+    def running(self, job: JobRec, replica: ReplicaRec, handle: Handle, now: float, cause: str,
+                message: str | None, launch: Launch | None = None, gpus: tuple[int, ...] | None = None,
+                detail: str = "") -> None:
+        """An attempt's process runs: RUNNING, with the GPUs the engine bound, its probes and
+        time limit armed; the job is RUNNING once none of its replicas is still starting."""
+        columns: dict[str, object] = {}
+        if gpus is not None and tuple(gpus) != tuple(replica.gpus):
+            # the engine bound these GPUs (Ray picks indices itself): show and account those
+            replica.gpus = tuple(int(g) for g in gpus)
+            alloc = self.book.allocs.get(replica.id)
+            if alloc is not None:
+                self.book.allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
+                                                          alloc.cpus, alloc.memory)
+            columns["gpus"] = list(replica.gpus)
+        replica.handle = handle
+        replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
+        replica.ready = job.task(replica.task).service.readiness_probe is None
+        self.carrier.arm(job, replica)
+        where = f"{detail} " if detail else ""
+        self.moves.replica_to(replica, ReplicaState.RUNNING, cause, now,
+                              message or f"{where}on {replica.node} at {replica.addr} (attempt {replica.attempt})",
+                              handle=handle, started_at=replica.started_at,
+                              log_path=str(self.settings.log_file(job.id, replica.label)), ready=replica.ready,
+                              kill_at=None, infra=replica.infra, **columns)
+        self.watch_probes(job, replica, launch)
+        if startorder.waiting(job):
+            self.book.launch_check.add(job.id)
+        if launch is None:  # confirmed late or adopted: peers see it running now
+            self.book.publish.add(job.id)
+        if job.state == JobState.STARTING and all(r.state != ReplicaState.STARTING for r in job.replicas):
+            job.state = JobState.RUNNING
+            job.started_at = job.started_at or now  # a pipeline's later stages keep its first start
+            self.moves.journal.job(job.id, state=JobState.RUNNING.value, started_at=job.started_at)
+            self.moves.journal.event(job.id, now, "job", "launched", JobState.STARTING.value, JobState.RUNNING.value)
+            self.metrics.start_latency.observe(max(0.0, now - job.submitted_at))
+
+    def watch_probes(self, job: JobRec, replica: ReplicaRec, launch: Launch | None = None) -> None:
+        if not self.probes.wanted(job, replica):
+            return
+        launch = launch or self.launch_for(job, replica)
+        self.probes.watch(job, replica, self.inventory.of(replica), launch.env, launch.cwd)
+
+    def launch_for(self, job: JobRec, replica: ReplicaRec) -> Launch:
+        task = job.task(replica.task)
+        executor = self.inventory.of(replica)
+        checkpoint = self.settings.checkpoints_dir / str(job.id) / replica.task
+        envs = {**task.spec.get("envs", {}), **task.spec.get("secrets", {})}
+        peers = job.replicas_of(replica.task)
+        master = next((r for r in peers if r.rank == 0), replica)
+        ctx = ReplicaContext(
+            job_id=job.id, job_name=job.name, is_group=job.is_group, task=replica.task, rank=replica.rank,
+            num_replicas=task.num_nodes, node=replica.node or "",
+            node_ips=tuple(r.addr or "127.0.0.1" for r in peers),
+            addr=replica.addr or "127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
+            master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
+            user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "")
+        env = replica_env({}, ctx)
+        env.update(executor.attempt_env(job.id))
+        for name, port in (replica.ports or task.service.ports).items():
+            env[f"CORRAL_PORT_{name.upper()}"] = str(port)
+        env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        if task.service.sbatch is not None and task.service.sbatch.role == "batch":
+            env.update(self._batch_env(job, task, replica))
+        workdir = task.spec.get("workdir")
+        repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
+        return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
+                      gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
+                      setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
+                      cwd=None if repo else workdir, repo=repo, dirs=(str(checkpoint),))
+
+    def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
+        """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
+        node first, then those the job's other replicas hold."""
+        holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
+        nodes = tuple(batchenv.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)
+        ctx = batchenv.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
+                                    job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
+                                    str(task.spec.get("workdir") or task.service.sbatch.submit_dir))
+        shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        return batchenv.batch_env(task.service.sbatch, ctx, shims, keep)

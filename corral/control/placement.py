@@ -1,0 +1,74 @@
+"""Binding what the scheduler placed: a claimed job's replicas (or one replica of a running
+job that grows or is replaced) get their node, GPUs, CPUs and memory, the address and ports
+the node's executor gives them, and a new attempt key; STARTING and the key are journalled,
+and nothing launches before that is committed. A job's rank 0 of each task gets its
+rendezvous port (``MASTER_PORT``), and a task with resource alternatives records the one it
+starts with."""
+
+from __future__ import annotations
+
+from corral.control.book import Book
+from corral.control.inventory import Inventory
+from corral.control.records import JobRec, ReplicaRec, alternatives_of
+from corral.control.transitions import Transitions
+from corral.executors.contract import Binding
+from corral.scheduler import Allocation
+from corral.states import JobState, ReplicaState
+
+
+class Placer:
+    def __init__(self, book: Book, moves: Transitions, inventory: Inventory):
+        self.book, self.moves, self.inventory = book, moves, inventory
+
+    def admit(self, job: JobRec, allocations: tuple[Allocation, ...], now: float, choice: tuple[int, ...] = ()) -> None:
+        """A job the scheduler placed and the loop claimed (PENDING → STARTING in the store)."""
+        job.state = JobState.STARTING
+        self.book.active[job.id] = job
+        chosen = self._choose(job, choice)
+        self.moves.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,
+                                 f"placed {len(allocations)} replica(s) on "
+                                 f"{', '.join(sorted({a.node for a in allocations}))}"
+                                 + (f" with {chosen}" if chosen else ""))
+        by_slot = {(a.task, a.rank): a for a in allocations}
+        for task in job.stage():
+            first = by_slot.get((task.name, 0)) or allocations[0]
+            task.master_port = self.inventory.for_node(first.node).rendezvous_port(first.node)
+            self.moves.journal.task(task.id, master_port=task.master_port)
+        for replica in job.members:  # not replicas retired by a scale-down (or a requeue at initial size)
+            if job.pipeline and (replica.task, replica.rank) not in by_slot:
+                continue  # a stage still to come (or one done)
+            self.place(job, replica, by_slot[(replica.task, replica.rank)], now)
+        self.book.launch_check.add(job.id)
+
+    def _choose(self, job: JobRec, choice: tuple[int, ...]) -> str:
+        """Record the resource alternative each task starts with (what status shows and what a
+        restart or growth of it asks for); a description of the choices, "" when none."""
+        said = []
+        for task, index in zip(job.tasks, choice):
+            options = alternatives_of(task.service)
+            if not options:
+                continue
+            task.gpus, task.cpus, task.memory, task.gpu_type = options[index]
+            self.moves.journal.task(task.id, gpus=task.gpus, cpus=task.cpus, memory=task.memory,
+                                    gpu_type=task.gpu_type)
+            what = f"{task.gpu_type}:{task.gpus}" if task.gpu_type else f"{task.gpus} GPU(s)"
+            said.append(f"{task.name} on {what} (alternative {index + 1} of {len(options)})")
+        return "; ".join(said)
+
+    def place(self, job: JobRec, replica: ReplicaRec, alloc: Allocation, now: float) -> None:
+        """Bind a replica to its allocation: the executor of the node gives its address and
+        ports; a new attempt key is journalled with STARTING, before anything launches."""
+        infra = self.inventory.infra_of_node(alloc.node)
+        executor = self.inventory.executors[infra]
+        previous = None
+        if replica.addr and replica.node == alloc.node and replica.ports is not None:
+            previous = Binding(replica.addr, dict(replica.ports))
+        binding = executor.bind(job.id, replica.id, alloc.node, job.task(replica.task).service.ports, previous)
+        replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
+        replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
+        replica.attempt += 1
+        replica.handle = None
+        self.book.allocs[replica.id] = alloc
+        self.moves.replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
+                              gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr,
+                              ports=replica.ports, infra=infra, attempt=replica.attempt, handle=None)
