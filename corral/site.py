@@ -201,12 +201,19 @@ class Site:
                 return account.name
         return user
 
-    def replay(self, topology: tuple[str, ...]) -> tuple[Policy, dict[str, Any]]:
+    def replay(self, topology: tuple[str, ...], tiers: bool = False) -> tuple[Policy, dict[str, Any]]:
         """The policy and ``simulate`` keywords a trace replay of this site uses (``corral sim
-        --config``, ``bench/sim_table.py --variant``): a trace's jobs name no partition or QOS,
-        so those are left out; usage decays with the site's half-life and charges its accounts."""
-        policy = replace(self.policy, topology=topology, partitions=(), qos=())
-        return policy, {"half_life_s": self.half_life_s, "account_of": self.account_of}
+        --config``, ``bench/sim_table.py --variant``). Partitions and QOS only when the trace's
+        jobs name them (``tiers``), for their tiers, preempt modes and limits: the replay's
+        cluster is not the site's, so a partition spans every node, and the trace's modelled
+        time limits stand, not the partition's. Usage decays with the site's half-life and
+        charges its accounts."""
+        if not tiers:
+            return (replace(self.policy, topology=topology, partitions=(), qos=()),
+                    {"half_life_s": self.half_life_s, "account_of": self.account_of})
+        partitions = tuple(replace(p, nodes=("*",), max_time=None, default_time=None) for p in self.policy.partitions)
+        return (replace(self.policy, topology=topology, partitions=partitions),
+                {"half_life_s": self.half_life_s, "account_of": self.account_of})
 
     def default_time(self, partition: str) -> float | None:
         p = self.policy.partition(partition)

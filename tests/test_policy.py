@@ -246,6 +246,26 @@ def test_an_elastic_task_is_shrunk_toward_its_minimum_before_any_job_is_preempte
     assert found.victims == () and [(s.job_id, s.task, s.replicas) for s in found.shrinks] == [(10, "t", 2)]
 
 
+def test_what_a_preempting_job_will_use_is_not_backfilled_meanwhile() -> None:
+    """Half the node is free, the rest held by a job the urgent one preempts: a small job
+    behind it must not take the free half, or the next cycle would preempt it in turn, and
+    so on for ever (the simulator's livelock)."""
+    free, run = running_on(nodes(1), (pj(10, gpus=4), 0.0))
+    plan = schedule(Snapshot(free, (pj(1, gpus=8, partition="urgent"), pj(2, gpus=2)), run), 1.0, SITE)
+    assert [p.victims for p in plan.preemptions] == [(10,)]
+    assert plan.starts == []
+
+
+def test_replicas_a_shrink_is_stopping_count_as_freed_soon() -> None:
+    rollout = pj(10, gpus=1, replicas=6)
+    free, run = running_on(nodes(1), (rollout, 0.0), (pj(11, gpus=2), 0.0))
+    shrinking = replace(run[0], stopping=run[0].allocations[2:])  # 6 -> 2, in its grace period
+    plan = schedule(Snapshot(free, (pj(1, gpus=4, partition="urgent"),), (shrinking, run[1])), 1.0, SITE)
+    assert plan.preemptions == [] and plan.reasons[1] == Reason.PREEMPTING  # waits for them: no new victim
+    bigger = schedule(Snapshot(free, (pj(1, gpus=6, partition="urgent"),), (shrinking, run[1])), 1.0, SITE)
+    assert [p.victims for p in bigger.preemptions] == [(11,)]  # the stopping four and job 11's two
+
+
 @st.composite
 def contest(draw):
     tiers = draw(st.lists(st.sampled_from(["batch", "urgent"]), min_size=2, max_size=5))

@@ -43,7 +43,7 @@ from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.limits import Tally
 from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang
-from corral.scheduler.plan import Plan, Reason, Start
+from corral.scheduler.plan import Allocation, Plan, Reason, Start
 from corral.scheduler.policy import Policy
 from corral.scheduler.priority import Factors, Scorer
 from corral.scheduler.snapshot import PendingJob, Snapshot
@@ -111,7 +111,7 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
     scopes = _Scopes(snapshot, policy)
     running = list(snapshot.running)
     claimed: set[int] = set()
-    preempting = policy.preemption and bool(running) and _tiered(policy)
+    preempting = policy.preempting and bool(running)
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
     arrays: dict[int, int] = {}  # array id -> its elements running (a %N throttle caps them)
@@ -163,8 +163,14 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         first = within[0][1]
         # 5. preempt
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
-            found = preemption.find(first, pool, scope, running, policy, claimed)
-            if found is not None:
+            chosen = preemption.find(first, pool, scope, running, policy, claimed)
+            if chosen is not None:
+                found, placement = chosen
+                # what of its place is free already is its own from now on: a later job that
+                # took it would only be preempted in turn (a livelock the simulator found)
+                kept = _keep_free_part(pool, placement)
+                book.started(kept)
+                timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), kept)
                 claimed.update(found.victims)
                 if found.victims or found.shrinks:
                     plan.preemptions.append(found)
@@ -210,8 +216,17 @@ def _hold(job: PendingJob, snapshot: Snapshot, policy: Policy, ahead: set[tuple[
     return None
 
 
-def _tiered(policy: Policy) -> bool:
-    return len({p.priority_tier for p in policy.partitions}) > 1 or any(q.preempt for q in policy.qos)
+def _keep_free_part(pool: FreePool, placement: tuple[Allocation, ...]) -> tuple[Allocation, ...]:
+    """Take from ``pool`` the part of ``placement`` that is free now (the rest is held by
+    the jobs being stopped for it); returns that part."""
+    held = []
+    for alloc in placement:
+        node = pool.by_name[alloc.node]
+        part = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g in node.gpus),
+                          max(0.0, min(alloc.cpus, node.cpus)), max(0.0, min(alloc.memory, node.memory)))
+        pool.take(part)
+        held.append(part)
+    return tuple(held)
 
 
 class _Scopes:

@@ -188,6 +188,13 @@ class Policy:
                     -factors.total, submitted_at, job_id)
         return key
 
+    @property
+    def preempting(self) -> bool:
+        """Whether any job may ever preempt another: preemption on, and more than one
+        partition tier or a QOS with a ``preempt`` list."""
+        return self.preemption and (len({p.priority_tier for p in self.partitions}) > 1
+                                    or any(q.preempt for q in self.qos))
+
     def qos_of(self, name: str) -> Qos:
         return self._qos.get(name) or _NORMAL
 

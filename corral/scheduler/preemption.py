@@ -4,8 +4,8 @@ thrown away.
 Only running jobs the blocked job ``preempts`` (the strict order of ``policy``) and whose
 preempt mode is not ``off`` are candidates. Work is lost as little as possible:
 
-  1. resources of jobs already being stopped count as free first (no new victim if they
-     are enough: the job waits for them);
+  1. resources of jobs already being stopped, and of replicas a shrink is stopping, count
+     as free first (no new victim if they are enough: the job waits for them);
   2. surplus replicas of elastic tasks (above their minimum, highest rank first) are taken
      before any whole job — a shrink loses no job;
   3. then whole jobs: lowest priority first, among equals the most recently started (it
@@ -37,16 +37,20 @@ def candidates(job: PendingJob, running: list[RunningJob], policy: Policy, claim
 
 
 def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob], policy: Policy,
-         claimed: set[int]) -> Preemption | None:
-    """Victims (and shrinks) that let ``job`` fit; ``Preemption(job, ())`` if what is
-    already being stopped is enough; None if nothing it may preempt would make it fit."""
+         claimed: set[int]) -> tuple[Preemption, tuple[Allocation, ...]] | None:
+    """Victims (and shrinks) that let ``job`` fit, with where it would then go;
+    ``Preemption(job, ())`` if what is already being stopped is enough; None if nothing it
+    may preempt would make it fit."""
     trial = pool.copy()
     for r in running:
         if r.ending and r.id not in claimed:
             for alloc in r.allocations:
                 trial.release(alloc)
+        elif not r.ending:
+            for alloc in r.stopping:
+                trial.release(alloc)
     if _fits(trial, job, scope):
-        return Preemption(job.id, ())
+        return Preemption(job.id, ()), _placed(trial, job, scope)
     victims = candidates(job, running, policy, claimed)
     if not victims:
         return None
@@ -57,7 +61,8 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
             surplus = len(part.allocations) - part.min_replicas
             for alloc in reversed(part.allocations[len(part.allocations) - surplus:] if surplus > 0 else ()):
                 units.append(_Unit(r.id, part.task, (alloc,)))
-    units += [_Unit(r.id, None, r.allocations) for r in by_cost]
+    units += [_Unit(r.id, None, tuple(a for a in r.allocations if a not in r.stopping) if r.stopping else r.allocations)
+              for r in by_cost]
     chosen: list[_Unit] = []
     whole: set[int] = set()
     for unit in units:
@@ -96,8 +101,14 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
         if unit.task is not None:
             key = (unit.job_id, unit.task)
             shrinks[key] = shrinks.get(key, sizes[key]) - 1
-    return Preemption(job.id, tuple(sorted(u.job_id for u in chosen if u.task is None)),
-                      tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items())))
+    return (Preemption(job.id, tuple(sorted(u.job_id for u in chosen if u.task is None)),
+                       tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items()))), _placed(trial, job, scope))
+
+
+def _placed(trial: FreePool, job: PendingJob, scope: Scope) -> tuple[Allocation, ...]:
+    allocations = place_gang(trial, job, scope)
+    assert allocations is not None, "placed only where it was just found to fit"
+    return allocations
 
 
 def _fits(trial: FreePool, job: PendingJob, scope: Scope) -> bool:

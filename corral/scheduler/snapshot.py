@@ -155,6 +155,10 @@ class RunningJob:
     elastic: tuple[Shrinkable, ...] = ()
     name: str = ""
     array_id: int | None = None  # the job array it is an element of
+    no_requeue: bool = False  # its owner said never requeue: a preemption cancels it
+    # allocations (among ``allocations``) of replicas already told to stop, an elastic shrink
+    # in its grace period: held still, free soon, so preemption counts them as free first
+    stopping: tuple = ()
 
     @property
     def gpus(self) -> int:
