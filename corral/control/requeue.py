@@ -18,7 +18,7 @@ from corral.control.queue import Queue
 from corral.control.records import JobRec
 from corral.control.scaling import Scaling
 from corral.control.transitions import Transitions
-from corral.scheduler import Policy, Preemption
+from corral.scheduler import Policy
 from corral.scheduler.plan import Reason
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
@@ -43,28 +43,28 @@ class Requeues:
                               + (" (then held)" if job.hold else ""))
             self._stop_all(job, "requeued", now)
 
-    def preempt(self, s: Session, preemption: Preemption, now: float) -> None:
-        """Stop the victims (each replica gets its stop signal and grace period) and shrink
-        elastic tasks; the preemptor starts once their resources are free."""
-        for victim_id in preemption.victims:
-            job = self.book.active.get(victim_id)
-            if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
-                continue
-            mode = "cancel" if job.no_requeue else self.policy.preempt_mode(job.partition, job.qos)
-            self.moves.job_to(job, JobState.PREEMPTED, now, "preempted",
-                              f"preempted by job {preemption.for_job}; it will be "
-                              f"{'requeued' if mode == 'requeue' else 'cancelled'}")
-            self._stop_all(job, "preempted", now)
-        for shrink in preemption.shrinks:
-            job = self.book.active.get(shrink.job_id)
-            if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
-                continue
-            task = job.task(shrink.task)
-            self.moves.event(job.id, now, shrink.task, "shrunk",
-                             f"{len(job.replicas_of(shrink.task))} -> {shrink.replicas} replicas to make room "
-                             f"for job {preemption.for_job} (elastic minimum {task.service.min_nodes})")
-            self.moves.journal.task(task.id, num_nodes=shrink.replicas)
-            self.scaling.reconcile(s, job, shrink.task, shrink.replicas, now)
+    def evict(self, job_id: int, mode: str, for_job: int, now: float) -> None:
+        """A victim of the plan (the applier checked it still runs and took its mode): every
+        replica gets its stop signal and grace period; the preemptor starts once their
+        resources are free, and ``finish`` requeues or cancels it."""
+        job = self.book.active.get(job_id)
+        if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
+            return
+        self.moves.job_to(job, JobState.PREEMPTED, now, "preempted",
+                          f"preempted by job {for_job}; it will be {'requeued' if mode == 'requeue' else 'cancelled'}")
+        self._stop_all(job, "preempted", now)
+
+    def shrink(self, s: Session, job_id: int, task_name: str, replicas: int, for_job: int, now: float) -> None:
+        """An elastic task scaled down to make room (its highest ranks stop, with grace)."""
+        job = self.book.active.get(job_id)
+        if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
+            return
+        task = job.task(task_name)
+        self.moves.event(job.id, now, task_name, "shrunk",
+                         f"{len(job.replicas_of(task_name))} -> {replicas} replicas to make room "
+                         f"for job {for_job} (elastic minimum {task.service.min_nodes})")
+        self.moves.journal.task(task.id, num_nodes=replicas)
+        self.scaling.reconcile(s, job, task_name, replicas, now)
 
     def _stop_all(self, job: JobRec, cause: str, now: float) -> None:
         for replica in job.members:

@@ -32,7 +32,7 @@ from corral.control.scaling import Scaling
 from corral.control.transitions import Transitions
 from corral.metrics import Metrics
 from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
-from corral.scheduler.applier import apply_starts
+from corral.scheduler.applier import apply_plan
 from corral.scheduler.placement import FreePool
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
@@ -90,9 +90,10 @@ class Scheduling:
                 elastic.append(Shrinkable(task.name, low, tuple(allocs[r.id] for r in mine)))
         ending = job.state == JobState.PREEMPTED or job.cancel_requested or \
             any(t.termination_deadline is not None for t in job.tasks)
+        stopping = tuple(allocs[r.id] for r in live if r.stop_requested_at is not None)
         return RunningJob(job.id, tuple(allocs[r.id] for r in live), max(ends) if ends else float("inf"), job.user,
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
-                          ending, tuple(elastic), job.name, job.array_job_id)
+                          ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -155,13 +156,17 @@ class Scheduling:
         self.hungry = plan.hungry
         # a start after a job without a time limit is unknown (infinite): not shown
         self.expected_starts = {j: t for j, t in plan.reserved_starts.items() if j > 0 and math.isfinite(t)}
-        # the one applier (the simulator's too) re-checks every start, a gang all or none
-        accepted, stale = apply_starts(FreePool(snapshot.nodes), plan)
+        # the one applier (the simulator's too) re-checks every start (a gang all or none),
+        # every victim and shrink, every dependency cancel, against the state as it is now
+        applied = apply_plan(FreePool(snapshot.nodes), plan, snapshot.running, self.policy, book.pending)
+        accepted, stale = applied.accepted, applied.stale
         self._done_at = time.monotonic()
         self._cost = self._done_at - clock
         self.metrics.cycle.observe(self._cost)
         for start in stale:
             log.warning("rejected a stale start of job %s; it is retried next cycle", start.job_id)
+        for refusal in applied.refused:
+            log.info("not carried out: %s of job %s (%s)", refusal.kind, refusal.job_id, refusal.why)
         starts = []
         for start in accepted:
             if start.job_id < 0:  # a replica of a running job, placed like any job: limits hold
@@ -180,14 +185,15 @@ class Scheduling:
                 factors = self.priorities.get(job.id)
                 job.rank_priority = factors.total if factors is not None else 0.0
                 self.placer.admit(job, start.allocations, now, start.choice)
-        for preemption in plan.preemptions:
-            if preemption.for_job > 0:  # elastic growth never preempts: it waits for free resources
-                self.requeues.preempt(s, preemption, now)
-        for job_id, why in plan.cancels.items():
-            job = book.pending.pop(job_id, None)
+        for eviction in applied.evictions:
+            self.requeues.evict(eviction.job_id, eviction.mode, eviction.for_job, now)
+        for downsize in applied.downsizes:
+            self.requeues.shrink(s, downsize.job_id, downsize.task, downsize.replicas, downsize.for_job, now)
+        for cancel in applied.cancels:
+            job = book.pending.pop(cancel.job_id, None)
             if job is not None:
-                self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", why,
-                                    reason=Reason.DEPENDENCY_NEVER.value, message=why)
+                self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", cancel.why,
+                                    reason=Reason.DEPENDENCY_NEVER.value, message=cancel.why)
         for job_id, reason in plan.reasons.items():
             if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:
                 continue  # (a job an engine provisions shows the engine's reason)
