@@ -8,6 +8,46 @@ import os
 from pathlib import Path
 
 
+_PRIVATE: dict[str, bool] = {}  # a directory checked (or made) private once per process
+
+
+def private_dir(path: Path) -> bool:
+    """Whether ``path`` is (or could be made) a directory of this user's alone: made 0700 if
+    missing; an existing one is used only if it is a real directory (not a symlink) owned by
+    this user, and made private. False when anyone else owns it: a shared location (like
+    /dev/shm) where another user could have planted it, with links to a victim's files."""
+    key = str(path)
+    if key not in _PRIVATE:
+        _PRIVATE[key] = _make_private(path)
+    return _PRIVATE[key]
+
+
+def _make_private(path: Path) -> bool:
+    import stat
+
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        info = os.lstat(path)  # never follows a link
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return False
+        if info.st_mode & 0o077:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                if os.fstat(fd).st_uid != os.getuid():
+                    return False
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
 class Settings:
     """Where this corral's state lives and how often its loop looks. A plain class, not a
     dataclass: ``dataclasses`` imports ``inspect``, a tenth of every CLI command's start-up."""
@@ -63,8 +103,9 @@ class Settings:
         if shm.is_dir() and os.access(shm, os.W_OK):
             import hashlib
 
-            digest = hashlib.sha1(str(self.home).encode()).hexdigest()[:12]
-            return shm / f"corral-{os.getuid()}" / digest
+            mine = shm / f"corral-{os.getuid()}"
+            if private_dir(mine):  # else another user made it first: never write through it
+                return mine / hashlib.sha1(str(self.home).encode()).hexdigest()[:12]
         return self.home / "run"
 
     @property
@@ -89,8 +130,4 @@ class Settings:
                 os.chmod(path, 0o700)
             except OSError:
                 pass
-        if self.runtime_dir.parent.name.startswith("corral-"):
-            try:
-                os.chmod(self.runtime_dir.parent, 0o700)
-            except OSError:
-                pass
+
