@@ -32,8 +32,10 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from corral.states import TERMINAL_JOB_STATES
 
-TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+
+TERMINAL = tuple(s.value for s in TERMINAL_JOB_STATES)
 
 
 class CorralError(RuntimeError):

@@ -10,11 +10,11 @@ class JobState(str, Enum):
     PENDING = "PENDING"
     STARTING = "STARTING"
     RUNNING = "RUNNING"
+    PREEMPTED = "PREEMPTED"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
     TIMEOUT = "TIMEOUT"
-    PREEMPTED = "PREEMPTED"
 
     @property
     def terminal(self) -> bool:

@@ -11,6 +11,8 @@ import shutil
 import sys
 from typing import Any
 
+from corral.states import JobState
+
 GAP = 2  # spaces between columns
 _MARKUP = re.compile(r"\[/?(?:bold|red|green|yellow|dim|cyan)\]")  # the only tags the CLI writes
 
@@ -81,7 +83,7 @@ def fail(exc: Any, source: str | None = None) -> None:
 _STATES = {"PD": "PENDING", "R": "RUNNING", "CD": "SUCCEEDED", "COMPLETED": "SUCCEEDED", "F": "FAILED",
            "CA": "CANCELLED", "CANCELED": "CANCELLED", "TO": "TIMEOUT", "PR": "PREEMPTED", "ST": "STARTING",
            "CF": "STARTING", "CONFIGURING": "STARTING"}
-JOB_STATES = ("PENDING", "STARTING", "RUNNING", "PREEMPTED", "SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT")
+JOB_STATES = tuple(s.value for s in JobState)
 
 
 def states(values: list[str], option: str, allowed: tuple[str, ...] = JOB_STATES) -> list[str]:

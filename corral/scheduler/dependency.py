@@ -10,11 +10,12 @@ from __future__ import annotations
 from enum import Enum
 
 from corral.scheduler.snapshot import Dependency, PendingJob
+from corral.states import TERMINAL_JOB_STATES, JobState
 
-SUCCESS = frozenset({"SUCCEEDED"})
-ENDED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"})
+SUCCESS = frozenset({JobState.SUCCEEDED.value})
+ENDED = frozenset(s.value for s in TERMINAL_JOB_STATES)
 KINDS = ("after", "afterok", "afternotok", "afterany", "singleton")
-NOT_STARTED = frozenset({"PENDING"})
+NOT_STARTED = frozenset({JobState.PENDING.value})
 
 
 class Status(Enum):

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from corral.spec.base import Strict as _Strict
 from corral.spec.service import SignalName
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
 
 class BatchStep(_Strict):
     role: Literal["batch", "node"]  # the replica running the script, or one holding another node

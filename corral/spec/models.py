@@ -14,6 +14,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 
 from corral.scheduler.features import parse_constraint
 from corral.spec.batchstep import BatchStep
+from corral.spec.base import Duration, Strict
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
@@ -29,9 +30,6 @@ NAME_RULE = "letters, digits, '-' and '_', starting with a letter or digit, at m
 IGNORED_TASK_FIELDS = frozenset({"file_mounts", "config", "volumes", "event_callback"})
 
 DEFAULT_GRACE_S = 10.0
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
-
 
 def _env_value(value: Any) -> str | None:
     if value is None or isinstance(value, str):
@@ -49,12 +47,10 @@ EnvMap = dict[str, Annotated[str | None, BeforeValidator(_env_value)]]
 _GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/+-]{0,199}")
 
 
-class GitWorkdir(BaseModel):
+class GitWorkdir(Strict):
     """SkyPilot's ``workdir: {url, ref}``: the repository is cloned once per job on each node
     its replicas run on (into the job's directory there), ``ref`` (a branch, tag or commit)
     checked out, and ``setup``/``run`` start in it. No shared filesystem is assumed."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str
     ref: str | None = None
@@ -81,9 +77,7 @@ Workdir = Annotated[Annotated[str, Tag("<path>")] | Annotated[GitWorkdir, Tag("<
                     Discriminator(lambda v: "<repository>" if isinstance(v, (dict, GitWorkdir)) else "<path>")]
 
 
-class TaskSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class TaskSpec(Strict):
     name: str | None = None
     num_nodes: int = Field(default=1, ge=1, le=4096)  # replicas to start with
     min_nodes: int | None = Field(default=None, ge=1, le=4096)  # elastic bounds (None: fixed)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, SerializerFunctionWrapHandler, ValidationInfo,
+from pydantic import (BeforeValidator, SerializerFunctionWrapHandler, ValidationInfo,
                       field_serializer, model_serializer, model_validator)
 
+from corral.spec.base import Strict
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_memory
 
 # Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
@@ -50,10 +51,8 @@ def _dump(value: tuple[str | None, int]) -> str | int:
     return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
 
 
-class Alternative(BaseModel):
+class Alternative(Strict):
     """One complete resource alternative."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     accelerators: Accelerators = (None, 0)
     cpus: Cpus = DEFAULT_CPUS
@@ -80,10 +79,8 @@ def _accelerator_choices(value: Any) -> tuple[list[Any], bool] | None:
     return None
 
 
-class Resources(BaseModel):
+class Resources(Strict):
     """Per-replica resources: the task's own fields are its first (or only) alternative."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     accelerators: Accelerators = (None, 0)
     cpus: Cpus = DEFAULT_CPUS

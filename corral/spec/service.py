@@ -7,11 +7,10 @@ from __future__ import annotations
 import signal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from corral.spec.quantity import parse_duration
+from corral.spec.base import Duration, Strict as _Strict
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 PortRef = int | str  # a number, or the name of one of the task's ports
 
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2", "SIGHUP", "SIGQUIT")
@@ -30,10 +29,6 @@ SignalName = Annotated[str, BeforeValidator(_signal_name)]
 
 def signal_number(name: str) -> int:
     return int(getattr(signal, name))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class HttpCheck(_Strict):
