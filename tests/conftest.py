@@ -1,6 +1,7 @@
-"""Shared fixtures: a temporary CORRAL_HOME with a declared virtual node pool, database
-URLs (SQLite always; PostgreSQL too when CORRAL_TEST_DB_URL is set), and an in-process
-server (store + control loop + API) for API tests."""
+"""Shared fixtures and helpers: a temporary CORRAL_HOME with a declared virtual node pool,
+database URLs (SQLite always; PostgreSQL too when CORRAL_TEST_DB_URL is set), an in-process
+server (store + control loop + API) for API tests, the CLI against a home (``cli_for``), and
+the helpers every server test uses (``submit``, ``wait_state``, ``wait_for``)."""
 
 from __future__ import annotations
 
@@ -106,3 +107,45 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s")
+
+
+def submit(client, text: str, **extra) -> dict:
+    """Submit a job through an HTTP client (in-process or real); its stored record."""
+    response = client.post("/v1/jobs", json={"yaml": text, **extra})
+    assert response.status_code == 201, response.text
+    return response.json()["job"]
+
+
+def wait_state(client, job_id: int, *states: str, timeout: float = 20.0) -> dict:
+    def check():
+        job = client.get(f"/v1/jobs/{job_id}").json()
+        return job if job["state"] in states else None
+
+    return wait_for(check, timeout)
+
+
+def cli_for(home: Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 60,
+            umask: int | None = None):
+    """``corral`` commands against ``home`` as a new user would run them: a clean environment
+    (no CORRAL_* of this process), ``env`` on top. ``run(*args, check=True)`` asserts
+    success; ``run.stop()`` stops the home's server and kills what a failed test left."""
+    import subprocess
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    base.update(env or {})
+    base["CORRAL_HOME"] = str(home)
+
+    def run(*args: str, check: bool | None = None, timeout: float = timeout) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=base, cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=(lambda: os.umask(umask)) if umask is not None else None)
+        if check:
+            assert proc.returncode == 0, f"corral {' '.join(args)}: {proc.stderr}{proc.stdout}"
+        return proc
+
+    def stop() -> None:
+        run("server", "stop", timeout=120)
+        kill_leftovers(home)
+
+    run.env, run.home, run.work, run.stop = base, home, cwd, stop
+    return run

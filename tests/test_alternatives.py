@@ -163,7 +163,7 @@ def test_alternatives_never_overcommit_and_start_one_whole_alternative(pool_spec
 
 
 def test_a_job_runs_on_the_alternative_the_pool_has(server, tmp_path) -> None:
-    from test_api import wait_state
+    from conftest import wait_state
 
     out = tmp_path / "gpus"
     response = server.post("/v1/jobs", json={"yaml": f"name: alt\nresources:\n  accelerators: [B200:1, H100:2]\n"

@@ -6,21 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import bearer, wait_for
-
-
-def submit(client, text: str, **extra) -> dict:
-    response = client.post("/v1/jobs", json={"yaml": text, **extra})
-    assert response.status_code == 201, response.text
-    return response.json()["job"]
-
-
-def wait_state(client, job_id: int, *states: str, timeout: float = 20.0) -> dict:
-    def check():
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        return job if job["state"] in states else None
-
-    return wait_for(check, timeout)
+from conftest import bearer, submit, wait_state
 
 
 def test_openapi_and_health(server) -> None:

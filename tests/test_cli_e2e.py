@@ -14,26 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_leftovers, wait_for
+from conftest import cli_for, wait_for
 
 
 @pytest.fixture
 def corral(corral_home: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env["CORRAL_HOME"] = str(corral_home)
-
-    def run(*args: str, check: bool | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if check:
-            assert proc.returncode == 0, proc.stderr + proc.stdout
-        return proc
-
-    run.env = env
-    run.home = corral_home
+    run = cli_for(corral_home)
     yield run
-    run("server", "stop")
-    kill_leftovers(corral_home)
+    run.stop()
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:

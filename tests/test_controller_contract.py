@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bearer, wait_for
+from conftest import bearer, submit, wait_for, wait_state
 from corral.executors.contract import Kind, Observed
 from corral.pool import NodeSpec
 from fake_executor import FakeExecutor
-from test_api import submit, wait_state
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from conftest import POOL, kill_leftovers, wait_for
+from conftest import POOL, cli_for, wait_for
 
 from corral.client import Client, Forbidden
 from corral.credentials import read_local_token
@@ -71,23 +71,18 @@ def corral(tmp_path_factory):
     home = base / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env.update(CORRAL_HOME=str(home), XDG_CONFIG_HOME=str(base / "xdg"))  # no saved login of the real user
-    subprocess.run(CLI + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
-    served = Served(json.loads((home / "server.json").read_text())["url"], home, env)
+    run = cli_for(home, {"XDG_CONFIG_HOME": str(base / "xdg")})  # no saved login of the real user
+    run("server", "start", check=True, timeout=120)
+    served = Served(json.loads((home / "server.json").read_text())["url"], home, run.env)
     try:
         for user, role in ((USER, ["--role", "user"]), ("bob", []), (VIEWER, ["--role", "viewer"])):
-            made = subprocess.run(CLI + ["token", "create", user, *role], env=env, capture_output=True, text=True,
-                                  timeout=60)
-            assert made.returncode == 0, made.stderr
-            served.tokens[user] = made.stdout.strip()
+            served.tokens[user] = run("token", "create", user, *role, check=True).stdout.strip()
             served.clients[user] = Client(served.url, served.tokens[user])
         yield served
     finally:
         for client in served.clients.values():
             client.close()
-        subprocess.run(CLI + ["server", "stop"], env=env, capture_output=True, timeout=120)
-        kill_leftovers(home)
+        run.stop()
 
 
 @pytest.fixture(scope="module")

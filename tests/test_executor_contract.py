@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POOL, wait_for
-from test_api import submit, wait_state
+from conftest import POOL, submit, wait_for, wait_state
 
 QOS_SITE = POOL + """
 qos:

@@ -10,8 +10,7 @@ import signal
 import statistics
 from pathlib import Path
 
-from conftest import wait_for
-from test_api import wait_state
+from conftest import wait_for, wait_state
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "grpo"
 

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import POOL, bearer, kill_leftovers, wait_for
-from test_api import submit, wait_state
+from conftest import POOL, bearer, kill_leftovers, submit, wait_for, wait_state
 
 # preempt_mode cancel: only the durable requeue wish can bring a stopped job back
 SITE = POOL + """

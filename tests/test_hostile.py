@@ -6,11 +6,11 @@ Some look hostile but are legitimate (a shell pipeline in ``run``, Unicode outpu
 
 from __future__ import annotations
 
+from conftest import submit, wait_state
 import time
 
 import pytest
 
-from test_api import submit, wait_state
 
 
 def _bomb(levels: int = 9) -> str:

@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from conftest import submit, wait_for, wait_state
 from prometheus_client.parser import text_string_to_metric_families
-from test_api import submit, wait_state
 
 
 def scrape(server) -> dict[str, dict[tuple, float]]:

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import wait_for
-from test_api import submit, wait_state
+from conftest import submit, wait_for, wait_state
 
 
 def pipeline(out: Path, fail_at: str = "", hold: float = 0.0) -> str:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import kill_leftovers, wait_for
+from conftest import cli_for, wait_for
 
 CORPUS = Path(__file__).parent / "data" / "sbatch"
 POOL = """
@@ -34,24 +32,15 @@ def corral(tmp_path_factory):
     (home / "config.yaml").write_text(POOL)
     for item in CORPUS.iterdir():
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, work / item.name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORRAL_", "SLURM_"))}
-    env["CORRAL_HOME"] = str(home)
-    env["OMP_NUM_THREADS"] = "3"  # passed to replicas from the server's machine, unless --export=NONE
     import corral as package  # the commands run from the work directory: import this corral there too
     root = str(Path(package.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-
-    def run(*args: str, check: bool = False, timeout: float = 60) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, cwd=work,
-                              capture_output=True, text=True, timeout=timeout)
-        if check:
-            assert proc.returncode == 0, proc.stderr + proc.stdout
-        return proc
-
-    run.work = work
+    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    # OMP_NUM_THREADS is passed to replicas from the server's machine, unless --export=NONE
+    run = cli_for(home, {"OMP_NUM_THREADS": "3", "PYTHONPATH": pythonpath}, cwd=work)
+    for name in [k for k in run.env if k.startswith("SLURM_")]:  # not inside an allocation of the test's own
+        del run.env[name]
     yield run
-    run("server", "stop")
-    kill_leftovers(home)
+    run.stop()
 
 
 def job(corral, ident: str) -> dict:
@@ -240,7 +229,7 @@ partitions:
 
 
 def test_no_requeue_cancels_a_preempted_job_where_the_partition_would_requeue_it(server) -> None:
-    from test_api import submit, wait_state
+    from conftest import submit, wait_state
 
     low = submit(server, "name: low\nrequeue: false\nnum_nodes: 3\nresources: {accelerators: H100:4}\n"
                          "grace_period: 1s\nrun: sleep 60\n")

@@ -8,8 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from conftest import wait_for
-from test_api import submit, wait_state
+from conftest import submit, wait_for, wait_state
 
 ECHO_SERVER = r"""
 import http.server, os, socketserver

@@ -8,8 +8,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from conftest import bearer, wait_for
-from test_api import submit, wait_state
+from conftest import bearer, submit, wait_for, wait_state
 
 from corral.spec import load_job
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import bearer, wait_for
-from test_api import submit, wait_state
+from conftest import bearer, submit, wait_for, wait_state
 
 SITE = """
 nodes:

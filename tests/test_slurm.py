@@ -38,7 +38,7 @@ def _why_no_slurm() -> str | None:
     os.environ.setdefault("SLURM_CONF", ENV.get("SLURM_CONF", ""))
     from corral.executors.slurm.cli import available
 
-    reason = available()
+    reason = available(timeout=5)  # a controller that does not answer fails fast, not after Slurm's own timeout
     if reason is None:
         out = subprocess.run(["sinfo", "-h", "-o", "%D %G"], capture_output=True, text=True, env=ENV).stdout
         nodes = sum(int(line.split()[0]) for line in out.splitlines() if line.split() and "gpu" in line)
@@ -47,8 +47,12 @@ def _why_no_slurm() -> str | None:
     return reason
 
 
-WHY = _why_no_slurm()
-pytestmark = pytest.mark.skipif(WHY is not None, reason=f"no usable Slurm here: {WHY}")
+@pytest.fixture(autouse=True, scope="module")
+def usable_slurm() -> None:
+    """Asked when the first test of the module runs, never while tests are collected."""
+    why = _why_no_slurm()
+    if why is not None:
+        pytest.skip(f"no usable Slurm here: {why}")
 
 SITE = """
 partitions:
@@ -116,19 +120,15 @@ def slurm_home(tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE)
-    env = {**ENV, "CORRAL_HOME": str(home)}
-    env.pop("SLURM_JOB_ID", None)
+    run = cli_for(home, {k: v for k, v in ENV.items() if k != "SLURM_JOB_ID"})
+    run.env.pop("SLURM_JOB_ID", None)
 
     def corral(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if check and done.returncode != 0:
-            raise AssertionError(f"corral {' '.join(args)} failed ({done.returncode}): {done.stdout}{done.stderr}")
-        return done
+        return run(*args, check=check, timeout=timeout)
 
-    corral.home, corral.env = home, env
+    corral.home, corral.env = home, run.env
     yield corral
-    corral("server", "stop", check=False)
+    run.stop()
     _cancel_ours()
 
 

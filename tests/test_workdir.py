@@ -3,12 +3,12 @@ its replicas run on (real git, a local repository, real processes)."""
 
 from __future__ import annotations
 
+from conftest import submit, wait_state
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_api import submit, wait_state
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("flock") is None,
                                 reason="git and flock (util-linux) are needed to clone a git workdir")

@@ -85,13 +85,14 @@ def compress(hosts: list[str]) -> str:
     return hostlist.collect_hostlist(hosts)
 
 
-def available() -> str | None:
-    """None when Slurm's commands are on PATH and answer; else why not."""
+def available(timeout: float | None = None) -> str | None:
+    """None when Slurm's commands are on PATH and answer (within ``timeout``); else why not."""
     missing = [c for c in ("srun", "squeue", "scancel", "sbatch", "scontrol", "sacct") if shutil.which(c) is None]
     if missing:
         return f"Slurm's commands are not on PATH ({', '.join(missing)})"
     try:
-        done = subprocess.run(["squeue", "-h", "-o", "%i", "-j", "0"], capture_output=True, text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(["squeue", "-h", "-o", "%i", "-j", "0"], capture_output=True, text=True,
+                              timeout=timeout or TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"squeue failed: {exc}"
     if done.returncode != 0 and "Invalid job id" not in done.stderr:

@@ -11,7 +11,7 @@ import pytest
 from corral.spec import SpecError, load_job
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_duration, parse_memory
 
-SPECS = Path(__file__).parent / "specs"
+SPECS = Path(__file__).parents[1] / "specs"
 EXPECT = re.compile(r"# error: (?P<field>\S*) @ (?P<line>\d+) ~ (?P<text>.+)")
 
 
