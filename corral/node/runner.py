@@ -31,12 +31,21 @@ from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put
 # it in the attempt's cgroup (children inherit it), bind the hosts file (inside its own mount
-# namespace) and record that it started.
+# namespace), name it, and record that it started.
+#
+# Those first acts are on every launch's critical path, so they overlap: moving a process
+# into a cgroup waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
+# for writing: 5-15 ms on a busy 2-core machine), so a background child makes the move (it
+# writes the wrapper's pid, $$) while ``mount`` runs beside it, and the hostname is written
+# through /proc (no program to start; ``hostname`` only where /proc/sys is read-only). The
+# ``wait`` is what keeps the tree whole: nothing the wrapper forks later starts before the
+# wrapper is in its cgroup, and the two helpers forked before the move have exited by then.
 WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
-if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
-if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null; fi
-if [ -n "$6" ]; then hostname "$6" 2>/dev/null; fi
+if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
+if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
+if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
+until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
