@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,13 +17,13 @@ import psutil
 ATTEMPT_VAR = "CORRAL_ATTEMPT"
 
 
-def _cgroup2_root() -> Path | None:
-    """Where corral may create cgroups: a writable cgroup2 mount (root, or a delegated
-    subtree of our own cgroup on a systemd machine)."""
+def _cgroup2() -> tuple[Path | None, Path | None]:
+    """Where corral may create cgroups (a writable cgroup2 mount: root, or a delegated subtree
+    of our own cgroup on a systemd machine), and this process's own cgroup there."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
-        return None
+        return None, None
     own = ""
     try:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -37,14 +38,14 @@ def _cgroup2_root() -> Path | None:
             for base in (mount, mount / own if own else None):
                 if base is not None and base.is_dir() and os.access(base, os.W_OK) \
                         and (base / "cgroup.procs").exists():
-                    return base
-    return None
+                    return base, mount / own
+    return None, None
 
 
 class ProcessTrees:
     def __init__(self, scope: str):
         """``scope`` names this server's subtree (one per CORRAL_HOME)."""
-        root = _cgroup2_root()
+        root, own = _cgroup2()
         self.base: Path | None = None
         if root is not None:
             base = root / f"corral-{scope}"
@@ -53,14 +54,48 @@ class ProcessTrees:
                 self.base = base
             except OSError:
                 self.base = None
+        self._own_procs = own / "cgroup.procs" if self.base is not None and own is not None else None
+        self._warm_wanted = threading.Event()
+        self._warmer: threading.Thread | None = None
+        self._warmer_lock = threading.Lock()
 
     @property
     def mode(self) -> str:
         return "cgroup" if self.base is not None else "environment"
 
+    def warm(self) -> None:
+        """A move into a cgroup is coming: have the kernel's grace period for it start now, off
+        the caller's thread. Every move takes cgroup_threadgroup_rwsem for writing, and a writer
+        that finds no other writer in the last few tens of ms first waits for an RCU grace
+        period (5-15 ms on a busy machine); writers within that window share one. A no-op move
+        of this process into its own cgroup, made just after the attempt's cgroup exists and
+        before its wrapper starts, overlaps that wait with the wrapper's own start-up (exec of
+        unshare and bash), so the wrapper's move of itself waits only for what is left. Made
+        earlier it would gain more, but the move holds the kernel's cgroup lock while it waits,
+        and a cgroup made meanwhile (``prepare``) would wait with it. Best effort: without write
+        access to our own cgroup nothing happens."""
+        if self._own_procs is None:
+            return
+        self._warm_wanted.set()
+        with self._warmer_lock:
+            if self._warmer is None:
+                self._warmer = threading.Thread(target=self._warm_loop, name="corral-cgroup-warm", daemon=True)
+                self._warmer.start()
+
+    def _warm_loop(self) -> None:
+        while self._own_procs is not None:
+            self._warm_wanted.wait()
+            self._warm_wanted.clear()
+            try:
+                self._own_procs.write_text(str(os.getpid()))
+            except OSError:  # not ours to write (or a domain with controllers): never again
+                self._own_procs = None
+
     def prepare(self, key: str) -> str | None:
         """Make the attempt's cgroup; returns the ``cgroup.procs`` path the attempt's first
-        process writes itself into (children inherit it), or None without cgroups."""
+        process writes itself into (children inherit it), or None without cgroups. Made here
+        rather than by the wrapper (one program fewer to start on every launch); it waits only
+        while another move holds the kernel's cgroup lock (see ``warm``)."""
         if self.base is None:
             return None
         path = self.base / key

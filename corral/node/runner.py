@@ -34,12 +34,13 @@ from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
 # namespace), name it, and record that it started.
 #
 # Those first acts are on every launch's critical path, so they overlap: moving a process
-# into a cgroup waits for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
-# for writing: 5-15 ms on a busy 2-core machine), so a background child makes the move (it
-# writes the wrapper's pid, $$) while ``mount`` runs beside it, and the hostname is written
-# through /proc (no program to start; ``hostname`` only where /proc/sys is read-only). The
-# ``wait`` is what keeps the tree whole: nothing the wrapper forks later starts before the
-# wrapper is in its cgroup, and the two helpers forked before the move have exited by then.
+# into a cgroup may wait for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
+# for writing: 5-15 ms on a busy 2-core machine, see ProcessTrees.warm), so a background child
+# moves the wrapper ($$) into the attempt's cgroup while ``mount`` runs beside it, and the
+# hostname is written through /proc (no program to start; ``hostname`` only where
+# /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
+# forks later starts before the wrapper is in its cgroup, and the helpers forked before the
+# move have exited by then.
 WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
@@ -154,6 +155,7 @@ class NodeRunner:
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
         procs = self.trees.prepare(key) or ""
+        self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         argv = self.command(key, job_id, setup, run, env, hosts, procs, repo)
         env = {**env, ATTEMPT_VAR: key}
         with open(log_path, "ab", buffering=0) as log:
