@@ -150,6 +150,7 @@ class LocalExecutor(EventStream):
 
     def close(self) -> None:
         self._closed = True
+        self.runner.close()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
