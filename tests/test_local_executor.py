@@ -277,3 +277,37 @@ def test_a_replica_starts_inside_its_cgroup_named_and_with_its_hosts(tmp_path: P
             assert lines[-2] == "w-0.first" and lines[-1].split()[0] == "127.9.9.13"
     finally:
         executor.close()
+
+
+def _until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_placed_attempts_cgroup_is_made_ahead_and_swept_if_it_never_starts(tmp_path: Path) -> None:
+    """Placement makes the attempt's cgroup off the loop's thread (its start then makes none);
+    a job's end removes the ones of attempts that never started, never a populated one."""
+    executor = _executor(tmp_path)
+    base = executor.runner.trees.base
+    if base is None:
+        executor.close()
+        pytest.skip("needs per-attempt cgroups (root, cgroup v2)")
+    started, never = base / "31.w.0.a1", base / "31.w.1.a1"
+    try:
+        executor.prepare(started.name)
+        executor.prepare(never.name)
+        assert _until(lambda: started.is_dir() and never.is_dir())
+        handle = executor.start(_launch(started.name, "sleep 30", job_id=31))
+        assert _until(lambda: str(handle["pid"]) in (started / "cgroup.procs").read_text().split())
+        executor.cleanup_job(31)
+        assert _until(lambda: not never.exists())
+        assert started.is_dir()  # its process is in it: the kernel refuses, the sweep leaves it
+        assert executor.signal(handle, signal.SIGKILL)
+        assert [e.kind for e in _wait_events(executor)] == [Kind.EXITED]
+        assert not started.exists()  # the attempt's end removes its own cgroup, as before
+    finally:
+        executor.close()

@@ -717,6 +717,9 @@ class Controller(SchedulingMixin, ServicesMixin, ProvisioningMixin):
         replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
         replica.attempt += 1
         replica.handle = None
+        prepare = getattr(executor, "prepare", None)  # optional: get ready for the start (local: its cgroup)
+        if prepare is not None:
+            prepare(replica.launch_key)
         self._allocs[replica.id] = alloc
         self._replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
                          gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr,

@@ -42,6 +42,69 @@ def _cgroup2() -> tuple[Path | None, Path | None]:
     return None, None
 
 
+class _Ahead:
+    """One helper thread doing the cgroup work that would otherwise stall a start: making the
+    cgroups of attempts placed here, taking the kernel's grace period for moves into them (see
+    ``ProcessTrees.warm``), and removing the cgroups an ended job left empty. Each of these
+    takes the kernel's cgroup lock, which a move holds through its grace period, so on the
+    control loop's thread any of them could wait 5-15 ms behind another attempt's move."""
+
+    def __init__(self, base: Path, own_procs: Path | None):
+        self.base = base
+        self.own_procs = own_procs
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._make: list[str] = []
+        self._sweep: list[int] = []
+        self._warm = False
+        self._thread: threading.Thread | None = None
+
+    def ask(self, make: str | None = None, sweep: int | None = None, warm: bool = False) -> None:
+        with self._lock:
+            if make is not None:
+                self._make.append(make)
+            if sweep is not None:
+                self._sweep.append(sweep)
+            self._warm = self._warm or warm
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="corral-cgroups", daemon=True)
+                self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            with self._lock:
+                make, sweep, warm = self._make, self._sweep, self._warm
+                self._make, self._sweep, self._warm = [], [], False
+            # In the order asked: a job's sweep comes before any later placement of it (a
+            # pipeline's next stage), and cgroups are made before the no-op move would hold them up.
+            for job_id in sweep:
+                for path in self.base.glob(f"{job_id}.*"):
+                    try:
+                        path.rmdir()  # refused while a process is in it: only empty ones go
+                    except OSError:
+                        pass
+            for key in make:
+                _make_cgroup(self.base / key)
+            if warm and self.own_procs is not None:
+                try:
+                    self.own_procs.write_text(str(os.getpid()))
+                except OSError:  # not ours to write (or a domain with controllers): never again
+                    self.own_procs = None
+
+
+def _make_cgroup(path: Path) -> bool:
+    if path.is_dir():  # made ahead: an existing cgroup costs no cgroup lock
+        return True
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return False
+    return True
+
+
 class ProcessTrees:
     def __init__(self, scope: str):
         """``scope`` names this server's subtree (one per CORRAL_HOME)."""
@@ -54,10 +117,8 @@ class ProcessTrees:
                 self.base = base
             except OSError:
                 self.base = None
-        self._own_procs = own / "cgroup.procs" if self.base is not None and own is not None else None
-        self._warm_wanted = threading.Event()
-        self._warmer: threading.Thread | None = None
-        self._warmer_lock = threading.Lock()
+        self._ahead = _Ahead(self.base, own / "cgroup.procs" if own is not None else None) \
+            if self.base is not None else None
 
     @property
     def mode(self) -> str:
@@ -68,42 +129,35 @@ class ProcessTrees:
         the caller's thread. Every move takes cgroup_threadgroup_rwsem for writing, and a writer
         that finds no other writer in the last few tens of ms first waits for an RCU grace
         period (5-15 ms on a busy machine); writers within that window share one. A no-op move
-        of this process into its own cgroup, made just after the attempt's cgroup exists and
-        before its wrapper starts, overlaps that wait with the wrapper's own start-up (exec of
-        unshare and bash), so the wrapper's move of itself waits only for what is left. Made
-        earlier it would gain more, but the move holds the kernel's cgroup lock while it waits,
-        and a cgroup made meanwhile (``prepare``) would wait with it. Best effort: without write
-        access to our own cgroup nothing happens."""
-        if self._own_procs is None:
-            return
-        self._warm_wanted.set()
-        with self._warmer_lock:
-            if self._warmer is None:
-                self._warmer = threading.Thread(target=self._warm_loop, name="corral-cgroup-warm", daemon=True)
-                self._warmer.start()
+        of this process into its own cgroup opens the window: made at placement (``expect``),
+        one commit before the start, the wrapper's move of itself does not wait; made at the
+        start itself, the wait overlaps the wrapper's exec. Best effort: without write access
+        to our own cgroup nothing happens."""
+        if self._ahead is not None:
+            self._ahead.ask(warm=True)
 
-    def _warm_loop(self) -> None:
-        while self._own_procs is not None:
-            self._warm_wanted.wait()
-            self._warm_wanted.clear()
-            try:
-                self._own_procs.write_text(str(os.getpid()))
-            except OSError:  # not ours to write (or a domain with controllers): never again
-                self._own_procs = None
+    def expect(self, key: str) -> None:
+        """An attempt was placed here and starts after the loop's next commit: its cgroup is
+        made now, then the grace period taken (``warm``), both off the caller's thread. A
+        gang's cgroups are all made before that wait begins, so none of its starts waits
+        behind the move of another of its replicas."""
+        if self._ahead is not None:
+            self._ahead.ask(make=key, warm=True)
+
+    def forget_job(self, job_id: int) -> None:
+        """The job ended: cgroups made for attempts of it that never started go (off the
+        caller's thread; populated ones are refused by the kernel and stay)."""
+        if self._ahead is not None:
+            self._ahead.ask(sweep=job_id)
 
     def prepare(self, key: str) -> str | None:
-        """Make the attempt's cgroup; returns the ``cgroup.procs`` path the attempt's first
-        process writes itself into (children inherit it), or None without cgroups. Made here
-        rather than by the wrapper (one program fewer to start on every launch); it waits only
-        while another move holds the kernel's cgroup lock (see ``warm``)."""
+        """Make the attempt's cgroup (unless ``expect`` made it); returns the ``cgroup.procs``
+        path the attempt's first process writes itself into (children inherit it), or None
+        without cgroups."""
         if self.base is None:
             return None
         path = self.base / key
-        try:
-            path.mkdir(exist_ok=True)
-        except OSError:
-            return None
-        return str(path / "cgroup.procs")
+        return str(path / "cgroup.procs") if _make_cgroup(path) else None
 
     def members(self, key: str, thorough: bool = False) -> list[int]:
         """The attempt's processes; ``thorough`` also looks for ones not (yet) in its cgroup

@@ -289,6 +289,7 @@ class NodeRunner:
         return self.runs_dir.parent / "workdirs" / str(job_id) / digest
 
     def cleanup_job(self, job_id: int) -> None:
+        self.trees.forget_job(job_id)
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
         shutil.rmtree(self.runs_dir.parent / "workdirs" / str(job_id), ignore_errors=True)
 

@@ -68,6 +68,11 @@ class LocalExecutor(EventStream):
              previous: Binding | None) -> Binding:
         return Binding(loopback_address(replica_id), dict(ports))
 
+    def prepare(self, key: str) -> None:
+        """Optional: an attempt with this key was placed here and launches after the loop's
+        next commit (see ``ProcessTrees.expect``)."""
+        self.runner.trees.expect(key)
+
     def rendezvous_port(self, node: str) -> int:
         return free_port()
 
