@@ -254,3 +254,61 @@ def test_a_replica_is_named_after_itself(tmp_path: Path) -> None:
         assert subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip() != "w-0.named"
     finally:
         executor.close()
+
+
+def test_a_replica_starts_inside_its_cgroup_named_and_with_its_hosts(tmp_path: Path) -> None:
+    """The wrapper's set-up steps overlap (the cgroup move waits for the kernel), yet the user's
+    first instruction already runs in the attempt's cgroup, under its name, with its hosts."""
+    executor = _executor(tmp_path)
+    if executor.runner.trees.mode != "cgroup" or executor.runner.hosts_mode != "mount-namespace":
+        executor.close()
+        pytest.skip("needs per-attempt cgroups and mount/UTS namespaces (root)")
+    out = tmp_path / "out"
+    try:
+        executor.publish(13, {"n0"}, "127.9.9.13\tw-0.first w-0\n", "{}")
+        for attempt in range(1, 6):  # a lost race shows only now and then: several attempts
+            key = f"13.w.0.a{attempt}"
+            executor.start(_launch(key, f"cat /proc/self/cgroup > {out}{attempt}; hostname >> {out}{attempt}; "
+                                        f"getent hosts w-0.first >> {out}{attempt}", job_id=13,
+                                   env={"CORRAL_HOSTNAME": "w-0.first"}))
+            assert [(e.kind, e.code) for e in _wait_events(executor)] == [(Kind.EXITED, 0)]
+            lines = (tmp_path / f"out{attempt}").read_text().splitlines()
+            unified = next(line for line in lines if line.startswith("0::"))  # beside v1 hierarchies, if any
+            assert unified.endswith(f"/{key}"), unified
+            assert lines[-2] == "w-0.first" and lines[-1].split()[0] == "127.9.9.13"
+    finally:
+        executor.close()
+
+
+def _until(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_placed_attempts_cgroup_is_made_ahead_and_swept_if_it_never_starts(tmp_path: Path) -> None:
+    """Placement makes the attempt's cgroup off the loop's thread (its start then makes none);
+    a job's end removes the ones of attempts that never started, never a populated one."""
+    executor = _executor(tmp_path)
+    base = executor.runner.trees.base
+    if base is None:
+        executor.close()
+        pytest.skip("needs per-attempt cgroups (root, cgroup v2)")
+    started, never = base / "31.w.0.a1", base / "31.w.1.a1"
+    try:
+        executor.prepare(started.name)
+        executor.prepare(never.name)
+        assert _until(lambda: started.is_dir() and never.is_dir())
+        handle = executor.start(_launch(started.name, "sleep 30", job_id=31)).handle
+        assert _until(lambda: str(handle["pid"]) in (started / "cgroup.procs").read_text().split())
+        executor.cleanup_job(31)
+        assert _until(lambda: not never.exists())
+        assert started.is_dir()  # its process is in it: the kernel refuses, the sweep leaves it
+        assert executor.signal(handle, signal.SIGKILL)
+        assert [e.kind for e in _wait_events(executor)] == [Kind.EXITED]
+        assert not started.exists()  # the attempt's end removes its own cgroup, as before
+    finally:
+        executor.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import cli_for, wait_for
 
 LAB_ENV = Path(os.environ.get("CORRAL_SLURM_LAB", "/tmp/slurmlab")) / "slurm.env"
 

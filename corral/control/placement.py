@@ -11,7 +11,7 @@ from corral.control.book import Book
 from corral.control.inventory import Inventory
 from corral.control.records import JobRec, ReplicaRec, alternatives_of
 from corral.control.transitions import Transitions
-from corral.executors.contract import Binding
+from corral.executors.contract import Binding, Preparing
 from corral.scheduler import Allocation
 from corral.states import JobState, ReplicaState
 
@@ -68,6 +68,8 @@ class Placer:
         replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
         replica.attempt += 1
         replica.handle = None
+        if isinstance(executor, Preparing):  # e.g. its cgroup made while the placement commits
+            executor.prepare(replica.launch_key)
         self.book.allocs[replica.id] = alloc
         self.moves.replica_to(replica, ReplicaState.STARTING, "scheduled", now, node=alloc.node,
                               gpus=list(alloc.gpus), cpus=alloc.cpus, memory=alloc.memory, addr=replica.addr,

@@ -14,6 +14,7 @@ with its optional interfaces), never by the infra's name:
 * ``Reserving``   — hold a gang's resources in the engine's own accounting before any
                     replica starts (Ray's placement groups);
 * ``ExecProbes``  — run a probe command where the attempt runs;
+* ``Preparing``   — get ready for an attempt as soon as it is placed, before its start;
 * ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
                     today; a cloud or Kubernetes node pool later), checked at submission
                     (``misfit``) and followed while the job runs.
@@ -209,6 +210,14 @@ class Reserving(Protocol):
 
     def reserve(self, job_id: int, generation: int, slots: list[tuple[str, str, tuple[int, ...], float, float]]) -> None:
         """All or nothing: ``slots`` are (label, node, gpus, cpus, memory); raises LaunchError."""
+        ...
+
+
+@runtime_checkable
+class Preparing(Protocol):
+    def prepare(self, key: str) -> None:
+        """An attempt with this key was placed on one of its nodes and launches after the
+        loop's next commit: get ready for it (never blocking; local: its cgroup)."""
         ...
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -16,13 +17,13 @@ import psutil
 ATTEMPT_VAR = "CORRAL_ATTEMPT"
 
 
-def _cgroup2_root() -> Path | None:
-    """Where corral may create cgroups: a writable cgroup2 mount (root, or a delegated
-    subtree of our own cgroup on a systemd machine)."""
+def _cgroup2() -> tuple[Path | None, Path | None]:
+    """Where corral may create cgroups (a writable cgroup2 mount: root, or a delegated subtree
+    of our own cgroup on a systemd machine), and this process's own cgroup there."""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
-        return None
+        return None, None
     own = ""
     try:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
@@ -37,14 +38,77 @@ def _cgroup2_root() -> Path | None:
             for base in (mount, mount / own if own else None):
                 if base is not None and base.is_dir() and os.access(base, os.W_OK) \
                         and (base / "cgroup.procs").exists():
-                    return base
-    return None
+                    return base, mount / own
+    return None, None
+
+
+class _Ahead:
+    """One helper thread doing the cgroup work that would otherwise stall a start: making the
+    cgroups of attempts placed here, taking the kernel's grace period for moves into them (see
+    ``ProcessTrees.warm``), and removing the cgroups an ended job left empty. Each of these
+    takes the kernel's cgroup lock, which a move holds through its grace period, so on the
+    control loop's thread any of them could wait 5-15 ms behind another attempt's move."""
+
+    def __init__(self, base: Path, own_procs: Path | None):
+        self.base = base
+        self.own_procs = own_procs
+        self._lock = threading.Lock()
+        self._wanted = threading.Event()
+        self._make: list[str] = []
+        self._sweep: list[int] = []
+        self._warm = False
+        self._thread: threading.Thread | None = None
+
+    def ask(self, make: str | None = None, sweep: int | None = None, warm: bool = False) -> None:
+        with self._lock:
+            if make is not None:
+                self._make.append(make)
+            if sweep is not None:
+                self._sweep.append(sweep)
+            self._warm = self._warm or warm
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="corral-cgroups", daemon=True)
+                self._thread.start()
+        self._wanted.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            with self._lock:
+                make, sweep, warm = self._make, self._sweep, self._warm
+                self._make, self._sweep, self._warm = [], [], False
+            # In the order asked: a job's sweep comes before any later placement of it (a
+            # pipeline's next stage), and cgroups are made before the no-op move would hold them up.
+            for job_id in sweep:
+                for path in self.base.glob(f"{job_id}.*"):
+                    try:
+                        path.rmdir()  # refused while a process is in it: only empty ones go
+                    except OSError:
+                        pass
+            for key in make:
+                _make_cgroup(self.base / key)
+            if warm and self.own_procs is not None:
+                try:
+                    self.own_procs.write_text(str(os.getpid()))
+                except OSError:  # not ours to write (or a domain with controllers): never again
+                    self.own_procs = None
+
+
+def _make_cgroup(path: Path) -> bool:
+    if path.is_dir():  # made ahead: an existing cgroup costs no cgroup lock
+        return True
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError:
+        return False
+    return True
 
 
 class ProcessTrees:
     def __init__(self, scope: str):
         """``scope`` names this server's subtree (one per CORRAL_HOME)."""
-        root = _cgroup2_root()
+        root, own = _cgroup2()
         self.base: Path | None = None
         if root is not None:
             base = root / f"corral-{scope}"
@@ -53,22 +117,47 @@ class ProcessTrees:
                 self.base = base
             except OSError:
                 self.base = None
+        self._ahead = _Ahead(self.base, own / "cgroup.procs" if own is not None else None) \
+            if self.base is not None else None
 
     @property
     def mode(self) -> str:
         return "cgroup" if self.base is not None else "environment"
 
+    def warm(self) -> None:
+        """A move into a cgroup is coming: have the kernel's grace period for it start now, off
+        the caller's thread. Every move takes cgroup_threadgroup_rwsem for writing, and a writer
+        that finds no other writer in the last few tens of ms first waits for an RCU grace
+        period (5-15 ms on a busy machine); writers within that window share one. A no-op move
+        of this process into its own cgroup opens the window: made at placement (``expect``),
+        one commit before the start, the wrapper's move of itself does not wait; made at the
+        start itself, the wait overlaps the wrapper's exec. Best effort: without write access
+        to our own cgroup nothing happens."""
+        if self._ahead is not None:
+            self._ahead.ask(warm=True)
+
+    def expect(self, key: str) -> None:
+        """An attempt was placed here and starts after the loop's next commit: its cgroup is
+        made now, then the grace period taken (``warm``), both off the caller's thread. A
+        gang's cgroups are all made before that wait begins, so none of its starts waits
+        behind the move of another of its replicas."""
+        if self._ahead is not None:
+            self._ahead.ask(make=key, warm=True)
+
+    def forget_job(self, job_id: int) -> None:
+        """The job ended: cgroups made for attempts of it that never started go (off the
+        caller's thread; populated ones are refused by the kernel and stay)."""
+        if self._ahead is not None:
+            self._ahead.ask(sweep=job_id)
+
     def prepare(self, key: str) -> str | None:
-        """Make the attempt's cgroup; returns the ``cgroup.procs`` path the attempt's first
-        process writes itself into (children inherit it), or None without cgroups."""
+        """Make the attempt's cgroup (unless ``expect`` made it); returns the ``cgroup.procs``
+        path the attempt's first process writes itself into (children inherit it), or None
+        without cgroups."""
         if self.base is None:
             return None
         path = self.base / key
-        try:
-            path.mkdir(exist_ok=True)
-        except OSError:
-            return None
-        return str(path / "cgroup.procs")
+        return str(path / "cgroup.procs") if _make_cgroup(path) else None
 
     def members(self, key: str, thorough: bool = False) -> list[int]:
         """The attempt's processes; ``thorough`` also looks for ones not (yet) in its cgroup

@@ -13,7 +13,10 @@ file (the machine's ``/etc/hosts`` plus the job's names) bound over ``/etc/hosts
 ``curl``, ``getent``, C, Go and Java programs resolve ``task-rank.job`` through the system
 resolver, and in its own UTS namespace with that name as its hostname (as a Kubernetes pod
 is named), so libraries that advertise ``gethostname()`` to peers (gloo, NCCL's bootstrap)
-give the replica's own address. Elsewhere names resolve inside Python (an injected ``sitecustomize``) and through
+give the replica's own address. A thread of this process makes those namespaces as it starts
+the wrapper (``corral.node.namespaces``: no extra program per start); the wrapper makes them
+itself (``unshare``, ``mount``) where that thread cannot, and when ``srun`` starts it on a
+Slurm node. Elsewhere names resolve inside Python (an injected ``sitecustomize``) and through
 ``CORRAL_HOSTS_FILE``; ``hosts_mode`` says which holds."""
 
 from __future__ import annotations
@@ -22,21 +25,33 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import psutil
 
+from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put
 # it in the attempt's cgroup (children inherit it), bind the hosts file (inside its own mount
-# namespace) and record that it started.
+# namespace), name it, and record that it started.
+#
+# Those first acts are on every launch's critical path, so they overlap: moving a process
+# into a cgroup may wait for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
+# for writing: 5-15 ms on a busy 2-core machine, see ProcessTrees.warm), so a background child
+# moves the wrapper ($$) into the attempt's cgroup while ``mount`` runs beside it, and the
+# hostname is written through /proc (no program to start; ``hostname`` only where
+# /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
+# forks later starts before the wrapper is in its cgroup, and the helpers forked before the
+# move have exited by then.
 WRAPPER = r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
-if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
-if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null; fi
-if [ -n "$6" ]; then hostname "$6" 2>/dev/null; fi
+if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
+if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
+if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
+until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
@@ -92,6 +107,10 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+def _hostname(env: dict[str, str]) -> str:
+    return env.get("CORRAL_HOSTNAME", "")[:64]
+
+
 def _mount_namespaces() -> bool:
     """Whether an attempt can get a private mount namespace with /etc/hosts bound over."""
     if shutil.which("unshare") is None or shutil.which("mount") is None or not os.path.exists("/etc/hosts"):
@@ -110,6 +129,9 @@ class NodeRunner:
         self.runtime_dir = runtime_dir
         self.trees = ProcessTrees(scope)
         self.hosts_mode = "mount-namespace" if _mount_namespaces() else "python"
+        self._spawner: NamespaceSpawner | None = None  # made at the first start that needs it
+        self._spawner_tried = False
+        self._spawner_lock = threading.Lock()
 
     # -- attempts -------------------------------------------------------------------------
     def run_dir(self, key: str) -> Path:
@@ -118,18 +140,20 @@ class NodeRunner:
     def command(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
                 hosts: bool, procs: str = "", repo: tuple[str, str | None] | None = None) -> list[str]:
         """The wrapper's command line for an attempt (run here, or by another engine on the
-        node: the srun executor hands it to ``srun``); its run directory must not exist yet."""
-        run_dir = self.run_dir(key)
-        run_dir.mkdir(parents=True, exist_ok=False)  # a key is never reused
+        node: the srun executor hands it to ``srun``); its run directory must not exist yet.
+        With ``hosts`` (and namespaces allowed) the wrapper makes its own namespaces."""
+        self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
+        return self._argv(key, job_id, setup, run, env, hosts and self.hosts_mode == "mount-namespace", procs, repo)
+
+    def _argv(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
+              namespaces: bool, procs: str, repo: tuple[str, str | None] | None) -> list[str]:
         hosts_file = ""
-        argv = ["bash", "-c", WRAPPER, "corral-replica", str(run_dir), setup or "", run or "", procs]
+        argv = ["bash", "-c", WRAPPER, "corral-replica", str(self.run_dir(key)), setup or "", run or "", procs]
         name = ""
-        if hosts and self.hosts_mode == "mount-namespace":
-            hosts_file = str(self.hosts_file(job_id))
-            if not os.path.exists(hosts_file):
-                self.write_hosts(job_id, "")
+        if namespaces:
+            hosts_file = str(self._ensure_hosts(job_id))
             argv = ["unshare", "--mount", "--uts", "--propagation", "private"] + argv
-            name = env.get("CORRAL_HOSTNAME", "")[:64]
+            name = _hostname(env)
         argv += [hosts_file, name]
         if repo is not None:  # cloned by the wrapper (its output is the replica's log), once per job here
             url, ref = repo
@@ -140,16 +164,48 @@ class NodeRunner:
               cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
               repo: tuple[str, str | None] | None = None) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
-        return its Popen; raises OSError (bad cwd, no bash) with nothing left running."""
+        return its Popen; raises OSError (bad cwd, no bash) with nothing left running.
+        With ``hosts``, where namespaces are allowed, it starts inside its own (made by
+        the namespace thread, or failing that by the wrapper)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
         procs = self.trees.prepare(key) or ""
-        argv = self.command(key, job_id, setup, run, env, hosts, procs, repo)
+        self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
+        self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key}
-        with open(log_path, "ab", buffering=0) as log:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=cwd or None, env=env, start_new_session=True, close_fds=True, umask=umask)
+
+        def fork(argv: list[str], workdir: str | None) -> subprocess.Popen:
+            with open(log_path, "ab", buffering=0) as log:
+                return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                        cwd=workdir, env=env, start_new_session=True, close_fds=True, umask=umask)
+
+        namespaces = hosts and self.hosts_mode == "mount-namespace"
+        spawner = self._namespace_spawner() if namespaces else None
+        if spawner is not None:
+            argv = self._argv(key, job_id, setup, run, env, False, procs, repo)
+            workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
+            try:
+                return spawner.start(str(self._ensure_hosts(job_id)), _hostname(env), lambda: fork(argv, workdir))
+            except NamespaceError:
+                pass  # nothing was started: the wrapper makes the namespaces itself
+        return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo), cwd or None)
+
+    def _namespace_spawner(self) -> NamespaceSpawner | None:
+        with self._spawner_lock:
+            if self._spawner is None and not self._spawner_tried:
+                self._spawner_tried = True
+                self._spawner = NamespaceSpawner.create()
+            if self._spawner is not None and self._spawner.broken is not None:
+                return None
+            return self._spawner
+
+    def close(self) -> None:
+        """Stop the namespace thread, if one was started."""
+        with self._spawner_lock:
+            if self._spawner is not None:
+                self._spawner.close()
+                self._spawner = None
 
     def exit_code(self, key: str) -> int | None:
         try:
@@ -184,6 +240,12 @@ class NodeRunner:
 
     def hosts_file(self, job_id: int) -> Path:
         return self.job_dir(job_id) / "hosts"
+
+    def _ensure_hosts(self, job_id: int) -> Path:
+        path = self.hosts_file(job_id)
+        if not path.exists():
+            self.write_hosts(job_id, "")
+        return path
 
     def write_hosts(self, job_id: int, names: str) -> None:
         """The machine's own hosts plus the job's names, rewritten in place: a bind mount
@@ -227,6 +289,7 @@ class NodeRunner:
         return self.runs_dir.parent / "workdirs" / str(job_id) / digest
 
     def cleanup_job(self, job_id: int) -> None:
+        self.trees.forget_job(job_id)
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
         shutil.rmtree(self.runs_dir.parent / "workdirs" / str(job_id), ignore_errors=True)
 

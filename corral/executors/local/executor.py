@@ -75,6 +75,11 @@ class LocalExecutor(EventStream):
              previous: Binding | None) -> Binding:
         return Binding(loopback_address(replica_id), dict(ports))
 
+    def prepare(self, key: str) -> None:
+        """Optional: an attempt with this key was placed here and launches after the loop's
+        next commit (see ``ProcessTrees.expect``)."""
+        self.runner.trees.expect(key)
+
     def rendezvous_port(self, node: str) -> int:
         return free_port()
 
@@ -159,6 +164,7 @@ class LocalExecutor(EventStream):
 
     def close(self) -> None:
         self._closed = True
+        self.runner.close()
         try:
             os.write(self._wake_w, b"x")
         except OSError:

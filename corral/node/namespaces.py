@@ -1,0 +1,140 @@
+"""Attempts started inside their own mount and UTS namespaces, with no program in between.
+
+Where the server may make namespaces, every attempt gets a private mount namespace with its
+job's hosts file bound over ``/etc/hosts`` and a UTS namespace named after the replica (see
+``corral.node.runner``). Made by the wrapper, that is two more programs per start (``unshare``
+and ``mount``): about 3.5 ms of CPU, a third of what a trivial job costs in all, and 5-10 ms
+before the user's command runs on a busy 2-core machine.
+
+Namespaces belong to a thread as much as to a process, and a child starts in those of the
+thread that forks it. So one thread, used for nothing else, enters fresh namespaces
+(``unshare(2)``), makes its mounts private, binds the hosts file and names itself
+(``mount(2)``, ``sethostname(2)``), starts the attempt's wrapper, and goes back to the
+server's namespaces (``setns(2)``) before the next start: the new namespaces then belong to
+the attempt alone, and the server's own are never changed. Python has no ``mount`` and (before
+3.12) no ``unshare`` or ``setns``, so they are called from the C library.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+T = TypeVar("T")
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+
+
+class NamespaceError(OSError):
+    """The thread could not enter fresh namespaces, or could not come back from them."""
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.unshare.argtypes = [ctypes.c_int]
+    libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return libc
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        errno = ctypes.get_errno()
+        raise NamespaceError(errno, f"{what}: {os.strerror(errno)}")
+
+
+class NamespaceSpawner:
+    """Runs a start (a callable that forks the attempt) on the namespace thread, inside a fresh
+    mount namespace where ``hosts`` is ``/etc/hosts`` and a fresh UTS namespace named ``name``."""
+
+    def __init__(self) -> None:
+        self._libc = _libc()
+        self._queue: queue.SimpleQueue[tuple[str, str, Callable[[], object], Future] | None] = queue.SimpleQueue()
+        self._ready: Future = Future()
+        self.broken: str | None = None  # why starts can no longer be made here (the caller falls back)
+        self._thread = threading.Thread(target=self._run, name="corral-namespaces", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def create(cls) -> NamespaceSpawner | None:
+        """A spawner whose thread could enter fresh namespaces and come back, or None (not root,
+        no CAP_SYS_ADMIN, a seccomp profile that refuses unshare)."""
+        spawner = cls()
+        try:
+            spawner._ready.result(timeout=10)
+        except (OSError, TimeoutError):
+            spawner.close()
+            return None
+        return spawner
+
+    def start(self, hosts: str, name: str, fork: Callable[[], T]) -> T:
+        """``fork()``'s result, called on the namespace thread inside the attempt's namespaces;
+        its exception otherwise. A ``NamespaceError`` means nothing was forked."""
+        if self.broken is not None:
+            raise NamespaceError(0, self.broken)
+        done: Future = Future()
+        self._queue.put((hosts, name, fork, done))
+        return done.result()
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        try:
+            home_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            home_uts = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+            self._enter("", "")  # the first round trip proves both ways work here
+            self._leave(home_mnt, home_uts)
+        except OSError as exc:
+            self.broken = str(exc)
+            self._ready.set_exception(exc)
+            return
+        self._ready.set_result(None)
+        while (item := self._queue.get()) is not None:
+            hosts, name, fork, done = item
+            if self.broken is not None:
+                done.set_exception(NamespaceError(0, self.broken))
+                continue
+            try:
+                self._enter(hosts, name)
+            except OSError as exc:
+                done.set_exception(exc if isinstance(exc, NamespaceError) else NamespaceError(exc.errno, str(exc)))
+                self._come_back(home_mnt, home_uts)
+                continue
+            try:
+                done.set_result(fork())
+            except BaseException as exc:  # the caller's to handle (a bad cwd, no bash)
+                done.set_exception(exc)
+            self._come_back(home_mnt, home_uts)
+        os.close(home_mnt)
+        os.close(home_uts)
+
+    def _enter(self, hosts: str, name: str) -> None:
+        _check(self._libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
+        # Private, so the bind below never propagates to the machine's own mount namespace.
+        _check(self._libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
+        if hosts:
+            _check(self._libc.mount(os.fsencode(hosts), b"/etc/hosts", None, MS_BIND, None),
+                   f"binding {hosts} over /etc/hosts")
+        if name:
+            socket.sethostname(name)
+
+    def _leave(self, home_mnt: int, home_uts: int) -> None:
+        _check(self._libc.setns(home_mnt, CLONE_NEWNS), "returning to the server's mount namespace")
+        _check(self._libc.setns(home_uts, CLONE_NEWUTS), "returning to the server's UTS namespace")
+
+    def _come_back(self, home_mnt: int, home_uts: int) -> None:
+        try:
+            self._leave(home_mnt, home_uts)
+        except OSError as exc:  # stuck in an attempt's namespaces: no start may be made from here again
+            self.broken = f"the namespace thread could not return to the server's namespaces ({exc})"
