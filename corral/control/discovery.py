@@ -11,6 +11,7 @@ from corral.control.book import Book
 from corral.control.endpoints import Endpoints
 from corral.control.inventory import Inventory
 from corral.control.records import JobRec, ReplicaRec
+from corral.executors.registry import DEFAULT
 from corral.runtime.discovery import hosts_text, peers_document
 from corral.states import ReplicaState
 
@@ -38,7 +39,7 @@ class Discovery:
         for r in job.replicas:
             if r.node is not None and not r.state.terminal:
                 by_infra.setdefault(r.infra or self.inventory.infra_of_node(r.node), set()).add(r.node)
-        by_infra.setdefault("local", set())  # the server's copy: API and local replicas read it
+        by_infra.setdefault(DEFAULT, set())  # the server's copy, kept by the default infra
         for infra, nodes in by_infra.items():
             executor = self.inventory.executors.get(infra)
             if executor is not None:

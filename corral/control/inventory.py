@@ -12,6 +12,7 @@ import logging
 
 from corral.control.records import ReplicaRec
 from corral.executors.contract import Executor, Kind, Observed
+from corral.executors.registry import DEFAULT
 from corral.pool import NodeSpec, node_views
 from corral.scheduler import NodeView
 
@@ -43,7 +44,7 @@ class Inventory:
         for old in self.nodes:
             if old.name not in infra and old.dedicated_to is None:  # a job's provisioned nodes leave with it
                 self.down_nodes[old.name] = old
-                self.down_infra[old.name] = self.node_infra.get(old.name, "local")
+                self.down_infra[old.name] = self.node_infra.get(old.name, DEFAULT)
         for node in nodes:
             self.down_nodes.pop(node.name, None)
         self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
@@ -53,7 +54,7 @@ class Inventory:
         return node in self.node_infra
 
     def infra_of_node(self, node: str) -> str:
-        return self.node_infra.get(node, "local")
+        return self.node_infra.get(node, DEFAULT)
 
     def for_node(self, node: str) -> Executor:
         return self.executors[self.infra_of_node(node)]

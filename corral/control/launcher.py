@@ -48,7 +48,7 @@ class Launcher:
         before any starts; the error when an engine refuses."""
         by_infra: dict[str, list[ReplicaRec]] = {}
         for replica in replicas:
-            by_infra.setdefault(replica.infra or "local", []).append(replica)
+            by_infra.setdefault(replica.infra or self.inventory.infra_of_node(replica.node or ""), []).append(replica)
         for infra, group in by_infra.items():
             executor = self.inventory.executors[infra]
             if not isinstance(executor, Reserving):

@@ -347,7 +347,7 @@ class ControlLoop:
         if inv.nodes is not self._viewed_nodes:  # the inventory changed: copied once per change
             self._viewed_nodes = inv.nodes
             nodes, infra = tuple(inv.nodes), MappingProxyType(dict(inv.node_infra))
-            down = tuple((n, inv.down_infra.get(name, "local")) for name, n in inv.down_nodes.items())
+            down = tuple((n, inv.down_infra[name]) for name, n in inv.down_nodes.items())
         else:
             nodes, infra, down = view.nodes, view.node_infra, view.down
         self.view = LoopView(self.cycles, self.failing_cycles, self.last_error, nodes, infra, down,

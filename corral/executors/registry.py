@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from corral.settings import Settings
 
 ENTRY_POINT_GROUP = "corral.infras"
+# the embedded default, always present: it runs what no other infra claims (the declared nodes
+# and this machine) and keeps the server's copy of every job's discovery files
+DEFAULT = "local"
 
 # corral's own infras, by the module holding each one's INFRA
 BUILTIN = {"local": "corral.executors.local.plugin", "ray": "corral.executors.ray.plugin",
