@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from sqlalchemy import create_engine, select, text, update  # noqa: E402
 
-from corral.cli import daemon  # noqa: E402
+from corral import embedded as daemon  # noqa: E402
 from corral.client import Client  # noqa: E402
 from corral.settings import Settings  # noqa: E402
 from corral.spec import load_job  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from corral.cli import daemon  # noqa: E402
+from corral import embedded as daemon  # noqa: E402
 from corral.client import Client  # noqa: E402
 from corral.settings import Settings  # noqa: E402
 from corral.credentials import read_local_token  # noqa: E402

@@ -87,14 +87,14 @@ class Client:
     @classmethod
     def local(cls) -> Client:
         """The server the ``corral`` command would use (the same as ``Client()``)."""
-        from corral.cli import daemon
+        from corral import embedded as daemon
 
         return daemon.client()
 
     def __init__(self, url: str | None = None, token: str | None = None, *, ca_bundle: str | None = None,
                  timeout: float = 30.0, pinned_cert: str | None = None):
         if url is None:
-            from corral.cli import daemon
+            from corral import embedded as daemon
 
             url, presented = daemon.locate()
             token, ca_bundle, pinned_cert = (token or presented.token, ca_bundle or presented.ca_bundle,

@@ -1,5 +1,6 @@
-"""Job and replica states and the transitions allowed between them. Every layer speaks
-these enums; the control loop refuses any transition not in these tables."""
+"""Job and replica states and the transitions allowed between them, and the reasons a
+pending job waits. Every layer speaks these enums (defined once, here, at the bottom); the
+control loop refuses any transition not in these tables."""
 
 from __future__ import annotations
 
@@ -85,3 +86,27 @@ def check_replica_transition(old: ReplicaState, new: ReplicaState) -> None:
 def retired(stop_cause: str | None, state: ReplicaState | str) -> bool:
     """A replica retired by a scale-down: no longer a member of its task (until it grows)."""
     return stop_cause == "scale_down" and ReplicaState(state).terminal
+
+
+class Reason(str, Enum):
+    """Why a pending job waits, in Slurm's REASON vocabulary."""
+
+    NONE = "None"
+    PRIORITY = "Priority"  # a job ahead of it in the queue waits first
+    RESOURCES = "Resources"  # free resources are not enough for the whole gang now
+    GPU_TYPE = "ReqGPUTypeNotAvail"  # no node offers the GPU type asked for
+    DEPENDENCY = "Dependency"  # waits for other jobs
+    DEPENDENCY_NEVER = "DependencyNeverSatisfied"
+    PARTITION_TIME = "PartitionTimeLimit"  # asks for more time than its partition allows
+    TOPOLOGY = "Topology"  # no switch has room for a task that requires one
+    QOS_USER_GPUS = "QOSMaxGPUsPerUser"
+    QOS_ACCOUNT_GPUS = "QOSMaxGPUsPerAccount"
+    QOS_GPUS = "QOSGrpGPUs"
+    QOS_GPU_MINUTES = "QOSGrpGPUMinutes"
+    ACCOUNT_GPUS = "AccountMaxGPUs"
+    ACCOUNT_GPU_MINUTES = "AccountGPUMinutes"
+    PREEMPTING = "Preempting"  # lower-tier work is being stopped to make room for it
+    HELD_USER = "JobHeldUser"  # held by its owner (corral hold, launch --hold)
+    HELD_ADMIN = "JobHeldAdmin"  # held by an operator: only an operator releases it
+    ARRAY_LIMIT = "JobArrayTaskLimit"  # its array already runs as many elements as its %N throttle allows
+    CONSTRAINT = "BadConstraints"  # no node of its partition has the features or names it asks for

@@ -11,7 +11,7 @@ from argparse import Namespace
 from datetime import datetime
 from pathlib import Path
 
-from corral.cli import daemon
+from corral import embedded as daemon
 from corral.cli.render import Column, Usage, err, fail, out, print_json, table
 from corral.client import Client, CorralError
 from corral.credentials import SavedLogins

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from corral.cli import daemon
+from corral import embedded as daemon
 from corral.cli.render import Usage, err, fail
 from corral.client import TERMINAL, CorralError
 from corral.spec.loader import SpecError

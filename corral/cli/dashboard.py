@@ -15,7 +15,7 @@ from argparse import Namespace
 from pathlib import Path
 from urllib.parse import quote
 
-from corral.cli import daemon
+from corral import embedded as daemon
 from corral.cli.render import err, fail
 from corral.client import Client, CorralError
 from corral.credentials import write_private

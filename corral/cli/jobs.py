@@ -12,7 +12,7 @@ import zlib
 from argparse import Namespace
 from pathlib import Path
 
-from corral.cli import daemon
+from corral import embedded as daemon
 from corral.cli.render import Usage, err, fail, moment, out, states
 from corral.client import TERMINAL, Client, CorralError
 

@@ -192,7 +192,7 @@ def build() -> argparse.ArgumentParser:
 
     server = _command(sub, "server", "", "Manage the embedded local server.")
     actions = server.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = _command(actions, "start", "daemon:cli_start", "Start the local server in the background (idempotent).",
+    c = _command(actions, "start", "server:cli_start", "Start the local server in the background (idempotent).",
                  "Start the local server in the background (idempotent). It listens on loopback unless --host "
                  "says otherwise; wherever it listens, every request needs a token (this machine's owner's "
                  "commands use the local one in CORRAL_HOME).")
@@ -200,9 +200,9 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--port", type=_nonnegative(65535), help="port (default: a free one)")
     c.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this PEM certificate (chain)")
     c.add_argument("--tls-key", metavar="FILE", help="and this PEM private key")
-    _command(actions, "stop", "daemon:cli_stop",
+    _command(actions, "stop", "server:cli_stop",
              "Stop the local server; running replicas keep running and are adopted at the next start.")
-    c = _command(actions, "status", "daemon:cli_status", "Say whether the local server runs, where, and on which database.")
+    c = _command(actions, "status", "server:cli_status", "Say whether the local server runs, where, and on which database.")
     c.add_argument("--json", action="store_true")
     return parser
 

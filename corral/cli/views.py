@@ -10,7 +10,7 @@ import sys
 from argparse import Namespace
 from datetime import datetime, timedelta, timezone
 
-from corral.cli import daemon
+from corral import embedded as daemon
 from corral.cli.render import Column, Usage, fail, moment, out, print_json, states, table
 from corral.client import TERMINAL, CorralError
 

@@ -4,31 +4,8 @@ job waits. A plan is data; the control loop's applier re-checks and commits it."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
-
-class Reason(str, Enum):
-    """Why a pending job waits, in Slurm's REASON vocabulary."""
-
-    NONE = "None"
-    PRIORITY = "Priority"  # a job ahead of it in the queue waits first
-    RESOURCES = "Resources"  # free resources are not enough for the whole gang now
-    GPU_TYPE = "ReqGPUTypeNotAvail"  # no node offers the GPU type asked for
-    DEPENDENCY = "Dependency"  # waits for other jobs
-    DEPENDENCY_NEVER = "DependencyNeverSatisfied"
-    PARTITION_TIME = "PartitionTimeLimit"  # asks for more time than its partition allows
-    TOPOLOGY = "Topology"  # no switch has room for a task that requires one
-    QOS_USER_GPUS = "QOSMaxGPUsPerUser"
-    QOS_ACCOUNT_GPUS = "QOSMaxGPUsPerAccount"
-    QOS_GPUS = "QOSGrpGPUs"
-    QOS_GPU_MINUTES = "QOSGrpGPUMinutes"
-    ACCOUNT_GPUS = "AccountMaxGPUs"
-    ACCOUNT_GPU_MINUTES = "AccountGPUMinutes"
-    PREEMPTING = "Preempting"  # lower-tier work is being stopped to make room for it
-    HELD_USER = "JobHeldUser"  # held by its owner (corral hold, launch --hold)
-    HELD_ADMIN = "JobHeldAdmin"  # held by an operator: only an operator releases it
-    ARRAY_LIMIT = "JobArrayTaskLimit"  # its array already runs as many elements as its %N throttle allows
-    CONSTRAINT = "BadConstraints"  # no node of its partition has the features or names it asks for
+from corral.states import Reason  # noqa: F401 - the scheduler's vocabulary too; defined with the states
 
 
 @dataclass(frozen=True)

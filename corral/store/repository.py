@@ -12,9 +12,8 @@ from sqlalchemy import bindparam, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
-from corral.scheduler.plan import Reason
 from corral.spec.models import NAME_RE, JobSpec
-from corral.states import TERMINAL_JOB_STATES, JobState, ReplicaState
+from corral.states import TERMINAL_JOB_STATES, JobState, Reason, ReplicaState
 from corral.store.tables import Event, Job, Replica, Task
 
 TERMINAL = [s.value for s in TERMINAL_JOB_STATES]

@@ -1,6 +1,7 @@
-"""Starting, finding and stopping the embedded local server that the CLI uses when no
-``CORRAL_SERVER`` is configured and no ``corral login`` saved another; and which server,
-with which credentials, a client talks to (``locate``)."""
+"""The embedded local server: starting, finding and stopping the server of a CORRAL_HOME
+that the CLI and the SDK use when no ``CORRAL_SERVER`` is configured and no ``corral login``
+saved another; and which server, with which credentials, a client talks to (``locate``).
+Below the CLI and the client both: neither imports the other through it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-
 
 from corral.client import Client, CorralError
 from corral.credentials import Presented, SavedLogins, for_server
@@ -111,43 +111,6 @@ def client() -> Client:
     """The client every CLI command uses: CORRAL_SERVER, else this CORRAL_HOME's server
     (started on first use)."""
     return connect(Settings.from_env())
-
-
-def cli_start(args: Any) -> None:
-    from corral.cli.render import fail, out
-
-    settings = Settings.from_env()
-    options = [f"--port={args.port}"] if args.port else []
-    options += [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in ("host", "tls_cert", "tls_key")
-                if getattr(args, name)]
-    already = running(settings)
-    try:
-        info = already or start(settings, options=options)
-    except CorralError as exc:
-        fail(exc)
-    out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home})")
-    if already and options:
-        out.print(f"it was already running as started before; `corral server stop` first to apply {' '.join(options)}")
-
-
-def cli_stop(args: Any) -> None:
-    from corral.cli.render import out
-
-    out.print("corral server stopped" if stop(Settings.from_env()) else "no corral server was running")
-
-
-def cli_status(args: Any) -> None:
-    from corral.cli.render import out, print_json
-
-    settings = Settings.from_env()
-    info = running(settings)
-    if args.json:
-        print_json({"running": bool(info), **(info or {}), "home": str(settings.home)})
-    elif info:
-        out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home}, db {info['db']})")
-    else:
-        out.print(f"no corral server is running for {settings.home}")
-    sys.exit(0 if info else 1)
 
 
 def locate(settings: Settings | None = None, autostart: bool = True) -> tuple[str, Presented]:
