@@ -94,3 +94,52 @@ def test_hostile_looking_but_legitimate_files_run(server, case: str, text: str, 
     done = wait_state(server, job["id"], "SUCCEEDED", "FAILED")
     assert done["state"] == "SUCCEEDED", done
     assert output in server.get(f"/v1/jobs/{job['id']}/logs").content.decode()
+
+
+# Numbers no id column can hold (PostgreSQL's INTEGER is 32 bits, SQLite's driver binds 64),
+# in every place a route reads an id or a cursor: each is "no such job" (404) or a 422 naming
+# the parameter, never a 500.
+HUGE = ("2147483648", "3000000000", "9223372036854775807", "99999999999999999999", "1" + "0" * 5000)
+JOB_ROUTES = [("GET", ""), ("GET", "/events"), ("GET", "/endpoints"), ("GET", "/logs"), ("POST", "/cancel"),
+              ("POST", "/hold"), ("POST", "/release"), ("POST", "/requeue")]
+
+
+def test_ids_and_cursors_no_row_could_have_get_404_or_422_naming_the_field(server) -> None:
+    admin = {"Authorization": f"Bearer {server.state.local_token}"}
+    job = submit(server, "name: odd\nrun: sleep 30\n")
+    problems = []
+
+    def expect(response, status: int, words: str, what: str) -> None:
+        if response.status_code != status or words not in response.text:
+            problems.append(f"{what}: {response.status_code} {response.text[:160]}")
+
+    for number in HUGE:
+        for ident in (number, f"{job['id']}_{number}", f"{number}_0", f"{number}_{number}"):
+            for method, tail in JOB_ROUTES:
+                response = server.request(method, f"/v1/jobs/{ident}{tail}")
+                expect(response, 404, "no job", f"{method} /v1/jobs/{ident[:30]}{tail}")
+        for method, path, body in (("POST", f"/v1/jobs/{number}/scale", {"task": "odd", "replicas": 1}),
+                                   ("POST", f"/v1/jobs/{number}/priority", {"nice": 5})):
+            expect(server.request(method, path, json=body), 404, "no job", path[:40])
+        for path, name in (("/v1/jobs", "after"), ("/v1/jobs", "array"), ("/v1/audit", "after")):
+            response = server.get(path, params={name: number}, headers=admin)
+            expect(response, 422, f'"{name}"', f"{path}?{name}={number[:30]}")
+        response = server.post(f"/v1/tokens/{number}/revoke", headers=admin)
+        expect(response, 422, '"token_id"', f"/v1/tokens/{number[:30]}/revoke")
+        response = server.post("/v1/jobs", json={"yaml": f"name: dep\ndependency: afterok:{number}\nrun: echo\n"})
+        expect(response, 422, '"dependency"', f"dependency afterok:{number[:30]}")
+        response = server.post("/v1/jobs", json={"yaml": "name: dep\nrun: echo\n",
+                                                 "scheduling": {"dependency": f"afterany:{job['id']}:{number}"}})
+        expect(response, 422, '"dependency"', f"--dependency afterany:{number[:30]}")
+    # the largest id a row can have is still an id: no such job, or the empty page above it
+    expect(server.get("/v1/jobs/2147483647"), 404, "no job '2147483647'", "the largest id")
+    assert server.get("/v1/jobs", params={"after": 2147483647}).json() == []
+    # a NUL byte in a token's note (PostgreSQL's text cannot hold one) or a boolean lifetime
+    for body, field in (({"user": "x", "note": "a\u0000b"}, "note"), ({"user": "x", "role": "user\u0000"}, "role"),
+                        ({"user": "x", "expires": True}, "expires"), ({"user": "x", "expires": False}, "expires")):
+        response = server.post("/v1/tokens", json=body, headers=admin)
+        expect(response, 422, f'"{field}"', f"token {body}")
+    assert [t["user"] for t in server.get("/v1/tokens", headers=admin).json()] == ["alice"]
+    assert not problems, "\n".join(problems)
+    assert server.get(f"/v1/jobs/{job['id']}").json()["state"] in ("PENDING", "STARTING", "RUNNING")
+    server.post(f"/v1/jobs/{job['id']}/cancel")

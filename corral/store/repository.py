@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, selectinload
 from corral.scheduler.plan import Reason
 from corral.spec.models import NAME_RE, JobSpec
 from corral.states import TERMINAL_JOB_STATES, JobState, ReplicaState
+from corral.store.ids import is_number, parse_id
 from corral.store.tables import Event, Job, Replica, Task
 
 TERMINAL = [s.value for s in TERMINAL_JOB_STATES]
@@ -205,12 +206,15 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
     """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
     that name (names are per user), else anyone's newest."""
     array, sep, index = ident.partition("_")
-    if sep and array.isascii() and array.isdigit() and index.isascii() and index.isdigit() and len(ident) < 40:
-        job_id = session.scalars(select(Job.id).where(Job.array_job_id == int(array),
-                                                      Job.array_index == int(index))).first()
+    if sep and is_number(array) and is_number(index):
+        head, at = parse_id(array), parse_id(index, least=0)
+        if head is None or at is None:
+            return None
+        job_id = session.scalars(select(Job.id).where(Job.array_job_id == head, Job.array_index == at)).first()
         return load_job(session, job_id) if job_id is not None else None
-    if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
-        return load_job(session, int(ident)) if int(ident) < 2**63 else None
+    if is_number(ident):
+        job_id = parse_id(ident)
+        return load_job(session, job_id) if job_id is not None else None
     if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
         return None
     job_id = None

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import IdentityDep, StateDep
 from corral.api.errors import documented, invalid_parameter
+from corral.api.params import Cursor, TokenId
 from corral.api.routes.jobs import moment
 from corral.api.schemas import AuditOut, TokenCreated, TokenOut, TokenRequest, WhoAmI, ts
 from corral.auth import audit
@@ -73,7 +74,7 @@ def list_tokens(state: StateDep, who: IdentityDep, revoked: bool = False):
 
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut, responses=documented(404))
-def revoke_token(token_id: Annotated[int, Path(ge=1, lt=2**63)], state: StateDep, who: IdentityDep):
+def revoke_token(token_id: TokenId, state: StateDep, who: IdentityDep):
     """Revoke a token (admin only): refused from the next request on."""
     _admin(who, state, "revoking tokens", "token_revoke")
     found = state.tokens.revoke(token_id)
@@ -92,9 +93,7 @@ async def audit_trail(state: StateDep, who: IdentityDep, response: Response,
                       user: Annotated[str | None, Query(max_length=64)] = None,
                       action: Annotated[str | None, Query(description=f"One of {', '.join(audit.ACTIONS)}")] = None,
                       limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-                      after: Annotated[int | None, Query(ge=0, lt=2**63, description=(
-                          "Cursor: entries with a higher id, oldest first. A full page answers with the next "
-                          "cursor in the X-Next-After header"))] = None):
+                      after: Cursor = None):
     """Who did what, when, from where, and whether it was allowed (admin only): the newest
     ``limit`` entries, or with ``after`` the page above that cursor."""
     _admin(who, state, "reading the audit trail")

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
+from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
@@ -26,6 +27,7 @@ from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
+from corral.store.ids import storable
 from corral.store.repository import NewJob
 from corral.store.tables import Job
 
@@ -83,7 +85,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     spec = loaded.spec
     _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
-    named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
+    named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if storable(i)})  # others: no job
     known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
     if arrays:  # a dependency on a job array is on every element of it, as in Slurm
         dependency = tuple((kind, tuple(dict.fromkeys(x for i in ids for x in arrays.get(i, (i,)))))
@@ -171,14 +173,12 @@ def moment(name: str, value: str | None) -> float | None:
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
-              array: Annotated[int | None, Query(ge=0, lt=2**31, description="Only the elements of this job array (a job id)")] = None,
+              array: ArrayId = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
-              after: Annotated[int | None, Query(ge=0, lt=2**63, description=(
-                  "Cursor: jobs with a higher id, oldest first. A full page answers with the next "
-                  "cursor in the X-Next-After header"))] = None):
+              after: Cursor = None):
     """Jobs in id order: active ones, or with ``all`` ended ones too (the newest ``limit``);
     filtered by state, user, name, account, partition and a time window (like ``sacct``)."""
     states = [s.upper() for s in state or []]
