@@ -21,7 +21,6 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
             yield
         finally:
             state.intake.stop()
-            state.auditor.stop()
             if manage_controller:
                 state.controller.stop()
 

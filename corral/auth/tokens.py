@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.store.tables import ApiToken
 
 PREFIX = "corral_"
+Audit = Callable[[Session, "TokenRecord"], None]  # writes a change's audit entry in its transaction
 TOUCH_EVERY_S = 60.0  # last-used times are written at most this often per token
 
 
@@ -93,22 +94,27 @@ class TokenBook:
             session.commit()
 
     def create(self, user: str, role: str | None, expires_at: float | None, note: str | None,
-               by: str) -> tuple[TokenRecord, str]:
-        """A new token for ``user``: its record and the token itself, which is never stored."""
+               by: str, audit: Audit | None = None) -> tuple[TokenRecord, str]:
+        """A new token for ``user``: its record and the token itself, which is never stored.
+        ``audit`` writes its entry in the same transaction."""
         token = PREFIX + secrets.token_urlsafe(32)
         now = self.clock()
         with self._lock, self.sessions() as session:
             row = ApiToken(digest=digest(token), user=user, role=role, note=note, created_by=by, created_at=now,
                            expires_at=expires_at)
             session.add(row)
-            session.commit()
+            session.flush()
             record = TokenRecord.of(row)
+            if audit is not None:
+                audit(session, record)
+            session.commit()
             self._by_digest[row.digest] = record
             self._by_id[record.id] = record
         return record, token
 
-    def revoke(self, token_id: int) -> tuple[TokenRecord, bool] | None:
-        """Revoke a token: (its record, whether this call revoked it); None if no such token."""
+    def revoke(self, token_id: int, audit: Audit | None = None) -> tuple[TokenRecord, bool] | None:
+        """Revoke a token: (its record, whether this call revoked it); None if no such token.
+        ``audit`` writes the entry of a revocation in its transaction."""
         with self._lock:
             record = self._by_id.get(token_id)
             if record is None:
@@ -118,6 +124,8 @@ class TokenBook:
             now = self.clock()
             with self.sessions() as session:
                 session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked_at=now))
+                if audit is not None:
+                    audit(session, record)
                 session.commit()
             record.revoked_at = now
             return record, True

@@ -59,11 +59,14 @@ def create_token(body: TokenRequest, state: StateDep, who: IdentityDep):
         if not 0 < lifetime <= 10 * 365 * 86400:
             raise invalid_parameter("body", "expires", "a token lives more than 0 seconds and at most 10 years")
         expires_at = state.clock() + lifetime
-    record, token = state.tokens.create(body.user, body.role, expires_at, body.note, who.user)
-    out = _out(record, state)
-    state.auditor.record(who, "token_create", f"token {record.id}", detail=f"for {record.user} as {out.role}"
-                         + (f", expires {out.expires_at:%Y-%m-%d %H:%M} UTC" if out.expires_at else ""))
-    return TokenCreated(token=token, info=out)
+
+    def audited(session, record: TokenRecord) -> None:  # noqa: ANN001 - a Session
+        out = _out(record, state)
+        state.auditor.add(session, who, "token_create", f"token {record.id}", detail=f"for {record.user} as {out.role}"
+                          + (f", expires {out.expires_at:%Y-%m-%d %H:%M} UTC" if out.expires_at else ""))
+
+    record, token = state.tokens.create(body.user, body.role, expires_at, body.note, who.user, audited)
+    return TokenCreated(token=token, info=_out(record, state))
 
 
 @router.get("/tokens", response_model=list[TokenOut])
@@ -77,12 +80,13 @@ def list_tokens(state: StateDep, who: IdentityDep, revoked: bool = False):
 def revoke_token(token_id: TokenId, state: StateDep, who: IdentityDep):
     """Revoke a token (admin only): refused from the next request on."""
     _admin(who, state, "revoking tokens", "token_revoke")
-    found = state.tokens.revoke(token_id)
+    found = state.tokens.revoke(token_id, lambda session, record: state.auditor.add(
+        session, who, "token_revoke", f"token {record.id}", detail=f"of {record.user}"))
     if found is None:
         raise HTTPException(404, f"no token {token_id}")
     record, changed = found
-    state.auditor.record(who, "token_revoke", f"token {record.id}",
-                         detail=f"of {record.user}" + ("" if changed else "; already revoked"))
+    if not changed:
+        state.auditor.record(who, "token_revoke", f"token {record.id}", detail=f"of {record.user}; already revoked")
     return _out(record, state)
 
 
@@ -103,7 +107,6 @@ async def audit_trail(state: StateDep, who: IdentityDep, response: Response,
     start = moment("since", since)
 
     def read() -> list[AuditOut]:
-        state.auditor.flush()
         with state.sessions() as session:
             rows = audit.entries(session, since=start, user=user, action=action, limit=limit, after=after)
             return [AuditOut(id=e.id, ts=ts(e.ts), user=e.user, role=e.role, source=e.source, action=e.action,

@@ -83,7 +83,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
-    _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
+    await _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
     named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if storable(i)})  # others: no job
     known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
@@ -94,7 +94,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         known |= {i for members in arrays.values() for i in members}
     admitted = state.admission(spec, user, known.__contains__, any_account=who.role is Role.admin)
     if isinstance(admitted, Refusal) and admitted.forbidden:
-        state.auditor.record(who, "submit", None, "refused", admitted.message)
+        await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", admitted.message)
         raise HTTPException(403, admitted.message)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
@@ -112,7 +112,14 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                     for i, index in enumerate(array.indices)]
     else:
         elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
-    stored = await asyncio.wrap_future(state.intake.submit(*elements))
+    # the audit entries are stored with the job, in its transaction
+    audit = [state.auditor.entry(who, "submit", None, detail=f"{spec.name} (account {admitted.account}, "
+                                                             f"partition {admitted.partition}, qos {admitted.qos})")]
+    if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
+        fixed = spec.scheduling.priority
+        audit.append(state.auditor.entry(who, "priority", None, detail=", ".join(
+            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"])))
+    stored = await asyncio.wrap_future(state.intake.submit(*elements, audit=tuple(audit)))
     if isinstance(stored, list):
         stored = stored[0]
     if isinstance(stored, Clash):
@@ -120,19 +127,12 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
             f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
             f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
-    job = stored
-    state.auditor.record(who, "submit", f"job {job.id}", detail=f"{spec.name} (account {admitted.account}, "
-                                                                 f"partition {admitted.partition}, qos {admitted.qos})")
-    if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
-        fixed = spec.scheduling.priority
-        state.auditor.record(who, "priority", f"job {job.id}", detail=", ".join(
-            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"]))
-    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings,
+    body = SubmitResponse(job=JobOut.of(stored), warnings=loaded.warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
-def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
+async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
     """Role checks of a submission (a 403, audited): submitting needs a user, raising a job above
     the priority formula an operator (like Slurm, where only operators may)."""
     try:
@@ -142,7 +142,7 @@ def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None
         if nice < 0:
             who.require(f"a negative nice ({nice}, raising the job above others)", Role.operator)
     except HTTPException as exc:
-        state.auditor.record(who, "submit", None, "refused", exc.detail)
+        await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", exc.detail)
         raise
 
 
@@ -211,9 +211,9 @@ def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clo
     targets = repository.array_members(session, found.id) if whole else [found]
     with state.controller.write_lock:
         changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
+        state.auditor.add(session, who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
+                          detail=None if changed else "already ended or cancelling")
         session.commit()
-    state.auditor.record(who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
-                         detail=None if changed else "already ended or cancelling")
     for job_id in changed:
         state.controller.cancel_requested(job_id)
     return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
@@ -228,12 +228,12 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     kind = "admin" if _is_operator(who) and who.user != found.user else "user"
     with state.controller.write_lock:
         changed = repository.set_hold(session, found, kind, clock(), who.user)
+        session.refresh(found)
+        state.auditor.add(session, who, "hold", f"job {found.id}", "ok" if changed else "failed",
+                          f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
         session.commit()
         if changed:  # told before the lock is let go: no cycle may still take the job as unheld
             state.controller.hold_changed(found.id, True)
-    session.refresh(found)
-    state.auditor.record(who, "hold", f"job {found.id}", "ok" if changed else "failed",
-                         f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
     if not changed and (found.state != JobState.PENDING.value or found.cancel_requested_at is not None):
         raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
                                  "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
@@ -252,12 +252,13 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
         raise who.refuse(doing, Role.operator)
     with state.controller.write_lock:
         changed = repository.set_hold(session, found, "", clock(), who.user, operator)
+        session.refresh(found)
+        refused = not changed and found.hold == "admin" and not operator  # an operator held it meanwhile
+        state.auditor.add(session, who, "release", f"job {found.id}", "refused" if refused else "ok",
+                          "held by an operator" if refused else None if changed else "was not held")
         session.commit()
-    session.refresh(found)
-    if not changed and found.hold == "admin" and not operator:  # an operator held it meanwhile
-        state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
+    if refused:
         raise who.refuse(doing, Role.operator)
-    state.auditor.record(who, "release", f"job {found.id}", detail=None if changed else "was not held")
     if changed:
         state.controller.hold_changed(found.id, False)
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
@@ -274,10 +275,10 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
     with state.controller.write_lock:
         changed = repository.request_requeue(session, found, clock(), who.user, kind)
+        session.refresh(found)
+        state.auditor.add(session, who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
+                          (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
         session.commit()
-    session.refresh(found)
-    state.auditor.record(who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
-                         (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
     if changed:
         state.controller.requeue_requested(found.id)
     elif found.requeue_requested_at is None or JobState(found.state).terminal:
@@ -309,8 +310,8 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
         repository.set_desired_replicas(session, found.id, body.task, body.replicas)
         repository.add_event(session, found.id, clock(), body.task, "scale_requested",
                              message=f"{who.user} asked for {body.replicas} replica(s)")
+        state.auditor.add(session, who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
         session.commit()
-    state.auditor.record(who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
     state.controller.scale_requested(found.id, body.task, body.replicas)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
@@ -337,12 +338,12 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise
     if not changes:
         raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
+    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
     with state.controller.write_lock:
         changed = repository.set_priority(session, found, clock(), who.user, **changes)
+        state.auditor.add(session, who, "priority", f"job {found.id}", "ok" if changed else "failed",
+                          detail if changed else f"{detail} not applied: {found.state}")
         session.commit()
-    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
-    state.auditor.record(who, "priority", f"job {found.id}", "ok" if changed else "failed",
-                         detail if changed else f"{detail} not applied: {found.state}")
     if not changed:
         raise HTTPException(409, f"job {found.id} is {found.state}"
                                  f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
