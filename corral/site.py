@@ -19,6 +19,7 @@ starts with it.
     operators:  [ann]           # may set priority / negative nice; default: the server's user
     infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine
     retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
+    api:        {max_streams_per_user: 16}   # followed logs one user may hold open at once
 
 A partition with ``infra: ray`` holds the Ray cluster's nodes (named ``ray-<ip>``, or the
 node's ``corral.node`` label), found at run time; other partitions hold the nodes their
@@ -167,10 +168,18 @@ class RetentionConfig(_Strict):
     max_log_size: Annotated[float, BeforeValidator(parse_memory)] = 100 / 1024  # GB
 
 
+class ApiConfig(_Strict):
+    """Limits of the HTTP API: how many long answers (followed logs) one user may hold open at
+    once; one more is refused with a 429."""
+
+    max_streams_per_user: int = Field(default=16, ge=1, le=10_000)
+
+
 class SiteConfig(_Strict):
     nodes: list[NodeEntry] | None = None
     infra: InfraConfig = InfraConfig()
     retention: RetentionConfig = RetentionConfig()
+    api: ApiConfig = ApiConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -198,6 +207,7 @@ class Site:
     # partitions whose jobs each become one Slurm job: partition -> Slurm partition ("" = Slurm's default)
     slurm_partitions: dict[str, str] = field(default_factory=dict)
     partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
+    api: ApiConfig = ApiConfig()
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -250,7 +260,7 @@ def load_site(config_path: Path) -> Site:
         nodes = []  # this machine is one of the allocation's nodes: the pool is the allocation
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
                 config.infra.ray, config.retention, slurm, provisioned,
-                {p.name: p.infra for p in config.partitions if p.infra is not None})
+                {p.name: p.infra for p in config.partitions if p.infra is not None}, config.api)
 
 
 def _unconfigured() -> Site:

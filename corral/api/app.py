@@ -5,10 +5,11 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 
 from corral import __version__, web
 from corral.api.deps import ServerState, get_identity
-from corral.api.errors import Guard
+from corral.api.guard import Guard
 from corral.api.routes import access, cluster, jobs, metrics, usage
 
 
@@ -24,8 +25,11 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
             if manage_controller:
                 state.controller.stop()
 
-    app = FastAPI(title="corral", version=__version__, lifespan=lifespan,
-                  description="Gang-scheduled AI job groups: submit, watch, cancel.")
+    # The API's description needs a token like the rest (docs/security.md: only the health
+    # check is open). The /docs and /redoc pages are not served: they load their scripts from a
+    # CDN and fetch /openapi.json without the token, so a browser could not use them anyway.
+    app = FastAPI(title="corral", version=__version__, lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None, description="Gang-scheduled AI job groups: submit, watch, cancel.")
     app.state.corral = state
     state.controller.metrics.reader = metrics.reader(state)
     app.add_middleware(Guard)
@@ -39,5 +43,10 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
     app.include_router(metrics.router, dependencies=authenticated)
     app.include_router(usage.router, dependencies=authenticated)
     app.include_router(cluster.public)
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=authenticated)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     web.install(app)  # the dashboard, under /ui/ (static; its API calls carry the token)
     return app

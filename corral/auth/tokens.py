@@ -39,6 +39,12 @@ def unauthorized(message: str) -> HTTPException:
     return HTTPException(401, message, headers={"WWW-Authenticate": 'Bearer realm="corral"'})
 
 
+def missing() -> HTTPException:
+    return unauthorized("this corral server needs a token (Authorization: Bearer TOKEN): `corral login "
+                        "SERVER` saves one for the CLI and SDK; on the server's machine its owner's commands "
+                        "use CORRAL_HOME/local.token")
+
+
 @dataclass
 class TokenRecord:
     id: int
@@ -82,6 +88,28 @@ class TokenBook:
         if record.expires_at is not None and record.expires_at <= self.clock():
             raise unauthorized(f"token {record.id} (of {record.user}) expired; ask an admin for a new one")
         return record
+
+    def refusal(self, authorization: str | None) -> HTTPException | None:
+        """Why a request with this ``Authorization`` header is refused (401), or None when its
+        token is the local one or a live one (read as FastAPI's ``HTTPBearer`` reads it)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return missing()
+        if self.is_local(token):
+            return None
+        try:
+            self.verify(token)
+        except HTTPException as exc:
+            return exc
+        return None
+
+    def live(self, token_id: int | None) -> bool:
+        """Whether the token of this id (None: the local one) is still neither revoked nor expired."""
+        if token_id is None:
+            return True
+        record = self._by_id.get(token_id)
+        return (record is not None and record.revoked_at is None
+                and (record.expires_at is None or record.expires_at > self.clock()))
 
     def due_for_touch(self, record: TokenRecord, now: float) -> bool:
         return record.last_used_at is None or now - record.last_used_at >= TOUCH_EVERY_S

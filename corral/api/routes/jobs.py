@@ -380,7 +380,7 @@ def events(job: str, session: SessionDep, who: IdentityDep):
 
 @router.get("/{job}/logs", response_class=StreamingResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
-                       **documented(404)})
+                       **documented(404, 429)})
 async def logs(job: str, state: StateDep, who: IdentityDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
                prefix: bool | None = None,
                tail: Annotated[int | None, Query(ge=0, le=10_000_000, description="Only the last N lines of each replica's log, then (with follow) what comes")] = None):
@@ -409,6 +409,6 @@ async def logs(job: str, state: StateDep, who: IdentityDep, replica: str | None 
 
         return await run_in_threadpool(check)
 
-    if not follow_logs:
-        return StreamingResponse(reader.drain(), media_type="text/plain")
-    return StreamingResponse(follow(reader, ended), media_type="text/plain")
+    # a revoked (or expired) token ends the stream it opened
+    content = follow(reader, ended, allowed=lambda: state.tokens.live(who.token_id)) if follow_logs else reader.drain()
+    return state.streams.open(who, content, "text/plain")
