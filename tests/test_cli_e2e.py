@@ -351,3 +351,27 @@ def test_slurm_habits_minutes_short_states_requeue_hold(corral, tmp_path: Path) 
     wait_for(lambda: status(corral, job)["state"] == "CANCELLED")
     status_text = corral("status", job, check=True).stdout
     assert any(line.startswith("REPLICA\t") and "GPU IDS" in line for line in status_text.splitlines())
+
+
+def test_every_command_says_a_bad_config_yaml_in_sentences_not_a_traceback(corral, tmp_path: Path) -> None:
+    config = corral.home / "config.yaml"
+    config.write_text("nodes: [{name: a, gpus: -1}]\npartitions: 3\n")
+    job = write(tmp_path, "job.yaml", "name: j\nrun: echo hi\n")
+    script = write(tmp_path, "job.sh", "#!/bin/bash\n#SBATCH -J j\necho hi\n")
+    commands = [["queue"], ["launch", str(job)], ["launch", "-d", str(job)], ["launch", str(script)],
+                ["sbatch", str(script)], ["status", "1"], ["logs", "1"], ["cancel", "1"], ["hold", "1"],
+                ["update", "1", "--nice", "3"], ["scale", "1", "t", "2"], ["token", "list"], ["dashboard"],
+                ["server", "start"]]
+    for command in commands:
+        done = corral(*command)
+        assert done.returncode == 2, (command, done.returncode, done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == "", (command, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"error: {config} is not valid, so the corral server cannot start",
+            "  line 1: config: nodes[0].gpus: Input should be greater than or equal to 0",
+            "  line 2: config: partitions: Input should be a valid list"], command
+    assert not (corral.home / "server.json").exists()
+    # fixed, the same commands reach the server it starts
+    config.write_text("nodes: [{name: a, cpus: 2, memory: 4}]\n")
+    assert corral("launch", str(job)).returncode == 0
+

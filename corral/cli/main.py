@@ -222,13 +222,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = build().parse_args(argv)
     module, function = args.run.split(":")
-    from corral.cli.render import Usage
+    from corral.cli.render import Usage, fail
+    from corral.client import CorralError
 
     try:
         getattr(importlib.import_module(f"corral.cli.{module}"), function)(args)
     except Usage as exc:
         print(f"corral {args.command}: error: {exc.option}: {exc.message}", file=sys.stderr)
         sys.exit(2)
+    except CorralError as exc:  # whatever a command did not catch itself (no server, a bad config.yaml …)
+        fail(exc)
 
 
 if __name__ == "__main__":
