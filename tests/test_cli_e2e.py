@@ -375,3 +375,29 @@ def test_every_command_says_a_bad_config_yaml_in_sentences_not_a_traceback(corra
     config.write_text("nodes: [{name: a, cpus: 2, memory: 4}]\n")
     assert corral("launch", str(job)).returncode == 0
 
+
+def test_queue_shows_the_running_jobs_and_the_first_pending_ones_with_a_line_on_the_rest(corral, tmp_path: Path) -> None:
+    from corral.client import Client
+    from corral.credentials import read_local_token
+
+    runs = corral("launch", "-d", str(write(tmp_path, "runs.yaml", "name: runs\nrun: sleep 60\n")), check=True)
+    job_id = runs.stdout.strip()
+    wait_for(lambda: status(corral, job_id)["state"] == "RUNNING")
+    url = json.loads((corral.home / "server.json").read_text())["url"]
+    with Client(url, read_local_token(corral.home)) as client:
+        for i in range(150):
+            client.submit(f"name: waits{i}\nrun: 'true'\n", scheduling={"hold": True})
+    shown = corral("queue", check=True)
+    header, *rows = shown.stdout.splitlines()
+    assert header.split("\t")[:5] == ["ID", "NAME", "USER", "PARTITION", "STATE"]
+    assert [r.split("\t")[4] for r in rows] == ["RUNNING"] + ["PENDING"] * 100
+    assert rows[1].split("\t")[1] == "waits0" and rows[-1].split("\t")[1] == "waits99"  # the oldest first
+    assert shown.stderr.strip() == ("151 live jobs: 1 running, 150 pending (150 held); the first 100 pending shown, "
+                                    "50 more not (corral queue --all lists every one; --json too, for scripts)")
+    every = corral("queue", "--all", check=True)
+    assert len(every.stdout.splitlines()) == 152 and every.stderr == ""
+    assert len(json.loads(corral("queue", "--json", check=True).stdout)) == 151
+    mine = corral("queue", "-u", "nobody", check=True)
+    assert mine.stdout.splitlines()[1:] == [] and mine.stderr == ""
+    corral("cancel", "-t", "PD", check=True)
+    corral("cancel", job_id, check=True)

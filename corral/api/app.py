@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from corral import __version__, web
 from corral.api.deps import ServerState, get_identity
 from corral.api.guard import Guard
-from corral.api.routes import access, cluster, jobs, metrics, usage
+from corral.api.routes import access, cluster, jobs, metrics, queue, usage
 
 
 def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
@@ -38,6 +38,7 @@ def create_app(state: ServerState, manage_controller: bool = True) -> FastAPI:
     # computed once per request).
     authenticated = [Depends(get_identity)]
     app.include_router(jobs.router, dependencies=authenticated)
+    app.include_router(queue.router, dependencies=authenticated)
     app.include_router(cluster.router, dependencies=authenticated)
     app.include_router(access.router, dependencies=authenticated)
     app.include_router(metrics.router, dependencies=authenticated)

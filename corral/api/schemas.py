@@ -174,6 +174,18 @@ class SubmitResponse(BaseModel):
                                                              "(``job`` is the first)")
 
 
+class QueueOut(BaseModel):
+    """The live jobs matching the filters, counted by state: the totals a queue view shows
+    beside its first page (``corral queue``, the dashboard)."""
+
+    pending: int
+    held: int = Field(description="Of the pending, those held (JobHeldUser, JobHeldAdmin)")
+    starting: int
+    running: int
+    preempted: int
+    gpus: int = Field(description="GPUs their replicas hold now")
+
+
 class EventOut(BaseModel):
     ts: datetime
     subject: str
