@@ -1,13 +1,19 @@
 #!/usr/bin/env python3
 """Listing jobs when the store holds a long history: ``GET /v1/jobs`` over HTTP against a
-real server whose database holds ``--jobs`` ended jobs (plus a small live queue), beside the
-same query run directly on the database in the same run (the floor the API adds to).
+real server whose database holds ``--jobs`` ended jobs (plus a live queue of ``--live`` held
+jobs and 8 running ones), beside the same query run directly on the database in the same run
+(the floor the API adds to); and the wall time of ``corral queue`` on that store, beside the
+bare interpreter's start-up (``python -c pass``) measured alternately in the same run.
 
-  python bench/api.py [--jobs 100000] [--samples 50] [--pg postgresql+psycopg://…] [--json]
+  python bench/api.py [--jobs 100000] [--live 20] [--samples 50] [--cli-samples 5]
+                      [--pg postgresql+psycopg://…] [--json]
 
-Queries: the live queue (what ``corral queue`` asks), the newest page of the history (``--all``),
-a filtered one (a user's FAILED jobs, 100 per page), and a page deep in the history by cursor.
+Queries: the live queue (what ``corral queue --json`` asks, a page), the newest page of the
+history (``--all``), a filtered one (a user's FAILED jobs, 100 per page), and a page deep in
+the history by cursor. Commands: ``corral queue`` (its default view), ``corral queue --all``
+(every live job) and ``corral queue --json``, output piped; the lines each printed are counted.
 SQLite always; PostgreSQL too with ``--pg`` (its schema is dropped and made again).
+``--jobs 10000 --live 40000`` is a store of 50,000 jobs, 40,000 of them in the queue.
 """
 
 from __future__ import annotations
@@ -40,8 +46,8 @@ POOL = "nodes:\n  - name: node\n    gpus: 8\n    gpu_type: H100\n    cpus: 64\n 
 USERS = [f"u{i}" for i in range(10)]
 
 
-def fill(url: str, n: int) -> None:
-    """``n`` ended jobs (one in ten FAILED) and 20 held pending ones, written in bulk."""
+def fill(url: str, n: int, live: int = 20) -> None:
+    """``n`` ended jobs (one in ten FAILED) and ``live`` held pending ones, written in bulk."""
     engine = make_engine(url)
     migrate(engine)
     sessions = session_factory(engine)
@@ -56,8 +62,11 @@ def fill(url: str, n: int) -> None:
         s.execute(update(Job).values(state="SUCCEEDED", ended_at=now + n, started_at=now, exit_code=0))
         s.execute(update(Job).where(Job.id % 10 == 3).values(state="FAILED", exit_code=1))
         s.commit()
-        held = [NewJob(spec.model_copy(update={"name": f"live{i}"}), USERS[i % len(USERS)]) for i in range(20)]
-        repository.create_jobs(s, held, time.time())
+        for start in range(0, live, 2000):
+            held = [NewJob(spec.model_copy(update={"name": f"live{i}"}), USERS[i % len(USERS)])
+                    for i in range(start, min(live, start + 2000))]
+            repository.create_jobs(s, held, time.time())
+            s.commit()
         s.execute(update(Job).where(Job.name.like("live%")).values(hold="user", reason="JobHeldUser"))
         s.commit()
     engine.dispose()
@@ -79,7 +88,33 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
-def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
+RUNNING = "name: run{i}\nresources: {{accelerators: H100:1}}\nrun: sleep 3600\n"
+COMMANDS = {"corral queue": ["queue"], "corral queue --all": ["queue", "--all"], "corral queue --json": ["queue", "--json"]}
+
+
+def commands(env: dict[str, str], samples: int) -> dict[str, dict[str, float]]:
+    """Wall time of each command (output piped), alternating with the bare interpreter's."""
+    import subprocess
+
+    out: dict[str, dict[str, float]] = {}
+    base: list[float] = []
+    for label, args in COMMANDS.items():
+        times, lines = [], 0
+        for _ in range(samples):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            base.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
+                                  check=True, timeout=600)
+            times.append(time.perf_counter() - t)
+            lines = done.stdout.count(b"\n")
+        out[label] = {"lines": lines, "p50_s": statistics.median(times), "max_s": max(times)}
+    out["python -c pass"] = {"lines": 0, "p50_s": statistics.median(base), "max_s": max(base)}
+    return out
+
+
+def measure(url: str, n: int, samples: int, live: int = 20, cli_samples: int = 0) -> dict[str, dict[str, float]]:
     home = Path(tempfile.mkdtemp(prefix="corral-bench-api-"))
     (home / "config.yaml").write_text(POOL)
     if url == "sqlite":
@@ -91,8 +126,8 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
             conn.execute(text("CREATE SCHEMA public"))
         engine.dispose()
     t0 = time.perf_counter()
-    fill(url, n)
-    print(f"  filled {n} jobs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    fill(url, n, live)
+    print(f"  filled {n} ended and {live} live jobs in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     middle = n // 2
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env.update(CORRAL_HOME=str(home), CORRAL_DB_URL=url)
@@ -103,6 +138,11 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     try:
         with Client(info["url"], read_local_token(settings.home), timeout=120) as client, engine.connect() as conn:
+            running = [client.submit(RUNNING.format(i=i))["job"]["id"] for i in range(8)]  # the node's 8 GPUs
+            for job_id in running:
+                client.wait(job_id, states=("RUNNING",), timeout=120)
+            if cli_samples:
+                out.update(commands(env, cli_samples))
             for label, (params, sql) in QUERIES.items():
                 params = dict(params)
                 if "after" in params:
@@ -127,24 +167,35 @@ def measure(url: str, n: int, samples: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--live", type=int, default=20, help="held pending jobs in the queue (8 more run)")
     parser.add_argument("--samples", type=int, default=50)
+    parser.add_argument("--cli-samples", type=int, default=0, help="time the corral queue commands this many times")
     parser.add_argument("--pg", help="a PostgreSQL URL to measure too (its public schema is dropped)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = {"sqlite": measure("sqlite", args.jobs, args.samples)}
+    results = {"sqlite": measure("sqlite", args.jobs, args.samples, args.live, args.cli_samples)}
     if args.pg:
-        results["postgresql"] = measure(args.pg, args.jobs, args.samples)
+        results["postgresql"] = measure(args.pg, args.jobs, args.samples, args.live, args.cli_samples)
+    setup = {"jobs": args.jobs, "live": args.live + 8, "samples": args.samples, "cli_samples": args.cli_samples}
     if args.json:
-        print(json.dumps({"jobs": args.jobs, "samples": args.samples, "results": results}, indent=1))
+        print(json.dumps({**setup, "results": results}, indent=1))
         return
-    print(f"GET /v1/jobs with {args.jobs} ended jobs in the store, {args.samples} samples each")
+    print(f"GET /v1/jobs with {args.jobs} ended and {args.live + 8} live jobs in the store, {args.samples} samples each")
     print(f"{'store':<11} {'query':<27} {'rows':>5} {'API p50':>9} {'API p99':>9} {'DB alone p50':>13}")
     for store, rows in results.items():
         for label, r in rows.items():
-            print(f"{store:<11} {label:<27} {r['rows']:>5} {r['api_p50_ms']:>7.1f}ms {r['api_p99_ms']:>7.1f}ms "
-                  f"{r['db_p50_ms']:>11.1f}ms")
+            if "rows" in r:
+                print(f"{store:<11} {label:<27} {r['rows']:>5} {r['api_p50_ms']:>7.1f}ms {r['api_p99_ms']:>7.1f}ms "
+                      f"{r['db_p50_ms']:>11.1f}ms")
+    if args.cli_samples:
+        print(f"\ncommands, output piped, {args.cli_samples} samples each (wall time)")
+        print(f"{'store':<11} {'command':<22} {'lines':>6} {'p50':>8} {'max':>8}")
+        for store, rows in results.items():
+            for label, r in rows.items():
+                if "lines" in r:
+                    print(f"{store:<11} {label:<22} {r['lines']:>6} {r['p50_s']:>7.2f}s {r['max_s']:>7.2f}s")
     (ROOT / "bench" / "results" / "api.json").write_text(json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                                                     "jobs": args.jobs, "results": results}, indent=1))
+                                                                     **setup, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

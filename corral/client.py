@@ -309,6 +309,13 @@ class Client:
             params["name"] = name
         return self._call("GET", "/v1/jobs", params)
 
+    def queue(self, *, user: str | None = None, account: str | None = None,
+              partition: str | None = None) -> dict[str, Any]:
+        """The live jobs matching the filters counted by state (``pending``, ``held`` among them,
+        ``starting``, ``running``, ``preempted``) and the ``gpus`` they hold."""
+        return self._call("GET", "/v1/queue", {k: v for k, v in (("user", user), ("account", account),
+                                                                  ("partition", partition)) if v})
+
     def iter_jobs(self, *, page: int = 1000, **filters: Any) -> Iterator[dict[str, Any]]:
         """Every job matching ``filters`` (as ``jobs`` takes them), oldest first, a page at a time."""
         after = 0

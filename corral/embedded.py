@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from corral.client import Client, CorralError
+from corral.client import Client, CorralError, InvalidRequest
 from corral.credentials import Presented, SavedLogins, for_server
 from corral.settings import Settings
 
@@ -53,6 +53,7 @@ def start(settings: Settings, timeout: float = 20.0, options: list[str] | None =
     info = running(settings)
     if info:
         return info
+    _check_config(settings)
     settings.ensure_dirs()
     env = dict(os.environ, CORRAL_HOME=str(settings.home))
     with open(settings.server_log, "ab") as log:
@@ -73,6 +74,19 @@ def start(settings: Settings, timeout: float = 20.0, options: list[str] | None =
             return info
         time.sleep(0.05)
     raise CorralError(f"the corral server did not come up in {timeout:.0f}s; see {settings.server_log}")
+
+
+def _check_config(settings: Settings) -> None:
+    """Refuse to start a server on a config.yaml it would refuse: every problem with its line
+    (exit 2 in the CLI), rather than a server that exits at once and the last line of its log."""
+    from corral.site import load_site
+    from corral.spec.loader import SpecError
+
+    try:
+        load_site(settings.config_path)
+    except SpecError as exc:
+        raise InvalidRequest(f"{settings.config_path} is not valid, so the corral server cannot start",
+                             errors=[issue.as_dict() for issue in exc.issues]) from None
 
 
 def _last_line(path: Path) -> str:

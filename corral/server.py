@@ -30,6 +30,7 @@ from corral.api.deps import ServerState
 from corral.control.loop import ControlLoop
 from corral.credentials import remove_local_token, write_local_token
 from corral.site import load_site
+from corral.spec.loader import SpecError
 from corral.settings import Settings
 from corral.store.database import Claim, lock_file, make_engine, migrate, redacted, session_factory
 
@@ -119,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     settings.ensure_dirs()
     if bool(args.tls_cert) != bool(args.tls_key):
         print("--tls-cert and --tls-key go together: give both (or neither)", file=sys.stderr)
+        return 2
+    try:
+        load_site(settings.config_path)  # refused here, every problem with its line, before anything is taken
+    except SpecError as exc:
+        print(f"{settings.config_path} is not valid, so the corral server cannot start:\n{exc}", file=sys.stderr)
         return 2
     tls = [str(Path(p).expanduser().resolve()) for p in (args.tls_cert, args.tls_key)] if args.tls_cert else []
     for path in tls:

@@ -19,6 +19,7 @@ starts with it.
     operators:  [ann]           # may set priority / negative nice; default: the server's user
     infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine (executors.registry)
     retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
+    api:        {max_streams_per_user: 16}   # followed logs one user may hold open at once
 
 A partition with ``infra: NAME`` holds that infra's nodes (a Ray cluster's, found at run
 time; the nodes Slurm allocates for each of its jobs); each infra's section under ``infra:``
@@ -158,6 +159,13 @@ class RetentionConfig(_Strict):
     max_log_size: Annotated[float, BeforeValidator(parse_memory)] = 100 / 1024  # GB
 
 
+class ApiConfig(_Strict):
+    """Limits of the HTTP API: how many long answers (followed logs) one user may hold open at
+    once; one more is refused with a 429."""
+
+    max_streams_per_user: int = Field(default=16, ge=1, le=10_000)
+
+
 InfraConfig = _infra_config()
 
 
@@ -165,6 +173,7 @@ class SiteConfig(_Strict):
     nodes: list[NodeEntry] | None = None
     infra: InfraConfig = InfraConfig()  # type: ignore[valid-type]
     retention: RetentionConfig = RetentionConfig()
+    api: ApiConfig = ApiConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -193,6 +202,7 @@ class Site:
     # the engine's own partition or pool, "" for its default)
     provisioned: dict[str, tuple[str, str]] = field(default_factory=dict)
     partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
+    api: ApiConfig = ApiConfig()
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -250,7 +260,8 @@ def load_site(config_path: Path) -> Site:
     provisioned = {p.name: (p.infra, p.slurm_partition or "") for p in config.partitions
                    if p.infra is not None and infras()[p.infra].provisions}
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
-                used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None})
+                used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None},
+                config.api)
 
 
 def _used_infras(config: SiteConfig) -> dict[str, Any]:

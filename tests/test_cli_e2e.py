@@ -339,3 +339,53 @@ def test_slurm_habits_minutes_short_states_requeue_hold(corral, tmp_path: Path) 
     wait_for(lambda: status(corral, job)["state"] == "CANCELLED")
     status_text = corral("status", job, check=True).stdout
     assert any(line.startswith("REPLICA\t") and "GPU IDS" in line for line in status_text.splitlines())
+
+
+def test_every_command_says_a_bad_config_yaml_in_sentences_not_a_traceback(corral, tmp_path: Path) -> None:
+    config = corral.home / "config.yaml"
+    config.write_text("nodes: [{name: a, gpus: -1}]\npartitions: 3\n")
+    job = write(tmp_path, "job.yaml", "name: j\nrun: echo hi\n")
+    script = write(tmp_path, "job.sh", "#!/bin/bash\n#SBATCH -J j\necho hi\n")
+    commands = [["queue"], ["launch", str(job)], ["launch", "-d", str(job)], ["launch", str(script)],
+                ["sbatch", str(script)], ["status", "1"], ["logs", "1"], ["cancel", "1"], ["hold", "1"],
+                ["update", "1", "--nice", "3"], ["scale", "1", "t", "2"], ["token", "list"], ["dashboard"],
+                ["server", "start"]]
+    for command in commands:
+        done = corral(*command)
+        assert done.returncode == 2, (command, done.returncode, done.stderr)
+        assert "Traceback" not in done.stderr and done.stdout == "", (command, done.stderr)
+        assert done.stderr.splitlines() == [
+            f"error: {config} is not valid, so the corral server cannot start",
+            "  line 1: config: nodes[0].gpus: Input should be greater than or equal to 0",
+            "  line 2: config: partitions: Input should be a valid list"], command
+    assert not (corral.home / "server.json").exists()
+    # fixed, the same commands reach the server it starts
+    config.write_text("nodes: [{name: a, cpus: 2, memory: 4}]\n")
+    assert corral("launch", str(job)).returncode == 0
+
+
+def test_queue_shows_the_running_jobs_and_the_first_pending_ones_with_a_line_on_the_rest(corral, tmp_path: Path) -> None:
+    from corral.client import Client
+    from corral.credentials import read_local_token
+
+    runs = corral("launch", "-d", str(write(tmp_path, "runs.yaml", "name: runs\nrun: sleep 60\n")), check=True)
+    job_id = runs.stdout.strip()
+    wait_for(lambda: status(corral, job_id)["state"] == "RUNNING")
+    url = json.loads((corral.home / "server.json").read_text())["url"]
+    with Client(url, read_local_token(corral.home)) as client:
+        for i in range(150):
+            client.submit(f"name: waits{i}\nrun: 'true'\n", scheduling={"hold": True})
+    shown = corral("queue", check=True)
+    header, *rows = shown.stdout.splitlines()
+    assert header.split("\t")[:5] == ["ID", "NAME", "USER", "PARTITION", "STATE"]
+    assert [r.split("\t")[4] for r in rows] == ["RUNNING"] + ["PENDING"] * 100
+    assert rows[1].split("\t")[1] == "waits0" and rows[-1].split("\t")[1] == "waits99"  # the oldest first
+    assert shown.stderr.strip() == ("151 live jobs: 1 running, 150 pending (150 held); the first 100 pending shown, "
+                                    "50 more not (corral queue --all lists every one; --json too, for scripts)")
+    every = corral("queue", "--all", check=True)
+    assert len(every.stdout.splitlines()) == 152 and every.stderr == ""
+    assert len(json.loads(corral("queue", "--json", check=True).stdout)) == 151
+    mine = corral("queue", "-u", "nobody", check=True)
+    assert mine.stdout.splitlines()[1:] == [] and mine.stderr == ""
+    corral("cancel", "-t", "PD", check=True)
+    corral("cancel", job_id, check=True)

@@ -67,7 +67,16 @@ class Served:
 
 @pytest.fixture(scope="module")
 def corral(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dash")
+    yield from _serve(tmp_path_factory.mktemp("dash"))
+
+
+@pytest.fixture
+def own_corral(tmp_path_factory):
+    """A server of the test's own, for a queue the module's other tests should not share."""
+    yield from _serve(tmp_path_factory.mktemp("dash-own"))
+
+
+def _serve(base: Path):
     home = base / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE)
@@ -174,6 +183,30 @@ def test_queue_filters_nodes_gpu_map_and_usage(corral, page) -> None:
         corral.alice.cancel(held["id"])
         if waiting:
             corral.bob.cancel(waiting["id"])
+
+
+def test_a_long_queue_shows_its_totals_and_every_running_job(own_corral, page) -> None:
+    """1,100 held jobs ahead of a running one: the tiles are the server's counts and the
+    running job is listed, not hidden behind the first page of the queue. (Its own server:
+    the queue goes with it, and the module's other tests never see it.)"""
+    corral = own_corral
+    corral.bob.submit(f"name: dash-many\nrun: {RUNS}\n", scheduling={"hold": True}, array="0-1099")
+    running = corral.alice.submit(f"name: dash-runs\nresources: {{accelerators: H100:2}}\nrun: {RUNS}\n")["job"]
+    corral.alice.wait(running["id"], states=("RUNNING",), timeout=30)
+    sign_in(page, corral)
+    tiles = page.locator(".tile")
+    expect(tiles.nth(0)).to_have_text("1,100pending (1,100 held)")
+    expect(tiles.nth(1)).to_have_text("1running")
+    expect(tiles.nth(2)).to_have_text("2GPUs held")
+    expect(page.locator(f"tr[data-job='{running['id']}']")).to_have_attribute("data-state", "RUNNING")
+    expect(page.locator("h2", has_text="Pending")).to_have_text(
+        "Pending (1,100; the oldest 500 shown, in scheduling order)")
+    expect(page.locator("tr[data-state='PENDING']")).to_have_count(500)
+    # the filters are the server's too: bob's queue is his held array alone
+    page.goto(ui(corral, "?user=bob"))
+    expect(tiles.nth(1)).to_have_text("0running")
+    expect(tiles.nth(0)).to_have_text("1,100pending (1,100 held)")
+    expect(page.locator(f"tr[data-job='{running['id']}']")).to_have_count(0)
 
 
 def test_hold_release_and_scale_from_the_job_page(corral, page) -> None:

@@ -17,9 +17,10 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.admission import Admission
 from corral.api.intake import Intake
+from corral.api.streams import Streams
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
-from corral.auth.tokens import TokenBook, unauthorized
+from corral.auth.tokens import TokenBook, missing
 from corral.control.loop import ControlLoop
 from corral.pool import NodeSpec
 from corral.settings import Settings
@@ -43,12 +44,14 @@ class ServerState:
     admission: Admission = field(init=False)
     tokens: TokenBook = field(init=False)
     auditor: Auditor = field(init=False)
+    streams: Streams = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
         self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes)
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)
+        self.streams = Streams(self.site.api.max_streams_per_user)
 
     def read(self, read: Callable[[], T], timeout: float = READ_TIMEOUT_S) -> T:
         """An answer computed on the control loop's thread (it never shares its memory)."""
@@ -90,9 +93,7 @@ async def get_identity(request: Request, state: Annotated[ServerState, Depends(g
     request without a valid token is refused, on loopback too: anyone on the machine can
     reach a loopback port. Async, and answered from memory: no thread hop, no query."""
     if credentials is None:
-        raise unauthorized("this corral server needs a token (Authorization: Bearer TOKEN): `corral login "
-                           "SERVER` saves one for the CLI and SDK; on the server's machine its owner's commands "
-                           "use CORRAL_HOME/local.token")
+        raise missing()
     token = credentials.credentials
     if state.tokens.is_local(token):
         identity = Identity(state.owner, Role.admin, "local")

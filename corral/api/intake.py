@@ -2,7 +2,9 @@
 checks their names against the active jobs (and each other) at once, inserts them all in one
 transaction and commits once, then answers each waiting request. A request gets 201 only
 after its job is committed, so an acknowledged job is stored exactly once; a failed batch is
-retried one job per transaction so one bad row cannot sink its neighbours.
+retried one job per transaction so one bad row cannot sink its neighbours. A submission's
+audit entries (``auth.audit``) are inserted with its job, in the same transaction: a job is
+never stored without its entry, nor an entry without its job.
 
 Why a single writer rather than a lock around each request's insert: 16 clients used to queue
 on the control loop's lock for a commit each (≈170/s); one commit per batch and no lock shared
@@ -20,6 +22,7 @@ from types import SimpleNamespace
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from corral.auth.audit import insert_entries
 from corral.store import repository
 from corral.store.repository import NewJob
 
@@ -39,6 +42,7 @@ class _Pending:
     singleton: bool  # dependency: singleton waits behind its namesake instead of clashing
     future: Future
     more: tuple[NewJob, ...] = ()  # the other elements of a job array, stored with ``job``
+    audit: tuple[dict, ...] = ()  # audit rows (``Auditor.entry``) to store with it, about its (first) job
 
     @property
     def jobs(self) -> list[NewJob]:
@@ -56,12 +60,13 @@ class Intake:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: NewJob, *more: NewJob) -> Future:
+    def submit(self, job: NewJob, *more: NewJob, audit: tuple[dict, ...] = ()) -> Future:
         """A future of the stored job (a row-shaped object with ids) or a ``Clash``; with
-        ``more`` (a job array's other elements, sharing its name), of the list of all of them."""
+        ``more`` (a job array's other elements, sharing its name), of the list of all of them.
+        ``audit``: entries stored in the job's transaction, their target set to it."""
         self._ensure_started()
         singleton = any(kind == "singleton" for kind, _ in job.spec.scheduling.dependency)
-        pending = _Pending(job, singleton, Future(), tuple(more))
+        pending = _Pending(job, singleton, Future(), tuple(more), tuple(audit))
         self._queue.put(pending)
         return pending.future
 
@@ -118,11 +123,16 @@ class Intake:
                 accepted.append(item)
                 taken.setdefault(key, -1)
             flat = repository.create_jobs(session, [j for p in accepted for j in p.jobs], now) if accepted else []
+            rows, at = [], 0
+            for item in accepted:
+                rows.append(flat[at] if not item.more else flat[at:at + len(item.jobs)])
+                at += len(item.jobs)
+            entries = []
+            for item, row in zip(accepted, rows):
+                target = f"job {(row[0] if item.more else row).id}"  # an array: its first element
+                entries.extend({**entry, "target": target} for entry in item.audit)
+            insert_entries(session, entries)
             session.commit()
-        rows, at = [], 0
-        for item in accepted:
-            rows.append(flat[at] if not item.more else flat[at:at + len(item.jobs)])
-            at += len(item.jobs)
         # Committed: from here on nothing may send the batch round again.
         try:
             first_of: dict[tuple[str, str], int] = {}

@@ -4,9 +4,9 @@ the wire format is a contract, the tables are an implementation."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
@@ -174,6 +174,18 @@ class SubmitResponse(BaseModel):
                                                              "(``job`` is the first)")
 
 
+class QueueOut(BaseModel):
+    """The live jobs matching the filters, counted by state: the totals a queue view shows
+    beside its first page (``corral queue``, the dashboard)."""
+
+    pending: int
+    held: int = Field(description="Of the pending, those held (JobHeldUser, JobHeldAdmin)")
+    starting: int
+    running: int
+    preempted: int
+    gpus: int = Field(description="GPUs their replicas hold now")
+
+
 class EventOut(BaseModel):
     ts: datetime
     subject: str
@@ -335,15 +347,33 @@ class WhoAmI(BaseModel):
     token: int | None = Field(default=None, description="the id of the token used (null: the local token)")
 
 
+def _no_nul(value: str) -> str:
+    # PostgreSQL's text cannot hold one (the insert fails), and no name or note needs one
+    if "\x00" in value:
+        raise ValueError("must not hold a NUL byte")
+    return value
+
+
+def _duration(value: Any) -> Any:
+    # JSON's true would otherwise pass as the number 1: a token living one second
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a duration: give seconds (a number) or text like 30d, 12h, 1d12h")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
 class TokenRequest(BaseModel):
     user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.@-]*$",
                       description="Who the token speaks for (a login name)")
-    role: str | None = Field(default=None, description=(
+    role: Text | None = Field(default=None, description=(
         "admin, operator, user or viewer; omitted: the role config.yaml gives the user (operators: "
         "operator, everyone else: user)"))
-    expires: str | float | None = Field(default=None, description=(
+    expires: Annotated[str | float | None, BeforeValidator(_duration)] = Field(default=None, description=(
         "How long it lives: seconds, or 30d, 12h, 1d12h; omitted: until revoked"))
-    note: str | None = Field(default=None, max_length=200, description="What it is for (shown by token list)")
+    note: Annotated[str, Field(max_length=200), AfterValidator(_no_nul)] | None = Field(
+        default=None, description="What it is for (shown by token list)")
 
 
 class TokenOut(BaseModel):

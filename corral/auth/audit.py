@@ -2,94 +2,55 @@
 release, requeue, scale, priority, token_create, token_revoke) to which job or token, when,
 and whether it was allowed.
 
-Entries are written by one thread in batches, like submissions (``api.intake``): a route
-hands its entry over without waiting for a commit of its own, so auditing costs a submission
-nothing measurable. ``flush`` waits until everything handed over is stored (the audit route
-calls it, so a reader sees every action that answered before it asked)."""
+An entry is written in the transaction of the change it records (``add``): the job, the hold,
+the token and its entry commit together or not at all, so no crash, kill or failed commit
+leaves a change without its entry or an entry without its change. Submissions are stored in
+batches by ``api.intake``, and their entries with them, in the batch's transaction (no commit
+of their own). What changes nothing (a refusal) is written in a short transaction of its own
+(``record``) before the request is answered."""
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.auth.roles import Identity
 from corral.store.tables import AuditEntry
 
-log = logging.getLogger(__name__)
-
-GATHER_S = 0.05
 ACTIONS = ("submit", "cancel", "hold", "release", "requeue", "scale", "priority", "token_create", "token_revoke")
+_INSERT = insert(AuditEntry.__table__)
 
 
 class Auditor:
     def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], float]):
         self.sessions = sessions
         self.clock = clock
-        self._queue: queue.SimpleQueue[AuditEntry | Future | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+
+    def entry(self, who: Identity, action: str, target: str | None, outcome: str = "ok",
+              detail: str | None = None) -> dict[str, Any]:
+        """The row of an entry, stamped now (what ``add`` and the intake insert)."""
+        return {"ts": self.clock(), "user": who.user, "role": who.role.value, "source": who.source[:64],
+                "action": action, "target": target, "outcome": outcome, "detail": detail}
+
+    def add(self, session: Session, who: Identity, action: str, target: str | None, outcome: str = "ok",
+            detail: str | None = None) -> None:
+        """Write an entry in ``session``'s transaction: it commits with the change it records."""
+        insert_entries(session, [self.entry(who, action, target, outcome, detail)])
 
     def record(self, who: Identity, action: str, target: str | None, outcome: str = "ok",
                detail: str | None = None) -> None:
-        self._ensure_started()
-        self._queue.put(AuditEntry(ts=self.clock(), user=who.user, role=who.role.value, source=who.source[:64],
-                                   action=action, target=target, outcome=outcome, detail=detail))
+        """Write an entry that goes with no change (a refusal), in a transaction of its own."""
+        with self.sessions() as session:
+            self.add(session, who, action, target, outcome, detail)
+            session.commit()
 
-    def flush(self, timeout: float = 10.0) -> None:
-        if self._thread is None:
-            return
-        done: Future = Future()
-        self._queue.put(done)
-        done.result(timeout)
 
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def _ensure_started(self) -> None:
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="corral-audit", daemon=True)
-                    self._thread.start()
-
-    def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            batch: list[AuditEntry | Future | None] = [self._queue.get()]
-            # Gather what arrives within GATHER_S into one transaction (unless someone waits on a
-            # flush): a flood of submissions then costs the store a few audit commits a second,
-            # not one each, and leaves its write lock to the intake.
-            deadline = time.monotonic() + (0 if isinstance(batch[0], (Future, type(None))) else GATHER_S)
-            while len(batch) < 1000:
-                try:
-                    item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                batch.append(item)
-                if not isinstance(item, AuditEntry):
-                    deadline = 0.0  # a flush or a stop: write now
-            stopping = None in batch
-            entries = [e for e in batch if isinstance(e, AuditEntry)]
-            if entries:
-                try:
-                    with self.sessions() as session:
-                        session.add_all(entries)
-                        session.commit()
-                except Exception:
-                    log.exception("could not store %d audit entries", len(entries))
-            for waiter in batch:
-                if isinstance(waiter, Future):
-                    waiter.set_result(None)
+def insert_entries(session: Session, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        session.execute(_INSERT, rows)
 
 
 def entries(session: Session, *, since: float | None = None, user: str | None = None, action: str | None = None,

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.store.tables import ApiToken
 
 PREFIX = "corral_"
+Audit = Callable[[Session, "TokenRecord"], None]  # writes a change's audit entry in its transaction
 TOUCH_EVERY_S = 60.0  # last-used times are written at most this often per token
 
 
@@ -36,6 +37,12 @@ def digest(token: str) -> str:
 
 def unauthorized(message: str) -> HTTPException:
     return HTTPException(401, message, headers={"WWW-Authenticate": 'Bearer realm="corral"'})
+
+
+def missing() -> HTTPException:
+    return unauthorized("this corral server needs a token (Authorization: Bearer TOKEN): `corral login "
+                        "SERVER` saves one for the CLI and SDK; on the server's machine its owner's commands "
+                        "use CORRAL_HOME/local.token")
 
 
 @dataclass
@@ -82,6 +89,28 @@ class TokenBook:
             raise unauthorized(f"token {record.id} (of {record.user}) expired; ask an admin for a new one")
         return record
 
+    def refusal(self, authorization: str | None) -> HTTPException | None:
+        """Why a request with this ``Authorization`` header is refused (401), or None when its
+        token is the local one or a live one (read as FastAPI's ``HTTPBearer`` reads it)."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            return missing()
+        if self.is_local(token):
+            return None
+        try:
+            self.verify(token)
+        except HTTPException as exc:
+            return exc
+        return None
+
+    def live(self, token_id: int | None) -> bool:
+        """Whether the token of this id (None: the local one) is still neither revoked nor expired."""
+        if token_id is None:
+            return True
+        record = self._by_id.get(token_id)
+        return (record is not None and record.revoked_at is None
+                and (record.expires_at is None or record.expires_at > self.clock()))
+
     def due_for_touch(self, record: TokenRecord, now: float) -> bool:
         return record.last_used_at is None or now - record.last_used_at >= TOUCH_EVERY_S
 
@@ -93,22 +122,27 @@ class TokenBook:
             session.commit()
 
     def create(self, user: str, role: str | None, expires_at: float | None, note: str | None,
-               by: str) -> tuple[TokenRecord, str]:
-        """A new token for ``user``: its record and the token itself, which is never stored."""
+               by: str, audit: Audit | None = None) -> tuple[TokenRecord, str]:
+        """A new token for ``user``: its record and the token itself, which is never stored.
+        ``audit`` writes its entry in the same transaction."""
         token = PREFIX + secrets.token_urlsafe(32)
         now = self.clock()
         with self._lock, self.sessions() as session:
             row = ApiToken(digest=digest(token), user=user, role=role, note=note, created_by=by, created_at=now,
                            expires_at=expires_at)
             session.add(row)
-            session.commit()
+            session.flush()
             record = TokenRecord.of(row)
+            if audit is not None:
+                audit(session, record)
+            session.commit()
             self._by_digest[row.digest] = record
             self._by_id[record.id] = record
         return record, token
 
-    def revoke(self, token_id: int) -> tuple[TokenRecord, bool] | None:
-        """Revoke a token: (its record, whether this call revoked it); None if no such token."""
+    def revoke(self, token_id: int, audit: Audit | None = None) -> tuple[TokenRecord, bool] | None:
+        """Revoke a token: (its record, whether this call revoked it); None if no such token.
+        ``audit`` writes the entry of a revocation in its transaction."""
         with self._lock:
             record = self._by_id.get(token_id)
             if record is None:
@@ -118,6 +152,8 @@ class TokenBook:
             now = self.clock()
             with self.sessions() as session:
                 session.execute(update(ApiToken).where(ApiToken.id == token_id).values(revoked_at=now))
+                if audit is not None:
+                    audit(session, record)
                 session.commit()
             record.revoked_at = now
             return record, True

@@ -59,6 +59,8 @@ def sbatch_main(argv: list[str]) -> None:
     except Usage as exc:
         print(f"corral sbatch: error: {exc.option}: {exc.message}", file=sys.stderr)
         sys.exit(2)
+    except CorralError as exc:  # no server, a bad config.yaml …
+        fail(exc)
 
 
 def _refused(exc: SpecError) -> None:

@@ -67,8 +67,12 @@ def build() -> argparse.ArgumentParser:
     _command(sub, "sbatch", "", "Submit a Slurm batch script with sbatch's options (corral sbatch --help).",
              add_help=False)
 
-    c = _command(sub, "queue", "views:queue", "List jobs (pending and running; ended ones with --all).")
-    c.add_argument("-a", "--all", action="store_true", help="include ended jobs (the newest 1000; corral acct for more)")
+    c = _command(sub, "queue", "views:queue", "List jobs: every running one and the first 100 pending (--all: every one).",
+                 "List jobs, like squeue: every running job and the first 100 pending ones (oldest first), with a "
+                 "line on stderr saying how many more wait. --all lists every live job and the newest 1000 ended "
+                 "ones; --json prints every live job (with --all, the ended ones too).")
+    c.add_argument("-a", "--all", action="store_true",
+                   help="every live job, and the newest 1000 ended ones (corral acct for more)")
     c.add_argument("-u", "--user", help="only this user's jobs")
     c.add_argument("--priority", action="store_true",
                    help="pending jobs in scheduling order with their priority factors (like sprio)")
@@ -222,13 +226,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     args = build().parse_args(argv)
     module, function = args.run.split(":")
-    from corral.cli.render import Usage
+    from corral.cli.render import Usage, fail
+    from corral.client import CorralError
 
     try:
         getattr(importlib.import_module(f"corral.cli.{module}"), function)(args)
     except Usage as exc:
         print(f"corral {args.command}: error: {exc.option}: {exc.message}", file=sys.stderr)
         sys.exit(2)
+    except CorralError as exc:  # whatever a command did not catch itself (no server, a bad config.yaml …)
+        fail(exc)
 
 
 if __name__ == "__main__":

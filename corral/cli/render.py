@@ -73,7 +73,8 @@ def fail(exc: Any, source: str | None = None) -> None:
     field; exit 2 for bad input, 1 otherwise."""
     err.print(f"[red]error:[/red] {exc.message}", markup=True)
     for issue in exc.errors:
-        where = f"{source or ''}:{issue['line']}: " if issue.get("line") else ""
+        line = issue.get("line")
+        where = (f"{source}:{line}: " if source else f"line {line}: ") if line else ""
         field = f"{issue['field']}: " if issue.get("field") else ""
         err.print(f"  {where}{issue['document']}: {field}{issue['message']}", markup=False)
     sys.exit(2 if exc.status in (400, 404, 409, 422) or exc.errors else 1)

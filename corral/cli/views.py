@@ -11,7 +11,7 @@ from argparse import Namespace
 from datetime import datetime, timedelta, timezone
 
 from corral import embedded as daemon
-from corral.cli.render import Column, Usage, fail, moment, out, print_json, states, table
+from corral.cli.render import Column, Usage, err, fail, moment, out, print_json, states, table
 from corral.client import TERMINAL, CorralError
 
 def _age(iso: str | None, until: str | None = None) -> str:
@@ -36,15 +36,44 @@ def _read(call):
         fail(exc)
 
 
+SHOWN_PENDING = 100  # the default view lists every running job and the first pending ones (in id order)
+RUNNING = ["STARTING", "RUNNING", "PREEMPTED"]
+
+
+def _queue_view(client, user: str | None) -> tuple[list[dict], str | None]:  # noqa: ANN001 - a Client
+    """What ``corral queue`` shows by default: every running job and the first pending ones,
+    with a line saying how many more wait (like squeue, it answers at once however long the
+    queue; the totals come from the server's counts, not from listing every job)."""
+    totals = client.queue(user=user)
+    running = list(client.iter_jobs(user=user, states=RUNNING))
+    pending = client.jobs(user=user, states=["PENDING"], limit=SHOWN_PENDING) if totals["pending"] else []
+    jobs = sorted(running + pending, key=lambda j: j["id"])
+    hidden = totals["pending"] - len(pending)
+    if hidden <= 0:
+        return jobs, None
+    live = totals["pending"] + totals["starting"] + totals["running"] + totals["preempted"]
+    return jobs, (f"{live:,} live jobs: {len(running):,} running, {totals['pending']:,} pending "
+                  f"({totals['held']:,} held); the first {len(pending):,} pending shown, {hidden:,} more not "
+                  "(corral queue --all lists every one; --json too, for scripts)")
+
+
 def queue(args: Namespace) -> None:
+    note = None
     if args.priority:
         jobs = [j for j in _read(lambda c: c.priority()) if not args.user or j["user"] == args.user]
     elif args.start:
         jobs = _read(lambda c: c.jobs(user=args.user, states=["PENDING"]))
-    elif args.all:  # the newest 1000 of the history
-        jobs = _read(lambda c: c.jobs(all=True, user=args.user))
-    else:  # every live job, a page at a time
+    elif args.all:  # every live job, and the newest 1000 of the history
+        def everything(c) -> list[dict]:  # noqa: ANN001 - a Client
+            seen = {j["id"]: j for j in c.iter_jobs(user=args.user)}
+            seen.update((j["id"], j) for j in c.jobs(all=True, user=args.user))
+            return [seen[i] for i in sorted(seen)]
+
+        jobs = _read(everything)
+    elif args.json:  # scripts get every live job, a page at a time
         jobs = _read(lambda c: list(c.iter_jobs(user=args.user)))
+    else:
+        jobs, note = _read(lambda c: _queue_view(c, args.user))
     if args.json:
         print_json(jobs)
     elif args.start:
@@ -72,6 +101,8 @@ def queue(args: Namespace) -> None:
                 "-" if j["state"] in TERMINAL or j["reason"] == "None" else j["reason"],
                 " ".join(f"{t['name']}:{t['num_nodes']}" for t in j["tasks"]), j["gpus"],
                 _age(j["submitted_at"], j.get("ended_at"))] for ident, j in fold_arrays(jobs)])
+        if note:  # on stderr: a pipe still reads only rows under the header
+            err.print(note, markup=False)
 
 
 def job_ident(job: dict) -> str:
@@ -84,8 +115,6 @@ def job_ident(job: dict) -> str:
 def fold_arrays(jobs: list[dict]) -> list[tuple[str, dict]]:
     """(shown id, job) rows; an array's pending elements that wait for the same reason are one
     row ``ARRAYID_[3-15%4]``, as squeue folds them."""
-    from corral.spec.jobarray import fold
-
     rows: list[tuple[str, dict]] = []
     folded: dict[tuple, list[dict]] = {}
     for job in jobs:
@@ -104,6 +133,10 @@ def fold_arrays(jobs: list[dict]) -> list[tuple[str, dict]]:
             if len(members) == 1:
                 ident = job_ident(job)
             else:
+                # imported only here: the corral.spec package loads the validators and pydantic
+                # (~0.2 s, most of a queue listing with no array to fold)
+                from corral.spec.jobarray import fold
+
                 indices = [m["array_index"] for m in members]
                 ident = f"{job['array_job_id']}_[{fold(indices, job.get('array_throttle'))}]"
         out.append((ident, job))

@@ -66,6 +66,7 @@ class Held:
     account: str
     replica: str
     state: str
+    partition: str = ""
 
 
 class Reads:
@@ -83,7 +84,7 @@ class Reads:
 
     def held(self) -> list[Held]:
         return [Held(alloc.node, tuple(alloc.gpus), alloc.cpus, alloc.memory, job.id, job.name, job.user,
-                     job.account or job.user, replica.label, replica.state.value)
+                     job.account or job.user, replica.label, replica.state.value, job.partition)
                 for job, replica, alloc in self.scheduling.allocations()]
 
     def holdings(self) -> list[Holding]:

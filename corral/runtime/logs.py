@@ -1,5 +1,10 @@
 """Reading replica logs: whole, or followed until the job ends, with every line prefixed by
-its replica (``trainer-0 | ``) when several replicas are shown together."""
+its replica (``trainer-0 | ``) when several replicas are shown together.
+
+A log past its size cap is rotated by copy-then-truncate (``control.retention.rotate``,
+logrotate's copytruncate): ``NAME.log.1`` then holds the older part and ``NAME.log`` goes on
+from empty. A log is read as the two together, the rotated part first; a log followed across
+a rotation goes on in the rotated copy from where it was, then in the new file."""
 
 from __future__ import annotations
 
@@ -11,6 +16,18 @@ from pathlib import Path
 CHUNK = 1 << 16
 
 
+def rotated(path: Path) -> Path:
+    """Where rotation keeps the older part of the log at ``path``."""
+    return path.with_name(path.name + ".1")
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
 class LogTail:
     """Incremental reader of a set of log files that may not exist yet."""
 
@@ -18,23 +35,47 @@ class LogTail:
         self.files = files
         self.prefix = prefix
         self.offsets: dict[str, int] = {label: 0 for label in files}
+        # a rotated copy still to be read before the live file, from this offset
+        self.backlog: dict[str, tuple[Path, int] | None] = {
+            label: (rotated(path), 0) if _size(rotated(path)) else None for label, path in files.items()}
         self.partial: dict[str, bytes] = {label: b"" for label in files}
         self.width = max((len(label) for label in files), default=0)
 
+    def _take(self, label: str, budget: int) -> bytes:
+        """Up to ``budget`` new bytes of one replica's log: its rotated part, then the live file."""
+        path = self.files[label]
+        live = _size(path)
+        if live is not None and live < self.offsets[label]:  # rotated since the last read
+            copy = rotated(path)
+            left = _size(copy)
+            self.backlog[label] = (copy, self.offsets[label]) if left is not None and left > self.offsets[label] else None
+            self.offsets[label] = 0
+        data = b""
+        behind = self.backlog[label]
+        if behind is not None:
+            copy, offset = behind
+            try:
+                with open(copy, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read(budget)
+            except FileNotFoundError:
+                pass
+            self.backlog[label] = (copy, offset + len(data)) if len(data) == budget else None
+            if len(data) == budget:
+                return data
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(self.offsets[label])
+                more = fh.read(budget - len(data))
+        except FileNotFoundError:
+            return data
+        self.offsets[label] += len(more)
+        return data + more
+
     def read(self, final: bool = False) -> list[bytes]:
         out: list[bytes] = []
-        for label, path in self.files.items():
-            try:
-                with open(path, "rb") as fh:
-                    if os.fstat(fh.fileno()).st_size < self.offsets[label]:
-                        self.offsets[label] = 0  # rotated (copied, then truncated): read on from its start
-                        self.partial[label] = b""
-                    fh.seek(self.offsets[label])
-                    data = fh.read(CHUNK * 16)
-            except FileNotFoundError:
-                continue
-            self.offsets[label] += len(data)
-            data = self.partial[label] + data
+        for label in self.files:
+            data = self.partial[label] + self._take(label, CHUNK * 16)
             lines = data.split(b"\n")
             self.partial[label] = lines.pop()
             if final and self.partial[label]:
@@ -44,37 +85,43 @@ class LogTail:
             out.extend(head + line + b"\n" for line in lines)
         return out
 
-
     def keep_last(self, count: int) -> None:
-        """Start every file at its last ``count`` lines (``tail -n``): what is read next is
-        those lines and whatever is written after them."""
+        """Start every file at its last ``count`` lines (``tail -n``), reaching back into its
+        rotated part when the live file holds fewer: what is read next is those lines and
+        whatever is written after them."""
         for label, path in self.files.items():
+            self.backlog[label] = None
             try:
                 with open(path, "rb") as fh:
-                    self.offsets[label] = _last_lines_offset(fh, count)
+                    self.offsets[label], found = _last_lines(fh, count)
             except FileNotFoundError:
-                continue
+                self.offsets[label], found = 0, 0
+            copy = rotated(path)
+            if self.offsets[label] == 0 and found < count and _size(copy):
+                with open(copy, "rb") as fh:
+                    self.backlog[label] = (copy, _last_lines(fh, count - found)[0])
 
     def drain(self) -> Iterator[bytes]:
         """Everything there is now, however large, a chunk at a time."""
         while True:
-            before = dict(self.offsets)
+            before = (dict(self.offsets), dict(self.backlog))
             lines = self.read()
             if lines:
                 yield b"".join(lines)
-            elif self.offsets == before:  # nothing new: what is left is an unfinished last line
+            elif (self.offsets, self.backlog) == before:  # nothing new: what is left is an unfinished last line
                 break
         rest = self.read(final=True)
         if rest:
             yield b"".join(rest)
 
 
-def _last_lines_offset(fh, count: int, block: int = 1 << 16) -> int:
-    """The offset where the last ``count`` lines of an open file begin (an unfinished last
-    line counts as one), read backwards a block at a time."""
+def _last_lines(fh, count: int, block: int = 1 << 16) -> tuple[int, int]:
+    """Where the last ``count`` lines of an open file begin (an unfinished last line counts
+    as one), read backwards a block at a time, and how many lines that is (fewer when the
+    file has fewer)."""
     size = fh.seek(0, os.SEEK_END)
     if count <= 0 or size == 0:
-        return size
+        return size, 0
     fh.seek(size - 1)
     pos = size - 1 if fh.read(1) == b"\n" else size  # a final newline ends the last line, starts none
     seen = 0
@@ -86,16 +133,18 @@ def _last_lines_offset(fh, count: int, block: int = 1 << 16) -> int:
         while (i := chunk.rfind(b"\n", 0, end)) >= 0:
             seen += 1
             if seen == count:
-                return start + i + 1
+                return start + i + 1, count
             end = i
         pos = start
-    return 0
+    return 0, seen + 1
 
 
-async def follow(tail: LogTail, ended: Callable[[], Awaitable[bool]], interval: float = 0.1) -> AsyncIterator[bytes]:
-    """Yield new lines until ``ended()`` says the job is over and everything is drained."""
+async def follow(tail: LogTail, ended: Callable[[], Awaitable[bool]], interval: float = 0.1,
+                 allowed: Callable[[], bool] = lambda: True) -> AsyncIterator[bytes]:
+    """Yield new lines until ``ended()`` says the job is over and everything is drained, or at
+    once when ``allowed()`` no longer holds (the reader's token was revoked)."""
     checks = 0
-    while True:
+    while allowed():
         lines = tail.read()
         if lines:
             yield b"".join(lines)

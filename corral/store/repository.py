@@ -8,12 +8,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, func, insert, select, text, update
+from sqlalchemy import bindparam, case, func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
 from corral.spec.models import NAME_RE, JobSpec
 from corral.states import TERMINAL_JOB_STATES, JobState, Reason, ReplicaState
+from corral.store.ids import is_number, parse_id
 from corral.store.tables import Event, Job, Replica, Task
 
 TERMINAL = [s.value for s in TERMINAL_JOB_STATES]
@@ -204,12 +205,15 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
     """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
     that name (names are per user), else anyone's newest."""
     array, sep, index = ident.partition("_")
-    if sep and array.isascii() and array.isdigit() and index.isascii() and index.isdigit() and len(ident) < 40:
-        job_id = session.scalars(select(Job.id).where(Job.array_job_id == int(array),
-                                                      Job.array_index == int(index))).first()
+    if sep and is_number(array) and is_number(index):
+        head, at = parse_id(array), parse_id(index, least=0)
+        if head is None or at is None:
+            return None
+        job_id = session.scalars(select(Job.id).where(Job.array_job_id == head, Job.array_index == at)).first()
         return load_job(session, job_id) if job_id is not None else None
-    if ident.isascii() and ident.isdigit():  # str.isdigit alone takes '²' and other Unicode digits
-        return load_job(session, int(ident)) if int(ident) < 2**63 else None
+    if is_number(ident):
+        job_id = parse_id(ident)
+        return load_job(session, job_id) if job_id is not None else None
     if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
         return None
     job_id = None
@@ -259,6 +263,24 @@ def list_jobs(session: Session, *, include_ended: bool = False, states: Iterable
         return sorted(session.scalars(query.order_by(None).order_by(Job.id.desc()).limit(limit)).all(),
                       key=lambda j: j.id)
     return list(session.scalars(query.limit(limit)).all())
+
+
+def count_live(session: Session, *, user: str | None = None, account: str | None = None,
+               partition: str | None = None) -> tuple[dict[str, int], int]:
+    """How many live jobs matching the filters are in each state, and how many of the pending
+    are held: one query on the (state, id) index, however long the queue."""
+    if any(v and len(v) > 64 for v in (user, account, partition)):
+        return {}, 0  # longer than the column: nothing matches
+    query = (select(Job.state, func.count(), func.sum(case((Job.hold != "", 1), else_=0)))
+             .where(Job.state.in_([s.value for s in JobState if s.value not in TERMINAL])).group_by(Job.state))
+    for column, value in ((Job.user, user), (Job.account, account), (Job.partition, partition)):
+        if value:
+            query = query.where(column == value)
+    counts, held = {}, 0
+    for state, count, held_here in session.execute(query):
+        counts[state] = count
+        held += int(held_here or 0)
+    return counts, held
 
 
 def array_members(session: Session, array_job_id: int) -> list[Job]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import IdentityDep, StateDep
 from corral.api.errors import documented, invalid_parameter
+from corral.api.params import Cursor, TokenId
 from corral.api.routes.jobs import moment
 from corral.api.schemas import AuditOut, TokenCreated, TokenOut, TokenRequest, WhoAmI, ts
 from corral.auth import audit
@@ -58,11 +59,14 @@ def create_token(body: TokenRequest, state: StateDep, who: IdentityDep):
         if not 0 < lifetime <= 10 * 365 * 86400:
             raise invalid_parameter("body", "expires", "a token lives more than 0 seconds and at most 10 years")
         expires_at = state.clock() + lifetime
-    record, token = state.tokens.create(body.user, body.role, expires_at, body.note, who.user)
-    out = _out(record, state)
-    state.auditor.record(who, "token_create", f"token {record.id}", detail=f"for {record.user} as {out.role}"
-                         + (f", expires {out.expires_at:%Y-%m-%d %H:%M} UTC" if out.expires_at else ""))
-    return TokenCreated(token=token, info=out)
+
+    def audited(session, record: TokenRecord) -> None:  # noqa: ANN001 - a Session
+        out = _out(record, state)
+        state.auditor.add(session, who, "token_create", f"token {record.id}", detail=f"for {record.user} as {out.role}"
+                          + (f", expires {out.expires_at:%Y-%m-%d %H:%M} UTC" if out.expires_at else ""))
+
+    record, token = state.tokens.create(body.user, body.role, expires_at, body.note, who.user, audited)
+    return TokenCreated(token=token, info=_out(record, state))
 
 
 @router.get("/tokens", response_model=list[TokenOut])
@@ -73,15 +77,16 @@ def list_tokens(state: StateDep, who: IdentityDep, revoked: bool = False):
 
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut, responses=documented(404))
-def revoke_token(token_id: Annotated[int, Path(ge=1, lt=2**63)], state: StateDep, who: IdentityDep):
+def revoke_token(token_id: TokenId, state: StateDep, who: IdentityDep):
     """Revoke a token (admin only): refused from the next request on."""
     _admin(who, state, "revoking tokens", "token_revoke")
-    found = state.tokens.revoke(token_id)
+    found = state.tokens.revoke(token_id, lambda session, record: state.auditor.add(
+        session, who, "token_revoke", f"token {record.id}", detail=f"of {record.user}"))
     if found is None:
         raise HTTPException(404, f"no token {token_id}")
     record, changed = found
-    state.auditor.record(who, "token_revoke", f"token {record.id}",
-                         detail=f"of {record.user}" + ("" if changed else "; already revoked"))
+    if not changed:
+        state.auditor.record(who, "token_revoke", f"token {record.id}", detail=f"of {record.user}; already revoked")
     return _out(record, state)
 
 
@@ -92,9 +97,7 @@ async def audit_trail(state: StateDep, who: IdentityDep, response: Response,
                       user: Annotated[str | None, Query(max_length=64)] = None,
                       action: Annotated[str | None, Query(description=f"One of {', '.join(audit.ACTIONS)}")] = None,
                       limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-                      after: Annotated[int | None, Query(ge=0, lt=2**63, description=(
-                          "Cursor: entries with a higher id, oldest first. A full page answers with the next "
-                          "cursor in the X-Next-After header"))] = None):
+                      after: Cursor = None):
     """Who did what, when, from where, and whether it was allowed (admin only): the newest
     ``limit`` entries, or with ``after`` the page above that cursor."""
     _admin(who, state, "reading the audit trail")
@@ -104,7 +107,6 @@ async def audit_trail(state: StateDep, who: IdentityDep, response: Response,
     start = moment("since", since)
 
     def read() -> list[AuditOut]:
-        state.auditor.flush()
         with state.sessions() as session:
             rows = audit.entries(session, since=start, user=user, action=action, limit=limit, after=after)
             return [AuditOut(id=e.id, ts=ts(e.ts), user=e.user, role=e.role, source=e.source, action=e.action,

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
+from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
@@ -26,6 +27,7 @@ from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
 from corral.states import JobState, retired
 from corral.store import repository
+from corral.store.ids import storable
 from corral.store.repository import NewJob
 from corral.store.tables import Job
 
@@ -81,9 +83,9 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
     spec = loaded.spec
-    _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
+    await _may_submit(state, who, spec.scheduling.priority, spec.scheduling.nice)
     # Like Slurm, refuse at submission what could never run here, naming the field to fix.
-    named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if 0 < i < 2**63})
+    named = sorted({i for _, ids in spec.scheduling.dependency for i in ids if storable(i)})  # others: no job
     known, arrays = await run_in_threadpool(_existing, state, named) if named else (set(), {})
     if arrays:  # a dependency on a job array is on every element of it, as in Slurm
         dependency = tuple((kind, tuple(dict.fromkeys(x for i in ids for x in arrays.get(i, (i,)))))
@@ -92,7 +94,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         known |= {i for members in arrays.values() for i in members}
     admitted = state.admission(spec, user, known.__contains__, any_account=who.role is Role.admin)
     if isinstance(admitted, Refusal) and admitted.forbidden:
-        state.auditor.record(who, "submit", None, "refused", admitted.message)
+        await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", admitted.message)
         raise HTTPException(403, admitted.message)
     if isinstance(admitted, Refusal):
         return JSONResponse(status_code=422, content={"detail": {
@@ -110,7 +112,14 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                     for i, index in enumerate(array.indices)]
     else:
         elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
-    stored = await asyncio.wrap_future(state.intake.submit(*elements))
+    # the audit entries are stored with the job, in its transaction
+    audit = [state.auditor.entry(who, "submit", None, detail=f"{spec.name} (account {admitted.account}, "
+                                                             f"partition {admitted.partition}, qos {admitted.qos})")]
+    if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
+        fixed = spec.scheduling.priority
+        audit.append(state.auditor.entry(who, "priority", None, detail=", ".join(
+            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"])))
+    stored = await asyncio.wrap_future(state.intake.submit(*elements, audit=tuple(audit)))
     if isinstance(stored, list):
         stored = stored[0]
     if isinstance(stored, Clash):
@@ -118,19 +127,12 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
             f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
             f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
-    job = stored
-    state.auditor.record(who, "submit", f"job {job.id}", detail=f"{spec.name} (account {admitted.account}, "
-                                                                 f"partition {admitted.partition}, qos {admitted.qos})")
-    if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
-        fixed = spec.scheduling.priority
-        state.auditor.record(who, "priority", f"job {job.id}", detail=", ".join(
-            ([f"priority {fixed:g}"] if fixed is not None else []) + [f"nice {spec.scheduling.nice}"]))
-    body = SubmitResponse(job=JobOut.of(job), warnings=loaded.warnings,
+    body = SubmitResponse(job=JobOut.of(stored), warnings=loaded.warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
-def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
+async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
     """Role checks of a submission (a 403, audited): submitting needs a user, raising a job above
     the priority formula an operator (like Slurm, where only operators may)."""
     try:
@@ -140,7 +142,7 @@ def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None
         if nice < 0:
             who.require(f"a negative nice ({nice}, raising the job above others)", Role.operator)
     except HTTPException as exc:
-        state.auditor.record(who, "submit", None, "refused", exc.detail)
+        await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", exc.detail)
         raise
 
 
@@ -171,14 +173,12 @@ def moment(name: str, value: str | None) -> float | None:
 def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bool = False, state: Annotated[list[str] | None, Query()] = None,
               user: str | None = None, name: str | None = None, limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
               account: str | None = None, partition: str | None = None,
-              array: Annotated[int | None, Query(ge=0, lt=2**31, description="Only the elements of this job array (a job id)")] = None,
+              array: ArrayId = None,
               since: Annotated[str | None, Query(description="Jobs not ended before this time (ISO 8601; UTC if no zone)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
               until: Annotated[str | None, Query(description="Jobs submitted by this time (ISO 8601)",
                                                  json_schema_extra={"format": "date-time"}, max_length=64)] = None,
-              after: Annotated[int | None, Query(ge=0, lt=2**63, description=(
-                  "Cursor: jobs with a higher id, oldest first. A full page answers with the next "
-                  "cursor in the X-Next-After header"))] = None):
+              after: Cursor = None):
     """Jobs in id order: active ones, or with ``all`` ended ones too (the newest ``limit``);
     filtered by state, user, name, account, partition and a time window (like ``sacct``)."""
     states = [s.upper() for s in state or []]
@@ -211,9 +211,9 @@ def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clo
     targets = repository.array_members(session, found.id) if whole else [found]
     with state.loop.write_lock:
         changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
+        state.auditor.add(session, who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
+                          detail=None if changed else "already ended or cancelling")
         session.commit()
-    state.auditor.record(who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
-                         detail=None if changed else "already ended or cancelling")
     for job_id in changed:
         state.loop.cancel_requested(job_id)
     return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
@@ -228,12 +228,12 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     kind = "admin" if _is_operator(who) and who.user != found.user else "user"
     with state.loop.write_lock:
         changed = repository.set_hold(session, found, kind, clock(), who.user)
+        session.refresh(found)
+        state.auditor.add(session, who, "hold", f"job {found.id}", "ok" if changed else "failed",
+                          f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
         session.commit()
         if changed:  # told before the lock is let go: no cycle may still take the job as unheld
             state.loop.hold_changed(found.id, True)
-    session.refresh(found)
-    state.auditor.record(who, "hold", f"job {found.id}", "ok" if changed else "failed",
-                         f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
     if not changed and (found.state != JobState.PENDING.value or found.cancel_requested_at is not None):
         raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
                                  "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
@@ -252,12 +252,13 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
         raise who.refuse(doing, Role.operator)
     with state.loop.write_lock:
         changed = repository.set_hold(session, found, "", clock(), who.user, operator)
+        session.refresh(found)
+        refused = not changed and found.hold == "admin" and not operator  # an operator held it meanwhile
+        state.auditor.add(session, who, "release", f"job {found.id}", "refused" if refused else "ok",
+                          "held by an operator" if refused else None if changed else "was not held")
         session.commit()
-    session.refresh(found)
-    if not changed and found.hold == "admin" and not operator:  # an operator held it meanwhile
-        state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
+    if refused:
         raise who.refuse(doing, Role.operator)
-    state.auditor.record(who, "release", f"job {found.id}", detail=None if changed else "was not held")
     if changed:
         state.loop.hold_changed(found.id, False)
     return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
@@ -274,10 +275,10 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
     with state.loop.write_lock:
         changed = repository.request_requeue(session, found, clock(), who.user, kind)
+        session.refresh(found)
+        state.auditor.add(session, who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
+                          (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
         session.commit()
-    session.refresh(found)
-    state.auditor.record(who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
-                         (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
     if changed:
         state.loop.requeue_requested(found.id)
     elif found.requeue_requested_at is None or JobState(found.state).terminal:
@@ -309,8 +310,8 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
         repository.set_desired_replicas(session, found.id, body.task, body.replicas)
         repository.add_event(session, found.id, clock(), body.task, "scale_requested",
                              message=f"{who.user} asked for {body.replicas} replica(s)")
+        state.auditor.add(session, who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
         session.commit()
-    state.auditor.record(who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
     state.loop.scale_requested(found.id, body.task, body.replicas)
     session.expire_all()
     return JobOut.of(repository.load_job(session, found.id))
@@ -337,12 +338,12 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise
     if not changes:
         raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
+    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
     with state.loop.write_lock:
         changed = repository.set_priority(session, found, clock(), who.user, **changes)
+        state.auditor.add(session, who, "priority", f"job {found.id}", "ok" if changed else "failed",
+                          detail if changed else f"{detail} not applied: {found.state}")
         session.commit()
-    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
-    state.auditor.record(who, "priority", f"job {found.id}", "ok" if changed else "failed",
-                         detail if changed else f"{detail} not applied: {found.state}")
     if not changed:
         raise HTTPException(409, f"job {found.id} is {found.state}"
                                  f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
@@ -379,7 +380,7 @@ def events(job: str, session: SessionDep, who: IdentityDep):
 
 @router.get("/{job}/logs", response_class=StreamingResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Log lines"},
-                       **documented(404)})
+                       **documented(404, 429)})
 async def logs(job: str, state: StateDep, who: IdentityDep, replica: str | None = None, follow_logs: Annotated[bool, Query(alias="follow")] = False,
                prefix: bool | None = None,
                tail: Annotated[int | None, Query(ge=0, le=10_000_000, description="Only the last N lines of each replica's log, then (with follow) what comes")] = None):
@@ -408,6 +409,6 @@ async def logs(job: str, state: StateDep, who: IdentityDep, replica: str | None 
 
         return await run_in_threadpool(check)
 
-    if not follow_logs:
-        return StreamingResponse(reader.drain(), media_type="text/plain")
-    return StreamingResponse(follow(reader, ended), media_type="text/plain")
+    # a revoked (or expired) token ends the stream it opened
+    content = follow(reader, ended, allowed=lambda: state.tokens.live(who.token_id)) if follow_logs else reader.drain()
+    return state.streams.open(who, content, "text/plain")

@@ -1,10 +1,15 @@
 // The queue: pending jobs with their reason, priority factors and expected start; running
 // jobs with the GPUs each replica holds; ended ones on request. Filters live in the URL.
+// However long the queue, the tiles are the server's counts (GET /v1/queue), every running
+// job is listed (page by page, by cursor) and the first PENDING_SHOWN pending ones.
 import { fill, badge, clock, duration, every, get, h, jobLink, section, since, table } from "./app.js";
 
 const ACTIVE = ["PENDING", "STARTING", "RUNNING", "PREEMPTED"];
 const ENDED = ["SUCCEEDED", "FAILED", "CANCELLED", "TIMEOUT"];
 const RUNNING = ["STARTING", "RUNNING", "PREEMPTED"];
+const PENDING_SHOWN = 500;
+const PAGE = 1000;
+const MAX_PAGES = 20;  // running jobs listed: at most 20,000 (the tiles count them all)
 const FACTORS = [["age", "age"], ["fair_share", "fair share"], ["job_size", "job size"],
   ["partition_factor", "partition"], ["qos_factor", "QOS"], ["expansion", "expansion"]];
 
@@ -65,6 +70,21 @@ function waitReason(job) {
   return job.reason === "None" ? "–" : job.reason;
 }
 
+// Every job matching `params`, a page at a time (the cursor is the last id of a full page).
+async function pages(params) {
+  const out = [];
+  let after = 0;
+  for (let page = 0; page < MAX_PAGES; page++) {
+    const batch = await get("v1/jobs", { ...params, limit: PAGE, after });
+    out.push(...batch);
+    if (batch.length < PAGE) break;
+    after = batch[batch.length - 1].id;
+  }
+  return out;
+}
+
+const count = (n) => n.toLocaleString("en-US");
+
 export function show(main) {
   const current = filters();
   const tiles = h("div", { class: "tiles" });
@@ -76,26 +96,37 @@ export function show(main) {
   refresh = every(1500, async () => {
     const f = filters();
     const ended = ENDED.includes(f.state) || f.state === "all";
-    const params = { user: f.user, account: f.account, partition: f.partition, limit: ended ? 500 : 1000 };
-    if (ended) params.all = true;
-    else if (ACTIVE.includes(f.state)) params.state = f.state;
-    const [jobs, priorities] = await Promise.all([get("v1/jobs", params), get("v1/priority")]);
-    const shown = ENDED.includes(f.state) ? jobs.filter((j) => j.state === f.state) : jobs;
-    remember(form, jobs);
+    const scope = { user: f.user, account: f.account, partition: f.partition };
+    const live = f.state === "active" || f.state === "all";
+    const wantPending = live || f.state === "PENDING";
+    const runningStates = live ? RUNNING : RUNNING.filter((s) => s === f.state);
+    const [totals, running, pendingPage, history, priorities] = await Promise.all([
+      get("v1/queue", scope),
+      runningStates.length ? pages({ ...scope, state: runningStates }) : [],
+      wantPending ? get("v1/jobs", { ...scope, state: "PENDING", limit: PENDING_SHOWN }) : [],
+      ended ? get("v1/jobs", { ...scope, all: true, limit: 500 }) : [],
+      wantPending ? get("v1/priority") : [],
+    ]);
+    remember(form, [...running, ...pendingPage, ...history]);
     const factors = new Map(priorities.map((p) => [p.id, p]));
     const order = new Map(priorities.map((p, i) => [p.id, i]));
-    const pending = shown.filter((j) => j.state === "PENDING")
+    const pending = pendingPage
       .sort((a, b) => (order.get(a.id) ?? 1e9) - (order.get(b.id) ?? 1e9) || a.id - b.id);
-    const running = shown.filter((j) => RUNNING.includes(j.state));
-    const done = shown.filter((j) => ENDED.includes(j.state)).reverse();
-    const gpusHeld = running.reduce((sum, j) => sum + j.tasks.reduce((n, t) => n + t.replicas.reduce((m, r) => m + r.gpus.length, 0), 0), 0);
-    fill(tiles, 
-      h("div", { class: "tile" }, h("b", {}, String(pending.length)), "pending"),
-      h("div", { class: "tile" }, h("b", {}, String(running.length)), "running"),
-      h("div", { class: "tile" }, h("b", {}, String(gpusHeld)), "GPUs held"));
+    const done = history.filter((j) => (f.state === "all" ? ENDED.includes(j.state) : j.state === f.state)).reverse();
+    const runningTotal = runningStates.reduce((n, s) => n + totals[s.toLowerCase()], 0);
+    fill(tiles,
+      h("div", { class: "tile" }, h("b", {}, count(totals.pending)), "pending",
+        totals.held ? h("small", {}, ` (${count(totals.held)} held)`) : ""),
+      h("div", { class: "tile" }, h("b", {}, count(totals.starting + totals.running + totals.preempted)), "running"),
+      h("div", { class: "tile" }, h("b", {}, count(totals.gpus)), "GPUs held"));
+    const pendingTitle = totals.pending > pending.length
+      ? `Pending (${count(totals.pending)}; the oldest ${count(pending.length)} shown, in scheduling order)`
+      : `Pending (${count(pending.length)})`;
+    const runningTitle = runningTotal > running.length
+      ? `Running (${count(runningTotal)}; ${count(running.length)} shown)` : `Running (${count(running.length)})`;
     const rowAttrs = (job) => ({ dataset: { job: job.id, state: job.state } });
     const parts = [
-      section(`Pending (${pending.length})`, table([
+      section(pendingTitle, table([
         { title: "ID", cell: (j) => jobLink(j.id) },
         { title: "Name", cell: (j) => jobLink(j.id, j.name) },
         { title: "User", cell: (j) => j.user },
@@ -110,7 +141,7 @@ export function show(main) {
         { title: "Est. start", cell: (j) => j.expected_start ? clock(j.expected_start) : "–" },
         { title: "Waiting", class: "num", cell: (j) => since(j.submitted_at) },
       ], pending, { empty: "no pending job", rowAttrs })),
-      section(`Running (${running.length})`, table([
+      section(runningTitle, table([
         { title: "ID", cell: (j) => jobLink(j.id) },
         { title: "Name", cell: (j) => jobLink(j.id, j.name) },
         { title: "User", cell: (j) => j.user },
