@@ -231,9 +231,9 @@ def test_an_owner_never_lifts_an_operators_hold_even_racing_it(server) -> None:
     job = submit(server, "name: raced\nrun: 'true'\n", scheduling={"hold": True})
     with server.state.sessions() as s:
         found = repository.find_job(s, str(job["id"]))
-        assert repository.set_hold(s, found, "admin", 1.0, "olga") is True  # the operator's hold lands first
+        assert repository.set_hold(s, found.id, "admin", 1.0, "olga") is True  # the operator's hold lands first
         # the owner's release, checked before the operator's hold landed, is still refused by the update
-        assert repository.set_hold(s, found, "", 2.0, "alice", operator=False) is False
-        assert repository.set_hold(s, found, "", 3.0, "olga", operator=True) is True
+        assert repository.set_hold(s, found.id, "", 2.0, "alice", operator=False) is False
+        assert repository.set_hold(s, found.id, "", 3.0, "olga", operator=True) is True
         s.commit()
     server.post(f"/v1/jobs/{job['id']}/cancel")

@@ -54,8 +54,8 @@ def test_create_find_list_and_cancel(db_url: str) -> None:
         s.commit()
         assert [j.id for j in repository.list_jobs(s)] == [job_id, other.id]
         assert [j.id for j in repository.list_jobs(s, user="bob")] == [other.id]
-        assert repository.request_cancel(s, job, 102.0, "alice")
-        assert not repository.request_cancel(s, job, 103.0, "alice")  # once
+        assert repository.request_cancel(s, job.id, 102.0, "alice")
+        assert not repository.request_cancel(s, job.id, 103.0, "alice")  # once
         s.commit()
         events = repository.job_events(s, job_id)
         assert [e.cause for e in events] == ["submitted", "cancel_requested"]

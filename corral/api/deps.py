@@ -21,6 +21,7 @@ from corral.api.streams import Streams
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
 from corral.auth.tokens import TokenBook, missing
+from corral.control.commands import Change, Outcome
 from corral.control.loop import ControlLoop
 from corral.pool import NodeSpec
 from corral.settings import Settings
@@ -29,6 +30,7 @@ from corral.site import Site
 
 T = TypeVar("T")
 READ_TIMEOUT_S = 10.0
+CHANGE_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -51,7 +53,25 @@ class ServerState:
         self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes)
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)
+        # the loop writes the entry of each change it carries out, in that change's transaction
+        self.loop.commands.audit = self.auditor.add
         self.streams = Streams(self.site.api.max_streams_per_user)
+
+    def change(self, change: Change, timeout: float = CHANGE_TIMEOUT_S) -> Outcome:
+        """A change carried out by the control loop in its own transaction; its outcome once
+        committed (503 if the loop does not get there in time: then nothing was done)."""
+        future = self.loop.change(change)
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            if future.cancel():  # the loop had not taken it: it never will
+                raise HTTPException(503, f"the control loop did not get to the change within {timeout:g}s (its "
+                                         "database may be unreachable); nothing was changed: try again") from None
+        try:  # being carried out: its outcome
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            raise HTTPException(503, "the change is being carried out but its commit is not done yet (the "
+                                     "database may be unreachable); `corral status` will show it") from None
 
     def read(self, read: Callable[[], T], timeout: float = READ_TIMEOUT_S) -> T:
         """An answer computed on the control loop's thread (it never shares its memory)."""

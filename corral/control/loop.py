@@ -39,7 +39,7 @@ from corral.control import lifecycle
 from corral.control.accounting import Ledger
 from corral.control.book import Book
 from corral.control.carrier import Carrier
-from corral.control.commands import Cancel, Command, Commands, Hold, Release, Reprioritize, Requeue, Scale, Submitted
+from corral.control.commands import Change, Command, Commands, Submitted
 from corral.control.discovery import Discovery
 from corral.control.effects import Effects
 from corral.control.endpoints import Endpoints
@@ -113,7 +113,7 @@ class ControlLoop:
         self.provisioning = Provisioning(book, moves, self.inventory, self.requeues, site.provisioned,
                                          self.scheduling.set_reason)
         self.observations = Observations(book, moves, self.inventory, self.carrier, self.launcher, self.supervisor)
-        self.commands = Commands(book, moves, self.queue, self.scaling)
+        self.commands = Commands(book, moves, self.queue, self.scaling)  # its audit is the server's
         self.recovery = Recovery(book, self.inventory, self.ledger, self.scaling, self.observations)
         self.reads = Reads(book, self.scheduling, self.policy, settings)
         self._asks: list[tuple[Callable[[], object], Future]] = []
@@ -241,6 +241,7 @@ class ControlLoop:
             # 4. journal: STARTING is durable before any process exists, ends before records go
             self._commit(s)
             self.observations.committed()
+            self.commands.committed()
             # 5. execute
             if self.effects.run() and self.inventory.refresh():
                 book.sched_needed = True  # nodes that left with their job are not placed on again
@@ -312,6 +313,7 @@ class ControlLoop:
         self.journal.clear()
         self.effects.drop()
         self.observations.restore()
+        self.commands.lost()
         self._resync_needed = True
 
     def _resync(self) -> None:
@@ -378,27 +380,17 @@ class ControlLoop:
         self.commands.put(command)
         self._wake.set()
 
+    def change(self, change: Change) -> Future:
+        """A change an API caller asked for; the future is answered (an ``Outcome``) once the
+        cycle that carried it out is committed."""
+        self.put(change)
+        return change.future
+
     def submitted(self, job: Job) -> None:
         """Hand a just-committed job to the loop (saves it a query); the periodic rescan of
         the store would find it anyway."""
         if not job.hold:
             self.put(Submitted(record_of(job)))
-
-    def cancel_requested(self, job_id: int) -> None:
-        self.put(Cancel(job_id))
-
-    def scale_requested(self, job_id: int, task: str, count: int) -> None:
-        self.put(Scale(job_id, task, count))
-
-    def hold_changed(self, job_id: int, held: bool) -> None:
-        """A pending job was held (it leaves the queue at once) or released (it joins it)."""
-        self.put(Hold(job_id) if held else Release(job_id))
-
-    def priority_changed(self, job_id: int) -> None:
-        self.put(Reprioritize(job_id))
-
-    def requeue_requested(self, job_id: int) -> None:
-        self.put(Requeue(job_id))
 
     def misfit(self, partition: str, tasks) -> str | None:  # noqa: ANN001 - spec TaskSpecs
         return self.provisioning.misfit(partition, tasks)

@@ -328,18 +328,18 @@ def runs_between(session: Session, since: float, until: float, *, user: str | No
     return runs
 
 
-def request_cancel(session: Session, job: Job, now: float, by: str) -> bool:
+def request_cancel(session: Session, job_id: int, now: float, by: str) -> bool:
     """Record the wish to cancel; False when the job has already ended."""
-    result = session.execute(update(Job).where(Job.id == job.id, Job.state.not_in(TERMINAL),
+    result = session.execute(update(Job).where(Job.id == job_id, Job.state.not_in(TERMINAL),
                                                Job.cancel_requested_at.is_(None))
                              .values(cancel_requested_at=now, version=Job.version + 1))
     if result.rowcount:
-        add_event(session, job.id, now, "job", "cancel_requested", message=f"cancel requested by {by}")
+        add_event(session, job_id, now, "job", "cancel_requested", message=f"cancel requested by {by}")
         return True
     return False
 
 
-def set_hold(session: Session, job: Job, hold: str, now: float, by: str, operator: bool = False) -> bool:
+def set_hold(session: Session, job_id: int, hold: str, now: float, by: str, operator: bool = False) -> bool:
     """Hold a pending job (``hold`` "user" or "admin") or release it (""): False when it is no
     longer pending (it started, ended or is being cancelled meanwhile) or already so."""
     reason = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(hold, Reason.NONE.value)
@@ -351,26 +351,26 @@ def set_hold(session: Session, job: Job, hold: str, now: float, by: str, operato
         current = Job.hold != "admin"
     else:
         current = Job.hold != "" if operator else Job.hold == "user"
-    result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+    result = session.execute(update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value,
                                                Job.cancel_requested_at.is_(None), current)
                              .values(hold=hold, reason=reason, version=Job.version + 1))
     if result.rowcount:
-        add_event(session, job.id, now, "job", "held" if hold else "released",
+        add_event(session, job_id, now, "job", "held" if hold else "released",
                   message=f"{'held' if hold else 'released'} by {by}" + (" (operator hold)" if hold == "admin" else ""))
         return True
     return False
 
 
-def request_requeue(session: Session, job: Job, now: float, by: str, hold: str = "") -> bool:
+def request_requeue(session: Session, job_id: int, now: float, by: str, hold: str = "") -> bool:
     """Record the wish to requeue a starting or running job (and hold it once pending, with
     ``hold`` "user" or "admin"); False when it is in no such state, is being cancelled, or a
     requeue is already under way."""
     values = {"requeue_requested_at": now, "version": Job.version + 1, **({"hold": hold} if hold else {})}
     result = session.execute(update(Job).where(
-        Job.id == job.id, Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]),
+        Job.id == job_id, Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]),
         Job.cancel_requested_at.is_(None), Job.requeue_requested_at.is_(None)).values(**values))
     if result.rowcount:
-        add_event(session, job.id, now, "job", "requeue_requested",
+        add_event(session, job_id, now, "job", "requeue_requested",
                   message=f"requeue requested by {by}" + (" (then held)" if hold else ""))
         return True
     return False
@@ -394,14 +394,14 @@ def set_desired_replicas(session: Session, job_id: int, task: str, count: int) -
     session.execute(update(Task).where(Task.job_id == job_id, Task.name == task).values(num_nodes=count))
 
 
-def set_priority(session: Session, job: Job, now: float, by: str, **values: float | int | None) -> bool:
+def set_priority(session: Session, job_id: int, now: float, by: str, **values: float | int | None) -> bool:
     """Change a pending job's ``priority`` (a fixed value, or None for the formula's) and/or
     ``nice`` (Slurm's ``scontrol update``): False once it is no longer pending."""
-    result = session.execute(update(Job).where(Job.id == job.id, Job.state == JobState.PENDING.value,
+    result = session.execute(update(Job).where(Job.id == job_id, Job.state == JobState.PENDING.value,
                                                Job.cancel_requested_at.is_(None))
                              .values(**values, version=Job.version + 1))
     if result.rowcount:
         shown = ", ".join(f"{k} {'formula' if v is None else v}" for k, v in values.items())
-        add_event(session, job.id, now, "job", "reprioritized", message=f"{shown} by {by}")
+        add_event(session, job_id, now, "job", "reprioritized", message=f"{shown} by {by}")
         return True
     return False

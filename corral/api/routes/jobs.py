@@ -13,6 +13,7 @@ from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
+from corral.control.commands import AskRequeue, CancelJobs, ScaleTask, SetHold, SetPriority
 from corral.api.errors import documented, invalid_parameter
 from corral.api.intake import Clash
 from corral.api.params import ArrayId, Cursor
@@ -208,16 +209,12 @@ def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clo
     ``ARRAYID_INDEX`` one element, as ``scancel`` does."""
     found = _acting_on(session, job, who, state, "cancel")
     whole = found.array_job_id == found.id and "_" not in job
-    targets = repository.array_members(session, found.id) if whole else [found]
-    with state.loop.write_lock:
-        changed = [t.id for t in targets if repository.request_cancel(session, t, clock(), who.user)]
-        state.auditor.add(session, who, "cancel", f"job {found.id}" + (f" (array, {len(changed)} element(s))" if whole else ""),
-                          detail=None if changed else "already ended or cancelling")
-        session.commit()
-    for job_id in changed:
-        state.loop.cancel_requested(job_id)
-    return CancelResponse(id=found.id, cancelled=bool(changed), state=found.state,
-                          elements=len(changed) if whole else None)
+    targets = tuple(t.id for t in repository.array_members(session, found.id)) if whole else (found.id,)
+    job_id, job_state = found.id, found.state
+    session.close()  # no connection held while the loop carries the change out
+    done = state.change(CancelJobs(who, job_ids=targets, target=f"job {job_id}" + (" (array)" if whole else "")))
+    return CancelResponse(id=job_id, cancelled=done.changed, state=job_state,
+                          elements=len(done.ids) if whole else None)
 
 
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
@@ -226,19 +223,14 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
     found = _acting_on(session, job, who, state, "hold")
     kind = "admin" if _is_operator(who) and who.user != found.user else "user"
-    with state.loop.write_lock:
-        changed = repository.set_hold(session, found, kind, clock(), who.user)
-        session.refresh(found)
-        state.auditor.add(session, who, "hold", f"job {found.id}", "ok" if changed else "failed",
-                          f"{kind} hold" if changed else f"not held: {found.state}, hold {found.hold or 'none'}")
-        session.commit()
-        if changed:  # told before the lock is let go: no cycle may still take the job as unheld
-            state.loop.hold_changed(found.id, True)
-    if not changed and (found.state != JobState.PENDING.value or found.cancel_requested_at is not None):
-        raise HTTPException(409, f"job {found.id} is {found.state}{' and being cancelled' if found.cancel_requested_at else ''}; "
+    job_id = found.id
+    session.close()  # no connection held while the loop carries the change out
+    done = state.change(SetHold(who, job_id=job_id, kind=kind))
+    if not done.changed and (done.state != JobState.PENDING.value or done.cancelling):
+        raise HTTPException(409, f"job {job_id} is {done.state}{' and being cancelled' if done.cancelling else ''}; "
                                  "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
-    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
-                          message=f"job {found.id} held" if changed else f"job {found.id} was already held")
+    return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
+                          message=f"job {job_id} held" if done.changed else f"job {job_id} was already held")
 
 
 @router.post("/{job}/release", response_model=ActionResponse, responses=documented(403, 404))
@@ -250,19 +242,13 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     if found.hold == "admin" and not operator:
         state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
         raise who.refuse(doing, Role.operator)
-    with state.loop.write_lock:
-        changed = repository.set_hold(session, found, "", clock(), who.user, operator)
-        session.refresh(found)
-        refused = not changed and found.hold == "admin" and not operator  # an operator held it meanwhile
-        state.auditor.add(session, who, "release", f"job {found.id}", "refused" if refused else "ok",
-                          "held by an operator" if refused else None if changed else "was not held")
-        session.commit()
-    if refused:
+    job_id = found.id
+    session.close()  # no connection held while the loop carries the change out
+    done = state.change(SetHold(who, job_id=job_id, kind="", operator=operator))
+    if done.refused:  # an operator held it meanwhile
         raise who.refuse(doing, Role.operator)
-    if changed:
-        state.loop.hold_changed(found.id, False)
-    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
-                          message=f"job {found.id} released" if changed else f"job {found.id} was not held")
+    return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
+                          message=f"job {job_id} released" if done.changed else f"job {job_id} was not held")
 
 
 @router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(403, 404, 409))
@@ -273,21 +259,16 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
     found = _acting_on(session, job, who, state, "requeue")
     kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
-    with state.loop.write_lock:
-        changed = repository.request_requeue(session, found, clock(), who.user, kind)
-        session.refresh(found)
-        state.auditor.add(session, who, "requeue", f"job {found.id}", "ok" if changed or found.requeue_requested_at else "failed",
-                          (f"then {kind} hold" if kind else None) if changed else f"not requeued: {found.state}")
-        session.commit()
-    if changed:
-        state.loop.requeue_requested(found.id)
-    elif found.requeue_requested_at is None or JobState(found.state).terminal:
-        raise HTTPException(409, f"job {found.id} is {found.state}"
-                                 f"{' and being cancelled' if found.cancel_requested_at else ''}; only a starting or "
-                                 "running job can be requeued" + ("" if found.state == JobState.PENDING.value else
+    job_id = found.id
+    session.close()  # no connection held while the loop carries the change out
+    done = state.change(AskRequeue(who, job_id=job_id, hold=kind))
+    if not done.changed and (not done.requeueing or JobState(done.state).terminal):
+        raise HTTPException(409, f"job {job_id} is {done.state}"
+                                 f"{' and being cancelled' if done.cancelling else ''}; only a starting or "
+                                 "running job can be requeued" + ("" if done.state == JobState.PENDING.value else
                                                                    " (launch an ended one again)"))
-    return ActionResponse(id=found.id, changed=changed, state=found.state, hold=found.hold,
-                          message=f"job {found.id} requeueing" if changed else f"job {found.id} is already requeueing")
+    return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
+                          message=f"job {job_id} requeueing" if done.changed else f"job {job_id} is already requeueing")
 
 
 @router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 403, 404, 409, 413))
@@ -306,15 +287,10 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
         detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
                   f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
         raise invalid_parameter("body", "replicas", detail)
-    with state.loop.write_lock:
-        repository.set_desired_replicas(session, found.id, body.task, body.replicas)
-        repository.add_event(session, found.id, clock(), body.task, "scale_requested",
-                             message=f"{who.user} asked for {body.replicas} replica(s)")
-        state.auditor.add(session, who, "scale", f"job {found.id}", detail=f"task {body.task} to {body.replicas} replica(s)")
-        session.commit()
-    state.loop.scale_requested(found.id, body.task, body.replicas)
-    session.expire_all()
-    return JobOut.of(repository.load_job(session, found.id))
+    job_id = found.id
+    session.close()  # no connection held while the loop carries the change out
+    state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=body.replicas))
+    return JobOut.of(repository.load_job(session, job_id))
 
 
 @router.post("/{job}/priority", response_model=JobOut, responses=documented(400, 404, 409, 413, 422))
@@ -338,19 +314,14 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise
     if not changes:
         raise invalid_parameter("body", "nice", "nice is a whole number; leave it out to keep it")
-    detail = ", ".join(f"{k} {v}" for k, v in changes.items())
-    with state.loop.write_lock:
-        changed = repository.set_priority(session, found, clock(), who.user, **changes)
-        state.auditor.add(session, who, "priority", f"job {found.id}", "ok" if changed else "failed",
-                          detail if changed else f"{detail} not applied: {found.state}")
-        session.commit()
-    if not changed:
-        raise HTTPException(409, f"job {found.id} is {found.state}"
-                                 f"{' and being cancelled' if found.cancel_requested_at else ''}; only a pending "
+    job_id = found.id
+    session.close()  # no connection held while the loop carries the change out
+    done = state.change(SetPriority(who, job_id=job_id, values=changes))
+    if not done.changed:
+        raise HTTPException(409, f"job {job_id} is {done.state}"
+                                 f"{' and being cancelled' if done.cancelling else ''}; only a pending "
                                  "job's priority can change")
-    state.loop.priority_changed(found.id)
-    session.expire_all()
-    return JobOut.of(repository.load_job(session, found.id))
+    return JobOut.of(repository.load_job(session, job_id))
 
 
 @router.get("/{job}/endpoints", responses=documented(404))
