@@ -142,7 +142,7 @@ class Commands:
     def _carry_out(self, s: Session, c: Change, now: float, cancels: list[int], requeues: list[int]) -> Outcome:
         user = c.who.user
         if isinstance(c, CancelJobs):
-            changed = tuple(i for i in c.job_ids if repository.request_cancel(s, i, now, user))
+            changed = tuple(repository.request_cancels(s, list(c.job_ids), now, user))
             self._audit(s, c, "cancel", c.target + (f" ({len(changed)} element(s))" if len(c.job_ids) > 1 else ""),
                         "ok", None if changed else "already ended or cancelling")
             cancels.extend(changed)

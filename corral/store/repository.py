@@ -330,13 +330,24 @@ def runs_between(session: Session, since: float, until: float, *, user: str | No
 
 def request_cancel(session: Session, job_id: int, now: float, by: str) -> bool:
     """Record the wish to cancel; False when the job has already ended."""
-    result = session.execute(update(Job).where(Job.id == job_id, Job.state.not_in(TERMINAL),
-                                               Job.cancel_requested_at.is_(None))
-                             .values(cancel_requested_at=now, version=Job.version + 1))
-    if result.rowcount:
-        add_event(session, job_id, now, "job", "cancel_requested", message=f"cancel requested by {by}")
-        return True
-    return False
+    return bool(request_cancels(session, [job_id], now, by))
+
+
+def request_cancels(session: Session, job_ids: list[int], now: float, by: str) -> list[int]:
+    """Record the wish to cancel each job (a whole array in two statements); the ids of those
+    not ended nor being cancelled already."""
+    changed: list[int] = []
+    jobs = Job.__table__
+    for start in range(0, len(job_ids), 500):
+        chunk = job_ids[start:start + 500]
+        changed += session.connection().execute(
+            update(jobs).where(jobs.c.id.in_(chunk), jobs.c.state.not_in(TERMINAL), jobs.c.cancel_requested_at.is_(None))
+            .values(cancel_requested_at=now, version=jobs.c.version + 1).returning(jobs.c.id)).scalars().all()
+    if changed:
+        session.connection().execute(_INSERT_EVENT, [
+            {"job_id": i, "ts": now, "subject": "job", "cause": "cancel_requested", "from_state": None, "to_state": None,
+             "message": f"cancel requested by {by}"} for i in sorted(changed)])
+    return sorted(changed)
 
 
 def set_hold(session: Session, job_id: int, hold: str, now: float, by: str, operator: bool = False) -> bool:
