@@ -30,6 +30,18 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, interval: floa
         time.sleep(interval)
 
 
+def runs(pid: int, command: str) -> bool:
+    """Whether process ``pid`` still runs ``command`` (a zombie has ended; a reused pid is
+    another program)."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and command in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
 class Corral:
     """A corral home on one infra, its server, and the ``corral`` command for it."""
 

@@ -59,7 +59,8 @@ class Harness:
         raise NotImplementedError
 
     def recover(self) -> None:
-        """Undo ``lose`` so later tests have every node again."""
+        """Bring back what ``lose`` took (called before each module's server starts: the loss
+        test comes last in its module, so the last module's loss costs nothing)."""
 
     def cleanup(self, home: Path) -> None:
         """After a module's server stopped: remove what its jobs left in the engine."""

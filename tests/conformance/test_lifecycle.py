@@ -9,9 +9,7 @@ import threading
 import time
 from datetime import datetime
 
-import psutil
-
-from conformance.driver import Corral, wait_for
+from conformance.driver import Corral, runs, wait_for
 from conformance.harnesses import describe
 
 
@@ -92,17 +90,6 @@ run: |
             assert "got TERM" in _log_lines(corral, job, label)
 
 
-def _process(pid: int, command: str) -> psutil.Process | None:
-    """The process ``pid`` if it still runs ``command`` (not a zombie, not a reused pid)."""
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE or command not in " ".join(proc.cmdline()):
-            return None
-        return proc
-    except psutil.Error:
-        return None
-
-
 def test_nothing_of_a_replica_outlives_its_recorded_end(corral: Corral, work) -> None:
     """A child in a session of its own (setsid: out of the replica's process group) is ended
     before the replica's end is recorded, whether the replica exits or is cancelled."""
@@ -127,7 +114,7 @@ run: |
         child = marker.read_text().strip()
         assert f"child {child} runs" in _log_lines(corral, job, f"{name}-0")
         # the end is recorded: nothing of the replica may run now
-        assert _process(int(child), "sleep 307") is None, f"{name}: pid {child} outlived {describe(done)}"
+        assert not runs(int(child), "sleep 307"), f"{name}: pid {child} outlived {describe(done)}"
         assert done["state"] == ("SUCCEEDED" if name == "exits" else "CANCELLED"), describe(done)
 
 
