@@ -91,21 +91,24 @@ run: |
 
 
 def test_nothing_of_a_replica_outlives_its_recorded_end(corral: Corral, work) -> None:
-    """A child in a session of its own (setsid: out of the replica's process group) is ended
-    before the replica's end is recorded, whether the replica exits or is cancelled."""
+    """A daemon (forked twice, in a session of its own: out of the replica's process group, and
+    no descendant of its process any more) is ended before the replica's end is recorded: whether the replica exits, is cancelled and ends on
+    its stop signal, or ignores it and is killed after its grace period."""
+    cases = {"exits": ("", "exit 0"), "cancelled": ("", "exec sleep 300"),
+             "killed": ("grace_period: 1s\n", "trap '' TERM; while true; do sleep 0.1; done")}
     jobs = {}
-    for name, then in (("exits", "exit 0"), ("cancelled", "exec sleep 300")):
+    for name, (head, then) in cases.items():
         marker = work / f"{name}.pid"
-        jobs[name] = (corral.launch(name, f"""
+        jobs[name] = (corral.launch(name, f"""{head}
 run: |
-  setsid bash -c 'echo $$ > {marker}; exec sleep 307' &
+  (setsid bash -c 'echo $$ > {marker}; exec sleep 307' &)  # a daemon: forked twice, in a session of its own
   until [ -s {marker} ]; do sleep 0.05; done
   until ps -o args= -p "$(cat {marker})" | grep -q "sleep 307"; do sleep 0.05; done
   echo "child $(cat {marker}) runs"
   {then}
 """), marker)
     for name, (job, marker) in jobs.items():
-        if name == "cancelled":
+        if name != "exits":
             corral.wait_running(job)
             wait_for(lambda: any(x.endswith(" runs") for x in _log_lines(corral, job, f"{name}-0")), timeout=30,
                      what="the child runs")
@@ -116,6 +119,8 @@ run: |
         # the end is recorded: nothing of the replica may run now
         assert not runs(int(child), "sleep 307"), f"{name}: pid {child} outlived {describe(done)}"
         assert done["state"] == ("SUCCEEDED" if name == "exits" else "CANCELLED"), describe(done)
+        if name == "killed":
+            assert any(e["cause"] == "killed" for e in corral.events(job)), "not killed after its grace period"
 
 
 def test_logs_are_complete_after_the_end_and_follow_streams_them_as_written(corral: Corral) -> None:
