@@ -48,7 +48,7 @@ def corral(harness: Harness, tmp_path_factory) -> Iterator[Corral]:
     try:
         run.cancel_all()
     finally:
-        run._drop_client()
+        run.close_client()
         run("server", "stop", check=False)
         kill_leftovers(home)
         harness.cleanup(home)

@@ -87,13 +87,13 @@ class Corral:
         pid = self.server_pid()
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: self("server", "status", check=False).returncode == 1, timeout=20, what="server down")
-        self._drop_client()
+        self.close_client()
 
     def start(self) -> None:
         self("server", "start")
-        self._drop_client()
+        self.close_client()
 
-    def _drop_client(self) -> None:
+    def close_client(self) -> None:
         if self._client is not None:
             self._client.close()
         self._client = None
