@@ -74,6 +74,9 @@ class RayLab:
     temp: Path
     bridge: str | None = None
     nodes: list[Node] = field(default_factory=list)
+    # how each worker was started (its command line without the netns prefix, and its log), so
+    # a killed one can come back as the same machine
+    commands: dict[str, tuple[list[str], Path]] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -104,6 +107,15 @@ class RayLab:
             node.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+    def revive(self, node: Node, timeout: float = 60.0) -> None:
+        """A killed worker comes back: the same name, IP, namespace and resources (a machine
+        that rebooted), and rejoins the cluster."""
+        if node.alive():
+            return
+        argv, log = self.commands[node.name]
+        node.proc = _start(argv, node.netns, log)
+        self.wait_nodes(len(self.nodes), timeout)
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
@@ -213,10 +225,12 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
                 _run("ip", "netns", "exec", netns, "ip", "route", "add", "default", "via", head_ip)
             lab.wait_nodes(i + 1)  # one at a time: raylets starting together on one machine can time out
             manager_port = port + 10 + i
-            proc = _start([RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
-                           "--node-manager-port", str(manager_port),
-                           "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
-                           "--labels", f"switch=leaf{i}", *common], netns, temp / f"worker{i}.log")
+            argv = [RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
+                    "--node-manager-port", str(manager_port),
+                    "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
+                    "--labels", f"switch=leaf{i}", *common]
+            lab.commands[f"worker{i}"] = (argv, temp / f"worker{i}.log")
+            proc = _start(argv, netns, temp / f"worker{i}.log")
             lab.nodes.append(Node(f"worker{i}", ip, proc, netns, gpus, manager_port))
         lab.wait_nodes(workers + 1)
     except BaseException as exc:

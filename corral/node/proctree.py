@@ -16,6 +16,29 @@ import psutil
 
 ATTEMPT_VAR = "CORRAL_ATTEMPT"
 
+# ``corral_reap KEY``: SIGKILL every process of the attempt KEY on this node but the caller,
+# found by the key in their environment, until none is left (false if some outlive 5 s). It
+# is bash, not Python, because it runs where the attempt runs: the wrapper ends what its
+# replica left behind before it records the exit, and on a Slurm node (where no corral may be
+# installed, and Slurm's proctrack may not follow a process that called setsid) a step of its
+# own ends what a killed step left. Its own helpers (grep, cut) carry the key too, but are
+# gone before the pids they print are signalled.
+REAP = r"""
+corral_reap() {
+  local round pid found
+  for round in $(seq 1 100); do
+    found=""
+    for pid in $(grep -lzxF "CORRAL_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+      [ "$pid" = "$$" ] && continue
+      kill -9 "$pid" 2>/dev/null && found=1
+    done
+    [ -z "$found" ] && return 0
+    sleep 0.05
+  done
+  return 1
+}
+"""
+
 
 def _cgroup2() -> tuple[Path | None, Path | None]:
     """Where corral may create cgroups (a writable cgroup2 mount: root, or a delegated subtree

@@ -31,12 +31,15 @@ from pathlib import Path
 import psutil
 
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
-from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
+from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put
 # it in the attempt's cgroup (children inherit it), bind the hosts file (inside its own mount
-# namespace), name it, and record that it started.
+# namespace), name it, and record that it started; its last, before recording the exit, end
+# whatever its replica left running (a child that called setsid escapes its process group,
+# and on Slurm without proctrack/cgroup its step too), so an exit is never recorded while
+# anything of the attempt still runs.
 #
 # Those first acts are on every launch's critical path, so they overlap: moving a process
 # into a cgroup may wait for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
@@ -46,7 +49,7 @@ from corral.node.proctree import ATTEMPT_VAR, ProcessTrees
 # /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
 # forks later starts before the wrapper is in its cgroup, and the helpers forked before the
 # move have exited by then.
-WRAPPER = r"""
+WRAPPER = REAP + r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
@@ -67,6 +70,7 @@ if [ -n "$7" ]; then
 fi
 if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
 """

@@ -44,7 +44,8 @@ import psutil
 
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
                                       Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
-from corral.executors.slurm.allocations import REQUEUED_STATES, Allocations, SlurmAllocation
+from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
+from corral.node.proctree import ATTEMPT_VAR, REAP
 from corral.node.runner import NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.pool import NodeSpec
@@ -53,6 +54,10 @@ from corral.runtime.batchenv import LAYOUT, compressed_counts, hostlist
 log = logging.getLogger("corral.srun")
 
 POLL_S = 0.5
+GPUS_FILE = "gpus"
+# Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
+# chooses them, not corral), by their indices on the node, then becomes the wrapper.
+RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
 PORT_SPAN = 20000
@@ -69,6 +74,9 @@ class Attempt:
     pid_started: float | None = None
     ending: bool = False  # its main process ended: the step is being ended
     gone_since: float | None = None  # when its step was first found gone
+    # started here and not yet seen running in its step: confirmed (STARTED, with the GPUs Slurm
+    # bound) once the wrapper recorded its start
+    unconfirmed: dict | None = None
 
 
 class SrunExecutor(EventStream):
@@ -183,12 +191,15 @@ class SrunExecutor(EventStream):
                                           "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
-        wrapper = (self._batch_layout(env, alloc) if batch else []) + wrapper
+        wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + \
+            (self._batch_layout(env, alloc) if batch else []) + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
                 else "--gres=none", "--kill-on-bad-exit=1", f"--output={log_file}", "--open-mode=append",
-                "--input=none", "--export=ALL"]
+                # the key marks every process of the attempt on its node (the wrapper and the reaper
+                # find them by it), not the srun client here
+                "--input=none", f"--export=ALL,{ATTEMPT_VAR}={launch.key}"]
         if mem_mb:
             argv.append(f"--mem={mem_mb}M")
         if launch.cwd:
@@ -202,12 +213,32 @@ class SrunExecutor(EventStream):
         except (OSError, ValueError) as exc:
             raise LaunchError(f"srun could not be started: {exc}") from exc
         started = process_start_time(proc.pid)
-        attempt = Attempt(launch.key, alloc.slurm_id, launch.node, step, proc, proc.pid, started)
-        with self._lock:
-            self._live[launch.key] = attempt
         handle = {"key": launch.key, "node": launch.node, "slurm": alloc.slurm_id, "step": step, "pid": proc.pid,
                   "started_at": started}
-        return Started(handle, detail=f"step {step} of Slurm job {alloc.slurm_id} (srun pid {proc.pid})")
+        attempt = Attempt(launch.key, alloc.slurm_id, launch.node, step, proc, proc.pid, started,
+                          unconfirmed={"handle": handle, "detail": f"step {step} of Slurm job {alloc.slurm_id} "
+                                                                   f"(srun pid {proc.pid})"})
+        with self._lock:
+            self._live[launch.key] = attempt
+        # running once its step runs the wrapper, with the GPUs Slurm chose (the watcher confirms)
+        return Started(handle, confirmed=False, detail=f"srun pid {proc.pid}")
+
+    def bound_gpus(self, key: str) -> tuple[int, ...] | None:
+        """The GPUs Slurm bound to the attempt's step (node indices), once its step recorded them."""
+        try:
+            text = (self.runner.run_dir(key) / GPUS_FILE).read_text().strip()
+        except OSError:
+            return None
+        try:
+            return tuple(int(g) for g in text.split(",")) if text else ()
+        except ValueError:  # not indices (UUIDs): corral's own choice stays what it shows
+            return None
+
+    def _confirm(self, attempt: Attempt) -> None:
+        pending, attempt.unconfirmed = attempt.unconfirmed, None
+        if pending is not None:
+            self._emit(Observed(attempt.key, Kind.STARTED, handle=pending["handle"], node=attempt.node,
+                                gpus=self.bound_gpus(attempt.key), detail=pending["detail"]))
 
     def _batch_layout(self, env: dict[str, str], alloc: SlurmAllocation) -> list[str]:
         nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
@@ -237,9 +268,13 @@ class SrunExecutor(EventStream):
                 with self._lock:
                     self._live[key] = attempt
                 self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
-                                                                              "slurm": slurm_id})))
+                                                                              "slurm": slurm_id}),
+                                    gpus=self.bound_gpus(key)))
                 continue
+            why = self._allocation_ended(slurm_id)
             ended = self._ended(key, slurm_id, step, None)
+            if ended is not None and why:
+                ended = _lost_with_allocation(ended, why, (handle or {}).get("node", ""))
             if ended is None:  # accounting has not finalised its step yet: watch it a little longer
                 with self._lock:
                     self._live[key] = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None, 0, None,
@@ -294,6 +329,7 @@ class SrunExecutor(EventStream):
         if signum == signals.SIGKILL:
             if step_id:
                 _retrying(lambda: self.cli.cancel(step_id) or _raise("scancel failed"), quiet=True)
+                self._reap(attempt)
             if attempt.pid and _alive(attempt.pid, attempt.pid_started):
                 try:  # a step not created yet is never created
                     os.kill(attempt.pid, signals.SIGKILL)
@@ -310,6 +346,42 @@ class SrunExecutor(EventStream):
             os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
             return True
         return False
+
+    def _reap(self, attempt: Attempt) -> None:
+        """End what a killed step leaves on its node. Slurm kills the processes its proctrack
+        follows; with proctrack/linuxproc (or pgid) one that called setsid is not among them,
+        lives on, and if it holds the step's output the step never ends. A step of its own
+        (``--overlap``: it takes nothing from the replicas) kills every process carrying the
+        attempt's key there."""
+        try:
+            _, host, _ = self.allocations.where(attempt.node)
+        except LaunchError:
+            return  # the allocation is over: Slurm ended what ran in it
+        argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                "--gres=none", "--mem=16M", "--quiet", f"--job-name=corral-{self.scope}-reap", "bash", "-c",
+                REAP + 'corral_reap "$1"', "corral-reap", attempt.key]
+        try:
+            done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("could not end what %s left on %s: %s", attempt.key, host, exc)
+            return
+        if done.returncode != 0:
+            log.warning("processes of %s on %s survived SIGKILL: %s", attempt.key, host,
+                        (done.stderr or done.stdout).strip()[-300:])
+
+    def _allocation_ended(self, slurm_id: str) -> str | None:
+        """Why Slurm ended the allocation the attempt ran in (an operator's scancel, a node
+        failure, its time limit), or None while it runs or corral released it itself."""
+        with self.allocations.lock:
+            alloc = self.allocations.by_id.get(slurm_id) if slurm_id else None
+        if alloc is None or not alloc.checked:
+            return None
+        if alloc.info is None:
+            return f"Slurm ended its allocation (job {slurm_id} is gone)"
+        if alloc.info.state in ENDED:
+            return f"Slurm ended its allocation (job {slurm_id}: {alloc.info.state.lower()})"
+        return None
 
     def forget(self, handle: Handle) -> None:
         self.runner.forget(handle["key"])
@@ -364,6 +436,9 @@ class SrunExecutor(EventStream):
             live = list(self._live.values())
         if not live:
             return
+        for attempt in live:  # its wrapper runs: the step started (an end is reported after this)
+            if attempt.unconfirmed is not None and self.runner.started_pid(attempt.key) is not None:
+                self._confirm(attempt)
         try:
             steps = self.cli.steps(sorted({a.slurm_id for a in live if a.slurm_id}))
         except SlurmError as exc:  # unknown is not gone: look again at the next tick
@@ -412,9 +487,13 @@ class SrunExecutor(EventStream):
                 continue
             if attempt.gone_since is None:
                 attempt.gone_since = time.monotonic()
-            ended = self._ended(attempt.key, attempt.slurm_id, attempt.step, rc, time.monotonic() - attempt.gone_since)
+            why = self._allocation_ended(attempt.slurm_id)
+            waited = ACCOUNTING_WAIT_S if why else time.monotonic() - attempt.gone_since
+            ended = self._ended(attempt.key, attempt.slurm_id, attempt.step, rc, waited)
             if ended is None:
                 continue  # accounting not final yet
+            if why:
+                ended = _lost_with_allocation(ended, why, attempt.node)
             with self._lock:
                 self._live.pop(attempt.key, None)
             self._emit(ended)
@@ -444,6 +523,15 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
              "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
              "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
     return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
+
+
+def _lost_with_allocation(ended: Observed, why: str, node: str) -> Observed:
+    """An attempt whose step went with its allocation: the replica did not end on its own,
+    so it is lost (the exit Slurm's signals gave it is not its own), unless it recorded a
+    plain exit code first (it ended before the allocation did) or never started."""
+    if ended.kind == Kind.ABSENT or (ended.kind == Kind.EXITED and ended.code is not None and ended.code < 128):
+        return ended
+    return Observed(ended.key, Kind.LOST, node=node or None, reason=why)
 
 
 def _raise(message: str):

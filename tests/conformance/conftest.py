@@ -1,0 +1,62 @@
+"""Fixtures of the executor conformance suite: ``harness``, one per registered infra for the
+whole session (its lab brought up once; an infra that is not available here, or has no
+harness, skips with the reason), and ``corral``, a real corral server of a home configured
+for that infra, one per infra per test module, driven through the ``corral`` command and
+its HTTP API as a user would."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conformance.driver import Corral
+from conformance.harnesses import Harness, harnesses
+from conftest import kill_leftovers
+
+_HARNESSES = harnesses()
+
+
+@pytest.fixture(scope="session", params=sorted(_HARNESSES))
+def harness(request) -> Iterator[Harness]:
+    found = _HARNESSES[request.param]
+    if found is None:
+        pytest.skip(f"infra {request.param!r} has no conformance harness: name one in CORRAL_CONFORMANCE_HARNESS "
+                    "(docs/executors.md)")
+    why = found.why_unavailable()
+    if why is not None:
+        pytest.skip(f"{request.param}: {why}")
+    started = time.monotonic()
+    found.start()
+    print(f"\n{found.name}: ready in {time.monotonic() - started:.1f}s")
+    yield found
+    found.stop()
+
+
+@pytest.fixture(scope="module")
+def corral(harness: Harness, tmp_path_factory) -> Iterator[Corral]:
+    harness.recover()  # what an earlier module's loss test took
+    root = tmp_path_factory.mktemp(f"conformance-{harness.name}")
+    home = root / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(harness.site())
+    run = Corral(home, harness)
+    run.start()
+    yield run
+    try:
+        run.cancel_all()
+    finally:
+        run.close_client()
+        run("server", "stop", check=False)
+        kill_leftovers(home)
+        harness.cleanup(home)
+
+
+@pytest.fixture
+def work(corral: Corral, request) -> Path:
+    """A directory of this test's own for the files its replicas write."""
+    path = corral.work / request.node.name.replace("[", "-").replace("]", "")
+    path.mkdir()
+    return path
