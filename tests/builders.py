@@ -40,6 +40,7 @@ class GroupBuilder:
 
     def __init__(self, job_id: int = 1, state: JobState = JobState.RUNNING):
         self.job_id, self.state, self.cancel = job_id, state, False
+        self.ended_by = None  # (state, words) when the engine that provisioned its nodes ended them
         self.tasks: list[TaskView] = []
         self.replicas: list[ReplicaView] = []
 
@@ -58,7 +59,7 @@ class GroupBuilder:
         return self
 
     def build(self) -> JobView:
-        return JobView(self.job_id, self.state, self.cancel, tuple(self.tasks), tuple(self.replicas))
+        return JobView(self.job_id, self.state, self.cancel, tuple(self.tasks), tuple(self.replicas), self.ended_by)
 
     def id_of(self, label: str) -> int:
         name, rank = label.rsplit("-", 1)

@@ -377,6 +377,31 @@ def test_a_job_slurm_requeues_is_requeued_by_corral_under_the_same_id(slurm_home
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
 
 
+def test_an_allocation_cancelled_outside_corral_ends_the_job_cancelled_in_slurms_words(slurm_home, tmp_path):
+    """Not "cancelled by request" (nobody asked corral), not a lost node to recover from: the
+    job ends as Slurm ended its allocation, and says so."""
+    corral = slurm_home
+    spec = tmp_path / "gone.yaml"
+    spec.write_text("name: gone\nresources: {accelerators: H100:1}\nrestart: {policy: always, max_restarts: 3}\n"
+                    "run: exec sleep 300\n")
+    job_id = corral("launch", "--slurm", "-d", str(spec)).stdout.strip()
+    wait_for(lambda: _job(corral, job_id)["state"] == "RUNNING", timeout=30, interval=0.5)
+    slurm_id = _slurm_job_of(corral, job_id)
+    subprocess.run(["scancel", slurm_id], env=ENV, check=True)
+    job = wait_for(lambda: (j := _job(corral, job_id))["state"] in ("CANCELLED", "FAILED", "PENDING") and j,
+                   timeout=40, interval=0.5)
+    assert job["state"] == "CANCELLED", job
+    assert f"Slurm ended its allocation (job {slurm_id}: cancelled)" in job["message"]
+    assert job["requeues"] == 0 and _slurm_job_of_or_none(corral, job_id) is None  # nothing asked of Slurm again
+
+
+def _slurm_job_of_or_none(corral, job_id: str) -> str | None:
+    try:
+        return _slurm_job_of(corral, job_id)
+    except AssertionError:
+        return None
+
+
 def test_a_job_no_slurm_node_can_hold_is_refused_at_submit(slurm_home, tmp_path):
     corral = slurm_home
     spec = tmp_path / "big.yaml"

@@ -10,6 +10,9 @@ Rules (SkyPilot job-group semantics, with the delay persisted):
   * a primary replica failed → every other replica stops at once, the job FAILS;
   * an auxiliary failing on its own does not stop the primaries, but the job ends FAILED;
   * cancel → every replica stops with its grace period, the job is CANCELLED;
+  * the engine that provisioned the job's nodes ended them (a Slurm time limit, an scancel
+    from outside) → every replica stops, the job ends as the engine said (TIMEOUT, CANCELLED
+    or FAILED), with the engine's words;
   * a replica reaching its task's time limit → every replica stops, the job ends TIMEOUT."""
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ class JobView:
     cancel_requested: bool
     tasks: tuple[TaskView, ...]
     replicas: tuple[ReplicaView, ...]
+    # the engine that provisioned its nodes ended them: (the job's end state, the engine's words)
+    ended_by: tuple[JobState, str] | None = None
 
 
 def evaluate(job: JobView, now: float) -> list[Decision]:
@@ -54,6 +59,13 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
         return out
     live = [r for r in job.replicas if not r.state.terminal]
     primary_tasks = {t.name for t in job.tasks if t.primary}
+
+    if job.ended_by is not None:  # its nodes are gone (or going): it ends as the engine ended them
+        state, words = job.ended_by
+        _stop(out, live, "allocation_ended")
+        if not live:
+            out.append(EndJob(state, None, "allocation_ended", words))
+        return out
 
     if job.cancel_requested:
         _stop(out, live, "cancel")

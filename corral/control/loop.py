@@ -222,7 +222,8 @@ class ControlLoop:
             if self.inventory.refresh():
                 book.sched_needed = True
             self.ledger.accrue(now, self.scheduling.holdings())
-            # 2. observe
+            # 2. observe (what engines did to provisioned nodes first: it explains what follows)
+            self.provisioning.follow(s, now)
             self.observations.collect(now, self.quarantine)
             self._probe_answers(now)
             # 3. decide

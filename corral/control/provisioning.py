@@ -30,6 +30,10 @@ log = logging.getLogger("corral.control")
 # corral's own reasons that leave a job free to be given nodes: it waits only for nodes (its
 # partition has none until the engine provisions them). Gates (dependencies, array
 # throttles, QOS and account limits, holds) keep it out of the engine's queue too.
+# how a job ends when the engine ended its nodes
+_ENDS = {Allocation.TIMEOUT: JobState.TIMEOUT, Allocation.CANCELLED: JobState.CANCELLED,
+         Allocation.ENDED: JobState.FAILED}
+
 FOR_NODES = frozenset({Reason.RESOURCES.value, Reason.PRIORITY.value, Reason.GPU_TYPE.value, Reason.TOPOLOGY.value,
                        Reason.CONSTRAINT.value, Reason.PREEMPTING.value})
 
@@ -57,11 +61,32 @@ class Provisioning:
             if isinstance(engine, Provisioner):
                 self.partitions[partition] = (engine, target)
 
+    def follow(self, s: Session, now: float) -> None:
+        """Before the executors' events are applied: what became of running jobs' nodes.
+        Requeued by the engine → the job is requeued (and waits for the same nodes); ended →
+        the job ends as the engine ended them, so a replica lost with them is not taken for
+        a lost node to recover from."""
+        for job in list(self.book.active.values()):
+            found = self.partitions.get(job.partition)
+            if found is None or job.ended_by is not None:
+                continue
+            if job.state == JobState.PREEMPTED or job.cancel_requested or job.requeue_requested:
+                continue
+            fate, words = found[0].allocation(job.id)
+            if fate == Allocation.LIVE:
+                continue
+            self.moves.event(job.id, now, "job", "provisioned", words)
+            if fate == Allocation.REQUEUED:
+                self.requeues.requested(s, [job.id], now)
+            else:
+                job.ended_by = (_ENDS[fate], words)
+                self.book.dirty.add(job.id)
+
     def run(self, s: Session, now: float) -> None:
         """Step 5a, after the scheduler said why each job waits: a job of a provisioned
         partition that waits only for nodes gets them asked for (once); while the engine keeps
-        it waiting, the engine's reason is the job's. Running jobs' nodes are followed
-        (requeued by the engine, or ended), and what is held for ended jobs given back."""
+        it waiting, the engine's reason is the job's. What is held for ended jobs is given
+        back."""
         partitions, book = self.partitions, self.book
         if not partitions:
             return
@@ -102,21 +127,8 @@ class Provisioning:
                 waiting.add(job.id)
                 self.set_reason(job.id, result.reason)
         for job in list(book.active.values()):
-            if job.partition not in partitions:
-                continue
-            engine, _ = partitions[job.partition]
-            keep.setdefault(id(engine), set()).add(job.id)
-            if job.state == JobState.PREEMPTED or job.cancel_requested or job.requeue_requested:
-                continue
-            fate, words = engine.allocation(job.id)
-            if fate == Allocation.LIVE:
-                continue
-            self.moves.event(job.id, now, "job", "provisioned", words)
-            if fate == Allocation.REQUEUED:
-                self.requeues.requested(s, [job.id], now)
-            else:
-                job.cancel_requested = True
-                book.dirty.add(job.id)
+            if job.partition in partitions:
+                keep.setdefault(id(partitions[job.partition][0]), set()).add(job.id)
         for engine in {id(e): e for e, _ in partitions.values()}.values():
             engine.prune(keep.get(id(engine), set()))
         book.engine_waiting = waiting

@@ -115,6 +115,8 @@ class JobRec:
     array_index: int | None = None
     array_throttle: int | None = None  # at most this many elements of the array run at once
     no_requeue: bool = False  # --no-requeue: a preempted job is cancelled, whatever the preempt mode
+    # the engine that provisioned its nodes ended them: (the job's end state, the engine's words)
+    ended_by: tuple[JobState, str] | None = None
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -170,7 +172,7 @@ class JobRec:
                        tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
                              for t in self.tasks),
                        tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
-                                         r.stop_cause == "time_limit") for r in self.members))
+                                         r.stop_cause == "time_limit") for r in self.members), self.ended_by)
 
 
 def alternatives_of(spec: TaskSpec) -> tuple[tuple[int, float, float, str | None], ...]:

@@ -93,14 +93,15 @@ class Supervisor:
         asked = replica.stop_requested_at is not None
         policy = job.task(replica.task).service.restart
         code = None if event.lost else event.code
-        if not asked and not job.cancel_requested and job.state != JobState.PREEMPTED \
+        ending = job.cancel_requested or job.ended_by is not None  # nothing restarts: the job is ending
+        if not asked and not ending and job.state != JobState.PREEMPTED \
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)
             why = f"exit code {code}" if code is not None else f"lost ({event.reason or 'exit code unknown'})"
             return [Restart(replica.id, now + delay, code,
                             f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
                             f"(policy {policy.policy})")]
-        if event.lost and not asked and not event.node_up and not job.cancel_requested \
+        if event.lost and not asked and not event.node_up and not ending \
                 and job.state in (JobState.RUNNING, JobState.STARTING):
             return [RequeueJob(replica.id, f"lost: {event.reason}",
                                f"node {replica.node} is down ({replica.label} was lost); the job is requeued")]

@@ -274,7 +274,9 @@ class Allocation(str, Enum):
 
     LIVE = "live"
     REQUEUED = "requeued"  # the engine took them back and will give them again (requeue the job)
-    ENDED = "ended"  # the engine ended them (time limit, cancelled outside corral, node failure)
+    TIMEOUT = "timeout"  # the engine's time limit ended them: the job ends TIMEOUT
+    CANCELLED = "cancelled"  # cancelled outside corral: the job ends CANCELLED
+    ENDED = "ended"  # ended otherwise (node failure, out of memory): the job ends FAILED
 
 
 @runtime_checkable

@@ -128,3 +128,16 @@ def test_time_limit_stops_everything_and_ends_timeout() -> None:
                   else r for r in g.replicas]
     end = evaluate(g.build(), now=6).end
     assert end.state == JobState.TIMEOUT and "rollout-0" in end.message
+
+
+def test_nodes_ended_by_their_engine_end_the_job_as_the_engine_said() -> None:
+    """A Slurm time limit is TIMEOUT, an scancel from outside CANCELLED: every replica stops,
+    and the job ends with the engine's words, not as cancelled by a user."""
+    g = group()
+    g.ended_by = (JobState.TIMEOUT, "Slurm ended its allocation (job 12: timeout)")
+    d = evaluate(g.build(), now=1)
+    assert len(d.stops) == 5 and all(s.cause == "allocation_ended" for s in d.stops) and d.end is None
+    for label in ("trainer-0", "trainer-1", "rollout-0", "rollout-1", "reward-0"):
+        g.replica(label, S.KILLED, 143, stopping=True)
+    d = evaluate(g.build(), now=2)
+    assert d.end.state == JobState.TIMEOUT and d.end.message == "Slurm ended its allocation (job 12: timeout)"

@@ -297,3 +297,17 @@ def test_any_event_sequence_yields_only_legal_decisions(events, policy, max_rest
             assert r.restarts <= max_restarts
         if r.state.terminal:
             break
+
+
+def test_a_replica_lost_with_nodes_its_engine_ended_is_neither_restarted_nor_requeued() -> None:
+    """Slurm ended the job's allocation (its time limit, an scancel): the replicas lost with it
+    end, whatever their restart policy, and the job is not requeued as for a lost node."""
+    sup, job = Supervisor(), make_job({"name": "main", "restart": ALWAYS})
+    job.ended_by = (JobState.CANCELLED, "Slurm ended its allocation (job 7: cancelled)")
+    [end] = sup.attempt_ended(job, one(job), AttemptEnded(1, None, lost=True, reason="allocation gone",
+                                                           node_up=False), 5.0)
+    assert isinstance(end, End) and end.state == ReplicaState.FAILED
+    job.ended_by = None  # the same loss with the nodes still the job's: recovered as the policy says
+    one(job).state = ReplicaState.RUNNING
+    [again] = sup.attempt_ended(job, one(job), AttemptEnded(1, None, lost=True, reason="node died", node_up=False), 5.0)
+    assert isinstance(again, Restart)

@@ -242,7 +242,12 @@ class Allocations:
         if state in REQUEUED_STATES:
             self.keep_on_release(job_id)  # the requeue that follows waits for this Slurm job
             return Fate.REQUEUED, f"Slurm requeued its allocation (job {slurm_id})"
-        return Fate.ENDED, f"Slurm ended its allocation ({state.lower()})"
+        words = f"Slurm ended its allocation (job {slurm_id}: {state.lower()})"
+        if state in ("TIMEOUT", "DEADLINE"):
+            return Fate.TIMEOUT, words
+        if state == "CANCELLED":
+            return Fate.CANCELLED, words
+        return Fate.ENDED, words
 
     def holds(self, job_id: int) -> bool:
         with self.lock:
