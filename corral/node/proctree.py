@@ -28,10 +28,18 @@ corral_reap() {
   local round pid found
   for round in $(seq 1 100); do
     found=""
-    for pid in $(grep -lzxF "CORRAL_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
-      [ "$pid" = "$$" ] && continue
-      kill -9 "$pid" 2>/dev/null && found=1
-    done
+    if [ -n "$2" ] && [ -r "$2" ]; then
+      # in the attempt's own cgroup: its members are exactly what is left of the attempt
+      while read -r pid; do
+        [ "$pid" = "$$" ] && continue
+        kill -9 "$pid" 2>/dev/null && found=1
+      done < "$2"
+    else
+      for pid in $(grep -lzxF "CORRAL_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" = "$$" ] && continue
+        kill -9 "$pid" 2>/dev/null && found=1
+      done
+    fi
     [ -z "$found" ] && return 0
     sleep 0.05
   done
