@@ -214,6 +214,20 @@ class Reserving(Protocol):
 
 
 @runtime_checkable
+class Reachability(Protocol):
+    """An engine that can be unreachable while the server runs (a Ray cluster, a Slurm
+    controller). Such an executor is built without contacting its engine and never raises
+    for an unreachable one: it keeps trying in the background, ``nodes()`` is empty while
+    it is down, and the loop shows its partitions DOWN with the reason (``corral nodes``,
+    ``corral queue``, the dashboard, ``/metrics``) while every other infra runs on."""
+
+    def unreachable(self) -> str | None:
+        """None while the engine answers; otherwise the reason, as a sentence naming the
+        engine and what failed (e.g. "Ray at 10.0.0.1:6379 does not answer: …")."""
+        ...
+
+
+@runtime_checkable
 class Preparing(Protocol):
     def prepare(self, key: str) -> None:
         """An attempt with this key was placed on one of its nodes and launches after the
