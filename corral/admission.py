@@ -110,11 +110,15 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
         reasons = [_infeasible(nodes, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
             where = f" in partition {partition.name!r}" if policy.partitions else ""
+            hint = ""
+            if request.gpus and not any(n.gpus for n in site.nodes):
+                hint = ("; this site has no GPUs (none was found here and config.yaml declares none): a "
+                        "config.yaml in CORRAL_HOME can declare nodes and their GPUs (README: Configuration)")
             if len(reasons) == 1:
-                return Refusal("resources", f"can never run{where}: {reasons[0]}")
+                return Refusal("resources", f"can never run{where}: {reasons[0]}{hint}")
             each = "; ".join(f"alternative {i + 1}: {r}" for i, r in enumerate(reasons[:4]))
             more = f"; and {len(reasons) - 4} more" if len(reasons) > 4 else ""
-            return Refusal("resources", f"can never run{where} with any resource alternative: {each}{more}")
+            return Refusal("resources", f"can never run{where} with any resource alternative: {each}{more}{hint}")
         if all(tally.never(variant) for _, variant in request.variants):
             return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                                   f"{account!r} ever allows")

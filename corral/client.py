@@ -48,6 +48,17 @@ class CorralError(RuntimeError):
         self.status = status
         self.errors = errors or []
 
+    def __str__(self) -> str:
+        """The message and, for an invalid job file, one line per issue with its line and field
+        (what a script's traceback or log shows)."""
+        lines = [self.message]
+        for issue in self.errors:
+            where = f"line {issue['line']}: " if issue.get("line") else ""
+            field = f"{issue['field']}: " if issue.get("field") else ""
+            document = f"{issue['document']}: " if issue.get("document") else ""
+            lines.append(f"  {where}{document}{field}{issue.get('message', '')}")
+        return "\n".join(lines)
+
 
 class InvalidRequest(CorralError):
     """400/413/422: the request or the job file is invalid (``errors`` lists why)."""

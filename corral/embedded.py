@@ -136,9 +136,17 @@ def locate(settings: Settings | None = None, autostart: bool = True) -> tuple[st
     saved = SavedLogins().default()
     if saved is not None:
         return saved[0], for_server(saved[0], settings.home)
-    info = start(settings) if autostart else running(settings)
+    info = running(settings)
+    if not info and autostart:
+        info = start(settings)
+        # A person whose first command quietly got a private, empty server of their own (a
+        # second user on a shared machine, a typo in CORRAL_HOME) would wonder where the
+        # shared queue went: say once what happened and how to reach another server.
+        print(f"corral: started a server for {settings.home} (pid {info.get('pid')}, {info['url']}); "
+              "to use another server instead: `corral login URL` or CORRAL_SERVER=URL", file=sys.stderr)
     if not info:
-        raise CorralError("no corral server is running; start one with `corral server start`")
+        raise CorralError(f"no corral server runs for {settings.home}; `corral server start` (or any "
+                          "job command) starts one, `corral login URL` or CORRAL_SERVER=URL uses another")
     return info["url"], for_server(info["url"], settings.home)
 
 

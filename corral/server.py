@@ -115,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     # replicas start with the umask the server was started with (see LocalExecutor).
     os.environ.setdefault("CORRAL_USER_UMASK", oct(os.umask(0o077)))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request at INFO: one line per readiness probe, thousands an hour
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = _arguments(argv)
     settings = Settings.from_env()
     settings.ensure_dirs()

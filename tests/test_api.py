@@ -178,7 +178,7 @@ def test_cancel_pending_job(server) -> None:
     blocker = submit(server, "name: blocker\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
     wait_state(server, blocker["id"], "RUNNING")  # else the small job, favoured by priority, would go first
     waiting = submit(server, "name: waiting\nresources: {accelerators: H100:1}\nrun: echo never\n")
-    assert wait_state(server, waiting["id"], "PENDING")["reason"] in ("Resources", "None")
+    assert wait_state(server, waiting["id"], "PENDING")["reason"] in ("Resources", None)
     server.post(f"/v1/jobs/{waiting['id']}/cancel")
     done = wait_state(server, waiting["id"], "CANCELLED")
     assert done["tasks"][0]["replicas"][0]["pid"] is None

@@ -93,7 +93,7 @@ def test_queue_events_nodes_and_cancel(corral, tmp_path: Path) -> None:
     table = corral("queue", check=True).stdout
     assert "ID" in table and "REASON" in table and "sleeper" in table and "Resources" in table
     queued = json.loads(corral("queue", "--json", check=True).stdout)
-    assert [(j["state"], j["reason"]) for j in queued] == [("RUNNING", "None"), ("RUNNING", "None"),
+    assert [(j["state"], j["reason"]) for j in queued] == [("RUNNING", None), ("RUNNING", None),
                                                           ("PENDING", "Resources")]
     sprio = corral("queue", "--priority", check=True).stdout  # like sprio: one row per pending job
     header, *rows = [line.split() for line in sprio.strip().splitlines()]

@@ -325,7 +325,7 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
             waiting = [j for j in jobs if j["state"] == "PENDING"]
             started = [j for j in jobs if j["state"] in ("STARTING", "RUNNING")]
             done = len(started) == 1 and len(waiting) == len(acknowledged) - 1 and \
-                all(j["reason"] not in ("None", "") for j in waiting)
+                all(j["reason"] not in (None, "") for j in waiting)
             return jobs if done else None
 
         jobs = wait_for(placed, timeout=60)

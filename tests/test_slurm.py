@@ -368,7 +368,7 @@ def test_a_job_slurm_requeues_is_requeued_by_corral_under_the_same_id(slurm_home
     # waiting for the same Slurm job rather than a new one
     job = wait_for(lambda: (j := _job(corral, job_id))["state"] == "PENDING" and j["requeues"] == 1 and j,
                    timeout=30, interval=0.5)
-    assert job["reason"] not in ("None", "Resources")  # Slurm's own (BeginTime while it waits out the requeue)
+    assert job["reason"] not in (None, "Resources")  # Slurm's own (BeginTime while it waits out the requeue)
     assert _slurm_job_of(corral, job_id) == slurm_id
     events = corral("events", job_id).stdout
     assert "Slurm requeued its allocation" in events

@@ -79,7 +79,8 @@ class JobOut(BaseModel):
     name: str
     user: str
     state: str
-    reason: str
+    reason: str | None = Field(description="why it waits, in Slurm's words (Resources, Priority, Dependency, …); "
+                                           "null when nothing holds it back")
     message: str | None
     exit_code: int | None
     group: bool
@@ -113,7 +114,7 @@ class JobOut(BaseModel):
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
         return cls.model_construct(
-            id=job.id, name=job.name, user=job.user, state=job.state, reason=job.reason, message=job.message,
+            id=job.id, name=job.name, user=job.user, state=job.state, reason=None if job.reason == "None" else job.reason, message=job.message,
             exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
             submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
             cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",

@@ -15,6 +15,7 @@ from corral import embedded as daemon
 from corral.cli.render import Column, Usage, err, fail, out, print_json, table
 from corral.client import Client, CorralError
 from corral.credentials import SavedLogins
+from corral.settings import Settings
 
 
 def _client() -> Client:
@@ -110,7 +111,11 @@ def logout(args: Namespace) -> None:
 
 
 def whoami(args: Namespace) -> None:
-    client = _client()
+    try:  # a question about this client: answered by a server that runs, never by starting one
+        client = daemon.connect(Settings.from_env(), autostart=False)
+    except CorralError as exc:
+        fail(exc)
+        raise  # fail exits
     try:
         me = client.whoami()
     except CorralError as exc:

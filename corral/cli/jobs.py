@@ -118,7 +118,7 @@ def logs(args: Namespace) -> None:
     try:
         data = client.job(args.job)
         if data["state"] == "PENDING" and not data["started_at"]:
-            reason = "" if data["reason"] == "None" else f" ({data['reason']})"
+            reason = "" if data["reason"] in (None, "None") else f" ({data['reason']})"
             err.print(f"Job {data['id']} is pending{reason}; "
                       + ("its logs follow once it starts." if args.follow else "it has no logs yet."))
         _stream(client.logs(args.job, replica=args.replica, follow=args.follow, tail=args.tail))
@@ -134,7 +134,7 @@ def _while_pending(client: Client, job: dict) -> None:
     tty = sys.stderr.isatty()
     shown, waited, first = "", False, True
     while job["state"] == "PENDING":
-        reason = "" if job["reason"] == "None" else f" ({job['reason']})"
+        reason = "" if job["reason"] in (None, "None") else f" ({job['reason']})"
         start = f", expected start {moment(job['expected_start'])}" if job.get("expected_start") else ""
         line = f"Job {job['id']} pending{reason}{start}"
         if line != shown and not first:  # a job that starts at once never shows the line

@@ -14,7 +14,17 @@ import sys
 
 from corral import __version__
 
-_FORMATTER = argparse.RawDescriptionHelpFormatter
+class _FORMATTER(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter with the terminal's width found without shutil, whose import
+    brings three compressors (argparse builds a formatter for every argument it adds)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        if width is None:
+            from corral.cli.render import terminal_columns
+
+            width = terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
 
 
 def _command(sub, name: str, run: str, summary: str, description: str | None = None, **extra) -> argparse.ArgumentParser:
@@ -22,6 +32,21 @@ def _command(sub, name: str, run: str, summary: str, description: str | None = N
                             **extra)
     parser.set_defaults(run=run)
     return parser
+
+
+class _Skipped:
+    """Stands in for the parser of a command this run does not invoke, taking every call and
+    doing nothing: argparse translates each help string through gettext as it is added, and
+    building all thirty commands cost more than the rest of a read command's start-up."""
+
+    def __getattr__(self, name: str):
+        return self._ignore
+
+    def _ignore(self, *args, **kwargs) -> "_Skipped":
+        return self
+
+
+_SKIPPED = _Skipped()
 
 
 def _nonnegative(limit: int):
@@ -36,13 +61,23 @@ def _nonnegative(limit: int):
     return parse
 
 
-def build() -> argparse.ArgumentParser:
+def build(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (``only``) one whose other commands are left out; its
+    ``commands`` lists every command's name either way."""
     parser = argparse.ArgumentParser(prog="corral", formatter_class=_FORMATTER,
                                      description="corral: gang-scheduled AI job groups on this machine and beyond.")
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.commands = []
 
-    c = _command(sub, "launch", "jobs:launch", "Submit a task or job-group YAML and stream its logs until it ends.",
+    def command(name: str, *args, **kwargs):
+        parser.commands.append(name)
+        if only is not None and name != only:
+            return _SKIPPED
+        return _command(sub, name, *args, **kwargs)
+
+
+    c = command("launch", "jobs:launch", "Submit a task or job-group YAML and stream its logs until it ends.",
                  "Submit FILE (a task or job-group YAML, or a Slurm batch script: a #! line and #SBATCH "
                  "directives) and stream its logs until it ends; exit 0 only if it SUCCEEDED. While it waits, say why and when it is expected to start. Ctrl-C detaches.")
     c.add_argument("file", metavar="FILE")
@@ -64,10 +99,10 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-H", "--hold", action="store_true", help="submit held: it waits until `corral release`")
     c.add_argument("-a", "--array", help="submit a job array: indices like 0-15, 1,3,5-9:2; %%N runs at most N at once")
 
-    _command(sub, "sbatch", "", "Submit a Slurm batch script with sbatch's options (corral sbatch --help).",
+    command("sbatch", "", "Submit a Slurm batch script with sbatch's options (corral sbatch --help).",
              add_help=False)
 
-    c = _command(sub, "queue", "views:queue", "List jobs: every running one and the first 100 pending (--all: every one).",
+    c = command("queue", "views:queue", "List jobs: every running one and the first 100 pending (--all: every one).",
                  "List jobs, like squeue: every running job and the first 100 pending ones (oldest first), with a "
                  "line on stderr saying how many more wait. --all lists every live job and the newest 1000 ended "
                  "ones; --json prints every live job (with --all, the ended ones too).")
@@ -80,7 +115,7 @@ def build() -> argparse.ArgumentParser:
                    help="pending jobs with their expected start from the scheduler's reservations (like squeue --start)")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "acct", "views:acct", "Accounting, like sacct.",
+    c = command("acct", "views:acct", "Accounting, like sacct.",
                  "Accounting, like sacct: every job alive in a time window with submit, start and end times, "
                  "elapsed time, exit code, state and GPU-hours (GPUs x elapsed).")
     c.add_argument("-u", "--user", help="only this user's jobs")
@@ -93,15 +128,15 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("--format", choices=["table", "csv", "json"], default="table")
     c.add_argument("--json", action="store_true", help="same as --format json")
 
-    c = _command(sub, "status", "views:status", "Show one job, its tasks and every replica.")
+    c = command("status", "views:status", "Show one job, its tasks and every replica.")
     c.add_argument("job", metavar="JOB")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "events", "views:events", "Tell a job's story: every state transition with its time and cause.")
+    c = command("events", "views:events", "Tell a job's story: every state transition with its time and cause.")
     c.add_argument("job", metavar="JOB")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "logs", "jobs:logs",
+    c = command("logs", "jobs:logs",
                  "Print the logs of a job (every replica, prefixed) or of one REPLICA (e.g. trainer-0).")
     c.add_argument("job", metavar="JOB")
     c.add_argument("replica", metavar="REPLICA", nargs="?")
@@ -109,7 +144,7 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-n", "--tail", type=_nonnegative(10_000_000), metavar="N",
                    help="only the last N lines of each replica")
 
-    c = _command(sub, "cancel", "jobs:cancel", "Cancel jobs: their stop signal, then SIGKILL after the grace period.",
+    c = command("cancel", "jobs:cancel", "Cancel jobs: their stop signal, then SIGKILL after the grace period.",
                  "Cancel jobs: every replica gets its stop signal, then SIGKILL after its grace period. With "
                  "filters (like scancel), every active job that matches them all (and is among JOBs, if given).")
     c.add_argument("jobs", metavar="JOB", nargs="*")
@@ -124,32 +159,32 @@ def build() -> argparse.ArgumentParser:
                           ("release", "Let held jobs be scheduled again."),
                           ("requeue", "Stop running jobs (stop signal, grace period) and queue them again: same id, "
                                       "names and checkpoint directory; CORRAL_RESTART_COUNT goes up.")):
-        c = _command(sub, name, "jobs:each", summary)
+        c = command(name, "jobs:each", summary)
         c.add_argument("jobs", metavar="JOB", nargs="+")
         c.set_defaults(action=name, hold=False)
         if name == "requeue":
             c.add_argument("-H", "--hold", action="store_true",
                            help="hold it once it is pending again (scontrol requeuehold)")
 
-    c = _command(sub, "update", "jobs:update", "Change pending jobs' priority or nice, like scontrol update.",
+    c = command("update", "jobs:update", "Change pending jobs' priority or nice, like scontrol update.",
                  "Change pending jobs' fixed priority (operators; 'formula' goes back to the computed one) or "
                  "nice (its owner may raise it, lowering the job; a negative nice is for operators).")
     c.add_argument("jobs", metavar="JOB", nargs="+")
     c.add_argument("--priority", help="a fixed priority, or 'formula'")
     c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
 
-    c = _command(sub, "scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
+    c = command("scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
     c.add_argument("job", metavar="JOB")
     c.add_argument("task", metavar="TASK")
     c.add_argument("replicas", metavar="REPLICAS", type=_nonnegative(4096))
 
-    c = _command(sub, "nodes", "views:nodes", "List the node pool and what is free on each node.")
+    c = command("nodes", "views:nodes", "List the node pool and what is free on each node.")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "share", "views:share", "Fair share of every account and user (like sshare).")
+    c = command("share", "views:share", "Fair share of every account and user (like sshare).")
     c.add_argument("--json", action="store_true")
 
-    c = _command(sub, "dashboard", "dashboard:dashboard", "Print the web dashboard's address, signed in (with --open, open it).",
+    c = command("dashboard", "dashboard:dashboard", "Print the web dashboard's address, signed in (with --open, open it).",
                  "Print the address of the web dashboard of the server this command talks to (CORRAL_SERVER, "
                  "else the last `corral login`, else this CORRAL_HOME's, started if need be), with this "
                  "command's token in its fragment (ADDRESS#token=TOKEN): the page signs in with it and drops it "
@@ -158,9 +193,9 @@ def build() -> argparse.ArgumentParser:
         "also open it in a web browser, through a private local file (CORRAL_HOME/dashboard.html) that redirects "
         "to it, so the token is not on the browser's command line"))
 
-    _command(sub, "sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
+    command("sim", "", "Replay a job trace through the scheduler (corral sim --help).", add_help=False)
 
-    token = _command(sub, "token", "", "Create, list and revoke API tokens (admins).")
+    token = command("token", "", "Create, list and revoke API tokens (admins).")
     actions = token.add_subparsers(dest="action", metavar="ACTION", required=True)
     c = _command(actions, "create", "access:token_create", "Make a token for USER and print it (shown this once).")
     c.add_argument("user", metavar="USER")
@@ -175,18 +210,18 @@ def build() -> argparse.ArgumentParser:
     c = _command(actions, "revoke", "access:token_revoke", "Revoke tokens by id: refused from their next request.")
     c.add_argument("ids", metavar="ID", nargs="+", type=_nonnegative(2**62))
 
-    c = _command(sub, "login", "access:login", "Check a token against SERVER and save both for later commands.",
+    c = command("login", "access:login", "Check a token against SERVER and save both for later commands.",
                  "Check TOKEN against SERVER (https://host:port) and save both (0600, under $XDG_CONFIG_HOME/corral) "
                  "so later commands and corral.Client() use them. Without --token, it is read from the terminal "
                  "(or one line of stdin).")
     c.add_argument("server", metavar="SERVER")
     c.add_argument("--token", help="the token (prefer the prompt: a command line is visible to other users)")
     c.add_argument("--ca-bundle", metavar="FILE", help="CA certificates to verify the server's TLS certificate")
-    c = _command(sub, "logout", "access:logout", "Forget the saved token of SERVER (default: the current one).")
+    c = command("logout", "access:logout", "Forget the saved token of SERVER (default: the current one).")
     c.add_argument("server", metavar="SERVER", nargs="?")
-    c = _command(sub, "whoami", "access:whoami", "Say which user and role this client acts as, and where.")
+    c = command("whoami", "access:whoami", "Say which user and role this client acts as, and where.")
     c.add_argument("--json", action="store_true")
-    c = _command(sub, "audit", "access:audit", "Who did what, when and from where (admins).")
+    c = command("audit", "access:audit", "Who did what, when and from where (admins).")
     c.add_argument("-S", "--since", help="entries at or after this ISO 8601 time")
     c.add_argument("-u", "--user", help="only this user's actions")
     c.add_argument("-a", "--action", help="only this action: submit, cancel, hold, release, requeue, scale, priority, "
@@ -194,7 +229,7 @@ def build() -> argparse.ArgumentParser:
     c.add_argument("-n", "--limit", type=_nonnegative(10000), default=1000, help="the newest N entries (default 1000)")
     c.add_argument("--json", action="store_true")
 
-    server = _command(sub, "server", "", "Manage the embedded local server.")
+    server = command("server", "", "Manage the embedded local server.")
     actions = server.add_subparsers(dest="action", metavar="ACTION", required=True)
     c = _command(actions, "start", "server:cli_start", "Start the local server in the background (idempotent).",
                  "Start the local server in the background (idempotent). It listens on loopback unless --host "
@@ -211,6 +246,13 @@ def build() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail a second time
+    into a traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     argv = sys.argv[1:] if argv is None else argv
@@ -224,13 +266,20 @@ def main(argv: list[str] | None = None) -> None:
 
         sbatch_main(argv[1:])
         return
-    args = build().parse_args(argv)
+    named = next((a for a in argv if not a.startswith("-")), None)
+    parser = build(only=named)
+    if named not in parser.commands:  # --help, --version or a typo: argparse lists every command
+        parser = build()
+    args = parser.parse_args(argv)
     module, function = args.run.split(":")
     from corral.cli.render import Usage, fail
     from corral.client import CorralError
 
     try:
         getattr(importlib.import_module(f"corral.cli.{module}"), function)(args)
+    except BrokenPipeError:  # `corral acct --format csv | head -3`: the reader is gone, as for any filter
+        _quiet_stdout()
+        sys.exit(141)
     except Usage as exc:
         print(f"corral {args.command}: error: {exc.option}: {exc.message}", file=sys.stderr)
         sys.exit(2)

@@ -7,13 +7,24 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 from typing import Any
 
 from corral.states import JobState
 
 GAP = 2  # spaces between columns
+def terminal_columns() -> int:
+    """The terminal's width, else 80 (shutil's helper would import three compressors)."""
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 _MARKUP = re.compile(r"\[/?(?:bold|red|green|yellow|dim|cyan)\]")  # the only tags the CLI writes
 
 
@@ -128,7 +139,7 @@ def table(columns: list[Column], rows: list[list[Any]], *, width: int | None = N
         lines = ["\t".join(c.header for c in columns)] + ["\t".join(row) for row in cells]
         sys.stdout.write("\n".join(lines) + "\n")
         return
-    width = width or shutil.get_terminal_size((80, 24)).columns
+    width = width or terminal_columns()
     keep, widths = layout(columns, cells, width)
     from rich.table import Table
 

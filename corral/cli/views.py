@@ -81,7 +81,7 @@ def queue(args: Namespace) -> None:
                Column("PARTITION", optional=1), Column("STATE"), Column("START_TIME"),
                Column("REASON", fold=True, min_width=10)],
               [[j["id"], j["name"], j["user"], j["partition"], j["state"], moment(j.get("expected_start")),
-                j["reason"]] for j in jobs])
+                j["reason"] or "-"] for j in jobs])
     elif args.priority:
         table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
                Column("ACCOUNT", optional=2, min_width=7), Column("PARTITION", optional=3), Column("QOS", optional=4),
@@ -98,7 +98,7 @@ def queue(args: Namespace) -> None:
                Column("PARTITION", optional=1), Column("STATE"), Column("REASON", fold=True, min_width=10),
                Column("TASKS", fold=True, min_width=8), Column("GPUS", right=True), Column("AGE", right=True)],
               [[ident, j["name"], j["user"], j.get("partition") or "-", j["state"],
-                "-" if j["state"] in TERMINAL or j["reason"] == "None" else j["reason"],
+                "-" if j["state"] in TERMINAL or j["reason"] in (None, "None") else j["reason"],
                 " ".join(f"{t['name']}:{t['num_nodes']}" for t in j["tasks"]), j["gpus"],
                 _age(j["submitted_at"], j.get("ended_at"))] for ident, j in fold_arrays(jobs)])
         if note:  # on stderr: a pipe still reads only rows under the header
@@ -133,8 +133,7 @@ def fold_arrays(jobs: list[dict]) -> list[tuple[str, dict]]:
             if len(members) == 1:
                 ident = job_ident(job)
             else:
-                # imported only here: the corral.spec package loads the validators and pydantic
-                # (~0.2 s, most of a queue listing with no array to fold)
+                # jobarray alone is light (the spec package loads its validators on first use)
                 from corral.spec.jobarray import fold
 
                 indices = [m["array_index"] for m in members]
@@ -238,13 +237,21 @@ def share(args: Namespace) -> None:
             f"{r['fair_share']:.6f}"] for r in rows])
 
 
+def _readiness(replica: dict) -> str:
+    """READY as kubectl shows it: whether a running replica passes its readiness probe (one
+    without a probe is ready once it runs); "-" for a replica that does not run."""
+    if replica["state"] != "RUNNING":
+        return "-"
+    return "yes" if replica["ready"] else "no"
+
+
 def status(args: Namespace) -> None:
     data = _read(lambda c: c.job(args.job))
     if args.json:
         print_json(data)
         return
     exit_code = "-" if data["exit_code"] is None else data["exit_code"]
-    reason = "-" if data["state"] in TERMINAL or data["reason"] == "None" else data["reason"]
+    reason = "-" if data["state"] in TERMINAL or data["reason"] in (None, "None") else data["reason"]
     out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
               f"reason={reason}  exit_code={exit_code}")
     if data.get("message"):
@@ -259,10 +266,12 @@ def status(args: Namespace) -> None:
             which = (f"runs on {what}, alternative {task['alternative']} of {task['alternatives']}"
                      if task.get("alternative") else f"{task['alternatives']} resource alternatives, none chosen yet")
             out.print(f"  task {task['name']}: {which}", markup=False)
-    table([Column("REPLICA", key=True), Column("ROLE", optional=2), Column("STATE"), Column("NODE", min_width=6),
+    table([Column("REPLICA", key=True), Column("ROLE", optional=2), Column("STATE"), Column("READY"),
+           Column("NODE", min_width=6),
            Column("PID", optional=3), Column("GPU IDS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
            Column("HOSTNAME", fold=True, optional=1, min_width=12)],
-          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"], r["node"],
+          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"],
+            _readiness(r), r["node"],
             r["pid"], ",".join(map(str, r["gpus"])) or "-", r["exit_code"], r["restarts"], r["hostname"]]
            for task in data["tasks"] for r in task["replicas"]])
 

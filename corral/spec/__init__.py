@@ -1,7 +1,21 @@
 """spec: parses and validates what users write (SkyPilot task and job-group YAML) into frozen
-models; every error names its document, field and line, and nothing is stored on error."""
+models; every error names its document, field and line, and nothing is stored on error.
 
-from corral.spec.loader import LoadedJob, SpecError, SpecIssue, load_job
-from corral.spec.models import JobSpec, Resources, TaskSpec
+The package's names are loaded on first use: the loader brings pydantic and the validators
+(a fifth of a second), and the CLI's read commands import light modules of this package
+(``corral.spec.jobarray`` to fold array indices) without them."""
 
-__all__ = ["JobSpec", "LoadedJob", "Resources", "SpecError", "SpecIssue", "TaskSpec", "load_job"]
+from __future__ import annotations
+
+_NAMES = {"LoadedJob": "loader", "SpecError": "loader", "SpecIssue": "loader", "load_job": "loader",
+          "JobSpec": "models", "Resources": "models", "TaskSpec": "models"}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        import importlib
+
+        return getattr(importlib.import_module(f"corral.spec.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'corral.spec' has no attribute {name!r}")

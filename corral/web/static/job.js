@@ -15,7 +15,7 @@ function facts(job) {
     ["Time limit", job.time_limit ? duration(job.time_limit) : "none"], ["GPUs", String(job.gpus)],
     ["Exit code", job.exit_code ?? "–"], ["Requeues", String(job.requeues)],
   ];
-  if (job.state === "PENDING") rows.push(["Reason", job.reason], ["Expected start", clock(job.expected_start)]);
+  if (job.state === "PENDING") rows.push(["Reason", job.reason || "–"], ["Expected start", clock(job.expected_start)]);
   if (job.dependency) rows.push(["Dependency", job.dependency]);
   if (job.hold) rows.push(["Held", job.hold === "admin" ? "by an operator (JobHeldAdmin)" : "by its owner (JobHeldUser)"]);
   return h("dl", { class: "facts" }, rows.map(([k, v]) => h("div", {}, h("dt", {}, k), h("dd", {}, v))));

@@ -67,7 +67,7 @@ function gpuPlaces(job) {
 
 function waitReason(job) {
   if (job.hold) return `held (${job.hold === "admin" ? "JobHeldAdmin" : "JobHeldUser"})`;
-  return job.reason === "None" ? "–" : job.reason;
+  return !job.reason || job.reason === "None" ? "–" : job.reason;
 }
 
 // Every job matching `params`, a page at a time (the cursor is the last id of a full page).
