@@ -32,8 +32,10 @@ def test_skyserve_fields_map_to_replicas_probe_and_endpoint() -> None:
     assert task.ports == {"service": 8080} and task.endpoint.port == "service"
     assert task.readiness_probe.http.path == "/health" and task.readiness_probe.timeout == 3
     assert task.startup_timeout == 120
+    assert task.readiness_probe.http.method == "POST" and task.readiness_probe.http.body == {"a": 1}
     said = " ".join(loaded.warnings)
-    for words in ("post_data", "target_qps_per_replica", "tls"):
+    assert "post_data" not in said
+    for words in ("target_qps_per_replica", "tls"):
         assert words in said
     fixed = load_job("service: {replicas: 3, readiness_probe: /ready}\nresources: {ports: 9000}\nrun: x\n").spec.tasks[0]
     assert fixed.num_nodes == 3 and fixed.ports == {"port0": 9000} and fixed.endpoint.port == "port0"
@@ -116,3 +118,40 @@ def test_the_endpoint_keeps_its_port_across_a_server_restart(corral_home: Path, 
             wait_state(server, job["id"], "CANCELLED")
     finally:
         kill_leftovers(corral_home)
+
+
+POST_ONLY = r"""
+import http.server, json, os
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # like an OpenAI-style chat endpoint: GET is not allowed
+        self.send_response(405); self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        good = body == {"model": "m", "messages": [{"role": "user", "content": "hi"}]} and \
+            self.headers.get("Authorization") == "Bearer s3cret" and \
+            self.headers.get("Content-Type") == "application/json"
+        self.send_response(200 if good else 400); self.end_headers(); self.wfile.write(b"ok")
+    def log_message(self, *a): pass
+http.server.HTTPServer((os.environ["CORRAL_ADDR"], int(os.environ["CORRAL_PORT_SERVICE"])), H).serve_forever()
+"""
+
+
+def test_a_post_readiness_probe_is_sent_as_a_post_with_its_body_and_headers(server, tmp_path: Path) -> None:
+    (tmp_path / "chat.py").write_text(POST_ONLY)
+    job = submit(server, f"""
+name: chat
+service:
+  readiness_probe:
+    path: /v1/chat/completions
+    post_data: {{model: m, messages: [{{role: user, content: hi}}]}}
+    headers: {{Authorization: Bearer s3cret}}
+  replicas: 1
+  ports: 8080
+run: exec {sys.executable} {tmp_path / 'chat.py'}
+""")
+    wait_state(server, job["id"], "RUNNING")
+    wait_for(lambda: server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]["ready"], timeout=30)
+    endpoint = server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["endpoint"]
+    assert get(endpoint)[0] == 405  # the same server refuses a GET: only the POST made it ready
+    server.post(f"/v1/jobs/{job['id']}/cancel")
+    wait_state(server, job["id"], "CANCELLED")

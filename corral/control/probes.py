@@ -40,7 +40,10 @@ def run_check(target: ProbeTarget) -> tuple[bool, str]:
     try:
         if probe.http is not None:
             port = resolve_port(probe.http.port, target.ports)
-            response = httpx.get(f"http://{target.addr}:{port}{probe.http.path}", timeout=probe.timeout)
+            check = probe.http
+            response = httpx.request(check.method, f"http://{target.addr}:{port}{check.path}", timeout=probe.timeout,
+                                     headers=check.headers or None,
+                                     **({"json": check.body} if check.body is not None else {}))
             return 200 <= response.status_code < 400, f"HTTP {response.status_code}"
         if probe.tcp is not None:
             port = resolve_port(probe.tcp, target.ports)

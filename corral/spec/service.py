@@ -32,8 +32,24 @@ def signal_number(name: str) -> int:
 
 
 class HttpCheck(_Strict):
+    """An HTTP check passes on a 2xx or 3xx answer. A GET by default; a POST when given a
+    ``body`` (sent as JSON, as SkyServe's ``post_data``) or ``method: POST`` — an inference
+    server's chat endpoint answers only POST."""
+
     port: PortRef
     path: str = "/"
+    method: Literal["GET", "POST"] = "GET"
+    body: Any = None
+    headers: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _body_means_post(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("body") is not None:
+            if str(value.get("method", "POST")).upper() == "GET":
+                raise ValueError("a GET probe carries no body: leave method out (a body means POST) or drop body")
+            value = {**value, "method": "POST"}
+        return value
 
     @field_validator("path")
     @classmethod
@@ -256,12 +272,16 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
     unknown = set(probe) - _PROBE_KEYS
     if unknown:
         raise ValueError(f"service.readiness_probe has unknown field(s) {', '.join(sorted(map(str, unknown)))}")
-    for key in ("post_data", "headers"):
-        if key in probe:
-            warn(f"service.readiness_probe.{key} is ignored: corral's probe is a plain GET")
     if out.get("readiness_probe") is not None:
         raise ValueError("give the readiness probe in service.readiness_probe or at the task, not both")
-    out["readiness_probe"] = {"http": {"path": probe.get("path", "/"), "port": name},
+    check: dict[str, Any] = {"path": probe.get("path", "/"), "port": name}
+    if probe.get("post_data") is not None:  # SkyServe sends the probe as a POST with this JSON body
+        check["body"] = probe["post_data"]
+    if probe.get("headers"):
+        if not isinstance(probe["headers"], dict):
+            raise ValueError("service.readiness_probe.headers is a mapping of header names to values")
+        check["headers"] = {str(k): str(v) for k, v in probe["headers"].items()}
+    out["readiness_probe"] = {"http": check,
                               **({"timeout": probe["timeout_seconds"]} if "timeout_seconds" in probe else {})}
     if "initial_delay_seconds" in probe:  # SkyServe's grace before a replica that never gets ready fails
         out.setdefault("startup_timeout", probe["initial_delay_seconds"])
