@@ -17,6 +17,7 @@ from pydantic import (BeforeValidator, SerializerFunctionWrapHandler, Validation
                       field_serializer, model_serializer, model_validator)
 
 from corral.spec.base import Strict
+from corral.spec.instances import gpus_of
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_memory
 
 # Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
@@ -46,6 +47,25 @@ def drop_ignored(data: Any, ignored: frozenset[str], where: str, info: Validatio
     return data
 
 
+def from_instance_type(data: Any, where: str, info: ValidationInfo) -> Any:
+    """A GPU ``instance_type`` without ``accelerators`` asks for that machine's GPUs (never
+    none); with ``accelerators`` those say what the job needs. A machine without GPUs is left
+    for ``drop_ignored`` to warn about."""
+    if not isinstance(data, dict) or data.get("instance_type") is None:
+        return data
+    kind = gpus_of(str(data["instance_type"]))
+    if kind is None:
+        return data
+    rest = {k: v for k, v in data.items() if k != "instance_type"}
+    if rest.get("accelerators") is None and not rest.get("any_of") and not rest.get("ordered"):
+        rest["accelerators"] = f"{kind[0]}:{kind[1]}"
+        warn(info, f"{where}instance_type {data['instance_type']} asks here for the GPUs it carries, "
+                   f"{kind[0]}:{kind[1]}")
+    else:
+        warn(info, f"{where}instance_type {data['instance_type']} is ignored: accelerators say what it needs")
+    return rest
+
+
 def _dump(value: tuple[str | None, int]) -> str | int:
     # Dumped in the written form, so a stored spec validates again unchanged.
     return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
@@ -61,6 +81,7 @@ class Alternative(Strict):
     @model_validator(mode="before")
     @classmethod
     def _ignore_cloud_fields(cls, data: Any, info: ValidationInfo) -> Any:
+        data = from_instance_type(data, "resources alternative: ", info)
         return drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources alternative: ", info)
 
     @field_serializer("accelerators")
@@ -91,6 +112,7 @@ class Resources(Strict):
     @model_validator(mode="before")
     @classmethod
     def _normalise(cls, data: Any, info: ValidationInfo) -> Any:
+        data = from_instance_type(data, "resources.", info)
         data = drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
         if not isinstance(data, dict):
             return data
@@ -100,7 +122,16 @@ class Resources(Strict):
         base = {k: v for k, v in data.items() if k not in ("any_of", "ordered")}
         choices = _accelerator_choices(base.get("accelerators"))
         if key is not None and choices is not None:
-            raise ValueError(f"give alternatives either in accelerators or in {key}, not both")
+            entries = data[key] if isinstance(data[key], list) else []
+            cloud_only = entries and all(isinstance(e, dict) and set(e) <= IGNORED_RESOURCE_FIELDS for e in entries)
+            if not cloud_only:
+                raise ValueError(f"give alternatives either in accelerators or in {key}, not both")
+            # {accelerators: {H100:8, H200:8}, any_of: [{use_spot: true}, {use_spot: false}]}: the
+            # entries choose only among cloud offers, so the accelerators are the alternatives
+            knobs = sorted({k for e in entries for k in e})
+            warn(info, f"resources.{key} chooses only {', '.join(knobs)} (cloud offers): ignored; the "
+                       "alternatives are those in accelerators")
+            key = None
         if key is not None:
             entries = data[key]
             if not isinstance(entries, list) or not entries:

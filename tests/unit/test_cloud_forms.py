@@ -1,0 +1,53 @@
+"""SkyPilot resource forms that name cloud machines and offers: an instance type asks for the
+GPUs it carries (never silently none), and any_of entries that choose only cloud offers leave
+the accelerators' alternatives standing."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.spec import SpecError, load_job
+
+
+def _resources(text: str):
+    loaded = load_job(text)
+    return loaded.spec.tasks[0].resources, loaded.warnings
+
+
+@pytest.mark.parametrize("instance, gpu", [("p4d.24xlarge", ("A100", 8)), ("a3-highgpu-8g", ("H100", 8)),
+                                           ("Standard_ND96amsr_A100_v4", ("A100-80GB", 8)),
+                                           ("g5.12xlarge", ("A10G", 4)), ("gpu_8x_h100_sxm5", ("H100", 8))])
+def test_a_gpu_instance_type_asks_for_its_gpus(instance: str, gpu: tuple[str, int]) -> None:
+    resources, warnings = _resources(f"resources: {{instance_type: {instance}}}\nrun: x\n")
+    assert (resources.gpu_type, resources.gpus) == gpu
+    assert any(instance in w and f"{gpu[0]}:{gpu[1]}" in w for w in warnings)
+
+
+def test_accelerators_beside_an_instance_type_say_what_the_job_needs() -> None:
+    resources, warnings = _resources("resources: {instance_type: p4d.24xlarge, accelerators: A100:2}\nrun: x\n")
+    assert (resources.gpu_type, resources.gpus) == ("A100", 2) and any("is ignored" in w for w in warnings)
+
+
+def test_a_cpu_instance_type_is_ignored_with_a_warning() -> None:
+    resources, warnings = _resources("resources: {instance_type: m5.2xlarge, cpus: 4}\nrun: x\n")
+    assert resources.gpus == 0 and resources.cpus == 4 and any("instance_type" in w for w in warnings)
+
+
+def test_an_unknown_gpu_instance_type_is_refused_never_run_without_gpus() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job("resources: {instance_type: p9.99xlarge}\nrun: x\n")
+    assert "p9.99xlarge" in str(refused.value) and "resources.accelerators" in str(refused.value)
+
+
+def test_any_of_choosing_only_cloud_offers_keeps_the_accelerators_alternatives() -> None:
+    # the shape of a real DeepSeek-R1 serving file: several GPU kinds, spot or on-demand
+    resources, warnings = _resources("resources:\n  accelerators: {H100:8, H200:8, B200:8}\n  any_of:\n"
+                                     "    - use_spot: true\n    - use_spot: false\nrun: x\n")
+    assert [a.accelerators for a in resources.alternatives] == [("H100", 8), ("H200", 8), ("B200", 8)]
+    assert not resources.in_order and any("use_spot" in w for w in warnings)
+
+
+def test_any_of_naming_other_accelerators_beside_accelerators_is_still_refused() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job("resources:\n  accelerators: {H100:8, H200:8}\n  any_of:\n    - {accelerators: A100:8}\nrun: x\n")
+    assert "not both" in str(refused.value)
