@@ -147,3 +147,14 @@ def test_readiness_probes_do_not_fill_the_server_log(corral, tmp_path: Path) -> 
     log = (corral.home / "server.log").read_text()
     assert "HTTP Request" not in log and "GET http" not in log
     corral("cancel", job, check=True)
+
+
+def test_status_says_what_job_recovery_became(corral, tmp_path: Path) -> None:
+    spec = tmp_path / "flaky.yaml"
+    spec.write_text("name: flaky\nresources:\n  job_recovery: {max_restarts_on_errors: 1}\nrun: exit 7\n")
+    job = corral("launch", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: json.loads(corral("status", job, "--json", check=True).stdout)["state"] == "FAILED", timeout=60)
+    data = json.loads(corral("status", job, "--json", check=True).stdout)
+    assert data["tasks"][0]["restart"] == "on failure, at most 1 time"
+    assert data["tasks"][0]["replicas"][0]["restarts"] == 1
+    assert "task flaky: restarts on failure, at most 1 time" in corral("status", job, check=True).stdout

@@ -66,6 +66,8 @@ class TaskOut(BaseModel):
     min_nodes: int | None = Field(default=None, description="An elastic task's fewest replicas (null when fixed)")
     max_nodes: int | None = Field(default=None, description="An elastic task's most replicas (null when fixed)")
     alternatives: int = Field(default=1, description="How many resource alternatives the task names")
+    restart: str | None = Field(default=None, description=(
+        "When its replicas restart, in words (\"on failure, at most 3 times\"); null when they never do"))
     endpoint: str | None = Field(default=None, description=(
         "HOST:PORT of the task's service endpoint (balanced over its READY replicas) while the job runs"))
     alternative: int | None = Field(default=None, description=(
@@ -152,6 +154,16 @@ def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
     return len(options), None
 
 
+def _restart_words(policy: dict | None) -> str | None:
+    if not policy or policy.get("policy", "never") == "never":
+        return None
+    codes = policy.get("exit_codes")
+    when = "always" if policy["policy"] == "always" else (
+        f"on exit codes {', '.join(map(str, codes))}" if codes else "on failure")
+    n = policy.get("max_restarts", 3)
+    return f"{when}, at most {n} time{'' if n == 1 else 's'}"
+
+
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
@@ -159,7 +171,7 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
-        alternative=alternative,
+        alternative=alternative, restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,

@@ -261,6 +261,8 @@ def status(args: Namespace) -> None:
             ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
             out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "
                       "replicas ready)", markup=False)
+        if task.get("restart"):
+            out.print(f"  task {task['name']}: restarts {task['restart']}", markup=False)
         if task.get("alternatives", 1) > 1:
             what = f"{task['gpu_type']}:{task['gpus']}" if task["gpu_type"] else f"{task['gpus']} GPU(s)"
             which = (f"runs on {what}, alternative {task['alternative']} of {task['alternatives']}"

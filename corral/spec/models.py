@@ -18,6 +18,7 @@ from corral.spec.base import Duration, Strict
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
+from corral.spec.recovery import from_job_recovery
 from corral.spec.service import (Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
                                  TopologyRequest, WarnBeforeTimeout, check_ports, from_skyserve, resolve_port)
 
@@ -121,6 +122,8 @@ class TaskSpec(Strict):
             data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
         if isinstance(data, dict) and data.get("service") is not None:  # SkyServe
             data = from_skyserve(data, lambda message: warn(info, message))
+        if isinstance(data, dict):  # SkyPilot's managed-job recovery
+            data = from_job_recovery(data, lambda message: warn(info, message))
         if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
             data = {**data, **_elastic(data["num_nodes"])}
         return drop_ignored(data, IGNORED_TASK_FIELDS, "", info)

@@ -51,3 +51,31 @@ def test_any_of_naming_other_accelerators_beside_accelerators_is_still_refused()
     with pytest.raises(SpecError) as refused:
         load_job("resources:\n  accelerators: {H100:8, H200:8}\n  any_of:\n    - {accelerators: A100:8}\nrun: x\n")
     assert "not both" in str(refused.value)
+
+
+def test_job_recovery_restarts_on_errors_become_the_restart_policy() -> None:
+    loaded = load_job("resources:\n  job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 3}\nrun: x\n")
+    restart = loaded.spec.tasks[0].restart
+    assert (restart.policy, restart.max_restarts, restart.exit_codes) == ("on_failure", 3, None)
+    assert any("FAILOVER" in w for w in loaded.warnings) and any("up to 3 times" in w for w in loaded.warnings)
+    codes = load_job("resources:\n  spot_recovery: {recover_on_exit_codes: [33, 34]}\nrun: x\n").spec.tasks[0].restart
+    assert codes.policy == "on_failure" and codes.exit_codes == [33, 34]
+    assert codes.should_restart(33, 0) and not codes.should_restart(1, 0)
+    plain = load_job("resources:\n  job_recovery: FAILOVER\nrun: x\n").spec.tasks[0].restart
+    assert plain.policy == "never"  # a strategy alone asks nothing of the replica's own failures
+
+
+@pytest.mark.parametrize("recovery, words", [("{max_restarts_on_errors: -1}", "max_restarts_on_errors"),
+                                             ("{strategy: SIDEWAYS}", "strategy"),
+                                             ("{recover_on_exit_codes: [0]}", "recover_on_exit_codes"),
+                                             ("{retries: 2}", "unknown field")])
+def test_bad_job_recovery_is_refused_naming_the_field(recovery: str, words: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job(f"resources:\n  job_recovery: {recovery}\nrun: x\n")
+    assert words in str(refused.value) and "job_recovery" in str(refused.value)
+
+
+def test_restart_and_job_recovery_together_are_refused() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job("restart: {policy: always}\nresources:\n  job_recovery: {max_restarts_on_errors: 2}\nrun: x\n")
+    assert "not both" in str(refused.value)
