@@ -95,7 +95,12 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     for stage in stages:
         request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
                                                   t.resources.memory, t.resources.gpu_type,
-                                                  alternatives=alternatives_of(t), in_order=t.resources.in_order)
+                                                  alternatives=alternatives_of(t), in_order=t.resources.in_order,
+                                                  # what the scheduler will hold it to, so a job that can
+                                                  # never be placed is refused now, as sbatch does
+                                                  constraint=t.constraint,
+                                                  nodes=frozenset(t.nodelist) if t.nodelist else None,
+                                                  exclusive=t.exclusive, distinct=t.distinct_nodes)
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
         if partition.name in site.provisioned:
