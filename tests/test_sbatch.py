@@ -195,7 +195,7 @@ def test_options_without_meaning_here_are_warned_by_name_with_their_line() -> No
     ("--dependency=afterok", "--dependency", "at least one"),
     ("--dependency=afterok:3_1", "--dependency", "array elements"),
     ("--output=out-%q.log", "--output", "%q is not a filename pattern"),
-    ('--job-name="has space"', "--job-name", "not a job name"),
+    ('--job-name="!!!"', "--job-name", "not a job name"),
     ("--constraint=a&&b", "--constraint", "not a constraint"),
     ("--kill-on-invalid-dep=maybe", "--kill-on-invalid-dep", "yes or no"),
     ("--partition", "--partition", "needs a value"),

@@ -152,9 +152,14 @@ def _pattern(text: str) -> str:
 
 
 def _name(text: str) -> str:
-    if not NAME_RE.fullmatch(text):
+    """The job name, made a host name part where it is not one (``1B3-rotary.slurm`` runs as
+    ``1B3-rotary-slurm``: replicas are reached as ``task-rank.NAME``)."""
+    if NAME_RE.fullmatch(text):
+        return text
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-_")[:63].rstrip("-_")
+    if not NAME_RE.fullmatch(safe):
         raise ValueError(f"{text!r} is not a job name corral can use as a host name part: {NAME_RULE}")
-    return text
+    return safe
 
 
 def _dependency(text: str) -> str:
@@ -264,6 +269,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("nice", None, _nice, default="100"),
     Option("wait", "W", None),
     Option("parsable", None, None),
+    # every corral job starts on all its nodes at once, which is what this asks of Slurm
+    Option("wait-all-nodes", None, _text, ignored="is how corral always starts a job (all its nodes at once)"),
     # accepted with a warning naming them: they change nothing a corral job could honour
     *(Option(name, short, _text, ignored=_IGNORED) for name, short in (
         ("mail-type", None), ("mail-user", None), ("hint", None), ("reservation", None), ("comment", None),
@@ -390,6 +397,9 @@ def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: 
         except ValueError as exc:
             issues.append(SpecIssue(where, label, line, str(exc)))
             continue
+        if option.long == "job-name" and parsed != value:
+            warnings.append(f"{label} {value!r}{f' (line {line})' if line is not None else ''} runs as {parsed!r}: "
+                            "a job's name is part of its replicas' host names")
         if option.long in ("requeue", "no-requeue"):
             given.pop("requeue", None)
             given["requeue"] = _Given(option.long == "requeue", line)
@@ -458,6 +468,11 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     gpus_node = 0
     gpt = None
     sources = [n for n in ("gres", "gpus", "gpus-per-node", "gpus-per-task") if n in given]
+    if set(sources) == {"gres", "gpus-per-node"}:
+        (gres_type, gres_count), (node_type, node_count) = given["gres"].value, given["gpus-per-node"].value
+        if gres_count == node_count and (None in (gres_type, node_type) or gres_type == node_type):
+            sources = ["gpus-per-node"]  # the same GPUs said twice, as many scripts do: one request
+            given = {**given, "gpus-per-node": _Given((gres_type or node_type, node_count), given["gpus-per-node"].line)}
     if len(sources) > 1 and not (set(sources) == {"gpus-per-task", "gpus"}):
         problem(sources[1], f"give the GPUs once: --{sources[0]} is given too")
     if "gres" in given:
