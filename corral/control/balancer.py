@@ -3,7 +3,12 @@ that spreads connections over the task's READY replicas, round robin or to the r
 the fewest open connections. It runs on an asyncio loop of its own thread in the server
 process; the control loop only tells it which replicas are ready (``route``). A connection
 that finds no ready replica (or none that accepts) gets an HTTP 503 and is closed, as a
-SkyServe load balancer answers when no replica is ready."""
+SkyServe load balancer answers when no replica is ready.
+
+It also counts the requests it forwards (``rate``), for load-based autoscaling. It forwards
+bytes, not parsed HTTP, so a request is counted where one can start: a connection's first
+bytes, and each later chunk from the client that opens with an HTTP method after the
+replica has answered (a keep-alive client's next request). Pipelined requests count once."""
 
 from __future__ import annotations
 
@@ -11,11 +16,15 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Hashable
 
 log = logging.getLogger("corral.balancer")
 
 CONNECT_TIMEOUT_S = 2.0  # a replica that does not accept by then: the next one is tried
+RATE_WINDOW_S = 60.0  # requests per second are measured over the last minute, as SkyServe does
+_METHODS = (b"GET ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"HEAD ", b"OPTIONS ")
 _UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 29\r\n"
                 b"Connection: close\r\n\r\nno replica of it is ready yet")
 
@@ -27,6 +36,22 @@ class _Endpoint:
         self.open: dict[tuple[str, int], int] = {}
         self.turn = itertools.count()
         self.server: asyncio.AbstractServer | None = None
+        self.arrivals: deque[float] = deque()  # monotonic times of requests, the last window's
+        self.lock = threading.Lock()  # arrivals are read from the control loop's thread
+
+    def arrived(self) -> None:
+        now = time.monotonic()
+        with self.lock:
+            self.arrivals.append(now)
+            while self.arrivals and self.arrivals[0] < now - RATE_WINDOW_S:
+                self.arrivals.popleft()
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        with self.lock:
+            while self.arrivals and self.arrivals[0] < now - RATE_WINDOW_S:
+                self.arrivals.popleft()
+            return len(self.arrivals) / RATE_WINDOW_S
 
     def order(self) -> list[tuple[str, int]]:
         """The backends to try for a new connection, best first."""
@@ -39,6 +64,7 @@ class _Endpoint:
         return backends[start:] + backends[:start]
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.arrived()  # the connection's first request, answered or not: it is demand
         for backend in self.order():
             try:
                 up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*backend), CONNECT_TIMEOUT_S)
@@ -46,7 +72,9 @@ class _Endpoint:
                 continue  # ready a moment ago, gone now: the next one
             self.open[backend] = self.open.get(backend, 0) + 1
             try:
-                await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
+                answered = [False]  # the replica sent something since the client's last request
+                await asyncio.gather(_pump(reader, up_writer, self._requests(answered)),
+                                     _pump(up_reader, writer, lambda _: answered.__setitem__(0, True)))
             finally:
                 self.open[backend] -= 1
                 for w in (up_writer, writer):
@@ -60,9 +88,20 @@ class _Endpoint:
         writer.close()
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _requests(self, answered: list[bool]):
+        """Counts a keep-alive client's next requests on a connection."""
+        def saw(data: bytes) -> None:
+            if answered[0] and data.startswith(_METHODS):
+                answered[0] = False
+                self.arrived()
+        return saw
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, saw=None) -> None:  # noqa: ANN001
     try:
         while data := await reader.read(65536):
+            if saw is not None:
+                saw(data)
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -110,6 +149,11 @@ class Balancer:
                 endpoint.server.close()
 
         asyncio.run_coroutine_threadsafe(close(), self._loop).result(10)
+
+    def rate(self, key: Hashable) -> float:
+        """Requests per second to ``key`` over the last minute (0 for an unknown key)."""
+        endpoint = self._endpoints.get(key)
+        return endpoint.rate() if endpoint is not None else 0.0
 
     def keys(self) -> list[Hashable]:
         return list(self._endpoints)

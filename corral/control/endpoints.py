@@ -24,6 +24,11 @@ class Endpoints:
     def __bool__(self) -> bool:
         return bool(self._jobs)
 
+    @property
+    def jobs(self) -> list[int]:
+        """The active jobs with an endpoint, in id order."""
+        return sorted(self._jobs)
+
     def sync(self, now: float) -> None:
         """Open, route and close endpoints to match the jobs as they are now; a port opened
         anew is journalled."""

@@ -42,6 +42,7 @@ from corral.control.carrier import Carrier
 from corral.control.commands import Change, Command, Commands, Submitted
 from corral.control.discovery import Discovery
 from corral.control.effects import Effects
+from corral.control.autoscaling import Autoscaler
 from corral.control.endpoints import Endpoints
 from corral.control.inventory import Inventory
 from corral.control.journal import Journal
@@ -114,6 +115,7 @@ class ControlLoop:
                                          self.scheduling.set_reason)
         self.observations = Observations(book, moves, self.inventory, self.carrier, self.launcher, self.supervisor)
         self.commands = Commands(book, moves, self.queue, self.scaling)  # its audit is the server's
+        self.autoscaler = Autoscaler(book, self.endpoints, self.scaling, self.journal)
         self.recovery = Recovery(book, self.inventory, self.ledger, self.scaling, self.observations)
         self.reads = Reads(book, self.scheduling, self.policy, settings)
         self._asks: list[tuple[Callable[[], object], Future]] = []
@@ -229,6 +231,8 @@ class ControlLoop:
             # 3. decide
             self.commands.cancel(s, cancels, now)
             self.requeues.requested(s, requeues, now)
+            if self.endpoints:
+                self.autoscaler.run(s, now)
             book.due(now)
             dirty, book.dirty = book.dirty, set()
             for job_id in sorted(dirty):

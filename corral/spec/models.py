@@ -19,7 +19,7 @@ from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
 from corral.spec.recovery import from_job_recovery
-from corral.spec.service import (Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
+from corral.spec.service import (Autoscale, Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
                                  TopologyRequest, WarnBeforeTimeout, check_ports, from_skyserve, resolve_port)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
@@ -104,6 +104,7 @@ class TaskSpec(Strict):
     startup_timeout: Duration = Field(default=600.0, gt=0)
     topology: TopologyRequest | None = None
     endpoint: Endpoint | None = None  # one balanced address over the READY replicas (SkyServe's service)
+    autoscale: Autoscale | None = None  # scale with the endpoint's request rate (SkyServe's replica_policy)
     # where replicas may go (corral/spec/batchstep.py): node features, named nodes, whole nodes
     constraint: str | None = None
     nodelist: tuple[str, ...] = ()
@@ -139,6 +140,9 @@ class TaskSpec(Strict):
         if not low <= self.num_nodes <= high:
             raise ValueError(f"num_nodes needs min <= initial <= max, got min {low}, initial {self.num_nodes}, "
                              f"max {high}")
+        if self.autoscale is not None and self.endpoint is None:
+            raise ValueError("autoscale scales with the requests an endpoint forwards: the task needs an endpoint "
+                             "(a service)")
         return self
 
     @field_validator("endpoint")

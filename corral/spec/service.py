@@ -226,6 +226,18 @@ class Endpoint(_Strict):
     policy: Literal["round_robin", "least_load"] = "round_robin"
 
 
+class Autoscale(_Strict):
+    """SkyServe's load-based autoscaling: the endpoint counts the requests it forwards, and
+    the task is scaled toward ``ceil(rate / target_qps_per_replica)`` replicas (within its
+    elastic bounds) once that has been wanted for ``upscale_delay`` (to grow) or
+    ``downscale_delay`` (to shrink) without interruption. The rate is requests per second
+    over the last minute, as SkyServe measures it."""
+
+    target_qps_per_replica: float = Field(gt=0, le=1_000_000)
+    upscale_delay: Duration = 300.0
+    downscale_delay: Duration = 1200.0
+
+
 _SERVE_KEYS = {"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls"}
 _PROBE_KEYS = {"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
 _POLICY_KEYS = {"min_replicas", "max_replicas", "target_qps_per_replica", "upscale_delay_seconds",
@@ -300,11 +312,26 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
             raise ValueError(f"service.replica_policy has unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         low = policy["min_replicas"]
         high = policy.get("max_replicas", low)
+        if low == 0:
+            raise ValueError("service.replica_policy.min_replicas: 0 (scale to zero) is not supported here; "
+                             "the fewest is 1 replica")
         out["num_nodes"] = {"min": low, "max": high, "initial": low}
-        ignored = sorted(set(policy) - {"min_replicas", "max_replicas"})
+        if "target_qps_per_replica" in policy:
+            out["autoscale"] = {"target_qps_per_replica": policy["target_qps_per_replica"],
+                                **({"upscale_delay": policy["upscale_delay_seconds"]}
+                                   if "upscale_delay_seconds" in policy else {}),
+                                **({"downscale_delay": policy["downscale_delay_seconds"]}
+                                   if "downscale_delay_seconds" in policy else {})}
+        else:
+            delays = sorted({"upscale_delay_seconds", "downscale_delay_seconds"} & set(policy))
+            if delays:
+                warn(f"service.replica_policy: {', '.join(delays)} ignored without target_qps_per_replica; "
+                     f"replicas stay between {low} and {high} as set with `corral scale`")
+        ignored = sorted(set(policy) - {"min_replicas", "max_replicas", "target_qps_per_replica",
+                                        "upscale_delay_seconds", "downscale_delay_seconds"})
         if ignored:
-            warn(f"service.replica_policy: {', '.join(ignored)} ignored: corral does not autoscale on load; "
-                 f"replicas stay between {low} and {high} as set with `corral scale`")
+            warn(f"service.replica_policy: {', '.join(ignored)} ignored: on-demand fallbacks and overprovisioning "
+                 "are cloud-offer choices")
     else:
         out["num_nodes"] = serve.get("replicas", 1)
     balancing = serve.get("load_balancing_policy", "round_robin")
