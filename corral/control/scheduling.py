@@ -194,10 +194,14 @@ class Scheduling:
             if job is not None:
                 self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", cancel.why,
                                     reason=Reason.DEPENDENCY_NEVER.value, message=cancel.why)
+        down = self.inventory.down_partitions
         for job_id, reason in plan.reasons.items():
             if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:
                 continue  # (a job an engine provisions shows the engine's reason)
-            self.set_reason(job_id, reason.value)
+            job = book.pending.get(job_id)
+            # a partition whose engine does not answer: that is why, whatever the plan saw
+            self.set_reason(job_id, Reason.PARTITION_DOWN.value if job is not None and job.partition in down
+                            else reason.value)
 
     def set_reason(self, job_id: int, reason: str) -> None:
         if self.book.reasons.get(job_id) != reason:
