@@ -240,10 +240,11 @@ def _lab_answers() -> bool:
 
 
 def _cancel_ours(home: Path) -> None:
-    from corral.executors import scope_of
-    from corral.settings import Settings
+    from types import SimpleNamespace
 
-    scope = scope_of(Settings(home=home))
+    from corral.executors import scope_of
+
+    scope = scope_of(SimpleNamespace(home=home))  # (it reads only the home)
     env = {**os.environ, "SLURM_CONF": str(LAB_CONF)}
     out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, env=env).stdout
     ours = [line.split()[0] for line in out.splitlines() if scope in line]

@@ -25,7 +25,12 @@ what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 Stop signals go through ``scancel --signal`` to the step; SIGKILL cancels the step, and Slurm
 kills everything in it. After a server restart, steps are found again by name: a running one
 is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
-an attempt with neither a step, an ``srun`` alive nor a trace never started."""
+an attempt with neither a step, an ``srun`` alive nor a trace never started.
+
+A controller that does not answer (or a ``SLURM_CONF`` that is missing) never stops the
+server: the executor is built anyway and says why (``unreachable``, from ``controller``),
+its partitions are DOWN until Slurm answers, and what needs Slurm's word (finding its
+allocations again, adopting attempts) waits for it rather than guessing."""
 
 from __future__ import annotations
 
