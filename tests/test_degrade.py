@@ -296,3 +296,41 @@ def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_pa
     finally:
         corral.stop()
         _cancel_ours(home)
+
+
+def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_later(tmp_path: Path) -> None:
+    """Slurm does not answer when the server starts: its running job is neither failed nor
+    started again; once Slurm answers, the job is adopted and ends as it ran."""
+    if not _lab_answers():
+        pytest.skip("no slurm-lab answers here")
+    conf = tmp_path / "slurm-etc"
+    shutil.copytree(LAB_CONF.parent, conf)
+    good = (conf / "slurm.conf").read_text()
+    bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                    for line in good.splitlines()) + "\n"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SLURM_SITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    marker = tmp_path / "ran"
+    (tmp_path / "gpu.yaml").write_text(f"resources: {{accelerators: H100:1}}\n"
+                                       f"run: echo x >> {marker}; sleep 40; echo finished\n")
+    try:
+        gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml"), timeout=120).stdout.strip()
+        wait_for(lambda: json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING", timeout=120,
+                 interval=1)
+        corral("server", "stop", timeout=120)
+        (conf / "slurm.conf").write_text(bad)
+        corral("server", "start", timeout=120)
+        wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=60, interval=1)
+        time.sleep(5)  # some cycles with Slurm silent
+        assert json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING"
+        (conf / "slurm.conf").write_text(good)
+        done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
+                        in ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=180, interval=1)
+        assert done["state"] == "SUCCEEDED", done
+        assert marker.read_text().count("x") == 1  # started once, never again
+    finally:
+        corral.stop()
+        _cancel_ours(home)

@@ -66,10 +66,11 @@ class Provisioning:
         Requeued by the engine → the job is requeued (and waits for the same nodes); ended →
         the job ends as the engine ended them, so a replica lost with them is not taken for
         a lost node to recover from."""
+        down = self.inventory.down_partitions
         for job in list(self.book.active.values()):
             found = self.partitions.get(job.partition)
-            if found is None or job.ended_by is not None:
-                continue
+            if found is None or job.ended_by is not None or job.partition in down:
+                continue  # (an engine that does not answer cannot say what became of them: asked once it does)
             if job.state == JobState.PREEMPTED or job.cancel_requested or job.requeue_requested:
                 continue
             fate, words = found[0].allocation(job.id)

@@ -67,8 +67,12 @@ class Scheduling:
     # -- what the scheduler reads ---------------------------------------------------------------
     def free_views(self) -> tuple[NodeView, ...]:
         pool = FreePool(self.inventory.views)
+        up = self.inventory.node_infra
         for alloc in self.book.allocs.values():
-            pool.assume(alloc)
+            # a replica recorded on a node its executor does not report now (a server restarted
+            # while Slurm or Ray does not answer): nothing is placed there; the executor says its fate
+            if alloc.node in up:
+                pool.assume(alloc)
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:

@@ -84,6 +84,7 @@ class Allocations:
             if not alloc.running:
                 raise SlurmError(f"Slurm job {own} (this allocation) is not running")
         self._find_existing()
+        self.refresh()  # what Slurm says of each, before the loop asks what became of them
 
     # -- the pool ------------------------------------------------------------------------------
     def nodes(self) -> list[NodeSpec]:
@@ -241,7 +242,10 @@ class Allocations:
     def allocation(self, job_id: int) -> tuple[Fate, str]:
         with self.lock:
             slurm_id = self._by_job.get(job_id)
-            info = self.by_id[slurm_id].info if slurm_id else None
+            alloc = self.by_id[slurm_id] if slurm_id else None
+            info = alloc.info if alloc is not None else None
+        if alloc is not None and not alloc.checked:
+            return Fate.LIVE, "not asked yet"  # found again, Slurm not asked about it yet: unknown is not gone
         state = info.state if info is not None else "GONE"
         if state in LIVE_STATES:
             return Fate.LIVE, state

@@ -114,7 +114,10 @@ class SrunExecutor(EventStream):
 
     # -- reachability (Reachability) ---------------------------------------------------------
     def unreachable(self) -> str | None:
-        return self.controller.why
+        why = self.controller.why
+        if why is None and not self._connected:  # it answers, and its allocations are being found again
+            return "Slurm answers; this server is finding its allocations again"
+        return why
 
     def _connect(self) -> bool:
         """Slurm answers: the allocations this server holds are found again, then the attempts
