@@ -11,11 +11,16 @@ refusal). Which roles may raise a job's priority is the API's to check (``corral
 charge any account, scheduling fields, whether the partition's nodes are provisioned, time limit,
 each task's replicas and resources): a flood of submissions asks the same few shapes of a
 site that does not change, so only the first of each shape pays for the checks (a pool that
-changed, say a Ray node joined, starts the memory afresh)."""
+changed, say a Ray node joined, starts the memory afresh).
+
+A partition whose infra does not answer (DOWN: a Ray cluster or Slurm controller that is
+unreachable) cannot say what its nodes could hold: its jobs are admitted and wait, as
+Slurm queues jobs in a DOWN partition. A refusal whose pool lacks the nodes of an infra that
+does not answer says so, rather than blaming the job."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from corral.control.records import alternatives_of
@@ -45,13 +50,17 @@ class Refusal:
 
 
 Misfit = Callable[[str, list], "str | None"]  # (partition, tasks) -> why its engine can never provision them
+# (partition -> why it is DOWN, infra -> why its engine does not answer), as the loop last published them
+Outages = tuple[Mapping[str, str], Mapping[str, str]]
+_NO_OUTAGES: Outages = ({}, {})
 
 
 def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool],
           any_account: bool = False, misfit: Misfit | None = None,
-          pool: tuple[NodeSpec, ...] | None = None) -> Admitted | Refusal:
+          pool: tuple[NodeSpec, ...] | None = None, outages: Outages = _NO_OUTAGES) -> Admitted | Refusal:
     """``any_account``: the submitter may charge any account (an admin, who keeps the tree).
-    ``misfit``: asks a provisioned partition's engine whether it could ever hold the job."""
+    ``misfit``: asks a provisioned partition's engine whether it could ever hold the job.
+    ``outages``: the partitions DOWN and the infras that do not answer, with why."""
     policy, sched = site.policy, spec.scheduling
     partitions = {p.name: p for p in policy.partitions}
     if sched.partition is not None and partitions and sched.partition not in partitions:
@@ -112,7 +121,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
             continue
         # refused only when no alternative can ever run (the reason given is the first one's)
         nodes = pool if pool is not None else tuple(site.nodes)
-        reasons = [_infeasible(nodes, partition, variant) for _, variant in request.variants]
+        reasons = [None] if partition.name in outages[0] else \
+            [_infeasible(nodes, partition, variant) for _, variant in request.variants]
         if all(r is not None for r in reasons):
             where = f" in partition {partition.name!r}" if policy.partitions else ""
             hint = ""
@@ -120,14 +130,25 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                 hint = ("; this site has no GPUs (none was found here and config.yaml declares none): a "
                         "config.yaml in CORRAL_HOME can declare nodes and their GPUs (README: Configuration)")
             if len(reasons) == 1:
-                return Refusal("resources", f"can never run{where}: {reasons[0]}{hint}")
+                return Refusal("resources", f"can never run{where}: {reasons[0]}{hint}{_missing(site, partition, outages)}")
             each = "; ".join(f"alternative {i + 1}: {r}" for i, r in enumerate(reasons[:4]))
             more = f"; and {len(reasons) - 4} more" if len(reasons) > 4 else ""
-            return Refusal("resources", f"can never run{where} with any resource alternative: {each}{more}{hint}")
+            return Refusal("resources", f"can never run{where} with any resource alternative: {each}{more}{hint}"
+                                        f"{_missing(site, partition, outages)}")
         if all(tally.never(variant) for _, variant in request.variants):
             return Refusal("qos", f"the job asks for {request.gpus} GPUs at once, more than QOS {qos!r} or account "
                                   f"{account!r} ever allows")
     return Admitted(partition.name, account, qos, limit)
+
+
+def _missing(site: Site, partition, outages: Outages) -> str:  # noqa: ANN001 - a Partition
+    """What the pool lacks now because an infra whose nodes the partition may hold does not
+    answer (its nodes are not known until it does): the real cause of a refusal."""
+    declared = site.partition_infra.get(partition.name)
+    gone = [f"infra {infra} does not answer ({why})" for infra, why in sorted(outages[1].items())
+            if declared is None or declared == infra]
+    return f"; but {'; '.join(gone)}, so its nodes are not in the pool now: submit again once it answers" \
+        if gone else ""
 
 
 class Admission:
@@ -137,9 +158,11 @@ class Admission:
     MAX_SHAPES = 1024
 
     def __init__(self, site: Site, misfit: Misfit | None = None,
-                 pool: Callable[[], tuple[NodeSpec, ...] | list[NodeSpec]] | None = None):
+                 pool: Callable[[], tuple[NodeSpec, ...] | list[NodeSpec]] | None = None,
+                 outages: Callable[[], Outages] | None = None):
         self.site = site
         self.misfit = misfit
+        self.outages = outages or (lambda: _NO_OUTAGES)
         # the node pool as the control loop last published it (default: the site's declared one)
         self.pool = pool or (lambda: tuple(site.nodes))
         self._pool: tuple = ()
@@ -157,12 +180,15 @@ class Admission:
         # a provisioned partition skips the capacity check, so it is keyed too should the site's
         # map change. Priority and nice are the API's role checks, and an array's elements share
         # the one admission of their spec: neither changes the answer.
-        provisioned = site.policy.partition(sched.partition or "").name in site.provisioned
-        key = (user, any_account, sched.partition, provisioned, sched.account, sched.qos, spec.time_limit,
-               spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
+        name = site.policy.partition(sched.partition or "").name
+        provisioned = name in site.provisioned
+        outages = self.outages()
+        key = (user, any_account, sched.partition, provisioned, name in outages[0], sched.account, sched.qos,
+               spec.time_limit, spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
         admitted = self._admitted.get(key)
         if admitted is None:
-            result = admit(spec, user, site, job_exists, any_account=any_account, misfit=self.misfit, pool=pool)
+            result = admit(spec, user, site, job_exists, any_account=any_account, misfit=self.misfit, pool=pool,
+                           outages=outages)
             if isinstance(result, Admitted):
                 if len(self._admitted) >= self.MAX_SHAPES:
                     self._admitted.clear()

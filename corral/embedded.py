@@ -15,25 +15,30 @@ from typing import Any
 
 from corral.client import Client, CorralError, InvalidRequest
 from corral.credentials import Presented, SavedLogins, for_server
+from corral.homelock import holder
 from corral.settings import Settings
 
 
 def running(settings: Settings) -> dict[str, Any] | None:
-    """The server.json of a live server of this CORRAL_HOME, or None."""
+    """The server that serves this CORRAL_HOME, or None: the process holding its lock, as the
+    server itself decides (``homelock``). Its server.json when it answers there; while it does
+    not yet (starting: the lock is taken first) ``{"pid", "home", "answering": False}``."""
+    pid = holder(settings.home)
+    if pid is None:
+        return None  # (a server.json left by a server that died names nobody)
     try:
         info = json.loads(settings.server_file.read_text())
     except (OSError, ValueError):
-        return None
-    if not _alive(int(info.get("pid", 0))):
-        return None
-    try:
-        with Client(info["url"], "", pinned_cert=info.get("tls_cert") or None, timeout=2) as client:
-            client.health()
-    except CorralError as exc:
-        if exc.status == 503:  # up, with a failing control loop: still the server to talk to
-            return info
-        return None
-    return info
+        info = {}
+    if info and (pid == 0 or int(info.get("pid", 0)) == pid) and _alive(int(info.get("pid", 0))):
+        try:
+            with Client(info["url"], "", pinned_cert=info.get("tls_cert") or None, timeout=2) as client:
+                client.health()
+            return {**info, "answering": True}
+        except CorralError as exc:
+            if exc.status == 503:  # up, with a failing control loop: still the server to talk to
+                return {**info, "answering": True}
+    return {"pid": pid or int(info.get("pid", 0)), "home": str(settings.home), "answering": False}
 
 
 def _alive(pid: int) -> bool:
@@ -49,10 +54,11 @@ def _alive(pid: int) -> bool:
 
 
 def start(settings: Settings, timeout: float = 20.0, options: list[str] | None = None) -> dict[str, Any]:
-    """This home's server, started (with ``options``: ``--host``, ``--tls-cert`` …) if none runs."""
+    """This home's server, started (with ``options``: ``--host``, ``--tls-cert`` …) if none runs;
+    one that holds the home but does not answer yet is waited for, never started beside."""
     info = running(settings)
     if info:
-        return info
+        return _answering(settings, info, timeout)
     _check_config(settings)
     settings.ensure_dirs()
     env = dict(os.environ, CORRAL_HOME=str(settings.home))
@@ -66,14 +72,30 @@ def start(settings: Settings, timeout: float = 20.0, options: list[str] | None =
         if proc.poll() is not None:
             info = running(settings)  # lost a start race to another CLI: use the winner
             if info:
-                return info
+                return _answering(settings, info, max(1.0, deadline - time.monotonic()))
             raise CorralError(f"the corral server exited with code {proc.returncode}: {_last_line(settings.server_log)}"
                               f" (log: {settings.server_log})")
         info = running(settings)
-        if info and info.get("pid") == proc.pid:
+        if info and info.get("pid") == proc.pid and info["answering"]:
             return info
         time.sleep(0.05)
     raise CorralError(f"the corral server did not come up in {timeout:.0f}s; see {settings.server_log}")
+
+
+def _answering(settings: Settings, info: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The server holding the home, once it answers (it may still be starting)."""
+    deadline = time.monotonic() + timeout
+    while not info["answering"]:
+        if time.monotonic() >= deadline:
+            raise CorralError(f"corral server {info['pid']} holds {settings.home} but does not answer after "
+                              f"{timeout:.0f}s; see {settings.server_log} (`corral server stop` ends it)")
+        time.sleep(0.1)
+        again = running(settings)
+        if again is None:
+            raise CorralError(f"corral server {info['pid']} of {settings.home} ended before it answered: "
+                              f"{_last_line(settings.server_log)} (log: {settings.server_log})")
+        info = again
+    return info
 
 
 def _check_config(settings: Settings) -> None:
@@ -101,9 +123,15 @@ def stop(settings: Settings, timeout: float = 15.0) -> bool:
     import psutil
 
     info = running(settings)
+    deadline = time.monotonic() + 2
+    while info and int(info["pid"]) <= 0 and time.monotonic() < deadline:  # it took the lock this instant
+        time.sleep(0.05)
+        info = running(settings)
     if not info:
         return False
     pid = int(info["pid"])
+    if pid <= 0:
+        raise CorralError(f"a process holds {settings.home}/server.lock without naming itself; see {settings.server_log}")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and psutil.pid_exists(pid):
@@ -147,6 +175,10 @@ def locate(settings: Settings | None = None, autostart: bool = True) -> tuple[st
     if not info:
         raise CorralError(f"no corral server runs for {settings.home}; `corral server start` (or any "
                           "job command) starts one, `corral login URL` or CORRAL_SERVER=URL uses another")
+    if not info["answering"]:  # it holds the home, still starting: waited for (never started beside)
+        if not autostart:
+            raise CorralError(f"corral server {info['pid']} of {settings.home} is starting and does not answer yet")
+        info = _answering(settings, info, 20.0)
     return info["url"], for_server(info["url"], settings.home)
 
 

@@ -89,6 +89,16 @@ class _Snapshot:
         for account, count in sorted(data["accounts"].items()):
             accounts.add_metric([account], count)
         yield accounts
+        infra_up = GaugeMetricFamily("corral_infra_up", "1 while the engine of an infra answers, 0 while it does "
+                                     "not (its partitions are DOWN)", labels=["infra"])
+        for infra, up in sorted(data.get("infra_up", {}).items()):
+            infra_up.add_metric([infra], up)
+        yield infra_up
+        partition_up = GaugeMetricFamily("corral_partition_up", "1 while a partition is UP, 0 while it is DOWN "
+                                         "(the engine of its infra does not answer)", labels=["partition", "infra"])
+        for partition, infra, up in data.get("partition_up", []):
+            partition_up.add_metric([partition, infra], up)
+        yield partition_up
         share = GaugeMetricFamily("corral_fair_share", "Fair-share factor of each account and user (as sshare)",
                                   labels=["account", "user"])
         for account, user, factor in data["fair_share"]:

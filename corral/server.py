@@ -25,6 +25,7 @@ from pathlib import Path
 
 import uvicorn
 
+from corral import homelock
 from corral.api.app import create_app
 from corral.api.deps import ServerState
 from corral.control.loop import ControlLoop
@@ -32,7 +33,7 @@ from corral.credentials import remove_local_token, write_local_token
 from corral.site import load_site
 from corral.spec.loader import SpecError
 from corral.settings import Settings
-from corral.store.database import Claim, lock_file, make_engine, migrate, redacted, session_factory
+from corral.store.database import Claim, make_engine, migrate, redacted, session_factory
 
 log = logging.getLogger("corral.server")
 
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if settings.server_log.exists():  # opened by whoever started us, perhaps world-readable
         os.chmod(settings.server_log, 0o600)
-    home_lock = lock_file(settings.home / "server.lock")  # held (open) until the process ends
+    home_lock = homelock.take(settings.home)  # held (open) until the process ends; what `server status` asks
     if home_lock is None:
         print(f"another corral server already serves {settings.home}", file=sys.stderr)
         return 3

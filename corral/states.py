@@ -110,3 +110,4 @@ class Reason(str, Enum):
     HELD_ADMIN = "JobHeldAdmin"  # held by an operator: only an operator releases it
     ARRAY_LIMIT = "JobArrayTaskLimit"  # its array already runs as many elements as its %N throttle allows
     CONSTRAINT = "BadConstraints"  # no node of its partition has the features or names it asks for
+    PARTITION_DOWN = "PartitionDown"  # the engine of its partition's infra does not answer (why: the partition's)

@@ -50,7 +50,8 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
-        self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes)
+        self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes,
+                                   outages=lambda: (self.loop.view.down_partitions, self.loop.view.unreachable))
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)
         # the loop writes the entry of each change it carries out, in that change's transaction

@@ -3,6 +3,7 @@ the wire format is a contract, the tables are an implementation."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Annotated, Any
 
@@ -108,15 +109,16 @@ class JobOut(BaseModel):
     tasks: list[TaskOut]
 
     @classmethod
-    def of(cls, job: Job, expected_start: float | None = None) -> JobOut:
+    def of(cls, job: Job, expected_start: float | None = None, down: Mapping[str, str] | None = None) -> JobOut:
         """Built from a stored row without validating it again (``model_construct``): every
         value already has its field's type, and a listing of thousands of jobs (or a flood of
-        submissions, each answered with its job) would otherwise validate each one twice."""
+        submissions, each answered with its job) would otherwise validate each one twice.
+        ``down``: partitions DOWN now, with why (a job waiting for one shows why)."""
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
         return cls.model_construct(
-            id=job.id, name=job.name, user=job.user, state=job.state, reason=None if job.reason == "None" else job.reason, message=job.message,
+            id=job.id, name=job.name, user=job.user, state=job.state, reason=_reason(job, down), message=job.message,
             exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
             submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
             cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
@@ -127,6 +129,16 @@ class JobOut(BaseModel):
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
             array_throttle=getattr(job, "array_throttle", None),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+
+
+def _reason(job: Job, down: Mapping[str, str] | None) -> str | None:
+    """A pending job's reason (None when nothing holds it back); PartitionDown with why its
+    partition is DOWN (kept apart in the loop's view: a sentence is longer than the stored
+    reason may be)."""
+    if job.reason == "None":
+        return None
+    why = down.get(job.partition or "") if down and job.reason == "PartitionDown" else None
+    return f"PartitionDown ({why})" if why else job.reason
 
 
 _LIVE = (JobState.STARTING.value, JobState.RUNNING.value)
@@ -235,6 +247,9 @@ class PartitionOut(BaseModel):
     max_time: float | None
     default_time: float | None
     default: bool = Field(description="jobs that name no partition go here")
+    state: str = Field(default="UP", description="UP, or DOWN while the engine of its infra does not answer "
+                                                 "(its jobs wait with reason PartitionDown)")
+    reason: str | None = Field(default=None, description="why it is DOWN")
 
 
 class ScaleRequest(BaseModel):
@@ -277,6 +292,8 @@ class Health(BaseModel):
     nodes: int
     cycles: int
     loop_error: str | None = Field(default=None, description="why the control loop keeps failing (status failing)")
+    unreachable: dict[str, str] = Field(default_factory=dict, description=(
+        "infras whose engine does not answer, with why: their partitions are DOWN, the rest runs on"))
 
 
 class ShareOut(BaseModel):

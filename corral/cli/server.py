@@ -20,7 +20,7 @@ def cli_start(args: Any) -> None:
                 if getattr(args, name)]
     already = running(settings)
     try:
-        info = already or start(settings, options=options)
+        info = start(settings, options=options)
     except CorralError as exc:
         fail(exc)
     out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home})")
@@ -40,9 +40,12 @@ def cli_status(args: Any) -> None:
     settings = Settings.from_env()
     info = running(settings)
     if args.json:
-        print_json({"running": bool(info), **(info or {}), "home": str(settings.home)})
-    elif info:
+        print_json({"running": bool(info), "answering": False, **(info or {}), "home": str(settings.home)})
+    elif info and info["answering"]:
         out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home}, db {info['db']})")
+    elif info:  # it holds the home: the next command waits for it rather than starting another
+        out.print(f"corral server {info['pid']} serves {settings.home} but does not answer yet (starting; log: "
+                  f"{settings.server_log})")
     else:
         out.print(f"no corral server is running for {settings.home}")
     sys.exit(0 if info else 1)

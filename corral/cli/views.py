@@ -279,7 +279,8 @@ def status(args: Namespace) -> None:
 
 
 def nodes(args: Namespace) -> None:
-    data = _read(lambda c: c.nodes())
+    data, partitions = _read(lambda c: (c.nodes(), c.partitions()))
+    down = [p for p in partitions if p.get("state") == "DOWN"]
     if args.json:
         print_json(data)
         return
@@ -291,6 +292,9 @@ def nodes(args: Namespace) -> None:
             ",".join(map(str, n["free_gpus"])) or "-", f"{n['cpus']:g}", f"{n['free_cpus']:g}", f"{n['memory']:g}G",
             f"{n['free_memory']:g}G", n.get("infra", "local"),
             ",".join(f"{k}={v}" for k, v in n["labels"].items()) or "-"] for n in data])
+    for p in down:  # on stderr, as the queue's note: a pipe still reads only rows under the header
+        err.print(f"partition {p['name']} ({p.get('infra') or 'any infra'}) is DOWN: {p['reason']}; its jobs wait "
+                  "and it comes back when the engine answers", markup=False)
 
 
 def events(args: Namespace) -> None:

@@ -4,14 +4,20 @@ Each executor reports its own nodes, and that list may change while the server r
 node joins or leaves; a Slurm allocation starts or ends). ``refresh`` takes the executors'
 lists when any changed: a node that disappears is DOWN (nothing new is placed there), except
 nodes provisioned for one job, which leave with their job. Which executor runs a replica is
-found from its node, never from an infra's name."""
+found from its node, never from an infra's name.
+
+An executor whose engine can be unreachable (``Reachability``: a Ray cluster, a Slurm
+controller) says why while it is; every partition declared on that infra is then DOWN with
+that reason (its pending jobs wait, saying so), and comes back by itself when the engine
+answers again. The other infras run on."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from corral.control.records import ReplicaRec
-from corral.executors.contract import Executor, Kind, Observed
+from corral.executors.contract import Executor, Kind, Observed, Reachability
 from corral.executors.registry import DEFAULT
 from corral.pool import NodeSpec, node_views
 from corral.scheduler import NodeView
@@ -20,8 +26,11 @@ log = logging.getLogger("corral.control")
 
 
 class Inventory:
-    def __init__(self, executors: dict[str, Executor]):
+    def __init__(self, executors: dict[str, Executor], partition_infra: Mapping[str, str] | None = None):
         self.executors = executors
+        self.partition_infra = dict(partition_infra or {})  # partition -> the infra it declares
+        self.unreachable: dict[str, str] = {}  # infra -> why its engine does not answer
+        self.down_partitions: dict[str, str] = {}  # partition -> why it is DOWN
         self.nodes: list[NodeSpec] = []
         self.views: tuple[NodeView, ...] = ()
         self.node_infra: dict[str, str] = {}
@@ -30,11 +39,21 @@ class Inventory:
         self._versions: tuple[int, ...] | None = None
 
     def refresh(self, force: bool = False) -> bool:
-        """Take the executors' node lists when any changed; True if they did."""
+        """Take the executors' node lists and reachability when any changed; True if they did."""
+        unreachable = self._unreachable()
         versions = tuple(e.inventory_version for e in self.executors.values())
-        if versions == self._versions and not force:
+        if versions == self._versions and unreachable == self.unreachable and not force:
             return False
         self._versions = versions
+        if unreachable != self.unreachable:
+            for name, why in unreachable.items():
+                if self.unreachable.get(name) != why:
+                    log.warning("infra %s is unreachable, its partitions are DOWN: %s", name, why)
+            for name in self.unreachable.keys() - unreachable.keys():
+                log.info("infra %s answers again: its partitions are UP", name)
+            self.unreachable = unreachable
+            self.down_partitions = {p: unreachable[infra] for p, infra in self.partition_infra.items()
+                                    if infra in unreachable}
         nodes, infra = [], {}
         for name, executor in self.executors.items():
             for node in executor.nodes():
@@ -49,6 +68,19 @@ class Inventory:
             self.down_nodes.pop(node.name, None)
         self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
         return True
+
+    def _unreachable(self) -> dict[str, str]:
+        out = {}
+        for name, executor in self.executors.items():
+            if not isinstance(executor, Reachability):
+                continue
+            try:
+                why = executor.unreachable()  # cached by the executor: never a call to its engine
+            except Exception as exc:  # an executor that cannot say is taken at its word: not answering
+                why = f"infra {name} cannot tell whether its engine answers: {type(exc).__name__}: {exc}"
+            if why:
+                out[name] = why
+        return out
 
     def up(self, node: str | None) -> bool:
         return node in self.node_infra

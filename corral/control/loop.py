@@ -92,7 +92,7 @@ class ControlLoop:
         self.metrics = Metrics()
         w = site.usage_weights
         self.ledger = Ledger(site.half_life_s, w.gpu, w.cpu, w.memory)
-        self.inventory = Inventory(executor_registry.build(settings, site, self._wake.set))
+        self.inventory = Inventory(executor_registry.build(settings, site, self._wake.set), site.partition_infra)
         self.book = book = Book()
         self.journal = Journal()
         moves = Transitions(book, self.journal)
@@ -357,8 +357,12 @@ class ControlLoop:
             down = tuple((n, inv.down_infra[name]) for name, n in inv.down_nodes.items())
         else:
             nodes, infra, down = view.nodes, view.node_infra, view.down
+        unreachable, partitions = view.unreachable, view.down_partitions
+        if inv.unreachable != unreachable:  # copied once per change
+            unreachable = MappingProxyType(dict(inv.unreachable))
+            partitions = MappingProxyType(dict(inv.down_partitions))
         self.view = LoopView(self.cycles, self.failing_cycles, self.last_error, nodes, infra, down,
-                             MappingProxyType(self.scheduling.expected_starts))
+                             MappingProxyType(self.scheduling.expected_starts), unreachable, partitions)
 
     def ask(self, read: Callable[[], object]) -> Future:
         """An answer computed on the loop's thread after its current cycle (reads of its

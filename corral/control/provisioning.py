@@ -52,7 +52,7 @@ def request_of(job, target: str | None) -> ProvisionRequest:  # noqa: ANN001 - a
 class Provisioning:
     def __init__(self, book: Book, moves: Transitions, inventory: Inventory, requeues: Requeues,
                  provisioned: dict[str, tuple[str, str]], set_reason: Callable[[int, str], None]):
-        self.book, self.moves, self.requeues = book, moves, requeues
+        self.book, self.moves, self.requeues, self.inventory = book, moves, requeues, inventory
         self.set_reason = set_reason
         # partition -> (its provisioning engine, the engine's own partition or pool)
         self.partitions: dict[str, tuple[Provisioner, str]] = {}
@@ -66,10 +66,11 @@ class Provisioning:
         Requeued by the engine → the job is requeued (and waits for the same nodes); ended →
         the job ends as the engine ended them, so a replica lost with them is not taken for
         a lost node to recover from."""
+        down = self.inventory.down_partitions
         for job in list(self.book.active.values()):
             found = self.partitions.get(job.partition)
-            if found is None or job.ended_by is not None:
-                continue
+            if found is None or job.ended_by is not None or job.partition in down:
+                continue  # (an engine that does not answer cannot say what became of them: asked once it does)
             if job.state == JobState.PREEMPTED or job.cancel_requested or job.requeue_requested:
                 continue
             fate, words = found[0].allocation(job.id)
@@ -98,11 +99,16 @@ class Provisioning:
             if job.array_job_id and job.partition in partitions and (
                     job.id in book.active or partitions[job.partition][0].holds(job.id)):
                 holding[job.array_job_id] = holding.get(job.array_job_id, 0) + 1
+        down = self.inventory.down_partitions
         for job in list(book.pending.values()):
             if job.partition not in partitions:
                 continue
             engine, target = partitions[job.partition]
             keep.setdefault(id(engine), set()).add(job.id)
+            if job.partition in down:  # its engine does not answer: nothing is asked of it until it does
+                waiting.add(job.id)
+                self.set_reason(job.id, Reason.PARTITION_DOWN.value)
+                continue
             asked = engine.holds(job.id)
             if not asked and book.reasons.get(job.id) not in FOR_NODES:
                 continue  # not placed yet by the scheduler, or gated: not the engine's business yet
@@ -129,16 +135,17 @@ class Provisioning:
         for job in list(book.active.values()):
             if job.partition in partitions:
                 keep.setdefault(id(partitions[job.partition][0]), set()).add(job.id)
-        for engine in {id(e): e for e, _ in partitions.values()}.values():
-            engine.prune(keep.get(id(engine), set()))
+        unreachable = {p for p in partitions if p in down}
+        for engine in {id(e): e for p, (e, _) in partitions.items() if p not in unreachable}.values():
+            engine.prune(keep.get(id(engine), set()))  # (one that does not answer is pruned once it does)
         book.engine_waiting = waiting
 
     def misfit(self, partition: str, tasks) -> str | None:  # noqa: ANN001 - spec TaskSpecs
         """At submission (API threads): why a job of a provisioned partition could never get
         nodes there, or None. Bounded to 2 s: an engine slow to answer decides later."""
         found = self.partitions.get(partition)
-        if found is None:
-            return None
+        if found is None or partition in self.inventory.down_partitions:
+            return None  # (an engine that does not answer cannot tell: the job waits for it)
         engine, target = found
         replicas = [ReplicaShape(t.resources.gpus, t.resources.cpus, t.resources.memory) for t in tasks
                     for _ in range(t.num_nodes)]

@@ -67,8 +67,12 @@ class Scheduling:
     # -- what the scheduler reads ---------------------------------------------------------------
     def free_views(self) -> tuple[NodeView, ...]:
         pool = FreePool(self.inventory.views)
+        up = self.inventory.node_infra
         for alloc in self.book.allocs.values():
-            pool.assume(alloc)
+            # a replica recorded on a node its executor does not report now (a server restarted
+            # while Slurm or Ray does not answer): nothing is placed there; the executor says its fate
+            if alloc.node in up:
+                pool.assume(alloc)
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
@@ -194,10 +198,14 @@ class Scheduling:
             if job is not None:
                 self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", cancel.why,
                                     reason=Reason.DEPENDENCY_NEVER.value, message=cancel.why)
+        down = self.inventory.down_partitions
         for job_id, reason in plan.reasons.items():
             if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:
                 continue  # (a job an engine provisions shows the engine's reason)
-            self.set_reason(job_id, reason.value)
+            job = book.pending.get(job_id)
+            # a partition whose engine does not answer: that is why, whatever the plan saw
+            self.set_reason(job_id, Reason.PARTITION_DOWN.value if job is not None and job.partition in down
+                            else reason.value)
 
     def set_reason(self, job_id: int, reason: str) -> None:
         if self.book.reasons.get(job_id) != reason:

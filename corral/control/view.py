@@ -1,8 +1,8 @@
 """What the control loop shows the rest of the server, which never reads the loop's memory:
 
 * ``LoopView`` — an immutable picture published after every cycle (a reference swap, read
-  by API threads and admission without a lock): the node pool, DOWN nodes, expected starts,
-  the loop's health.
+  by API threads and admission without a lock): the node pool, DOWN nodes, the infras that
+  do not answer and the partitions DOWN with them, expected starts, the loop's health.
 * ``Reads`` — answers computed on the loop's own thread when asked (``ControlLoop.ask``),
   for what is too large to copy every cycle and read rarely (the ranked queue, what every
   replica holds, fair share, the logs being written): each a plain, immutable result."""
@@ -34,6 +34,8 @@ class LoopView:
     node_infra: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     down: tuple[tuple[NodeSpec, str], ...] = ()  # (node, the infra it was on)
     expected_starts: Mapping[int, float] = field(default_factory=lambda: _EMPTY)  # pending job -> planned start
+    unreachable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # infra -> why its engine does not answer
+    down_partitions: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # partition -> why it is DOWN
 
 
 @dataclass(frozen=True)

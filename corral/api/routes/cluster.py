@@ -33,12 +33,15 @@ def nodes(state: StateDep):
 
 @router.get("/partitions", response_model=list[PartitionOut])
 def partitions(state: StateDep):
-    """The site's partitions (config.yaml), the default first."""
+    """The site's partitions (config.yaml), the default first; DOWN with why while the engine
+    of its infra does not answer."""
     site = state.site
     default = site.policy.default_partition.name
     infra = site.partition_infra
+    down = state.loop.view.down_partitions
     return [PartitionOut(name=p.name, infra=infra.get(p.name), slurm_partition=site.provisioned.get(p.name, ("", ""))[1] or None,
-                         nodes=list(p.nodes), max_time=p.max_time, default_time=p.default_time, default=p.name == default)
+                         nodes=list(p.nodes), max_time=p.max_time, default_time=p.default_time, default=p.name == default,
+                         state="DOWN" if p.name in down else "UP", reason=down.get(p.name))
             for p in site.policy.partitions]
 
 
@@ -50,7 +53,8 @@ def health(state: StateDep, response: Response):
     if failing:
         response.status_code = 503
     return Health(status="failing" if failing else "ok", version=__version__, database=dialect, pid=os.getpid(),
-                  nodes=len(view.nodes), cycles=view.cycles, loop_error=view.last_error if failing else None)
+                  nodes=len(view.nodes), cycles=view.cycles, loop_error=view.last_error if failing else None,
+                  unreachable=dict(view.unreachable))
 
 
 @router.get("/share", response_model=list[ShareOut])

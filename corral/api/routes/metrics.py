@@ -25,7 +25,7 @@ router = APIRouter(tags=["cluster"], responses=documented(401, 403))
                              "description": "Prometheus text format"}})
 async def metrics(request: Request) -> Response:
     """Jobs by state, pending jobs by reason and partition, GPUs allocated and idle per node,
-    partition and account, fair-share factors, scheduler cycle and placement histograms,
+    partition and account, whether each infra's engine answers and each partition is UP, fair-share factors, scheduler cycle and placement histograms,
     submit-to-start latency, restarts and probe failures by cause, API latency by route."""
     state: ServerState = request.app.state.corral
     body = await run_in_threadpool(generate_latest, state.loop.metrics.registry)
@@ -61,8 +61,13 @@ def reader(state: ServerState):
         for holding in state.read(loop.reads.holdings):
             accounts[holding.account] = accounts.get(holding.account, 0) + holding.gpus
         share = [(r.account, r.user or "", r.fair_share) for r in state.read(loop.reads.share)]
+        site = state.site
+        infra_up = {name: 0 if name in view.unreachable else 1 for name in site.infras}
+        partition_up = [(p.name, site.partition_infra.get(p.name, ""), 0 if p.name in view.down_partitions else 1)
+                        for p in policy.partitions]
         return {"jobs_by_state": {s.value: by_state.get(s.value, 0) for s in JobState}, "pending": pending,
-                "nodes": nodes, "partitions": partitions, "accounts": accounts, "fair_share": share}
+                "nodes": nodes, "partitions": partitions, "accounts": accounts, "fair_share": share,
+                "infra_up": infra_up, "partition_up": partition_up}
 
     return read
 

@@ -66,12 +66,25 @@ class Allocations:
         self._shapes: dict[str, tuple[float, slurmjob.NodeKind]] = {}  # the same, for submission checks
         self._kept: set[int] = set()  # jobs whose requeued allocation outlives their release
         self.version = 0
-        if own_allocation:
-            self.by_id[own_allocation] = SlurmAllocation(own_allocation, None)
+        self.own = own_allocation
+
+    def connect(self) -> None:
+        """Once Slurm answers (never before: a server that started blind would take its jobs'
+        allocations for gone): the server's own allocation, and those an earlier server
+        submitted for its jobs. Raises ``SlurmError`` while Slurm cannot tell."""
+        own = self.own
+        if own:
+            with self.lock:
+                self.by_id.setdefault(own, SlurmAllocation(own, None))
             self.refresh()
-            if not self.by_id[own_allocation].running:
-                raise SlurmError(f"Slurm job {own_allocation} (this allocation) is not running")
+            with self.lock:
+                alloc = self.by_id[own]
+            if not alloc.checked:
+                raise SlurmError(f"Slurm did not say whether job {own} (this allocation) runs")
+            if not alloc.running:
+                raise SlurmError(f"Slurm job {own} (this allocation) is not running")
         self._find_existing()
+        self.refresh()  # what Slurm says of each, before the loop asks what became of them
 
     # -- the pool ------------------------------------------------------------------------------
     def nodes(self) -> list[NodeSpec]:
@@ -97,18 +110,12 @@ class Allocations:
                 self._by_job[job_id] = slurm_id
 
     def _find_existing(self) -> None:
-        """Allocations an earlier server submitted for its jobs (by their Slurm job name). Slurm
-        must answer: a server that started blind would take its jobs' allocations for gone."""
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", getpass.getuser())
-                break
-            except SlurmError as exc:
-                if time.monotonic() > deadline:
-                    raise SlurmError(f"Slurm does not answer, so this server cannot tell which of its jobs "
-                                     f"have allocations: {exc}") from exc
-                time.sleep(2)
+        """Allocations an earlier server submitted for its jobs (by their Slurm job name)."""
+        try:
+            out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", getpass.getuser())
+        except SlurmError as exc:
+            raise SlurmError(f"Slurm does not answer, so this server cannot tell which of its jobs "
+                             f"have allocations: {exc}") from exc
         for line in out.splitlines():
             parts = line.split(None, 1)
             job_id = slurmjob.job_of(parts[1].strip(), self.scope) if len(parts) == 2 else None
@@ -235,7 +242,10 @@ class Allocations:
     def allocation(self, job_id: int) -> tuple[Fate, str]:
         with self.lock:
             slurm_id = self._by_job.get(job_id)
-            info = self.by_id[slurm_id].info if slurm_id else None
+            alloc = self.by_id[slurm_id] if slurm_id else None
+            info = alloc.info if alloc is not None else None
+        if alloc is not None and not alloc.checked:
+            return Fate.LIVE, "not asked yet"  # found again, Slurm not asked about it yet: unknown is not gone
         state = info.state if info is not None else "GONE"
         if state in LIVE_STATES:
             return Fate.LIVE, state

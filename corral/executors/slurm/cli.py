@@ -90,13 +90,13 @@ def available(timeout: float | None = None) -> str | None:
     missing = [c for c in ("srun", "squeue", "scancel", "sbatch", "scontrol", "sacct") if shutil.which(c) is None]
     if missing:
         return f"Slurm's commands are not on PATH ({', '.join(missing)})"
+    # (``squeue -j 0`` is refused before any controller is asked: ``scontrol ping`` asks it)
     try:
-        done = subprocess.run(["squeue", "-h", "-o", "%i", "-j", "0"], capture_output=True, text=True,
-                              timeout=timeout or TIMEOUT_S)
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=timeout or TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
-        return f"squeue failed: {exc}"
-    if done.returncode != 0 and "Invalid job id" not in done.stderr:
-        return f"the Slurm controller does not answer: {done.stderr.strip()[:200]}"
+        return f"scontrol ping failed: {exc}"
+    if done.returncode != 0 or " is UP" not in done.stdout:
+        return f"the Slurm controller does not answer: {(done.stdout + done.stderr).strip()[:200]}"
     return None
 
 

@@ -25,7 +25,12 @@ what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 Stop signals go through ``scancel --signal`` to the step; SIGKILL cancels the step, and Slurm
 kills everything in it. After a server restart, steps are found again by name: a running one
 is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
-an attempt with neither a step, an ``srun`` alive nor a trace never started."""
+an attempt with neither a step, an ``srun`` alive nor a trace never started.
+
+A controller that does not answer (or a ``SLURM_CONF`` that is missing) never stops the
+server: the executor is built anyway and says why (``unreachable``, from ``controller``),
+its partitions are DOWN until Slurm answers, and what needs Slurm's word (finding its
+allocations again, adopting attempts) waits for it rather than guessing."""
 
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ import psutil
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
                                       Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
 from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
+from corral.executors.slurm.controller import Controller
 from corral.node.proctree import ATTEMPT_VAR, REAP
 from corral.node.runner import NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError
@@ -97,8 +103,65 @@ class SrunExecutor(EventStream):
         self._closed = threading.Event()
         self.own = own_allocation
         self.allocations = Allocations(self.cli, scope, settings.logs_dir, wake, own_allocation, forward)
+        # Built whether or not Slurm answers: while it does not, its partitions are DOWN with
+        # why (``unreachable``), attempts to adopt wait for it, and the watcher asks again.
+        self.controller = Controller(self.cli, wake)
+        self._connected = False
+        self._deferred: list[tuple[str, Handle | None]] = []  # attempts to adopt once Slurm answers
+        self._connect()
         self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
         self._thread.start()
+
+    # -- reachability (Reachability) ---------------------------------------------------------
+    def unreachable(self) -> str | None:
+        why = self.controller.why
+        if why is None and not self._connected:  # it answers, and its allocations are being found again
+            return "Slurm answers; this server is finding its allocations again"
+        return why
+
+    def _connect(self) -> bool:
+        """Slurm answers: the allocations this server holds are found again, then the attempts
+        whose adoption waited for it are adopted."""
+        if not self.controller.check():
+            return False
+        try:
+            self.allocations.connect()
+        except SlurmError as exc:
+            self.controller.failed(str(exc))
+            return False
+        with self._lock:
+            self._connected = True
+        self._adopt_deferred()
+        with self.allocations.lock:
+            self.allocations.version += 1  # the allocations found again: their nodes join the pool
+        self._wake_loop()
+        return True
+
+    def _adopt_deferred(self) -> None:
+        with self._lock:
+            deferred, self._deferred = self._deferred, []
+        if not deferred:
+            return
+        try:
+            self._adopt(deferred)
+        except SlurmError as exc:  # not adopted: they wait for the next answer
+            with self._lock:
+                self._deferred = deferred + self._deferred
+            self.controller.failed(f"Slurm's controller answers but its steps cannot be read: {exc}")
+
+    def _reached(self) -> bool:
+        """Whether Slurm answers, asking it when due (every few seconds while it does, with a
+        growing pause while it does not)."""
+        if self._connected and self.controller.why is None and not self.controller.due():
+            return True
+        if not self.controller.due():
+            return False
+        if not self._connected:
+            return self._connect()
+        if not self.controller.check():
+            return False
+        self._adopt_deferred()  # (what a resync asked while it did not answer)
+        return True
 
     # -- inventory ---------------------------------------------------------------------------
     def nodes(self) -> list[NodeSpec]:
@@ -128,6 +191,8 @@ class SrunExecutor(EventStream):
         return self.allocations.misfit(target, replicas, timeout)
 
     def release(self, job_id: int) -> None:
+        if self.controller.why is not None:
+            return  # kept until Slurm answers: then pruned (the job is over), never left behind
         self.allocations.release(job_id)
 
     # -- binding -------------------------------------------------------------------------------
@@ -246,6 +311,14 @@ class SrunExecutor(EventStream):
         return batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
+        with self._lock:
+            if not self._connected or self.controller.why is not None:
+                # Slurm cannot tell whether they run: never taken for gone, adopted once it answers
+                self._deferred.extend(attempts)
+                return
+        self._adopt(attempts)
+
+    def _adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
         self.allocations.refresh()
         with self.allocations.lock:
             ids = list(self.allocations.by_id)
@@ -320,9 +393,9 @@ class SrunExecutor(EventStream):
             attempt = self._live.get(key)
         if attempt is None:
             return False
-        try:
+        try:  # (a controller known not to answer is not asked: its srun is all there is to signal)
             step_id = _retrying(lambda: self.cli.steps([attempt.slurm_id])).get(attempt.step) \
-                if attempt.slurm_id else None
+                if attempt.slurm_id and self.controller.why is None else None
         except SlurmError:
             step_id = None
             log.warning("could not find the step of %s to signal it; trying its srun", key)
@@ -424,6 +497,8 @@ class SrunExecutor(EventStream):
         next_queue = 0.0
         while not self._closed.wait(POLL_S):
             try:
+                if not self._reached():
+                    continue  # nothing else is asked of a controller that does not answer
                 if time.monotonic() >= next_queue:
                     next_queue = time.monotonic() + 2 * POLL_S
                     self.allocations.refresh()

@@ -1,5 +1,6 @@
 // Nodes: a GPU map (which job's replica holds which GPU of which node), what CPUs and memory
-// are in use, and the nodes that are not taking work (DOWN).
+// are in use, the nodes that are not taking work (DOWN), and the partitions that are DOWN because
+// the engine of their infra does not answer (with why; they come back by themselves).
 import { fill, every, get, h, jobColour, jobLink, section, table } from "./app.js";
 
 function meter(label, used, total, unit) {
@@ -38,13 +39,21 @@ function nodeCard(node, allocations) {
 
 export function show(main) {
   const tiles = h("div", { class: "tiles" });
+  const outages = h("div");
   const unavailable = h("div");
   const grid = h("div", { class: "nodes" });
   const legend = h("div");
-  fill(main, h("h1", {}, "Nodes"), tiles, unavailable, section("GPU map", grid), legend);
+  fill(main, h("h1", {}, "Nodes"), outages, tiles, unavailable, section("GPU map", grid), legend);
 
   every(2000, async () => {
-    const [nodes, allocations] = await Promise.all([get("v1/nodes"), get("v1/allocations")]);
+    const [nodes, allocations, partitions] = await Promise.all([get("v1/nodes"), get("v1/allocations"), get("v1/partitions")]);
+    const down = partitions.filter((p) => p.state === "DOWN");
+    fill(outages, down.length ? section(`Partitions DOWN (${down.length})`, table([
+      { title: "Partition", cell: (p) => p.name },
+      { title: "State", cell: (p) => h("span", { class: "badge state-down" }, p.state) },
+      { title: "Infra", cell: (p) => p.infra || "any" },
+      { title: "Why (its jobs wait; it comes back when the engine answers)", class: "reason", cell: (p) => p.reason || "" },
+    ], down)) : "");
     const byNode = new Map(nodes.map((n) => [n.name, []]));
     for (const a of allocations) byNode.get(a.node)?.push(a);
     const up = nodes.filter((n) => n.state === "UP");

@@ -1,0 +1,354 @@
+"""Degrade, don't die: an infra whose engine does not answer makes its partitions DOWN with
+the reason (``corral nodes``, ``corral queue``, ``/v1/partitions``, ``/metrics``) while the
+rest runs on; they come back by themselves when it answers; the server always starts; and
+``corral server status`` never contradicts the next command.
+
+Through the core with a fake executor (unit), a real server loading a fake infra whose
+reachability a file flips, and the slurm-lab reached through a copy of its slurm.conf whose
+controller port nobody serves (the shared lab itself is never touched)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_for, wait_for
+from corral.admission import Admitted, Refusal, admit
+from corral.control.inventory import Inventory
+from corral.pool import NodeSpec
+from corral.site import Site
+from corral.scheduler.policy import Partition, Policy
+from corral.spec.loader import load_job
+from fake_executor import FakeExecutor
+import fake_infra
+
+DOWN = "Fake engine at 10.9.9.9:1 does not answer: connection refused"
+
+
+class Flipping(FakeExecutor):
+    """The fake executor of the loop tests, with Reachability: ``down(why)`` / ``up()``."""
+
+    def __init__(self, nodes, wake):  # noqa: ANN001
+        super().__init__(nodes, wake)
+        self.all_nodes, self.why = list(nodes), None
+
+    def unreachable(self) -> str | None:
+        return self.why
+
+    def down(self, why: str) -> None:
+        self.why = why
+        with self.lock:
+            self._nodes, self.version = [], self.version + 1
+
+    def up(self) -> None:
+        self.why = None
+        with self.lock:
+            self._nodes, self.version = list(self.all_nodes), self.version + 1
+
+
+# -- the core ---------------------------------------------------------------------------------
+
+
+def test_an_unreachable_infra_makes_its_partitions_down_and_they_come_back() -> None:
+    local = FakeExecutor([NodeSpec(name="here", gpus=0, cpus=4, memory=8)], lambda: None)
+    engine = Flipping([NodeSpec(name="fk-0", gpus=4, gpu_type="H100", cpus=8, memory=64)], lambda: None)
+    engine.name = "fake"
+    inventory = Inventory({"local": local, "fake": engine}, {"gpu": "fake", "also": "fake", "cpu": "local"})
+    assert inventory.refresh() and inventory.down_partitions == {} and inventory.up("fk-0")
+    engine.down(DOWN)
+    assert inventory.refresh()  # a flip is a change: the scheduler looks again
+    assert inventory.unreachable == {"fake": DOWN}
+    assert inventory.down_partitions == {"gpu": DOWN, "also": DOWN}
+    assert not inventory.up("fk-0") and "fk-0" in inventory.down_nodes and inventory.up("here")
+    assert not inventory.refresh()  # nothing changed since
+    engine.why = "Fake engine: another reason"
+    assert inventory.refresh() and inventory.down_partitions["gpu"] == "Fake engine: another reason"
+    engine.up()
+    assert inventory.refresh()
+    assert inventory.unreachable == {} and inventory.down_partitions == {} and inventory.up("fk-0")
+    assert "fk-0" not in inventory.down_nodes
+
+
+def test_an_executor_that_cannot_say_counts_as_not_answering() -> None:
+    engine = Flipping([], lambda: None)
+
+    def broken() -> str | None:
+        raise RuntimeError("boom")
+
+    engine.unreachable = broken
+    inventory = Inventory({"fake": engine}, {"gpu": "fake"})
+    inventory.refresh()
+    assert "boom" in inventory.down_partitions["gpu"]
+
+
+def _site(pool: list[NodeSpec]) -> Site:
+    policy = replace(Policy.named("corral"), partitions=(Partition("cpu", ("here",)), Partition("gpu", ("fk-*",)),
+                                                         Partition("any", ("*",))))
+    return Site(pool, policy, partition_infra={"gpu": "fake"})
+
+
+def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_infra() -> None:
+    site = _site([NodeSpec(name="here", gpus=0, cpus=4, memory=8)])
+    never = lambda job: False  # noqa: E731
+    # the engine answers but has no node yet: the old refusal, unchanged
+    refused = admit(_in("gpu"), "ann", site, never)
+    assert isinstance(refused, Refusal) and "does not answer" not in refused.message
+    # DOWN: its nodes are unknown, so the job is queued (it waits with PartitionDown)
+    outages = ({"gpu": DOWN}, {"fake": DOWN})
+    assert isinstance(admit(_in("gpu"), "ann", site, never, outages=outages), Admitted)
+    # a partition of any infra refused for what the pool lacks now: the refusal says why
+    refused = admit(_in("any"), "ann", site, never, outages=outages)
+    assert isinstance(refused, Refusal) and "infra fake does not answer" in refused.message and DOWN in refused.message
+
+
+def _in(partition: str):  # noqa: ANN202 - a JobSpec
+    return load_job("resources: {accelerators: H100:1}\nrun: x\n", scheduling={"partition": partition}).spec
+
+
+# -- a real server with a local partition and a fake infra's ------------------------------------
+
+FAKE_SITE = """
+infra: {{fake: {{down_file: {down}, build_delay: {delay}}}}}
+partitions:
+  - {{name: cpu, nodes: ["*"]}}
+  - {{name: gpu, infra: fake}}
+"""
+
+
+@pytest.fixture
+def fake_home(tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    down = tmp_path / "down"
+    pythonpath = fake_infra.install(tmp_path / "plugins")
+
+    def make(delay: float = 0.0):  # noqa: ANN202
+        (home / "config.yaml").write_text(FAKE_SITE.format(down=down, delay=delay))
+        run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=tmp_path)
+        run.down = down
+        made.append(run)
+        return run
+
+    made: list = []
+    yield make
+    for run in made:
+        run.stop()
+
+
+def _http(home: Path, path: str) -> str:
+    info = json.loads((home / "server.json").read_text())
+    request = urllib.request.Request(info["url"] + path,
+                                     headers={"Authorization": f"Bearer {(home / 'local.token').read_text().strip()}"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.read().decode()
+
+
+def test_a_down_infra_leaves_the_rest_running_and_its_jobs_start_when_it_answers(fake_home, tmp_path: Path) -> None:
+    corral = fake_home()
+    corral.down.write_text(DOWN)
+    (tmp_path / "cpu.yaml").write_text("run: echo local-ran\n")
+    (tmp_path / "gpu.yaml").write_text("resources: {accelerators: H100:1}\nrun: echo gpu-ran\n")
+    local = corral("launch", "-d", "-p", "cpu", str(tmp_path / "cpu.yaml")).stdout.strip()
+    gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml"))  # queued, not refused
+    assert gpu.returncode == 0, gpu.stderr
+    gpu_id = gpu.stdout.strip()
+    wait_for(lambda: json.loads(corral("status", local, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
+    job = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["reason"] != "None" and j,
+                   timeout=60)
+    assert job["state"] == "PENDING" and job["reason"] == f"PartitionDown ({DOWN})"
+    queue = corral("queue").stdout
+    assert "PartitionDown" in queue and "does not answer" in queue
+    nodes = corral("nodes")
+    assert f"partition gpu (fake) is DOWN: {DOWN}" in nodes.stderr
+    partitions = {p["name"]: p for p in json.loads(_http(corral.home, "/v1/partitions"))}
+    assert partitions["gpu"]["state"] == "DOWN" and partitions["gpu"]["reason"] == DOWN
+    assert partitions["cpu"]["state"] == "UP"
+    metrics = _http(corral.home, "/metrics")
+    assert 'corral_infra_up{infra="fake"} 0.0' in metrics and 'corral_infra_up{infra="local"} 1.0' in metrics
+    assert 'corral_partition_up{infra="fake",partition="gpu"} 0.0' in metrics
+    assert 'corral_partition_up{infra="",partition="cpu"} 1.0' in metrics
+    assert 'corral_jobs_pending{partition="gpu",reason="PartitionDown"} 1.0' in metrics
+    health = json.loads(_http(corral.home, "/v1/health"))
+    assert health["status"] == "ok" and health["unreachable"] == {"fake": DOWN}
+    # the engine answers again: the partition is UP by itself and the job that waited runs there
+    corral.down.write_text("")
+    done = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["state"] == "SUCCEEDED" and j,
+                    timeout=60)
+    assert done["tasks"][0]["replicas"][0]["node"] == "fk-0"
+    assert "DOWN" not in corral("nodes").stderr
+    assert 'corral_partition_up{infra="fake",partition="gpu"} 1.0' in _http(corral.home, "/metrics")
+
+
+# -- server status and the next command agree ---------------------------------------------------
+
+
+def test_server_status_says_what_the_next_command_finds(fake_home, tmp_path: Path) -> None:
+    corral = fake_home(delay=8.0)  # building its executors takes a while: the server is slow to answer
+    server = subprocess.Popen([sys.executable, "-m", "corral.server"], env=corral.env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        status = wait_for(lambda: (s := corral("server", "status", "--json", check=False)).returncode == 0 and s,
+                          timeout=30, interval=0.1)
+        said = json.loads(status.stdout)
+        assert said["running"] and said["pid"] == server.pid
+        assert not said["answering"], "the server was expected to be still starting"
+        # the next command finds that same server (waits for it), never starts a second one
+        queue = corral("queue", check=False, timeout=120)
+        assert queue.returncode == 0, queue.stderr
+        said = json.loads(corral("server", "status", "--json").stdout)
+        assert said["pid"] == server.pid and said["answering"]
+        assert server.poll() is None
+    finally:
+        corral("server", "stop", timeout=60)
+        server.wait(timeout=60)
+    # a server.json left behind by a server that died names nobody: status says none runs, and
+    # the next command starts one
+    (corral.home / "server.json").write_text(json.dumps({"pid": os.getpid(), "url": "http://127.0.0.1:9",
+                                                         "home": str(corral.home), "db": "sqlite"}))
+    status = corral("server", "status", check=False)
+    assert status.returncode == 1 and "no corral server is running" in status.stdout
+    assert corral("queue", check=False, timeout=120).returncode == 0
+    assert json.loads(corral("server", "status", "--json").stdout)["answering"]
+
+
+# -- Slurm's controller unreachable --------------------------------------------------------------
+
+LAB_CONF = Path(os.environ.get("CORRAL_SLURM_LAB", "/tmp/slurmlab")) / "etc" / "slurm.conf"
+
+SLURM_SITE = """
+partitions:
+  - {name: here, nodes: ["*"]}
+  - {name: gpu, infra: slurm, slurm_partition: gpu}
+"""
+
+
+def _lab_answers() -> bool:
+    if not LAB_CONF.exists() or shutil.which("scontrol") is None:
+        return False
+    done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "SLURM_CONF": str(LAB_CONF)})
+    return done.returncode == 0
+
+
+def _cancel_ours(home: Path) -> None:
+    from types import SimpleNamespace
+
+    from corral.executors import scope_of
+
+    scope = scope_of(SimpleNamespace(home=home))  # (it reads only the home)
+    env = {**os.environ, "SLURM_CONF": str(LAB_CONF)}
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, env=env).stdout
+    ours = [line.split()[0] for line in out.splitlines() if scope in line]
+    if ours:
+        subprocess.run(["scancel", *ours], env=env, capture_output=True)
+
+
+def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_path: Path) -> None:
+    if not _lab_answers():
+        pytest.skip("no slurm-lab answers here")
+    conf = tmp_path / "slurm-etc"
+    shutil.copytree(LAB_CONF.parent, conf)
+    good = (conf / "slurm.conf").read_text()
+    # a copy of the lab's configuration whose controller port nobody serves
+    (conf / "slurm.conf").write_text("\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                                               for line in good.splitlines()) + "\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SLURM_SITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    corral.env.pop("SLURM_JOB_ID", None)
+    try:
+        started = time.monotonic()
+        corral("server", "start", timeout=120)
+        assert time.monotonic() - started < 60
+        (tmp_path / "here.yaml").write_text("run: echo here-ran\n")
+        (tmp_path / "gpu.yaml").write_text("resources: {accelerators: H100:1}\nrun: echo slurm-ran\n")
+        here = corral("launch", "-d", "-p", "here", str(tmp_path / "here.yaml")).stdout.strip()
+        gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml")).stdout.strip()
+        wait_for(lambda: json.loads(corral("status", here, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
+        job = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["reason"] != "None" and j,
+                       timeout=60)
+        assert job["state"] == "PENDING" and job["reason"].startswith("PartitionDown (Slurm's controller does not "
+                                                                      "answer")
+        assert str(conf / "slurm.conf") in job["reason"]
+        assert "partition gpu (slurm) is DOWN: Slurm's controller does not answer" in corral("nodes").stderr
+        assert "PartitionDown (Slurm" in corral("queue").stdout
+        metrics = _http(home, "/metrics")
+        assert 'corral_partition_up{infra="slurm",partition="gpu"} 0.0' in metrics
+        assert 'corral_infra_up{infra="slurm"} 0.0' in metrics
+        # the configuration is fixed: Slurm answers, the partition is UP and the job runs there
+        (conf / "slurm.conf").write_text(good)
+        done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
+                        in ("SUCCEEDED", "FAILED") and j, timeout=180, interval=1)
+        assert done["state"] == "SUCCEEDED", done
+        assert done["tasks"][0]["replicas"][0]["node"].startswith("s")
+        assert 'corral_partition_up{infra="slurm",partition="gpu"} 1.0' in _http(home, "/metrics")
+    finally:
+        corral.stop()
+        _cancel_ours(home)
+
+
+def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_later(tmp_path: Path) -> None:
+    """Slurm does not answer when the server starts: its running job is neither failed nor
+    started again; once Slurm answers, the job is adopted and ends as it ran."""
+    if not _lab_answers():
+        pytest.skip("no slurm-lab answers here")
+    conf = tmp_path / "slurm-etc"
+    shutil.copytree(LAB_CONF.parent, conf)
+    good = (conf / "slurm.conf").read_text()
+    bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                    for line in good.splitlines()) + "\n"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SLURM_SITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    marker = tmp_path / "ran"
+    (tmp_path / "gpu.yaml").write_text(f"resources: {{accelerators: H100:1}}\n"
+                                       f"run: echo x >> {marker}; sleep 40; echo finished\n")
+    try:
+        gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml"), timeout=120).stdout.strip()
+        wait_for(lambda: json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING", timeout=120,
+                 interval=1)
+        corral("server", "stop", timeout=120)
+        (conf / "slurm.conf").write_text(bad)
+        corral("server", "start", timeout=120)
+        wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=60, interval=1)
+        time.sleep(5)  # some cycles with Slurm silent
+        assert json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING"
+        (conf / "slurm.conf").write_text(good)
+        done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
+                        in ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=180, interval=1)
+        if done["state"] != "SUCCEEDED":
+            _skip_if_cancelled_by_others(corral, gpu)
+        assert done["state"] == "SUCCEEDED", done
+        assert marker.read_text().count("x") == 1  # started once, never again
+    finally:
+        corral.stop()
+        _cancel_ours(home)
+
+
+def _skip_if_cancelled_by_others(corral, job: str) -> None:  # noqa: ANN001
+    """The slurm-lab is shared: other test runs cancel every ``corral-*`` Slurm job (test_slurm's
+    clean-up). A Slurm job of ours that Slurm's accounting shows CANCELLED was not ended by this
+    test: say so rather than fail on someone else's clean-up."""
+    import re
+
+    events = corral("events", job).stdout
+    ids = re.findall(r"Slurm job (\d+)", events)
+    env = {**os.environ, "SLURM_CONF": str(LAB_CONF)}
+    for slurm_id in ids:
+        state = subprocess.run(["sacct", "-n", "-X", "-j", slurm_id, "-o", "State"], capture_output=True,
+                               text=True, env=env).stdout.strip()
+        if state.startswith("CANCELLED"):
+            pytest.skip(f"Slurm job {slurm_id} was cancelled from outside this test (the shared lab's clean-up)")
