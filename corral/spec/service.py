@@ -244,6 +244,9 @@ _POLICY_KEYS = {"min_replicas", "max_replicas", "target_qps_per_replica", "upsca
                 "downscale_delay_seconds", "base_ondemand_fallback_replicas", "dynamic_ondemand_fallback",
                 "num_overprovision"}
 _BALANCING = {"round_robin": "round_robin", "least_load": "least_load"}
+# SkyServe fields about a cloud's load balancers and offers: nothing to honour on one endpoint
+# here, and nothing the replicas do changes, so a file that sets them runs with a warning
+_CLOUD_SERVE_KEYS = {"external_load_balancers", "spot_placer", "https"}
 
 
 def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
@@ -254,6 +257,10 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
     serve = data["service"]
     if not isinstance(serve, dict):
         raise ValueError("service is a mapping like {readiness_probe: /health, replicas: 2}")
+    for key in sorted(_CLOUD_SERVE_KEYS & set(serve)):
+        warn(f"service.{key} is ignored: it configures a cloud's load balancing, and corral's endpoint is one "
+             "address on the server")
+    serve = {k: v for k, v in serve.items() if k not in _CLOUD_SERVE_KEYS}
     unknown = set(serve) - _SERVE_KEYS
     if unknown:
         raise ValueError(f"service has unknown field(s) {', '.join(sorted(map(str, unknown)))}; "

@@ -79,3 +79,12 @@ def test_restart_and_job_recovery_together_are_refused() -> None:
     with pytest.raises(SpecError) as refused:
         load_job("restart: {policy: always}\nresources:\n  job_recovery: {max_restarts_on_errors: 2}\nrun: x\n")
     assert "not both" in str(refused.value)
+
+
+def test_cloud_only_service_fields_are_warnings_not_refusals() -> None:
+    loaded = load_job("service:\n  readiness_probe: /health\n  replicas: 2\n  ports: 8080\n"
+                      "  external_load_balancers: [{resources: {cloud: aws}}]\nrun: x\n")
+    assert loaded.spec.tasks[0].num_nodes == 2
+    assert any("external_load_balancers" in w for w in loaded.warnings)
+    with pytest.raises(SpecError):  # a field corral does not know at all is still an error
+        load_job("service:\n  readiness_probe: /health\n  replicaz: 2\n  ports: 8080\nrun: x\n")
