@@ -8,10 +8,8 @@ and ``corral.Client`` use them. Standard library only: every CLI command imports
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,8 @@ def write_private(path: Path, text: str) -> None:
 
 def write_local_token(home: Path) -> str:
     """A new local token for a server of ``home``, written for its owner alone."""
+    import secrets  # only the server makes tokens: every CLI command imports this module
+
     token = "corral_local_" + secrets.token_urlsafe(32)  # 256 random bits
     write_private(local_token_path(home), token + "\n")
     return token
@@ -52,6 +52,8 @@ def read_local_token(home: Path) -> str | None:
 
 def remove_local_token(home: Path, token: str) -> None:
     """Remove the local token file if it is still ``token`` (a newer server may have replaced it)."""
+    import hmac
+
     current = read_local_token(home)
     if current is not None and hmac.compare_digest(current, token):
         try:
