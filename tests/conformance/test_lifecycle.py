@@ -126,7 +126,7 @@ run: |
 def test_logs_are_complete_after_the_end_and_follow_streams_them_as_written(corral: Corral) -> None:
     job = corral.launch("chatty", """
 run: |
-  for i in 1 2 3 4 5 6; do echo "tick $i"; sleep 0.7; done
+  for i in 1 2 3 4 5 6; do echo "tick $i"; sleep 1.2; done
   seq 1 3000 | sed 's/^/bulk /'
   echo "last line"
 """)
@@ -153,7 +153,8 @@ run: |
     expected = [f"tick {i}" for i in range(1, 7)] + [f"bulk {i}" for i in range(1, 3001)] + ["last line"]
     assert [x for x in lines if x.startswith(("tick", "bulk", "last"))] == expected, lines[:20]
     at = {text: t for t, text in got}
-    # streamed as written: the first tick was read seconds before the last was written
+    # streamed as written: the first tick was read seconds before the last was written (6 s of
+    # ticks: a follower that attaches late on a loaded machine still sees them spread out)
     assert at["tick 6"] - at["tick 1"] > 2.0, (at["tick 1"], at["tick 6"])
     assert at["tick 1"] < ended - 2.0
     after = [x for x in corral.log(job).splitlines() if x.startswith(("tick", "bulk", "last"))]
