@@ -238,7 +238,8 @@ class Client:
 
     def submit(self, spec: str | os.PathLike | dict[str, Any] | list[dict[str, Any]], *, source: str | None = None,
                base_dir: str | None = None, name: str | None = None, env: dict[str, str] | None = None,
-               scheduling: dict[str, Any] | None = None, array: str | None = None) -> dict[str, Any]:
+               scheduling: dict[str, Any] | None = None, array: str | None = None,
+               secrets: dict[str, str] | None = None) -> dict[str, Any]:
         """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text, a path to a YAML file (its directory is where
         relative workdirs resolve, as with ``corral launch``), or the parsed document (a dict;
         a list of dicts for a job group's documents). ``scheduling`` takes ``partition``,
@@ -260,6 +261,7 @@ class Client:
             text = spec
         return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "base_dir": base_dir,
                                                          "name": name, "env": env or {},
+                                                         **({"secrets": secrets} if secrets else {}),
                                                          "scheduling": scheduling or {},
                                                          **({"array": array} if array is not None else {})})
 

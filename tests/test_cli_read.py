@@ -158,3 +158,20 @@ def test_status_says_what_job_recovery_became(corral, tmp_path: Path) -> None:
     assert data["tasks"][0]["restart"] == "on failure, at most 1 time"
     assert data["tasks"][0]["replicas"][0]["restarts"] == 1
     assert "task flaky: restarts on failure, at most 1 time" in corral("status", job, check=True).stdout
+
+
+def test_env_and_secret_without_a_value_take_this_shells(corral_home: Path, tmp_path: Path) -> None:
+    run = cli_for(corral_home, env={"HF_TOKEN": "hf-from-shell", "API_KEY": "key-from-shell"})
+    try:
+        out = tmp_path / "seen"
+        spec = tmp_path / "t.yaml"
+        spec.write_text(f"name: tok\nrun: echo \"$HF_TOKEN $API_KEY $OTHER\" > {out}\n")
+        job = run("launch", "-d", "--env", "HF_TOKEN", "--secret", "API_KEY", "--secret", "OTHER=given",
+                  str(spec), check=True).stdout.strip()
+        wait_for(lambda: json.loads(run("status", job, "--json", check=True).stdout)["state"] == "SUCCEEDED",
+                 timeout=60)
+        assert out.read_text().split() == ["hf-from-shell", "key-from-shell", "given"]
+        missing = run("launch", "-d", "--env", "NOT_SET_ANYWHERE", str(spec))
+        assert missing.returncode == 2 and "NOT_SET_ANYWHERE is not set in this shell" in missing.stderr
+    finally:
+        run.stop()

@@ -23,6 +23,8 @@ class SubmitRequest(BaseModel):
     base_dir: str | None = Field(default=None, description="Directory relative workdirs are resolved against")
     name: str | None = Field(default=None, description="Overrides the job name (--name)")
     env: dict[str, str] = Field(default_factory=dict, description="Overrides task envs (--env K=V)")
+    secrets: dict[str, str] = Field(default_factory=dict, description=(
+        "Secrets of every task (--secret K=V): set like envs, kept out of envs"))
     scheduling: dict[str, Any] = Field(default_factory=dict, description=(
         "Overrides job-level scheduling fields: partition, account, qos, nice, priority, dependency, "
         "kill_on_invalid_dep, time_limit"))

@@ -94,7 +94,8 @@ def launch_overrides(args) -> dict:
 
 
 def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], warnings: list[str], *,
-           env: dict[str, str], name: str | None, detach: bool | None) -> None:
+           env: dict[str, str], name: str | None, detach: bool | None,
+           secrets: dict[str, str] | None = None) -> None:
     """Submit the script; ``detach`` None is sbatch's behaviour (return unless --wait)."""
     from corral.cli.jobs import follow
     from corral.spec.sbatch import load_batch
@@ -104,6 +105,7 @@ def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], war
     client = daemon.client()
     try:
         result = client.submit(batch.documents, source=str(path), base_dir=os.getcwd(), env=env, name=name,
+                               secrets=secrets,
                                scheduling=batch.scheduling, array=batch.array)
     except CorralError as exc:
         if exc.status == 409:  # sbatch allows namesakes; corral's names are host names

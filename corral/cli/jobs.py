@@ -33,14 +33,24 @@ def _slurm_partition(client, asked: str | None) -> str:  # noqa: ANN001 - a Clie
     return asked or slurm[0]
 
 
+def _pairs(option: str, items: list[str]) -> dict[str, str]:
+    """``K=V`` items, or ``K`` alone for its value in this shell (SkyPilot's ``--env HF_TOKEN``)."""
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise Usage(option, f"{item!r} is not K=V or K")
+        if not sep:
+            if key not in os.environ:
+                raise Usage(option, f"{key} is not set in this shell: give {option} {key}=VALUE")
+            value = os.environ[key]
+        pairs[key] = value
+    return pairs
+
+
 def launch(args: Namespace) -> None:
     file = Path(args.file)
-    env = {}
-    for item in args.env:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise Usage("--env", f"{item!r} is not K=V")
-        env[key] = value
+    env, secrets = _pairs("--env", args.env), _pairs("--secret", args.secret)
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
@@ -58,7 +68,8 @@ def launch(args: Namespace) -> None:
         from corral.spec.loader import SpecError
 
         try:
-            batch.submit(file, text, batch.launch_overrides(args), (), [], env=env, name=None, detach=args.detach)
+            batch.submit(file, text, batch.launch_overrides(args), (), [], env=env, name=None, detach=args.detach,
+                         secrets=secrets)
         except SpecError as exc:
             batch._refused(exc)
         return
@@ -72,6 +83,7 @@ def launch(args: Namespace) -> None:
     client = daemon.client()
     try:
         result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
+                               secrets=secrets,
                                scheduling=scheduling, array=args.array)
     except CorralError as exc:
         fail(exc, str(file))

@@ -83,8 +83,12 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("file", metavar="FILE")
     c.add_argument("-d", "--detach", action="store_true", help="print the job id and return at once")
     c.add_argument("--name", help="override the job name")
-    c.add_argument("--env", action="append", default=[], metavar="K=V",
-                   help="add or override an environment variable of every task (repeatable)")
+    c.add_argument("--env", action="append", default=[], metavar="K[=V]",
+                   help="add or override an environment variable of every task (repeatable); without =V, "
+                        "its value in this shell")
+    c.add_argument("--secret", action="append", default=[], metavar="K[=V]",
+                   help="a secret of every task: set like --env, kept with the job's secrets (repeatable); without =V, "
+                        "its value in this shell")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
     c.add_argument("--slurm", action="store_true",
                    help="run the job as one Slurm job: in the site's first partition with infra: slurm")

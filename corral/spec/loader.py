@@ -56,7 +56,7 @@ class LoadedJob:
 
 
 def load_job(text: str, *, source: str = "<spec>", default_name: str | None = None,
-             name: str | None = None, env: dict[str, str] | None = None,
+             name: str | None = None, env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
              base_dir: str | None = None, scheduling: dict[str, Any] | None = None) -> LoadedJob:
     """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
     with ``base_dir`` a relative ``workdir`` is resolved against it and must exist;
@@ -77,6 +77,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
             issues += [SpecIssue(_doc_label(doc, len(docs)), _dotted(path), doc.line_of(path), NUL_MESSAGE)
                        for path in nul_paths(doc.data)]
     issues += _option_issues(name, env, base_dir, scheduling)
+    issues += _option_issues(None, secrets, None, None, "secrets")
     if issues:
         raise SpecError(issues, source)
 
@@ -139,7 +140,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         spec = spec.model_copy(update={"scheduling": scheduling, "time_limit": job_limit})
     if limit_override is not None:
         spec = spec.model_copy(update={"time_limit": limit_override})
-    spec = _apply_env(spec, env or {}, docs, issues, source)
+    spec = _apply_env(spec, env or {}, docs, issues, source, secrets or {})
     if base_dir is not None:
         spec = _resolve_workdirs(spec, Path(base_dir), docs, source)
     return LoadedJob(spec, warnings)
@@ -165,7 +166,7 @@ def nul_paths(value: Any, path: tuple = ()) -> list[tuple]:
 
 
 def _option_issues(name: str | None, env: dict[str, str] | None, base_dir: str | None,
-                   scheduling: dict[str, Any] | None) -> list[SpecIssue]:
+                   scheduling: dict[str, Any] | None, env_label: str = "env") -> list[SpecIssue]:
     """Values given beside the file (``--name``, ``--env``, the API body) pass the same
     rules as the file's own: what the control loop would later refuse is refused here."""
     issues = []
@@ -173,10 +174,10 @@ def _option_issues(name: str | None, env: dict[str, str] | None, base_dir: str |
         issues.append(SpecIssue("options", "name", None, f"{shown(name)} is not a valid job name: {NAME_RULE}"))
     for key, value in (env or {}).items():
         if not ENV_NAME_RE.fullmatch(key):
-            issues.append(SpecIssue("options", "env", None, f"{shown(key)} is not a valid environment variable "
+            issues.append(SpecIssue("options", env_label, None, f"{shown(key)} is not a valid environment variable "
                                     "name (letters, digits and '_', not starting with a digit)"))
         elif not isinstance(value, str) or "\x00" in value:
-            issues.append(SpecIssue("options", f"env.{key}", None, NUL_MESSAGE))
+            issues.append(SpecIssue("options", f"{env_label}.{key}", None, NUL_MESSAGE))
     if base_dir is not None and ("\x00" in base_dir or not Path(base_dir).is_absolute()):
         issues.append(SpecIssue("options", "base_dir", None, f"{shown(base_dir)} must be an absolute path "
                                 "(the directory relative workdirs are resolved against)"))
@@ -356,13 +357,15 @@ def find_cycle(graph: dict[str, list[str]]) -> list[str] | None:
 
 
 def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues: list[SpecIssue],
-               source: str) -> JobSpec:
+               source: str, extra_secrets: dict[str, str]) -> JobSpec:
     """``--env K=V`` overrides every task's envs and fills its secrets (a key a task declares as a
-    secret stays one); a declared env or secret left without a value is an error."""
+    secret stays one); ``--secret K=V`` makes K a secret of every task (never an env); a
+    declared env or secret left without a value is an error."""
     tasks = []
     for task in spec.tasks:
-        secrets = {k: env.get(k, v) for k, v in task.secrets.items()}
-        merged = {k: env.get(k, v) for k, v in task.envs.items()} | {k: v for k, v in env.items() if k not in secrets}
+        secrets = {k: env.get(k, v) for k, v in task.secrets.items()} | extra_secrets
+        merged = {k: env.get(k, v) for k, v in task.envs.items() if k not in extra_secrets} | {
+            k: v for k, v in env.items() if k not in secrets}
         for section, values in (("envs", merged), ("secrets", secrets)):
             for key, value in values.items():
                 if value is None:

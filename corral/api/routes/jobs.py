@@ -79,6 +79,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     default_name = Path(source).stem if body.source else None
     try:
         loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
+                          secrets=body.secrets,
                           base_dir=body.base_dir, scheduling=body.scheduling)
     except SpecError as exc:
         return JSONResponse(status_code=422, content={"detail": {
