@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hostlist import expand_hostlist
 
-from corral.executors.slurm.executor import step_layout
+from corral.executors.slurm.layout import step_layout
 from corral.runtime.batchenv import (BatchContext, NodeSlot, array_extent, expand_pattern, fill_job_id, rename_nodes,
                                      task_layout)
 from corral.runtime.environment import ReplicaContext, replica_env

@@ -15,7 +15,7 @@ machine, so ``srun`` starts each task itself, as a process of the batch replica 
 process tree and cgroup, so it ends with the job) with the environment of the node it stands
 for (``SLURMD_NODENAME``, that node's GPUs in ``CUDA_VISIBLE_DEVICES``). An infra that runs
 replicas inside real Slurm allocations replaces this layout with Slurm's own at launch (the
-Slurm executor's ``_batch_layout``): the variables named in ``LAYOUT`` describe the job's
+Slurm executor, ``corral.executors.slurm.layout``): the variables named in ``LAYOUT`` describe the job's
 shape, the rest its identity."""
 
 from __future__ import annotations
