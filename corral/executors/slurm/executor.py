@@ -62,10 +62,11 @@ GPUS_FILE = "gpus"
 # Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
 # chooses them, not corral), by their indices on the node, then becomes the wrapper.
 RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
-# Run in a step beside an attempt's: signal $3 to the process group of its wrapper (pid $1 on
-# the node, carrying the attempt's key $2 in its environment, so a reused pid is never hit)
+# Run in a step beside an attempt's: signal $3 to the process group its wrapper leads (pid $1
+# on the node, a task slurmstepd made a group leader; it carries the attempt's key $2 in its
+# environment, so a reused pid is never hit), or to the wrapper alone if it leads none
 SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
-                'pgid=$(ps -o pgid= -p "$1" | tr -d " "); kill -s "$3" -- "-${pgid:-$1}"')
+                'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
 ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
