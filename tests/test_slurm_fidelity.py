@@ -132,7 +132,7 @@ def _ranks(corral, partition: str) -> dict[str, dict[str, str]]:
     job = corral("launch", "-d", "-p", partition, "--name", f"ranks-{partition}", "ranks.yaml",
                  check=True).stdout.strip()
     done = _wait(corral, job)
-    assert done["state"] == "SUCCEEDED", done
+    assert done["state"] == "SUCCEEDED", (done["state"], done.get("message"), done.get("tasks"))
     lines = [line.split(" | ", 1)[-1] for line in corral("logs", job, check=True).stdout.splitlines()
              if "ranks procid=" in line]
     seen = {}
@@ -183,7 +183,7 @@ def test_auxiliaries_of_a_succeeded_job_end_cleanly_in_slurm_too(corral) -> None
     (corral.work / "svc.yaml").write_text(GROUP)
     job = corral("launch", "-d", "-p", "gpu", "svc.yaml", check=True).stdout.strip()
     done = _wait(corral, job)
-    assert done["state"] == "SUCCEEDED", done
+    assert done["state"] == "SUCCEEDED", (done["state"], done.get("message"), done.get("tasks"))
     aux = corral("logs", job, "aux-0", check=True).stdout
     assert "aux got TERM" in aux, aux  # the stop signal, with its grace, not a kill
     assert "slurmstepd" not in aux and "CANCELLED" not in aux, aux
