@@ -293,7 +293,7 @@ def test_batch_environment() -> None:
     assert {k: env.get(k) for k in expected} == expected
     assert "CORRAL_SLURM_SHIMS" not in env  # none given
     from pathlib import Path
-    from corral.executors.slurm.executor import batch_layout
+    from corral.executors.slurm.layout import batch_layout
 
     on_slurm = slurmjob.batch_env(s, ctx, Path("/x"))
     assert on_slurm["CORRAL_SLURM_SHIMS"] == "/x"

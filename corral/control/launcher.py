@@ -139,13 +139,17 @@ class Launcher:
             node_ips=tuple(r.addr or "127.0.0.1" for r in peers),
             addr=replica.addr or "127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
-            user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "")
+            user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "",
+            task_nodes=_by_rank(peers, task.num_nodes), job_nodes=tuple(r.node for r in job.members if r.node),
+            array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent)
         env = replica_env({}, ctx)
         env.update(executor.attempt_env(job.id))
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
         if task.service.sbatch is not None and task.service.sbatch.role == "batch":
+            for name in batchenv.TASK_LAYOUT:  # the batch step's are the job's (none of a step's)
+                env.pop(name, None)
             env.update(self._batch_env(job, task, replica))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
@@ -161,7 +165,17 @@ class Launcher:
         nodes = tuple(batchenv.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)
         ctx = batchenv.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
                                     job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
-                                    str(task.spec.get("workdir") or task.service.sbatch.submit_dir))
+                                    str(task.spec.get("workdir") or task.service.sbatch.submit_dir),
+                                    job.array_extent)
         shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
         keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
         return batchenv.batch_env(task.service.sbatch, ctx, shims, keep)
+
+
+def _by_rank(replicas: list[ReplicaRec], count: int) -> tuple[str, ...]:
+    """The node of each rank of a task ("" where none is placed yet)."""
+    nodes = [""] * count
+    for replica in replicas:
+        if 0 <= replica.rank < count:
+            nodes[replica.rank] = replica.node or ""
+    return tuple(nodes)

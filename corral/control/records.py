@@ -114,6 +114,7 @@ class JobRec:
     array_job_id: int | None = None  # an array element: its array (the first element's id)
     array_index: int | None = None
     array_throttle: int | None = None  # at most this many elements of the array run at once
+    array_extent: tuple[int, ...] | None = None  # the array's (count, min, max, step)
     no_requeue: bool = False  # --no-requeue: a preempted job is cancelled, whatever the preempt mode
     # the engine that provisioned its nodes ended them: (the job's end state, the engine's words)
     ended_by: tuple[JobState, str] | None = None
@@ -201,7 +202,7 @@ def _scheduling(row) -> dict:
             "kill_on_invalid_dep": bool(row.kill_on_invalid_dep), "requeues": row.requeues or 0,
             "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
             "hold": row.hold or "", "array_job_id": row.array_job_id, "array_index": row.array_index,
-            "array_throttle": row.array_throttle,
+            "array_throttle": row.array_throttle, "array_extent": tuple(row.spec.get("array_extent") or ()) or None,
             "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False}
 
 

@@ -215,8 +215,9 @@ def _task_env(base: dict[str, str], task: dict, tasks: list[dict], step: int, op
         env["SLURM_CPUS_PER_TASK"] = opts["cpus-per-task"]
     if "job-name" in opts:
         env["SLURM_JOB_NAME"] = opts["job-name"]
-    env.pop("CORRAL_SBATCH_OUTPUT", None)
-    env.pop("CORRAL_SBATCH_ERROR", None)
+    for name in ("CORRAL_SBATCH_OUTPUT", "CORRAL_SBATCH_ERROR", "CORRAL_SBATCH_OUTPUT_PATTERN",
+                 "CORRAL_SBATCH_ERROR_PATTERN"):
+        env.pop(name, None)
     return env
 
 

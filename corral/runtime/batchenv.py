@@ -15,7 +15,7 @@ machine, so ``srun`` starts each task itself, as a process of the batch replica 
 process tree and cgroup, so it ends with the job) with the environment of the node it stands
 for (``SLURMD_NODENAME``, that node's GPUs in ``CUDA_VISIBLE_DEVICES``). An infra that runs
 replicas inside real Slurm allocations replaces this layout with Slurm's own at launch (the
-Slurm executor's ``_batch_layout``): the variables named in ``LAYOUT`` describe the job's
+Slurm executor, ``corral.executors.slurm.layout``): the variables named in ``LAYOUT`` describe the job's
 shape, the rest its identity."""
 
 from __future__ import annotations
@@ -34,8 +34,21 @@ from corral.spec.batchstep import BatchStep
 LAYOUT = frozenset({"SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NTASKS",
                     "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_CPUS_PER_TASK",
                     "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_JOB_NAME", "SLURM_SUBMIT_DIR",
-                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"})
+                    "SLURM_NODEID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
+                    "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX",
+                    "SLURM_ARRAY_TASK_STEP"})
 NO_ARRAY_INDEX = "4294967294"  # what Slurm puts in %a for a job that is not an array element
+# Slurm's variables of a task's layout, set for every replica on every infra (``task_layout``):
+# over a real Slurm step's own, which describe that step alone (one node, one task)
+TASK_LAYOUT = frozenset({"SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NODEID",
+                         "SLURM_LOCALID", "SLURM_NODELIST", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+                         "SLURM_JOB_NODELIST", "SLURM_JOB_NUM_NODES", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+                         "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_JOB_NAME"})
+# the variables that name nodes (hostlists): an infra whose node names are not the machines'
+# rewrites them (``rename_nodes``)
+NODE_LISTS = ("SLURM_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
+# an array's extent, as sbatch sets it for every element
+ARRAY_EXTENT = ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP")
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,7 @@ class BatchContext:
     array_index: int | None
     nodes: tuple[NodeSlot, ...]  # the batch node first
     workdir: str
+    array_extent: tuple[int, ...] | None = None  # an array's (count, min, max, step)
 
 
 def hostlist(names: list[str] | tuple[str, ...]) -> str:
@@ -78,6 +92,57 @@ def hostlist(names: list[str] | tuple[str, ...]) -> str:
         else:
             runs.append([name])
     return ",".join(collect_hostlist(run) for run in runs)
+
+
+def task_layout(rank: int, nodes: tuple[str, ...] | list[str], job_nodes: tuple[str, ...] | list[str]
+                ) -> dict[str, str]:
+    """Slurm's task variables of replica ``rank`` of a task, as if the task were one ``srun``
+    step and each replica one task of it: ``nodes`` is the node of every replica by rank
+    ("" for one not placed), ``job_nodes`` the nodes of the whole job.
+
+    ``SLURM_PROCID`` is the rank and ``SLURM_NTASKS`` the replica count; the task's nodes, in
+    the order of their first replica, are the step's (``SLURM_NODELIST``, ``SLURM_NNODES``),
+    ``SLURM_NODEID`` is the index of the replica's node among them and ``SLURM_LOCALID`` its
+    index among the replicas on that node (by rank), as Slurm numbers them; the job's nodes
+    (sorted, as Slurm lists an allocation) are ``SLURM_JOB_NODELIST``. ``SLURM_NTASKS_PER_NODE``
+    is set when every node holds as many replicas (as with ``--ntasks-per-node``)."""
+    from hostlist import collect_hostlist
+
+    placed = [n for n in nodes if n]
+    order = list(dict.fromkeys(placed))
+    counts = [placed.count(n) for n in order]
+    mine = nodes[rank] if 0 <= rank < len(nodes) else ""
+    node_id = order.index(mine) if mine in order else 0
+    local = sum(1 for n in nodes[:rank] if n == mine) if mine else 0
+    whole = sorted(set(job_nodes) | set(order))
+    env = {
+        "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(len(nodes)), "SLURM_NPROCS": str(len(nodes)),
+        "SLURM_STEP_NUM_TASKS": str(len(nodes)),
+        "SLURM_NODEID": str(node_id), "SLURM_LOCALID": str(local),
+        "SLURM_NNODES": str(len(order)), "SLURM_STEP_NUM_NODES": str(len(order)),
+        "SLURM_NODELIST": hostlist(order), "SLURM_STEP_NODELIST": hostlist(order),
+        "SLURM_TASKS_PER_NODE": compressed_counts(counts), "SLURM_STEP_TASKS_PER_NODE": compressed_counts(counts),
+        "SLURM_JOB_NODELIST": collect_hostlist(whole) if whole else "", "SLURM_JOB_NUM_NODES": str(len(whole)),
+    }
+    if counts and len(set(counts)) == 1:
+        env["SLURM_NTASKS_PER_NODE"] = str(counts[0])
+    return env
+
+
+def rename_nodes(env: dict[str, str], rename) -> None:
+    """Rewrite the node lists of ``env`` (in place) with ``rename(node) -> machine name``: for
+    an infra whose corral node names are not the names its own tools know."""
+    from hostlist import collect_hostlist, expand_hostlist
+
+    for name in NODE_LISTS:
+        if env.get(name):
+            hosts = [rename(n) for n in expand_hostlist(env[name])]
+            env[name] = collect_hostlist(sorted(set(hosts))) if name == "SLURM_JOB_NODELIST" else hostlist(hosts)
+
+
+def array_extent(extent: tuple[int, int, int, int] | list[int] | None) -> dict[str, str]:
+    """``SLURM_ARRAY_TASK_COUNT/MIN/MAX/STEP`` of an array of this extent (``ArraySpec.extent``)."""
+    return dict(zip(ARRAY_EXTENT, (str(v) for v in extent))) if extent else {}
 
 
 def tasks_per_node(step: BatchStep) -> list[int]:
@@ -102,8 +167,10 @@ def compressed_counts(counts: list[int]) -> str:
     return ",".join(out)
 
 
-def expand_pattern(pattern: str, ctx: BatchContext, node: str) -> str:
-    """sbatch's filename patterns; a number after ``%`` zero-pads numeric fields."""
+def expand_pattern(pattern: str, ctx: BatchContext, node: str, job_id: bool = True) -> str:
+    """sbatch's filename patterns; a number after ``%`` zero-pads numeric fields. Without
+    ``job_id``, ``%j`` and ``%J`` are left for ``fill_job_id`` (and every other ``%`` is
+    doubled): for an infra where the job's id is the engine's, known only at launch."""
     array_id = str(ctx.array_job_id if ctx.array_job_id is not None else ctx.job_id)
     index = str(ctx.array_index) if ctx.array_index is not None else NO_ARRAY_INDEX
     values = {"j": str(ctx.job_id), "J": f"{ctx.job_id}.batch", "x": ctx.job_name, "A": array_id, "a": index,
@@ -112,12 +179,29 @@ def expand_pattern(pattern: str, ctx: BatchContext, node: str) -> str:
     def fill(match: re.Match) -> str:
         width, code = match.group(1), match.group(2)
         if code == "%":
-            return "%"
+            return "%" if job_id else "%%"
+        if not job_id and code in "jJ":
+            return match.group(0)
         value = values[code]
-        return value.zfill(int(width)) if width and value.isdigit() else value
+        value = value.zfill(int(width)) if width and value.isdigit() else value
+        return value if job_id else value.replace("%", "%%")
 
     path = re.sub(r"%(\d*)([jJxAaNntsu%])", fill, pattern)
-    return path if path.startswith("/") else os.path.join(ctx.workdir, path)
+    if path.startswith("/"):
+        return path
+    return os.path.join(ctx.workdir if job_id else ctx.workdir.replace("%", "%%"), path)
+
+
+def fill_job_id(path: str, job_id: str) -> str:
+    """A path ``expand_pattern`` left ``%j``/``%J`` in, with the job's id."""
+    def fill(match: re.Match) -> str:
+        width, code = match.group(1), match.group(2)
+        if code == "%":
+            return "%"
+        value = job_id.zfill(int(width)) if width and job_id.isdigit() else job_id
+        return value if code == "j" else f"{value}.batch"
+
+    return re.sub(r"%(\d*)([jJ%])", fill, path)
 
 
 def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tuple[str, ...] = ()) -> dict[str, str]:
@@ -158,10 +242,14 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
     if ctx.array_job_id is not None and ctx.array_index is not None:
         env["SLURM_ARRAY_JOB_ID"] = str(ctx.array_job_id)
         env["SLURM_ARRAY_TASK_ID"] = str(ctx.array_index)
+        env.update(array_extent(ctx.array_extent))
     output = step.output or ("slurm-%A_%a.out" if ctx.array_index is not None else "slurm-%j.out")
     env["CORRAL_SBATCH_OUTPUT"] = expand_pattern(output, ctx, first.name)
+    # where the job's id is the engine's (a Slurm allocation's), its executor fills %j in these
+    env["CORRAL_SBATCH_OUTPUT_PATTERN"] = expand_pattern(output, ctx, first.name, job_id=False)
     if step.error:
         env["CORRAL_SBATCH_ERROR"] = expand_pattern(step.error, ctx, first.name)
+        env["CORRAL_SBATCH_ERROR_PATTERN"] = expand_pattern(step.error, ctx, first.name, job_id=False)
     if step.warn_signal:
         env["CORRAL_SBATCH_BATCH_SIGNAL" if step.signal_batch_only else "CORRAL_SBATCH_STEP_SIGNAL"] = step.warn_signal
     if step.export_none:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from corral.runtime.batchenv import array_extent, task_layout
+
 
 @dataclass(frozen=True)
 class ReplicaContext:
@@ -27,6 +29,11 @@ class ReplicaContext:
     user: str
     task_envs: tuple[tuple[str, str], ...] = ()
     master_addr: str = ""  # the address of the task's rank 0 (its node's IP beyond this machine)
+    task_nodes: tuple[str, ...] = ()  # the node of each replica of the task, by rank ("" if not placed)
+    job_nodes: tuple[str, ...] = ()  # the nodes of the job's replicas
+    array_job_id: int | None = None  # an element of a job array: the array's id, its index and extent
+    array_index: int | None = None
+    array_extent: tuple[int, ...] | None = None
 
 
 def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
@@ -64,15 +71,19 @@ def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
                                              "provider_name": "corral-local"}),
         "SLURM_JOB_ID": str(ctx.job_id),
         "SLURM_JOB_NAME": ctx.job_name,
-        "SLURM_PROCID": str(ctx.rank),
-        "SLURM_NODEID": str(ctx.rank),
-        "SLURM_NTASKS": str(ctx.num_replicas),
-        "SLURM_JOB_NUM_NODES": str(ctx.num_replicas),
-        "SLURM_LOCALID": "0",
+        "SLURMD_NODENAME": ctx.node,
         "SLURM_RESTART_COUNT": str(ctx.restart_count),
         "SLURM_JOB_GPUS": gpu_list,
         "SLURM_CPUS_PER_TASK": str(max(1, int(ctx.cpus))),
     })
+    # the task is a step and each replica one of its tasks (corral.runtime.batchenv.task_layout)
+    nodes = ctx.task_nodes if len(ctx.task_nodes) == ctx.num_replicas else \
+        tuple(ctx.node if i == ctx.rank else "" for i in range(ctx.num_replicas))
+    env.update(task_layout(ctx.rank, nodes, ctx.job_nodes))
+    if ctx.array_job_id is not None and ctx.array_index is not None:
+        env["SLURM_ARRAY_JOB_ID"] = str(ctx.array_job_id)
+        env["SLURM_ARRAY_TASK_ID"] = str(ctx.array_index)
+        env.update(array_extent(ctx.array_extent))
     if ctx.is_group:
         env["CORRAL_JOBGROUP_NAME"] = ctx.job_name
         env["SKYPILOT_JOBGROUP_NAME"] = ctx.job_name

@@ -36,8 +36,19 @@ PRELUDE = """\
 if [ -n "${CORRAL_SLURM_SHIMS:-}" ]; then PATH="$CORRAL_SLURM_SHIMS:$PATH"; export PATH; fi
 trap '' TERM INT HUP QUIT USR1 USR2
 __tees=()
+__file() {  # as Slurm: a file whose directory does not exist fails the job, nothing is created for it
+  if [ ! -d "$(dirname "$2")" ]; then
+    echo "corral: the job failed: its $1 file $2 cannot be created: directory $(dirname "$2") does not exist (Slurm fails such a job too; create the directory, then submit again)" >&2
+    exit 1
+  fi
+  if ! { : >> "$2"; } 2>/dev/null; then
+    echo "corral: the job failed: its $1 file $2 cannot be written" >&2
+    exit 1
+  fi
+}
+[ -z "${CORRAL_SBATCH_OUTPUT:-}" ] || __file --output "$CORRAL_SBATCH_OUTPUT"
+[ -z "${CORRAL_SBATCH_ERROR:-}" ] || __file --error "$CORRAL_SBATCH_ERROR"
 if [ -n "${CORRAL_SBATCH_OUTPUT:-}" ]; then
-  mkdir -p "$(dirname "$CORRAL_SBATCH_OUTPUT")"
   if [ -z "${CORRAL_SBATCH_ERROR:-}" ] || [ "$CORRAL_SBATCH_ERROR" = "$CORRAL_SBATCH_OUTPUT" ]; then
     exec > >(exec tee "$CORRAL_SBATCH_OUTPUT") 2>&1
   else
@@ -46,7 +57,6 @@ if [ -n "${CORRAL_SBATCH_OUTPUT:-}" ]; then
   __tees+=($!)
 fi
 if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_SBATCH_OUTPUT:-}" ]; then
-  mkdir -p "$(dirname "$CORRAL_SBATCH_ERROR")"
   exec 2> >(exec tee "$CORRAL_SBATCH_ERROR" >&2)
   __tees+=($!)
 fi

@@ -23,6 +23,14 @@ class ArraySpec:
     def __str__(self) -> str:
         return fold(self.indices, self.throttle)
 
+    @property
+    def extent(self) -> tuple[int, int, int, int]:
+        """(count, lowest, highest, step): the step is the distance between neighbouring
+        indices when it is the same everywhere, else 1, as Slurm's ``SLURM_ARRAY_TASK_STEP``."""
+        items = self.indices
+        gaps = {b - a for a, b in zip(items, items[1:])}
+        return len(items), items[0], items[-1], gaps.pop() if len(gaps) == 1 else 1
+
 
 def parse_array(text: str) -> ArraySpec:
     """``0-15%4`` → indices 0..15, throttle 4; raises ``ValueError`` naming what is wrong."""

@@ -54,6 +54,7 @@ class NewJob:
     array_index: int | None = None
     array_throttle: int | None = None
     array_head: bool = False
+    array_extent: tuple[int, int, int, int] | None = None  # the array's (count, min, max, step)
 
 
 _INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
@@ -118,7 +119,8 @@ def _job_row(item: NewJob, now: float) -> SimpleNamespace:
     return SimpleNamespace(
         name=spec.name, user=item.user, state=JobState.PENDING.value,
         reason=Reason.HELD_USER.value if sched.hold else "None", message=None, exit_code=None,
-        spec=spec.model_dump(mode="json"), is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
+        spec=spec.model_dump(mode="json") | ({"array_extent": list(item.array_extent)} if item.array_extent else {}),
+        is_group=spec.group, submitted_at=now, started_at=None, ended_at=None,
         cancel_requested_at=None, version=0, partition=item.partition, account=item.account or item.user,
         qos=item.qos, nice=sched.nice, priority=sched.priority,
         time_limit=item.time_limit if item.time_limit is not None else spec.time_limit,

@@ -110,7 +110,8 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                 "message": f"{source} is not a valid job", "errors": [
                     {"document": "options", "field": "array", "line": None, "message": str(exc)}]}})
         elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
-                           array_index=index, array_throttle=array.throttle, array_head=i == 0)
+                           array_index=index, array_throttle=array.throttle, array_head=i == 0,
+                           array_extent=array.extent)
                     for i, index in enumerate(array.indices)]
     else:
         elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]

@@ -22,8 +22,11 @@ by slurmstepd, so nothing is lost if the server dies), and the same wrapper as o
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
 what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 
-Stop signals go through ``scancel --signal`` to the step; SIGKILL cancels the step, and Slurm
-kills everything in it. After a server restart, steps are found again by name: a running one
+A stop signal reaches the attempt's process group from a small step beside it, as the local
+executor sends it (``scancel --signal`` would make slurmstepd log a cancel into the replica's
+log and record the step cancelled); SIGKILL cancels the step, and Slurm kills everything in it.
+Slurm's variables are set over the step's own (``layout``), and srun gives the step the user's
+umask. After a server restart, steps are found again by name: a running one
 is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
 an attempt with neither a step, an ``srun`` alive nor a trace never started.
 
@@ -55,7 +58,8 @@ from corral.node.proctree import ATTEMPT_VAR, REAP
 from corral.node.runner import NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.pool import NodeSpec
-from corral.runtime.batchenv import LAYOUT, compressed_counts, hostlist
+from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
+from corral.runtime.batchenv import fill_job_id
 
 log = logging.getLogger("corral.srun")
 
@@ -64,6 +68,12 @@ GPUS_FILE = "gpus"
 # Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
 # chooses them, not corral), by their indices on the node, then becomes the wrapper.
 RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
+# Run in a step beside an attempt's: signal $3 to the process group its wrapper leads (pid $1
+# on the node, a task slurmstepd made a group leader; it carries the attempt's key $2 in its
+# environment, so a reused pid is never hit), or to the wrapper alone if it leads none
+SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
+                'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
+ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
 PORT_SPAN = 20000
@@ -78,7 +88,8 @@ class Attempt:
     proc: subprocess.Popen | None = None  # our srun client, while this server started it
     pid: int = 0
     pid_started: float | None = None
-    ending: bool = False  # its main process ended: the step is being ended
+    ending: float | None = None  # when its main process was seen ended while its step still ran
+    step_cancelled: bool = False  # its step outlived the replica's end and was cancelled
     gone_since: float | None = None  # when its step was first found gone
     # started here and not yet seen running in its step: confirmed (STARTED, with the GPUs Slurm
     # bound) once the wrapper recorded its start
@@ -96,6 +107,7 @@ class SrunExecutor(EventStream):
         self.settings = settings
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
         self._base_env = base_environment(os.environ)
+        self._umask = user_umask()
         self._pythonpath = os.environ.get("PYTHONPATH")
         self._lock = threading.RLock()
         self._live: dict[str, Attempt] = {}
@@ -251,13 +263,21 @@ class SrunExecutor(EventStream):
         batch = "CORRAL_SBATCH_NODES" in env
         if batch:  # a batch script: its host name is the node's, as under sbatch
             env.pop("CORRAL_HOSTNAME", None)
+            # its job id is the allocation's (what srun and scontrol in it know): so is %j in its files
+            for name in ("OUTPUT", "ERROR"):
+                pattern = env.pop(f"CORRAL_SBATCH_{name}_PATTERN", None)
+                if pattern is not None:
+                    env[f"CORRAL_SBATCH_{name}"] = fill_job_id(pattern, alloc.slurm_id)
+        # Slurm's variables go in through the step's command line, over the step's own; the srun
+        # client here gets none of them (it would read them as its options)
+        layout = self._batch_layout(env, alloc) if batch else \
+            step_layout(env, self._host_of)
         try:
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env, launch.hosts,
                                           "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
-        wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + \
-            (self._batch_layout(env, alloc) if batch else []) + wrapper
+        wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + layout + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
@@ -273,8 +293,9 @@ class SrunExecutor(EventStream):
         srun_log = self.runner.run_dir(launch.key) / "srun.log"
         try:
             with open(srun_log, "ab") as out:
+                # srun gives the step its own umask (SLURM_UMASK): the user's, not the server's private one
                 proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=client_env, start_new_session=True, close_fds=True)
+                                        env=client_env, start_new_session=True, close_fds=True, umask=self._umask)
         except (OSError, ValueError) as exc:
             raise LaunchError(f"srun could not be started: {exc}") from exc
         started = process_start_time(proc.pid)
@@ -304,6 +325,13 @@ class SrunExecutor(EventStream):
         if pending is not None:
             self._emit(Observed(attempt.key, Kind.STARTED, handle=pending["handle"], node=attempt.node,
                                 gpus=self.bound_gpus(attempt.key), detail=pending["detail"]))
+
+    def _host_of(self, node: str) -> str:
+        """The machine a node of the pool is (its name where corral knows no allocation of it)."""
+        try:
+            return self.allocations.where(node)[1]
+        except LaunchError:
+            return node
 
     def _batch_layout(self, env: dict[str, str], alloc: SlurmAllocation) -> list[str]:
         nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
@@ -411,14 +439,43 @@ class SrunExecutor(EventStream):
             return True
         if step_id:
             name = signals.Signals(signum).name.removeprefix("SIG")
-            # True even when Slurm did not take it: the loop then arms the SIGKILL deadline,
-            # which is retried, so a stop is never silently dropped
-            _retrying(lambda: self.cli.cancel(step_id, signal=name) or _raise("scancel failed"), quiet=True)
+            # True even when it is not delivered: the loop then arms the SIGKILL deadline, which
+            # is retried, so a stop is never silently dropped
+            threading.Thread(target=self._deliver, args=(attempt, step_id, name), daemon=True,
+                             name=f"corral-srun-signal-{key}").start()
             return True
         if attempt.pid and _alive(attempt.pid, attempt.pid_started):
             os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
             return True
         return False
+
+    def _deliver(self, attempt: Attempt, step_id: str, name: str) -> None:
+        """Send signal ``name`` to the attempt's process group on its node, as the local
+        executor does, from a step of its own (``--overlap``: it takes nothing from the
+        replicas). Not through ``scancel --signal``: slurmstepd takes a TERM sent that way for
+        a cancel, writes ``*** STEP … CANCELLED ***`` into the replica's log and records the step
+        CANCELLED, though the replica may end well on it (an auxiliary stopped at the job's end).
+        Where that step cannot run, ``scancel --signal`` it is."""
+        pid = self.runner.started_pid(attempt.key)
+        try:
+            _, host, _ = self.allocations.where(attempt.node)
+        except LaunchError:
+            host = ""
+        if pid and host:
+            argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1",
+                    f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet",
+                    f"--job-name=corral-{self.scope}-signal", "bash", "-c", SIGNAL_GROUP, "corral-signal",
+                    str(pid), attempt.key, name]
+            try:
+                done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
+                                      timeout=30, stdin=subprocess.DEVNULL)
+                if done.returncode == 0:
+                    return
+                log.info("could not signal %s from a step (%s); through scancel", attempt.key,
+                         (done.stderr or done.stdout).strip()[-200:])
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.info("could not signal %s from a step (%s); through scancel", attempt.key, exc)
+        _retrying(lambda: self.cli.cancel(step_id, signal=name) or _raise("scancel failed"), quiet=True)
 
     def _reap(self, attempt: Attempt) -> None:
         """End what a killed step leaves on its node. Slurm kills the processes its proctrack
@@ -522,10 +579,14 @@ class SrunExecutor(EventStream):
         refreshed = False
         for attempt in live:
             if attempt.step in steps:
-                if not attempt.ending and self.runner.exit_code(attempt.key) is not None:
-                    # the replica's main process ended; what it left behind (a script's background
-                    # srun clients) ends with its step, as a batch step's does
-                    attempt.ending = True
+                if attempt.ending is None and self.runner.exit_code(attempt.key) is not None:
+                    attempt.ending = time.monotonic()
+                elif attempt.ending is not None and not attempt.step_cancelled and \
+                        time.monotonic() - attempt.ending >= ENDING_GRACE_S:
+                    # the replica's main process ended and its step still runs: what it left behind
+                    # (a script's background srun clients) ends with its step, as a batch step's does.
+                    # Not at once: a step normally ends by itself a moment after its wrapper
+                    attempt.step_cancelled = True
                     self.cli.cancel(steps[attempt.step])
                 continue
             rc = None
@@ -572,32 +633,6 @@ class SrunExecutor(EventStream):
             with self._lock:
                 self._live.pop(attempt.key, None)
             self._emit(ended)
-
-
-def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) -> list[str]:
-    """A Slurm batch script's replica, given the job's layout as corral's batch environment
-    describes it (``corral.runtime.batchenv``; ``env`` is changed in place), as the ``env``
-    command that starts it inside its step. Inside a real allocation Slurm sets the step's own
-    variables (one node, one task) and the real ``srun`` reads them: the job's layout is set
-    over them (all the job's ``hosts``, its task counts), corral's srun shims are not used, and
-    the script's own srun steps overlap the steps holding the job's nodes (``SLURM_OVERLAP``),
-    as they would in a batch step. Who and where the job is (its id, partition, account) stay
-    Slurm's."""
-    layout = {k: env.pop(k) for k in list(env) if k in LAYOUT}
-    if env.pop("CORRAL_SBATCH_NTASKS_GIVEN", None) is None:  # as sbatch: srun's count follows its own -N/-n
-        layout.pop("SLURM_NTASKS", None)
-        layout.pop("SLURM_NPROCS", None)
-    for name in [k for k in env if k.startswith(("SLURM_", "SLURMD_"))]:
-        del env[name]
-    env.pop("CORRAL_SLURM_SHIMS", None)
-    if hosts:
-        layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
-        layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
-    layout["SLURM_OVERLAP"] = "1"
-    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
-             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
-    return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
 
 
 def _lost_with_allocation(ended: Observed, why: str, node: str) -> Observed:
