@@ -162,7 +162,7 @@ def test_a_down_infra_leaves_the_rest_running_and_its_jobs_start_when_it_answers
     assert gpu.returncode == 0, gpu.stderr
     gpu_id = gpu.stdout.strip()
     wait_for(lambda: json.loads(corral("status", local, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
-    job = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["reason"] != "None" and j,
+    job = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["reason"] and j,
                    timeout=60)
     assert job["state"] == "PENDING" and job["reason"] == f"PartitionDown ({DOWN})"
     queue = corral("queue").stdout
@@ -276,7 +276,7 @@ def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_pa
         here = corral("launch", "-d", "-p", "here", str(tmp_path / "here.yaml")).stdout.strip()
         gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml")).stdout.strip()
         wait_for(lambda: json.loads(corral("status", here, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
-        job = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["reason"] != "None" and j,
+        job = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["reason"] and j,
                        timeout=60)
         assert job["state"] == "PENDING" and job["reason"].startswith("PartitionDown (Slurm's controller does not "
                                                                       "answer")
