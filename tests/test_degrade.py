@@ -114,6 +114,52 @@ def _in(partition: str):  # noqa: ANN202 - a JobSpec
     return load_job("resources: {accelerators: H100:1}\nrun: x\n", scheduling={"partition": partition}).spec
 
 
+def test_slurms_controller_check_names_the_cause_and_backs_off(tmp_path: Path) -> None:
+    from corral.executors.slurm.cli import SlurmCli
+    from corral.executors.slurm.controller import BACKOFF_S, CHECK_EVERY_S, Controller
+
+    now = [100.0]
+    changes: list[str | None] = []
+    missing = tmp_path / "nowhere" / "slurm.conf"
+    controller = Controller(SlurmCli({"SLURM_CONF": str(missing), "PATH": os.environ.get("PATH", "")}),
+                            lambda: changes.append(controller.why), clock=lambda: now[0])
+    assert not controller.check()
+    assert controller.why == f"Slurm cannot be reached: SLURM_CONF names {missing}, which is not a file"
+    pauses = []
+    for _ in range(len(BACKOFF_S) + 2):  # asked again after a growing pause, never more often
+        start = now[0]
+        assert not controller.due()
+        while not controller.due():
+            now[0] += 0.5
+        pauses.append(now[0] - start)
+        controller.check()
+    assert pauses == [max(p, 0.5) for p in BACKOFF_S] + [BACKOFF_S[-1]] * 2
+    assert changes == [controller.why]  # told once, not at every check that says the same
+    controller.answered()
+    assert controller.why is None and changes[-1] is None
+    assert not controller.due()
+    now[0] += CHECK_EVERY_S
+    assert controller.due()
+
+
+def test_a_slurm_executor_is_built_without_slurm_and_defers_adoption(tmp_path: Path, monkeypatch) -> None:
+    from corral.executors.slurm.executor import SrunExecutor
+    from corral.settings import Settings
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    settings = Settings(home=tmp_path / "home", db_url="sqlite://")
+    settings.ensure_dirs()
+    woken: list[int] = []
+    executor = SrunExecutor(settings, "scope", lambda: woken.append(1))  # no raise, no wait
+    try:
+        assert "SLURM_CONF names" in executor.unreachable() and executor.nodes() == []
+        executor.adopt([("1.t.0.a1", {"key": "1.t.0.a1", "slurm": "7", "node": "s7-gpu001"})])
+        assert executor.drain() == []  # not taken for gone (nor started): adopted once Slurm answers
+        executor.release(1)  # kept until Slurm answers, without asking it
+    finally:
+        executor.close()
+
+
 # -- a real server with a local partition and a fake infra's ------------------------------------
 
 FAKE_SITE = """
