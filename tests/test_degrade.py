@@ -225,6 +225,7 @@ def test_a_down_infra_leaves_the_rest_running_and_its_jobs_start_when_it_answers
     assert 'corral_jobs_pending{partition="gpu",reason="PartitionDown"} 1.0' in metrics
     health = json.loads(_http(corral.home, "/v1/health"))
     assert health["status"] == "ok" and health["unreachable"] == {"fake": DOWN}
+    assert f"infra fake does not answer, its partitions are DOWN: {DOWN}" in corral("server", "status").stdout
     # the engine answers again: the partition is UP by itself and the job that waited runs there
     corral.down.write_text("")
     done = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["state"] == "SUCCEEDED" and j,
@@ -257,7 +258,8 @@ def test_server_status_says_what_the_next_command_finds(fake_home, tmp_path: Pat
         corral("server", "stop", timeout=60)
         server.wait(timeout=60)
     # a server.json left behind by a server that died names nobody: status says none runs, and
-    # the next command starts one
+    # the next command starts one (quick to build this time)
+    (corral.home / "config.yaml").write_text(FAKE_SITE.format(down=corral.down, delay=0))
     (corral.home / "server.json").write_text(json.dumps({"pid": os.getpid(), "url": "http://127.0.0.1:9",
                                                          "home": str(corral.home), "db": "sqlite"}))
     status = corral("server", "status", check=False)
