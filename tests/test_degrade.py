@@ -91,12 +91,21 @@ def test_an_executor_that_cannot_say_counts_as_not_answering() -> None:
 
 
 def _site(pool: list[NodeSpec]) -> Site:
+    from corral.executors.registry import infras
+
     policy = replace(Policy.named("corral"), partitions=(Partition("cpu", ("here",)), Partition("gpu", ("fk-*",)),
                                                          Partition("any", ("*",))))
-    return Site(pool, policy, partition_infra={"gpu": "fake"})
+    return Site(pool, policy, partition_infra={"gpu": "fake"},
+                infras={"local": infras()["local"].config(), "fake": fake_infra.FakeConfig(down_file="/nowhere"),
+                        "slurm": infras()["slurm"].config()})
 
 
-def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_infra() -> None:
+def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_infra(monkeypatch) -> None:
+    import corral.admission
+    from corral.executors.registry import infras
+
+    known = {**infras(), "fake": fake_infra.INFRA}
+    monkeypatch.setattr(corral.admission, "infras", lambda: known)
     site = _site([NodeSpec(name="here", gpus=0, cpus=4, memory=8)])
     never = lambda job: False  # noqa: E731
     # the engine answers but has no node yet: the old refusal, unchanged
@@ -108,6 +117,9 @@ def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_inf
     # a partition of any infra refused for what the pool lacks now: the refusal says why
     refused = admit(_in("any"), "ann", site, never, outages=outages)
     assert isinstance(refused, Refusal) and "infra fake does not answer" in refused.message and DOWN in refused.message
+    # Slurm's nodes are each one job's, never the shared pool's: its silence is not the cause
+    refused = admit(_in("any"), "ann", site, never, outages=({}, {"slurm": "Slurm is silent"}))
+    assert isinstance(refused, Refusal) and "does not answer" not in refused.message
 
 
 def _in(partition: str):  # noqa: ANN202 - a JobSpec
