@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from corral.control.records import alternatives_of
+from corral.executors.registry import infras
 from corral.pool import NodeSpec, node_views
 from corral.scheduler import PendingJob, TaskRequest
 from corral.scheduler.limits import Tally
@@ -141,12 +142,20 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     return Admitted(partition.name, account, qos, limit)
 
 
+def _joins_pool(site: Site, name: str) -> bool:
+    """Whether the infra's nodes join the shared pool at run time (a Ray cluster's; not the nodes
+    Slurm provisions for one job each), so a partition of any infra may hold them."""
+    infra = infras().get(name)
+    return infra is not None and infra.runtime_nodes is not None and name in site.infras \
+        and bool(infra.runtime_nodes(site.infras[name]))
+
+
 def _missing(site: Site, partition, outages: Outages) -> str:  # noqa: ANN001 - a Partition
     """What the pool lacks now because an infra whose nodes the partition may hold does not
     answer (its nodes are not known until it does): the real cause of a refusal."""
     declared = site.partition_infra.get(partition.name)
     gone = [f"infra {infra} does not answer ({why})" for infra, why in sorted(outages[1].items())
-            if declared is None or declared == infra]
+            if declared == infra or (declared is None and _joins_pool(site, infra))]
     return f"; but {'; '.join(gone)}, so its nodes are not in the pool now: submit again once it answers" \
         if gone else ""
 

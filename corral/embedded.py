@@ -33,8 +33,9 @@ def running(settings: Settings) -> dict[str, Any] | None:
     if info and (pid == 0 or int(info.get("pid", 0)) == pid) and _alive(int(info.get("pid", 0))):
         try:
             with Client(info["url"], "", pinned_cert=info.get("tls_cert") or None, timeout=2) as client:
-                client.health()
-            return {**info, "answering": True}
+                health = client.health()
+            # infras whose engine does not answer: their partitions are DOWN (``server status`` says so)
+            return {**info, "answering": True, "unreachable": health.get("unreachable") or {}}
         except CorralError as exc:
             if exc.status == 503:  # up, with a failing control loop: still the server to talk to
                 return {**info, "answering": True}

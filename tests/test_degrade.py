@@ -91,12 +91,21 @@ def test_an_executor_that_cannot_say_counts_as_not_answering() -> None:
 
 
 def _site(pool: list[NodeSpec]) -> Site:
+    from corral.executors.registry import infras
+
     policy = replace(Policy.named("corral"), partitions=(Partition("cpu", ("here",)), Partition("gpu", ("fk-*",)),
                                                          Partition("any", ("*",))))
-    return Site(pool, policy, partition_infra={"gpu": "fake"})
+    return Site(pool, policy, partition_infra={"gpu": "fake"},
+                infras={"local": infras()["local"].config(), "fake": fake_infra.FakeConfig(down_file="/nowhere"),
+                        "slurm": infras()["slurm"].config()})
 
 
-def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_infra() -> None:
+def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_infra(monkeypatch) -> None:
+    import corral.admission
+    from corral.executors.registry import infras
+
+    known = {**infras(), "fake": fake_infra.INFRA}
+    monkeypatch.setattr(corral.admission, "infras", lambda: known)
     site = _site([NodeSpec(name="here", gpus=0, cpus=4, memory=8)])
     never = lambda job: False  # noqa: E731
     # the engine answers but has no node yet: the old refusal, unchanged
@@ -108,10 +117,59 @@ def test_admission_queues_jobs_of_a_down_partition_and_names_the_unreachable_inf
     # a partition of any infra refused for what the pool lacks now: the refusal says why
     refused = admit(_in("any"), "ann", site, never, outages=outages)
     assert isinstance(refused, Refusal) and "infra fake does not answer" in refused.message and DOWN in refused.message
+    # Slurm's nodes are each one job's, never the shared pool's: its silence is not the cause
+    refused = admit(_in("any"), "ann", site, never, outages=({}, {"slurm": "Slurm is silent"}))
+    assert isinstance(refused, Refusal) and "does not answer" not in refused.message
 
 
 def _in(partition: str):  # noqa: ANN202 - a JobSpec
     return load_job("resources: {accelerators: H100:1}\nrun: x\n", scheduling={"partition": partition}).spec
+
+
+def test_slurms_controller_check_names_the_cause_and_backs_off(tmp_path: Path) -> None:
+    from corral.executors.slurm.cli import SlurmCli
+    from corral.executors.slurm.controller import BACKOFF_S, CHECK_EVERY_S, Controller
+
+    now = [100.0]
+    changes: list[str | None] = []
+    missing = tmp_path / "nowhere" / "slurm.conf"
+    controller = Controller(SlurmCli({"SLURM_CONF": str(missing), "PATH": os.environ.get("PATH", "")}),
+                            lambda: changes.append(controller.why), clock=lambda: now[0])
+    assert not controller.check()
+    assert controller.why == f"Slurm cannot be reached: SLURM_CONF names {missing}, which is not a file"
+    pauses = []
+    for _ in range(len(BACKOFF_S) + 2):  # asked again after a growing pause, never more often
+        start = now[0]
+        assert not controller.due()
+        while not controller.due():
+            now[0] += 0.5
+        pauses.append(now[0] - start)
+        controller.check()
+    assert pauses == [max(p, 0.5) for p in BACKOFF_S] + [BACKOFF_S[-1]] * 2
+    assert changes == [controller.why]  # told once, not at every check that says the same
+    controller.answered()
+    assert controller.why is None and changes[-1] is None
+    assert not controller.due()
+    now[0] += CHECK_EVERY_S
+    assert controller.due()
+
+
+def test_a_slurm_executor_is_built_without_slurm_and_defers_adoption(tmp_path: Path, monkeypatch) -> None:
+    from corral.executors.slurm.executor import SrunExecutor
+    from corral.settings import Settings
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "missing.conf"))
+    settings = Settings(home=tmp_path / "home", db_url="sqlite://")
+    settings.ensure_dirs()
+    woken: list[int] = []
+    executor = SrunExecutor(settings, "scope", lambda: woken.append(1))  # no raise, no wait
+    try:
+        assert "SLURM_CONF names" in executor.unreachable() and executor.nodes() == []
+        executor.adopt([("1.t.0.a1", {"key": "1.t.0.a1", "slurm": "7", "node": "s7-gpu001"})])
+        assert executor.drain() == []  # not taken for gone (nor started): adopted once Slurm answers
+        executor.release(1)  # kept until Slurm answers, without asking it
+    finally:
+        executor.close()
 
 
 # -- a real server with a local partition and a fake infra's ------------------------------------
@@ -162,7 +220,7 @@ def test_a_down_infra_leaves_the_rest_running_and_its_jobs_start_when_it_answers
     assert gpu.returncode == 0, gpu.stderr
     gpu_id = gpu.stdout.strip()
     wait_for(lambda: json.loads(corral("status", local, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
-    job = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["reason"] != "None" and j,
+    job = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["reason"] and j,
                    timeout=60)
     assert job["state"] == "PENDING" and job["reason"] == f"PartitionDown ({DOWN})"
     queue = corral("queue").stdout
@@ -179,6 +237,7 @@ def test_a_down_infra_leaves_the_rest_running_and_its_jobs_start_when_it_answers
     assert 'corral_jobs_pending{partition="gpu",reason="PartitionDown"} 1.0' in metrics
     health = json.loads(_http(corral.home, "/v1/health"))
     assert health["status"] == "ok" and health["unreachable"] == {"fake": DOWN}
+    assert f"infra fake does not answer, its partitions are DOWN: {DOWN}" in corral("server", "status").stdout
     # the engine answers again: the partition is UP by itself and the job that waited runs there
     corral.down.write_text("")
     done = wait_for(lambda: (j := json.loads(corral("status", gpu_id, "--json").stdout))["state"] == "SUCCEEDED" and j,
@@ -211,7 +270,8 @@ def test_server_status_says_what_the_next_command_finds(fake_home, tmp_path: Pat
         corral("server", "stop", timeout=60)
         server.wait(timeout=60)
     # a server.json left behind by a server that died names nobody: status says none runs, and
-    # the next command starts one
+    # the next command starts one (quick to build this time)
+    (corral.home / "config.yaml").write_text(FAKE_SITE.format(down=corral.down, delay=0))
     (corral.home / "server.json").write_text(json.dumps({"pid": os.getpid(), "url": "http://127.0.0.1:9",
                                                          "home": str(corral.home), "db": "sqlite"}))
     status = corral("server", "status", check=False)
@@ -276,7 +336,7 @@ def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_pa
         here = corral("launch", "-d", "-p", "here", str(tmp_path / "here.yaml")).stdout.strip()
         gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml")).stdout.strip()
         wait_for(lambda: json.loads(corral("status", here, "--json").stdout)["state"] == "SUCCEEDED", timeout=60)
-        job = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["reason"] != "None" and j,
+        job = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["reason"] and j,
                        timeout=60)
         assert job["state"] == "PENDING" and job["reason"].startswith("PartitionDown (Slurm's controller does not "
                                                                       "answer")

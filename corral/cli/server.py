@@ -43,6 +43,8 @@ def cli_status(args: Any) -> None:
         print_json({"running": bool(info), "answering": False, **(info or {}), "home": str(settings.home)})
     elif info and info["answering"]:
         out.print(f"corral server {info['pid']} on {info['url']} (home {settings.home}, db {info['db']})")
+        for infra, why in sorted(info.get("unreachable", {}).items()):
+            out.print(f"infra {infra} does not answer, its partitions are DOWN: {why}", markup=False)
     elif info:  # it holds the home: the next command waits for it rather than starting another
         out.print(f"corral server {info['pid']} serves {settings.home} but does not answer yet (starting; log: "
                   f"{settings.server_log})")
