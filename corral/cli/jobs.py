@@ -71,8 +71,8 @@ def launch(args: Namespace) -> None:
     scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
     try:
-        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
-                               scheduling=scheduling, array=args.array)
+        result = client.submit(text, source=str(file), name=args.name, env=env, scheduling=scheduling,
+                               array=args.array, workdir=args.workdir, export=args.export)
     except CorralError as exc:
         fail(exc, str(file))
     for warning in result["warnings"]:

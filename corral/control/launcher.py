@@ -21,7 +21,7 @@ from corral.control.transitions import Transitions
 from corral.executors.contract import Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
-from corral.runtime.environment import ReplicaContext, replica_env
+from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
 from corral.settings import Settings
 from corral.states import JobState, ReplicaState
@@ -140,8 +140,11 @@ class Launcher:
             addr=replica.addr or "127.0.0.1", gpus=replica.gpus, gpus_per_replica=task.gpus, cpus=task.cpus,
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
             user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "")
-        env = replica_env({}, ctx)
+        env = replica_env(starting_environment(job.world, job.user), ctx)
+        own_path = env.get("PYTHONPATH")
         env.update(executor.attempt_env(job.id))
+        if "PYTHONPATH" in env and own_path and env["PYTHONPATH"] != own_path:  # corral's resolver first
+            env["PYTHONPATH"] = join_paths(env["PYTHONPATH"], own_path)
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
@@ -149,10 +152,12 @@ class Launcher:
             env.update(self._batch_env(job, task, replica))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
+        # no workdir (a job submitted without a directory): its user's home, as a login starts
+        cwd = None if repo else (workdir or env.get("HOME") or None)
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=None if repo else workdir, repo=repo, dirs=(str(checkpoint),))
+                      cwd=cwd, repo=repo, dirs=(str(checkpoint),))
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
@@ -163,5 +168,6 @@ class Launcher:
                                     job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
                                     str(task.spec.get("workdir") or task.service.sbatch.submit_dir))
         shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
-        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {}),
+                      **((job.world or {}).get("environment") or {})})  # what --export=A,B carried
         return batchenv.batch_env(task.service.sbatch, ctx, shims, keep)
