@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
+from corral.spec.world import parse_export
 from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
 
@@ -171,12 +172,13 @@ def _alternative(job: Job, task: Task) -> tuple[int, int | None]:
 
 def _world(job: Job) -> dict[str, Any]:
     world = job.spec.get("world")
-    if not world:
+    if not world:  # submitted before corral kept the submitter's world
         return {"cwd": None, "export": None, "exported": None}
-    from corral.spec.world import parse_export
-
-    return {"cwd": world.get("cwd"), "export": parse_export(world.get("export") or "ALL").shown,
-            "exported": len(world.get("environment") or {})}
+    try:
+        export = parse_export(world.get("export") or "ALL").shown
+    except ValueError:  # a row written around the API
+        export = "?"
+    return {"cwd": world.get("cwd"), "export": export, "exported": len(world.get("environment") or {})}
 
 
 def _workdir(spec: dict) -> str | None:
