@@ -277,7 +277,7 @@ def resolve_workdirs(spec: JobSpec, base_dir: str | None, override: str | None, 
                 continue
             path = Path(os.path.normpath(os.path.join(base_dir or "/", text)))
             problem = None if path.is_dir() else (f"{path} is not a directory" if path.exists()
-                                                  else f"{path} does not exist")
+                                                  else f"{path} is not a directory: it does not exist")
             if problem:
                 issues.append(SpecIssue(label, field, where, problem + (
                     f" (resolved against the submit directory {base_dir})" if not text.startswith("/") else "")))
