@@ -150,6 +150,12 @@ def test_sbatch_keeps_an_exported_variable_and_runs_in_the_submit_directory(worl
     assert out.returncode == 0, out.stderr
     env = seen((world.work / "configs" / "sb2.out").read_text())
     assert env["MINE"] == "unset" and env["cwd"] == str(world.work / "configs")
+    # SBATCH_EXPORT, sbatch's input variable, is the default the command line overrides
+    quiet = cli_for(world.home, {"MINE": "mine", "SBATCH_EXPORT": "NONE"}, cwd=world.work, timeout=120)
+    assert quiet("sbatch", "--wait", "-o", "sb3.out", "show.sbatch").returncode == 0
+    assert seen((world.work / "sb3.out").read_text())["MINE"] == "unset"
+    assert quiet("sbatch", "--wait", "--export=ALL", "-o", "sb4.out", "show.sbatch").returncode == 0
+    assert seen((world.work / "sb4.out").read_text())["MINE"] == "mine"
 
 
 def test_an_environment_too_large_is_refused_with_a_sentence(world) -> None:

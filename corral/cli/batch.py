@@ -44,6 +44,10 @@ def sbatch_main(argv: list[str]) -> None:
         sys.exit(0 if argv else 2)
     try:
         given, rest, issues, warnings = parse_command_line(argv)
+        if "export" not in given and os.environ.get("SBATCH_EXPORT"):  # sbatch's input variable, under its option
+            from_env, _, bad, _ = parse_command_line([f"--export={os.environ['SBATCH_EXPORT']}"])
+            given.update(from_env)
+            issues += bad
         if issues:
             raise SpecError(issues, "corral sbatch")
         if not rest:
