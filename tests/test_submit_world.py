@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import time
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,35 @@ def test_the_sites_default_export_applies_when_the_submission_names_none(tmp_pat
         assert env["A"] == "a" and env["OTHER"] == "unset"  # the site never carries what it drops
     finally:
         run.stop()
+
+
+def test_the_api_names_the_field_of_a_bad_world(server) -> None:
+    """Through HTTP, as any client would send it: each problem names its field, nothing is stored."""
+    base = {"yaml": "run: echo hi\n", "cwd": "/"}
+    for extra, field in (({"environment": {"1A": "x"}}, "environment"), ({"export": "A-B"}, "export"),
+                         ({"export": "UNSET_HERE", "environment": {}}, "export"), ({"cwd": "rel"}, "cwd"),
+                         ({"workdir": "/nonexistent-dir"}, "--workdir"),
+                         ({"yaml": "run: echo\nworkdir: x\n", "cwd": None}, "workdir")):
+        response = server.post("/v1/jobs", json={**base, **extra})
+        assert response.status_code == 422, (extra, response.text[:300])
+        assert any(e["field"] == field for e in response.json()["detail"]["errors"]), (extra, response.text)
+    assert server.get("/v1/jobs", params={"all": True}).json() == []
+    # a submission without a directory or environment: its tasks start in their user's home, from a
+    # login's basics, never the server's own variables
+    os.environ["WORLD_TEST_SERVER_VAR"] = "server"  # the in-process server's environment
+    try:
+        response = server.post("/v1/jobs", json={"yaml": 'run: echo "$(pwd) ${WORLD_TEST_SERVER_VAR-unset} $PATH"\n'})
+        assert response.status_code == 201, response.text
+        job = response.json()["job"]
+        deadline = time.monotonic() + 60
+        while server.get(f"/v1/jobs/{job['id']}").json()["state"] not in ("SUCCEEDED", "FAILED"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        words = server.get(f"/v1/jobs/{job['id']}/logs").text.split()
+        try:
+            home = pwd.getpwnam(job["user"]).pw_dir
+        except KeyError:  # no account of that name here: /
+            home = "/"
+        assert words[-3:] == [home, "unset", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+    finally:
+        del os.environ["WORLD_TEST_SERVER_VAR"]

@@ -152,8 +152,9 @@ class Launcher:
             env.update(self._batch_env(job, task, replica))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
-        # no workdir (a job submitted without a directory): its user's home, as a login starts
-        cwd = None if repo else (workdir or env.get("HOME") or None)
+        # no workdir (a job submitted without a directory): its user's home, as a login starts;
+        # / for a user without an account here, never the directory the server runs in
+        cwd = None if repo else (workdir or env.get("HOME") or "/")
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,

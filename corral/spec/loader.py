@@ -193,8 +193,8 @@ def _option_issues(name: str | None, env: dict[str, str] | None, base_dir: str |
         elif not isinstance(value, str) or "\x00" in value:
             issues.append(SpecIssue("options", f"env.{key}", None, NUL_MESSAGE))
     if base_dir is not None and ("\x00" in base_dir or not Path(base_dir).is_absolute()):
-        issues.append(SpecIssue("options", "base_dir", None, f"{shown(base_dir)} must be an absolute path "
-                                "(the directory relative workdirs are resolved against)"))
+        issues.append(SpecIssue("options", "cwd", None, f"{shown(base_dir)} must be an absolute path "
+                                "(the submit directory, which relative workdirs resolve against)"))
     issues += [SpecIssue("options", _dotted(path), None, NUL_MESSAGE) for path in nul_paths(scheduling or {})]
     return issues
 
@@ -284,7 +284,7 @@ def resolve_workdirs(spec: JobSpec, base_dir: str | None, override: str | None, 
             task = task.model_copy(update={"workdir": str(path)})
         tasks.append(task)
     if issues:
-        raise SpecError(issues, source)
+        raise SpecError(list(dict.fromkeys(issues)), source)  # --workdir's problem once, not once per task
     return spec.model_copy(update={"tasks": tuple(tasks)})
 
 
