@@ -51,6 +51,7 @@ def test_session_only_variables_are_not_sent_unless_named() -> None:
     assert session_only("SLURM_NTASKS") and session_only("CORRAL_SERVER") and not session_only("HOME")
     # the server applies the rule again (an older client, a raw HTTP submission) and the site's own list
     assert select(environ, Export(True), ("MI*",)) == {"PATH": "/bin"}
+    assert select(environ, parse_export("MINE,SSH_AUTH_SOCK"), ("MI*",)) == {"SSH_AUTH_SOCK": "/s"}  # dropped, named
 
 
 def test_an_environment_too_large_to_carry_is_refused_saying_why() -> None:

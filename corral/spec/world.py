@@ -160,10 +160,12 @@ def selected(self, extra_session_only: tuple[str, ...] = ()) -> dict[str, str]:
 
 def select(environ: Mapping[str, str], mode: Export, extra_session_only: tuple[str, ...] = ()) -> dict[str, str]:
     """What ``mode`` takes of ``environ``: every variable but the session-only ones (ALL),
-    the named ones (a list), then the values it sets."""
+    the named ones (a list), then the values it sets. What the site drops
+    (``extra_session_only``) is never taken, even when named."""
     if mode.all:
-        chosen = {k: v for k, v in environ.items() if not session_only(k, extra_session_only) or k in mode.names}
+        chosen = {k: v for k, v in environ.items() if not session_only(k) or k in mode.names}
     else:
         chosen = {k: environ[k] for k in mode.names if k in environ}
+    chosen = {k: v for k, v in chosen.items() if not any(fnmatch.fnmatchcase(k, p) for p in extra_session_only)}
     chosen.update(mode.values)
     return chosen
