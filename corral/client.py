@@ -260,7 +260,7 @@ class Client:
         try:
             sent = submitter_environment(os.environ if environment is None else environment, export)
         except ValueError as exc:
-            raise InvalidRequest(f"export: {exc}") from None
+            raise InvalidRequest(f"export: {exc}", 400) from None
         directory = cwd or base_dir or os.getcwd()
         return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "cwd": directory,
                                                          "workdir": workdir, "environment": sent, "export": export,
