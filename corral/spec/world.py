@@ -9,6 +9,7 @@ mode selects and never adds its own environment (``corral.runtime.environment``)
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass
 from typing import Mapping
@@ -41,8 +42,15 @@ MAX_TOTAL_BYTES = 512 * 1024
 EXPORT_HELP = "ALL, NONE, or a comma-separated list of VAR and VAR=value (optionally after ALL)"
 
 
+@functools.lru_cache(maxsize=64)
+def _matcher(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One regular expression for shell patterns (a submission checks every variable against
+    all of them: one match each, not one per pattern)."""
+    return re.compile("|".join(fnmatch.translate(p) for p in patterns)) if patterns else None
+
+
 def session_only(name: str, extra: tuple[str, ...] = ()) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in SESSION_ONLY + extra)
+    return _matcher(SESSION_ONLY + extra).match(name) is not None  # type: ignore[union-attr]
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,8 @@ def submitter_environment(environ: Mapping[str, str], export: str | None) -> dic
     mode = parse_export(export) if export else Export(True)
     if not mode.all:
         return {k: environ[k] for k in mode.names if k in environ}
-    return {k: v for k, v in environ.items() if not session_only(k) or k in mode.names}
+    session = _matcher(SESSION_ONLY)
+    return {k: v for k, v in environ.items() if not session.match(k) or k in mode.names}
 
 
 def check_environment(environ: Mapping[str, str]) -> str | None:
@@ -162,10 +171,12 @@ def select(environ: Mapping[str, str], mode: Export, extra_session_only: tuple[s
     """What ``mode`` takes of ``environ``: every variable but the session-only ones (ALL),
     the named ones (a list), then the values it sets. What the site drops
     (``extra_session_only``) is never taken, even when named."""
+    session, dropped = _matcher(SESSION_ONLY), _matcher(tuple(extra_session_only))
     if mode.all:
-        chosen = {k: v for k, v in environ.items() if not session_only(k) or k in mode.names}
+        chosen = {k: v for k, v in environ.items() if not session.match(k) or k in mode.names}
     else:
         chosen = {k: environ[k] for k in mode.names if k in environ}
-    chosen = {k: v for k, v in chosen.items() if not any(fnmatch.fnmatchcase(k, p) for p in extra_session_only)}
+    if dropped is not None:
+        chosen = {k: v for k, v in chosen.items() if not dropped.match(k)}
     chosen.update(mode.values)
     return chosen
