@@ -140,7 +140,7 @@ def check_environment(environ: Mapping[str, str]) -> str | None:
             return f"holds {str(key)[:60]!r}, which is not a valid variable name"
         if not isinstance(value, str) or "\x00" in value:
             return f"holds {key} with a NUL byte (or not as text)"
-        size = len(key.encode("utf-8", "replace")) + len(value.encode("utf-8", "replace")) + 2
+        size = len(key) + 2 + (len(value) if value.isascii() else len(value.encode("utf-8", "replace")))
         if size > MAX_VALUE_BYTES:
             return f"holds {key} of {size // 1024} KiB; one variable may hold at most {MAX_VALUE_BYTES // 1024} KiB"
         total += size
