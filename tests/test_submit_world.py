@@ -214,3 +214,19 @@ def test_the_api_names_the_field_of_a_bad_world(server) -> None:
         assert words[-3:] == [home, "unset", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     finally:
         del os.environ["WORLD_TEST_SERVER_VAR"]
+
+
+def test_a_bad_environment_section_of_config_yaml_is_refused_naming_the_field(tmp_path: Path) -> None:
+    from corral.site import load_site
+    from corral.spec.loader import SpecError
+
+    config = tmp_path / "config.yaml"
+    for text, field in (("environment: {export: '1A'}\n", "environment.export"),
+                        ("environment: {drop: ['A B']}\n", "environment.drop"),
+                        ("environment: {exports: ALL}\n", "environment.exports")):
+        config.write_text(text)
+        with pytest.raises(SpecError) as refused:
+            load_site(config)
+        assert any(i.field.startswith(field) for i in refused.value.issues), refused.value
+    config.write_text("environment: {export: 'all,A=1'}\n")
+    assert load_site(config).environment.export == "ALL,A=1"
