@@ -29,7 +29,7 @@ import socket
 import time
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Mapping
 from urllib.parse import urlencode, urlsplit
 
 from corral.states import TERMINAL_JOB_STATES
@@ -238,20 +238,29 @@ class Client:
 
     def submit(self, spec: str | os.PathLike | dict[str, Any] | list[dict[str, Any]], *, source: str | None = None,
                base_dir: str | None = None, name: str | None = None, env: dict[str, str] | None = None,
-               scheduling: dict[str, Any] | None = None, array: str | None = None,
+               scheduling: dict[str, Any] | None = None, array: str | None = None, cwd: str | None = None,
+               workdir: str | None = None, export: str | None = None,
+               environment: Mapping[str, str] | None = None,
                secrets: dict[str, str] | None = None) -> dict[str, Any]:
-        """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text, a path to a YAML file (its directory is where
-        relative workdirs resolve, as with ``corral launch``), or the parsed document (a dict;
-        a list of dicts for a job group's documents). ``scheduling`` takes ``partition``,
-        ``account``, ``qos``, ``time_limit``, ``nice``, ``dependency``, ``hold``. Returns
-        ``{"job": …, "warnings": […]}``."""
+        """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text,
+        a path to a YAML file, or the parsed document (a dict; a list of dicts for a job group's
+        documents). ``scheduling`` takes ``partition``, ``account``, ``qos``, ``time_limit``,
+        ``nice``, ``dependency``, ``hold``; ``secrets`` become secrets of every task. Returns
+        ``{"job": …, "warnings": […]}``.
+
+        The submitter's world travels with the job, as with ``corral launch``: ``cwd`` (default:
+        this process's directory; ``base_dir`` is its older name) is where a task without
+        ``workdir`` runs and what a relative one resolves against; ``workdir`` overrides every
+        task's; ``environment`` (default: this process's, its session-only variables left out)
+        is what ``export`` (Slurm's ``--export``: ALL, NONE or a list; default: the site's)
+        chooses from."""
         if isinstance(spec, os.PathLike):
             path = Path(spec)
             try:
                 text = path.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise InvalidRequest(f"cannot read {path}: {exc}") from None
-            source, base_dir = source or str(path), base_dir or str(path.resolve().parent)
+            source = source or str(path)
         elif isinstance(spec, (dict, list)):
             import yaml
 
@@ -259,7 +268,15 @@ class Client:
             text = yaml.safe_dump_all(docs, sort_keys=False)
         else:
             text = spec
-        return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "base_dir": base_dir,
+        from corral.spec.world import submitter_environment
+
+        try:
+            sent = submitter_environment(os.environ if environment is None else environment, export)
+        except ValueError as exc:
+            raise InvalidRequest(f"export: {exc}", 400) from None
+        directory = cwd or base_dir or os.getcwd()
+        return self._call("POST", "/v1/jobs", json_body={"yaml": text, "source": source, "cwd": directory,
+                                                         "workdir": workdir, "environment": sent, "export": export,
                                                          "name": name, "env": env or {},
                                                          **({"secrets": secrets} if secrets else {}),
                                                          "scheduling": scheduling or {},

@@ -20,6 +20,7 @@ starts with it.
     infra:      {ray: {address: auto, node_prefix: ray}}   # engines beyond this machine (executors.registry)
     retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
     api:        {max_streams_per_user: 16}   # followed logs one user may hold open at once
+    environment: {export: ALL, drop: [AWS_*]}  # a job's default --export; variables never carried
 
 A partition with ``infra: NAME`` holds that infra's nodes (a Ray cluster's, found at run
 time; the nodes Slurm allocates for each of its jobs); each infra's section under ``infra:``
@@ -166,6 +167,30 @@ class ApiConfig(_Strict):
     max_streams_per_user: int = Field(default=16, ge=1, le=10_000)
 
 
+class EnvironmentConfig(_Strict):
+    """Which environment a replica starts from when its submission does not say (Slurm's
+    ``--export``: ALL, NONE or a list), and variables never carried besides the session-only
+    ones (``corral.spec.world.SESSION_ONLY``), as names or shell patterns (``AWS_*``)."""
+
+    export: str = "ALL"
+    drop: list[str] = []
+
+    @field_validator("export")
+    @classmethod
+    def _export(cls, value: str) -> str:
+        from corral.spec.world import parse_export
+
+        return parse_export(value).text
+
+    @field_validator("drop")
+    @classmethod
+    def _drop(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or not all(c.isalnum() or c in "_*?[]!" for c in pattern):
+                raise ValueError(f"{pattern!r} is not a variable name or pattern (letters, digits, _, * and ?)")
+        return value
+
+
 InfraConfig = _infra_config()
 
 
@@ -174,6 +199,7 @@ class SiteConfig(_Strict):
     infra: InfraConfig = InfraConfig()  # type: ignore[valid-type]
     retention: RetentionConfig = RetentionConfig()
     api: ApiConfig = ApiConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -203,6 +229,7 @@ class Site:
     provisioned: dict[str, tuple[str, str]] = field(default_factory=dict)
     partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
     api: ApiConfig = ApiConfig()
+    environment: EnvironmentConfig = EnvironmentConfig()
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -261,7 +288,7 @@ def load_site(config_path: Path) -> Site:
                    if p.infra is not None and infras()[p.infra].provisions}
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
                 used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None},
-                config.api)
+                config.api, config.environment)
 
 
 def _used_infras(config: SiteConfig) -> dict[str, Any]:

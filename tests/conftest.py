@@ -110,8 +110,12 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):
 
 
 def submit(client, text: str, **extra) -> dict:
-    """Submit a job through an HTTP client (in-process or real); its stored record."""
-    response = client.post("/v1/jobs", json={"yaml": text, **extra})
+    """Submit a job through an HTTP client (in-process or real) as the SDK does, from this
+    process's directory and environment; its stored record."""
+    from corral.spec.world import submitter_environment
+
+    world = {"cwd": os.getcwd(), "environment": submitter_environment(os.environ, None)}
+    response = client.post("/v1/jobs", json={"yaml": text, **world, **extra})
     assert response.status_code == 201, response.text
     return response.json()["job"]
 

@@ -251,7 +251,8 @@ def test_the_body_passes_the_same_rules_as_the_file_and_nothing_is_stored(server
     base = {"yaml": "run: echo hi\n"}
     cases = [({"name": "my job"}, "name"), ({"name": "../etc"}, "name"), ({"name": "x" * 64}, "name"),
              ({"name": "n" * 10_000}, "name"), ({"env": {"A=B": "1"}}, "env"), ({"env": {"A": "a\x00b"}}, "env.A"),
-             ({"base_dir": "relative/dir"}, "base_dir"), ({"scheduling": {"partition": "p\x00"}}, "partition"),
+             ({"base_dir": "relative/dir"}, "cwd"), ({"cwd": "relative/dir"}, "cwd"),
+             ({"scheduling": {"partition": "p\x00"}}, "partition"),
              ({"yaml": "run: \"echo \\0\"\n"}, "run"), ({"yaml": "run: true\n"}, "run"),
              ({"yaml": "name: a\nname: b\nrun: echo\n"}, "")]
     for extra, field in cases:

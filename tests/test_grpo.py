@@ -11,6 +11,7 @@ import statistics
 from pathlib import Path
 
 from conftest import wait_for, wait_state
+from corral.spec.world import submitter_environment
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "grpo"
 
@@ -21,7 +22,8 @@ ITERATIONS = 200  # ~0.07 s each here; the margin covers a killed replica's rest
 def test_grpo_learns_survives_a_killed_rollout_and_scales(server, tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
     response = server.post("/v1/jobs", json={
-        "yaml": (EXAMPLE / "grpo.yaml").read_text(), "source": str(EXAMPLE / "grpo.yaml"), "base_dir": str(EXAMPLE),
+        "yaml": (EXAMPLE / "grpo.yaml").read_text(), "source": str(EXAMPLE / "grpo.yaml"),
+        "cwd": str(EXAMPLE.parents[1]), "environment": submitter_environment(os.environ, None),  # as corral launch
         "env": {"GRPO_ITERATIONS": str(ITERATIONS), "GRPO_METRICS": str(metrics)}})
     assert response.status_code == 201, response.text
     job_id = response.json()["job"]["id"]

@@ -10,7 +10,9 @@ from conftest import cli_for, wait_for
 
 
 def test_home_is_private_and_replicas_keep_the_users_umask(corral_home: Path, tmp_path: Path) -> None:
-    corral = cli_for(corral_home, {"SERVER_ONLY_SECRET": "s3cret"}, umask=0o022)
+    # the server is started from a shell holding a secret; the job is submitted from one without it
+    cli_for(corral_home, {"SERVER_ONLY_SECRET": "s3cret"}, umask=0o022)("server", "start", check=True)
+    corral = cli_for(corral_home, umask=0o022)
     out = tmp_path / "made-by-the-job"
     spec = tmp_path / "job.yaml"
     spec.write_text(f"name: files\nrun: echo hello > {out}; echo secret=${{SERVER_ONLY_SECRET:-none}}\n")

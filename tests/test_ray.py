@@ -163,7 +163,7 @@ run: |
 def test_the_grpo_example_across_nodes(corral, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     text = (ROOT / "examples/grpo/grpo.yaml").read_text()
-    text = text.replace("workdir: .", f"workdir: {ROOT / 'examples/grpo'}")
+    text = text.replace("workdir: examples/grpo", f"workdir: {ROOT / 'examples/grpo'}")
     text = text.replace("name: trainer\n", "name: trainer\nresources: {accelerators: H100:4}\n")
     text = text.replace("name: rollout\n", "name: rollout\nresources: {accelerators: H100:2}\n")
     spec = tmp_path / "grpo.yaml"

@@ -38,14 +38,14 @@ def test_submit_every_way_wait_and_typed_errors(sdk, tmp_path: Path) -> None:
     from_text = sdk.submit("name: text\nrun: echo text\n")["job"]
     path = tmp_path / "job.yaml"
     path.write_text("name: file\nworkdir: .\nrun: pwd\n")
-    from_file = sdk.submit(path)["job"]
+    from_file = sdk.submit(path, cwd=str(tmp_path))["job"]
     from_dict = sdk.submit({"name": "dict", "run": "echo dict"})["job"]
     group = sdk.submit([{"name": "grp", "execution": "parallel"}, {"name": "a", "run": "true"},
                         {"name": "b", "run": "true"}])["job"]
     assert [t["name"] for t in group["tasks"]] == ["a", "b"]
     for job in (from_text, from_file, from_dict, group):
         assert sdk.wait(job["id"], timeout=30)["state"] == "SUCCEEDED"
-    assert b"".join(sdk.logs(from_file["id"])).decode().strip() == str(tmp_path)  # workdir: . is the file's
+    assert b"".join(sdk.logs(from_file["id"])).decode().strip() == str(tmp_path)  # workdir: . is the submit dir
     with pytest.raises(InvalidRequest) as bad:
         sdk.submit("name: t\nresources:\n  acelerators: H100:1\n", source="bad.yaml")
     assert bad.value.status == 422 and bad.value.errors[0]["field"] == "resources.acelerators"

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
+from corral.spec.world import parse_export
 from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
 
@@ -20,7 +21,18 @@ def ts(value: float | None) -> datetime | None:
 class SubmitRequest(BaseModel):
     yaml: str = Field(description="The task or job-group YAML, as written")
     source: str | None = Field(default=None, description="File name, used in error messages and as default name")
-    base_dir: str | None = Field(default=None, description="Directory relative workdirs are resolved against")
+    cwd: str | None = Field(default=None, max_length=4096, description=(
+        "The submit directory (absolute): a task without workdir runs there, a relative workdir resolves "
+        "against it"))
+    base_dir: str | None = Field(default=None, max_length=4096, description="The older name of cwd")
+    workdir: str | None = Field(default=None, max_length=4096, description=(
+        "Overrides every task's workdir (--workdir); relative to cwd"))
+    environment: dict[str, str] = Field(default_factory=dict, description=(
+        "The submitter's environment variables (session-only ones left out by the client); which reach "
+        "the replicas is the export mode's choice"))
+    export: str | None = Field(default=None, max_length=65536, description=(
+        "Slurm's --export: ALL (the submitter's environment), NONE, or [ALL,]VAR[,VAR=value...]; "
+        "default: the site's (config.yaml environment.export, ALL unless set)"))
     name: str | None = Field(default=None, description="Overrides the job name (--name)")
     env: dict[str, str] = Field(default_factory=dict, description="Overrides task envs (--env K=V)")
     secrets: dict[str, str] = Field(default_factory=dict, description=(
@@ -76,6 +88,8 @@ class TaskOut(BaseModel):
     alternative: int | None = Field(default=None, description=(
         "Which of them it runs on (1-based; gpus, gpu_type, cpus and memory are that one's); null "
         "while it has not started or when it names only one"))
+    workdir: str | None = Field(default=None, description=(
+        "The directory its replicas start in (a git workdir: the repository's URL); null: its user's home"))
     replicas: list[ReplicaOut]
 
 
@@ -108,6 +122,11 @@ class JobOut(BaseModel):
     array_job_id: int | None = Field(default=None, description="The array this job is an element of (its first element's id)")
     array_index: int | None = Field(default=None, description="This element's index in its array")
     array_throttle: int | None = Field(default=None, description="At most this many of the array's elements run at once")
+    cwd: str | None = Field(default=None, description="The directory the job was submitted from")
+    export: str | None = Field(default=None, description=(
+        "Which of the submitter's variables its replicas start with (Slurm's --export: ALL, NONE or a list; "
+        "values given in it are not shown)"))
+    exported: int | None = Field(default=None, description="How many of the submitter's variables that carried")
     tasks: list[TaskOut]
 
     @classmethod
@@ -129,7 +148,7 @@ class JobOut(BaseModel):
                 if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
             expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
-            array_throttle=getattr(job, "array_throttle", None),
+            array_throttle=getattr(job, "array_throttle", None), **_world(job),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 
@@ -176,6 +195,20 @@ def _restart_words(policy: dict | None) -> str | None:
         f"on exit codes {', '.join(map(str, codes))}" if codes else "on failure")
     n = policy.get("max_restarts", 3)
     return f"{when}, at most {n} time{'' if n == 1 else 's'}"
+def _world(job: Job) -> dict[str, Any]:
+    world = job.spec.get("world")
+    if not world:  # submitted before corral kept the submitter's world
+        return {"cwd": None, "export": None, "exported": None}
+    try:
+        export = parse_export(world.get("export") or "ALL").shown
+    except ValueError:  # a row written around the API
+        export = "?"
+    return {"cwd": world.get("cwd"), "export": export, "exported": len(world.get("environment") or {})}
+
+
+def _workdir(spec: dict) -> str | None:
+    workdir = spec.get("workdir")
+    return workdir.get("url") if isinstance(workdir, dict) else workdir
 
 
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
@@ -185,7 +218,7 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
-        alternative=alternative, restart=_restart_words(spec.get("restart")),
+        alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,

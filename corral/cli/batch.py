@@ -44,6 +44,10 @@ def sbatch_main(argv: list[str]) -> None:
         sys.exit(0 if argv else 2)
     try:
         given, rest, issues, warnings = parse_command_line(argv)
+        if "export" not in given and os.environ.get("SBATCH_EXPORT"):  # sbatch's input variable, under its option
+            from_env, _, bad, _ = parse_command_line([f"--export={os.environ['SBATCH_EXPORT']}"])
+            given.update(from_env)
+            issues += bad
         if issues:
             raise SpecError(issues, "corral sbatch")
         if not rest:
@@ -79,7 +83,8 @@ def launch_overrides(args) -> dict:
     words: list[str] = []
     for flag, value in (("--partition", args.partition), ("--account", args.account), ("--qos", args.qos),
                         ("--time", args.time_limit), ("--dependency", args.dependency), ("--job-name", args.name),
-                        ("--array", getattr(args, "array", None)),
+                        ("--array", getattr(args, "array", None)), ("--chdir", getattr(args, "workdir", None)),
+                        ("--export", getattr(args, "export", None)),
                         ("--nice", str(args.nice) if args.nice is not None else None)):
         if value is not None:
             words.append(f"{flag}={value}")
@@ -102,11 +107,13 @@ def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], war
 
     batch = load_batch(text, source=str(path), submit_dir=os.getcwd(), args=script_args, overrides=given,
                        environ=os.environ, warnings=warnings)
+    chdir = next((d["workdir"] for d in batch.documents if isinstance(d.get("workdir"), str)), None)
+    if chdir is not None and not os.path.isdir(chdir):  # -D/--chdir: checked where the script is submitted
+        raise Usage("--chdir", f"{chdir} {'is not a directory' if os.path.exists(chdir) else 'does not exist'}")
     client = daemon.client()
     try:
-        result = client.submit(batch.documents, source=str(path), base_dir=os.getcwd(), env=env, name=name,
-                               secrets=secrets,
-                               scheduling=batch.scheduling, array=batch.array)
+        result = client.submit(batch.documents, source=str(path), env=env, name=name, scheduling=batch.scheduling,
+                               array=batch.array, export=batch.export, secrets=secrets)
     except CorralError as exc:
         if exc.status == 409:  # sbatch allows namesakes; corral's names are host names
             err.print("[yellow]hint:[/yellow] give this run its own name with -J NAME", markup=True)

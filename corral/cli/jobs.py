@@ -60,7 +60,13 @@ def launch(args: Namespace) -> None:
         raise Usage("FILE", f"{file} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
                             "job files are read as UTF-8") from None
     from corral.spec.sbatch import is_batch_script
+    from corral.spec.world import parse_export
 
+    if args.export is not None:
+        try:
+            parse_export(args.export)
+        except ValueError as exc:
+            raise Usage("--export", str(exc)) from None
     if getattr(args, "slurm", False):
         args.partition = _slurm_partition(daemon.client(), args.partition)
     if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
@@ -82,9 +88,8 @@ def launch(args: Namespace) -> None:
     scheduling = {k: v for k, v in options.items() if v is not None}
     client = daemon.client()
     try:
-        result = client.submit(text, source=str(file), base_dir=str(file.resolve().parent), name=args.name, env=env,
-                               secrets=secrets,
-                               scheduling=scheduling, array=args.array)
+        result = client.submit(text, source=str(file), name=args.name, env=env, scheduling=scheduling,
+                               array=args.array, workdir=args.workdir, export=args.export, secrets=secrets)
     except CorralError as exc:
         fail(exc, str(file))
     for warning in result["warnings"]:

@@ -89,6 +89,12 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--secret", action="append", default=[], metavar="K[=V]",
                    help="a secret of every task: set like --env, kept with the job's secrets (repeatable); without =V, "
                         "its value in this shell")
+    c.add_argument("--export", metavar="ALL|NONE|VARS",
+                   help="which of your environment variables the replicas start with, as sbatch --export: ALL "
+                        "(default unless config.yaml says otherwise), NONE, or VAR1,VAR2,NAME=value")
+    c.add_argument("--workdir", "-D", "--chdir", dest="workdir", metavar="DIR",
+                   help="run every task in DIR (relative: to this directory); default: each task's workdir "
+                        "resolved against this directory, else this directory")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
     c.add_argument("--slurm", action="store_true",
                    help="run the job as one Slurm job: in the site's first partition with infra: slurm")

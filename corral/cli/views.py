@@ -256,7 +256,14 @@ def status(args: Namespace) -> None:
               f"reason={reason}  exit_code={exit_code}")
     if data.get("message"):
         out.print(f"  {data['message']}", markup=False)
+    if data.get("export") is not None:
+        carried = f" ({data['exported']} variables carried)" if data["export"] != "NONE" else ""
+        out.print(f"  submitted from {data.get('cwd') or '-'}; environment: --export={data['export']}{carried}",
+                  markup=False)
+    dirs = {t.get("workdir") for t in data["tasks"]}
     for task in data["tasks"]:
+        if task.get("workdir") != data.get("cwd") or len(dirs) > 1:
+            out.print(f"  task {task['name']}: runs in {task.get('workdir') or 'its user’s home'}", markup=False)
         if task.get("endpoint"):
             ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
             out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "

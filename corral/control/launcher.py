@@ -21,7 +21,7 @@ from corral.control.transitions import Transitions
 from corral.executors.contract import Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
-from corral.runtime.environment import ReplicaContext, replica_env
+from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
 from corral.settings import Settings
 from corral.states import JobState, ReplicaState
@@ -142,8 +142,11 @@ class Launcher:
             user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "",
             task_nodes=_by_rank(peers, task.num_nodes), job_nodes=tuple(r.node for r in job.members if r.node),
             array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent)
-        env = replica_env({}, ctx)
+        env = replica_env(starting_environment(job.world, job.user), ctx)
+        own_path = env.get("PYTHONPATH")
         env.update(executor.attempt_env(job.id))
+        if "PYTHONPATH" in env and own_path and env["PYTHONPATH"] != own_path:  # corral's resolver first
+            env["PYTHONPATH"] = join_paths(env["PYTHONPATH"], own_path)
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
@@ -153,10 +156,13 @@ class Launcher:
             env.update(self._batch_env(job, task, replica))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
+        # no workdir (a job submitted without a directory): its user's home, as a login starts;
+        # / for a user without an account here, never the directory the server runs in
+        cwd = None if repo else (workdir or env.get("HOME") or "/")
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=None if repo else workdir, repo=repo, dirs=(str(checkpoint),))
+                      cwd=cwd, repo=repo, dirs=(str(checkpoint),))
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
@@ -168,7 +174,8 @@ class Launcher:
                                     str(task.spec.get("workdir") or task.service.sbatch.submit_dir),
                                     job.array_extent)
         shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
-        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {})})
+        keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {}),
+                      **((job.world or {}).get("environment") or {})})  # what --export=A,B carried
         return batchenv.batch_env(task.service.sbatch, ctx, shims, keep)
 
 

@@ -118,6 +118,7 @@ class JobRec:
     no_requeue: bool = False  # --no-requeue: a preempted job is cancelled, whatever the preempt mode
     # the engine that provisioned its nodes ended them: (the job's end state, the engine's words)
     ended_by: tuple[JobState, str] | None = None
+    world: dict | None = None  # the submit directory, export mode and exported variables (spec.world.World)
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -203,7 +204,8 @@ def _scheduling(row) -> dict:
             "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
             "hold": row.hold or "", "array_job_id": row.array_job_id, "array_index": row.array_index,
             "array_throttle": row.array_throttle, "array_extent": tuple(row.spec.get("array_extent") or ()) or None,
-            "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False}
+            "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False,
+            "world": row.spec.get("world")}
 
 
 def record_of(job: Job) -> JobRec:

@@ -84,10 +84,8 @@ STARTED_FILE = "started"
 START_TIME_TOLERANCE_S = 0.05
 
 
-# What a replica inherits from the machine it runs on: where programs and libraries are,
-# who and where it is, locale and numerics settings. Never the rest of the server's
-# environment (a team server's own credentials must not reach every job); a job says what
-# else it needs in ``envs``/``secrets`` or with ``--env``.
+# What corral's own helper steps (the Slurm reaper) take of the server's environment. A
+# replica takes nothing of it: its environment is built whole by ``runtime.environment``.
 INHERITED = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
              "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
              "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OMP_NUM_THREADS")

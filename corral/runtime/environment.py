@@ -1,10 +1,51 @@
-"""The environment a replica sees: corral's own variables, the SkyPilot and Slurm names
-existing scripts already read, the rank-0 rendezvous of its task, and its GPUs."""
+"""The environment a replica sees, built here and nowhere else: the basics of a login, the
+submitter's variables its export mode selected (``corral.spec.world``: Slurm's ``--export``
+rule), the job's own ``envs`` and ``secrets``, and corral's variables — its own, the SkyPilot
+and Slurm names existing scripts already read, the rank-0 rendezvous of its task, its GPUs.
+
+Never the server's environment (nor a Ray worker's, nor slurmd's): executors start replicas
+with exactly this mapping, so a job behaves the same wherever it runs and whoever started
+the server."""
 
 from __future__ import annotations
 
 import json
+import os
+import pwd
 from dataclasses import dataclass
+from typing import Any
+
+# A login shell's PATH where the submitter's is not carried (--export=NONE, or a list
+# without PATH), as /etc/login.defs gives one.
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def login_basics(user: str) -> dict[str, str]:
+    """What every replica has before the submitter's variables: a PATH, and who and where its
+    user is (HOME and SHELL from the account of that name on this machine, when there is one)."""
+    env = {"PATH": LOGIN_PATH, "USER": user, "LOGNAME": user}
+    try:
+        entry = pwd.getpwnam(user)
+    except (KeyError, TypeError):
+        return env
+    env["HOME"] = entry.pw_dir
+    env["SHELL"] = entry.pw_shell or "/bin/sh"
+    return env
+
+
+def starting_environment(world: dict[str, Any] | None, user: str) -> dict[str, str]:
+    """The environment a replica starts from, before the job's ``envs`` and corral's
+    variables: the basics of a login, then what the job's export mode carried of the
+    submitter's (a job stored without a world, submitted before corral kept one, gets the
+    basics alone)."""
+    env = login_basics(user)
+    env.update((world or {}).get("environment") or {})
+    return env
+
+
+def join_paths(first: str, then: str | None) -> str:
+    """``first`` ahead of a colon-separated path that may be unset or empty."""
+    return first + (os.pathsep + then if then else "")
 
 from corral.runtime.batchenv import array_extent, task_layout
 

@@ -4,6 +4,7 @@ listing every problem with its document, field, line and, for typos, the nearest
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from corral.spec.resources import IGNORED_RESOURCE_FIELDS, Alternative
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
+from corral.spec.world import World, check_environment, parse_export, select
 
 
 
@@ -57,10 +59,17 @@ class LoadedJob:
 
 def load_job(text: str, *, source: str = "<spec>", default_name: str | None = None,
              name: str | None = None, env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
-             base_dir: str | None = None, scheduling: dict[str, Any] | None = None) -> LoadedJob:
+             base_dir: str | None = None, scheduling: dict[str, Any] | None = None,
+             workdir: str | None = None, world: World | None = None, export_given: bool = True,
+             drop: tuple[str, ...] = ()) -> LoadedJob:
     """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
-    with ``base_dir`` a relative ``workdir`` is resolved against it and must exist;
-    ``scheduling`` overrides job-level fields (``--partition``, ``--qos``, ``--time-limit`` …)."""
+    ``base_dir`` is the submit directory: a task without ``workdir`` runs there and a relative
+    ``workdir`` (or ``workdir``, the ``--workdir`` given for every task) resolves against it,
+    as SkyPilot and Slurm do; every directory must exist. ``world`` (the submitter's
+    environment and export mode) is checked and kept with the job (with ``export_given``, every
+    variable its list names must be in that environment); only what its export mode selects is
+    kept (never the session-only variables, nor those ``drop`` names). ``scheduling`` overrides
+    job-level fields (``--partition``, ``--qos``, ``--time-limit`` …)."""
     try:
         docs = [d for d in load_documents(text) if d.data is not None]
     except SourceError as exc:
@@ -78,6 +87,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
                        for path in nul_paths(doc.data)]
     issues += _option_issues(name, env, base_dir, scheduling)
     issues += _option_issues(None, secrets, None, None, "secrets")
+    issues += world_issues(world, workdir, export_given)
     if issues:
         raise SpecError(issues, source)
 
@@ -141,8 +151,13 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     if limit_override is not None:
         spec = spec.model_copy(update={"time_limit": limit_override})
     spec = _apply_env(spec, env or {}, docs, issues, source, secrets or {})
-    if base_dir is not None:
-        spec = _resolve_workdirs(spec, Path(base_dir), docs, source)
+    home = (world.environment.get("HOME") if world is not None else None) or None
+    if base_dir is not None or workdir is not None or world is not None:  # else: the file alone, checked
+        spec = resolve_workdirs(spec, base_dir, workdir, home, docs, source)
+    if world is not None:
+        mode = parse_export(world.export)
+        spec = spec.model_copy(update={"world": World(cwd=base_dir, export=mode.text,
+                                                      environment=select(world.environment, mode, drop))})
     return LoadedJob(spec, warnings)
 
 
@@ -179,8 +194,8 @@ def _option_issues(name: str | None, env: dict[str, str] | None, base_dir: str |
         elif not isinstance(value, str) or "\x00" in value:
             issues.append(SpecIssue("options", f"{env_label}.{key}", None, NUL_MESSAGE))
     if base_dir is not None and ("\x00" in base_dir or not Path(base_dir).is_absolute()):
-        issues.append(SpecIssue("options", "base_dir", None, f"{shown(base_dir)} must be an absolute path "
-                                "(the directory relative workdirs are resolved against)"))
+        issues.append(SpecIssue("options", "cwd", None, f"{shown(base_dir)} must be an absolute path "
+                                "(the submit directory, which relative workdirs resolve against)"))
     issues += [SpecIssue("options", _dotted(path), None, NUL_MESSAGE) for path in nul_paths(scheduling or {})]
     return issues
 
@@ -215,23 +230,62 @@ def _task_doc(docs: list[Document], task: TaskSpec) -> Document:
     return next((d for d in docs if isinstance(d.data, dict) and d.data.get("name") == task.name), docs[-1])
 
 
-def _resolve_workdirs(spec: JobSpec, base: Path, docs: list[Document], source: str) -> JobSpec:
+def world_issues(world: World | None, workdir: str | None, export_given: bool = True) -> list[SpecIssue]:
+    """The submitter's environment and export mode, and ``--workdir``, checked as the file's
+    own fields are: every problem names its field."""
+    issues = []
+    if workdir is not None and (not isinstance(workdir, str) or not workdir.strip() or "\x00" in workdir):
+        issues.append(SpecIssue("options", "workdir", None, "must be a directory path"))
+    if world is None:
+        return issues
+    problem = check_environment(world.environment)
+    if problem:
+        issues.append(SpecIssue("options", "environment", None, f"the submitter's environment {problem}"))
+    try:
+        mode = parse_export(world.export)
+    except ValueError as exc:
+        return issues + [SpecIssue("options", "export", None, str(exc))]
+    missing = [n for n in mode.names if n not in world.environment] if export_given else []
+    if missing:
+        issues.append(SpecIssue("options", "export", None, f"{', '.join(missing[:5])} "
+                                f"{'is' if len(missing) == 1 else 'are'} not set in the submitting environment"))
+    return issues
+
+
+def resolve_workdirs(spec: JobSpec, base_dir: str | None, override: str | None, home: str | None,
+                     docs: list[Document], source: str) -> JobSpec:
+    """Every task's working directory, absolute: ``override`` (``--workdir``) for all, else
+    its own ``workdir`` against ``base_dir`` (the submit directory), else ``base_dir``. A task
+    without either keeps none (it starts in its user's home). ``~`` is the submitter's home."""
     issues, tasks = [], []
     for task in spec.tasks:
-        if task.workdir is None:  # like sbatch's submit directory: where the file was launched from
-            task = task.model_copy(update={"workdir": str(base.resolve())})
-        elif not isinstance(task.workdir, str):  # a git repository: cloned on the node
+        written = override if override is not None else task.workdir
+        field = "--workdir" if override is not None else "workdir"
+        where = (None if override is not None else _task_doc(docs, task).line_of(("workdir",)))
+        label = "options" if override is not None else f"task {task.name!r}"
+        if written is None:
+            task = task.model_copy(update={"workdir": base_dir})
+        elif not isinstance(written, str):  # a git repository: cloned on the node
             pass
         else:
-            path = (base / Path(task.workdir).expanduser()).resolve()
-            if not path.is_dir():
-                doc = _task_doc(docs, task)
-                issues.append(SpecIssue(f"task {task.name!r}", "workdir", doc.line_of(("workdir",)),
-                                        f"{path} is not a directory"))
+            text = written
+            if text == "~" or text.startswith("~/"):
+                text = (home or str(Path("~").expanduser())) + text[1:]
+            if not text.startswith("/") and base_dir is None:
+                issues.append(SpecIssue(label, field, where, f"{shown(written)} is relative, and the submission "
+                                        "names no directory to resolve it against (cwd)"))
+                tasks.append(task)
+                continue
+            path = Path(os.path.normpath(os.path.join(base_dir or "/", text)))
+            problem = None if path.is_dir() else (f"{path} is not a directory" if path.exists()
+                                                  else f"{path} is not a directory: it does not exist")
+            if problem:
+                issues.append(SpecIssue(label, field, where, problem + (
+                    f" (resolved against the submit directory {base_dir})" if not text.startswith("/") else "")))
             task = task.model_copy(update={"workdir": str(path)})
         tasks.append(task)
     if issues:
-        raise SpecError(issues, source)
+        raise SpecError(list(dict.fromkeys(issues)), source)  # --workdir's problem once, not once per task
     return spec.model_copy(update={"tasks": tuple(tasks)})
 
 

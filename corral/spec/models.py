@@ -19,6 +19,7 @@ from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
 from corral.spec.recovery import from_job_recovery
+from corral.spec.world import World
 from corral.spec.service import (Autoscale, Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
                                  TopologyRequest, WarnBeforeTimeout, check_ports, from_skyserve, resolve_port)
 
@@ -272,6 +273,7 @@ class JobSpec(BaseModel):
     pipeline: bool = False
     scheduling: Scheduling = Scheduling()
     time_limit: float | None = None  # the job's; filled from the partition when not given
+    world: World | None = None  # the submit directory and the submitter's exported environment
 
     def task(self, name: str) -> TaskSpec:
         for task in self.tasks:

@@ -304,6 +304,7 @@ class BatchJob:
     wait: bool = False  # sbatch --wait: block until the job ends
     parsable: bool = False
     base_dir: str = "/"
+    export: str | None = None  # --export as given (normalised); None: the site's default (Slurm's: ALL)
 
 
 def is_batch_script(text: str) -> bool:
@@ -563,9 +564,12 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
         documents = [{"name": name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
                      batch_task, holder]
     array = given["array"].value if "array" in given else None
+    export = None
+    if "export" in given:
+        export = ",".join((["ALL"] if not export_none else [] if exported else ["NONE"]) + list(exported))
     return BatchJob(documents, scheduling, str(array) if array is not None else None, notes,
                     wait=bool(_value(given, "wait", False)), parsable=bool(_value(given, "parsable", False)),
-                    base_dir=submit_dir)
+                    base_dir=submit_dir, export=export)
 
 
 def _script_name(source: str) -> str:

@@ -26,6 +26,7 @@ from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
 from corral.spec.jobarray import parse_array
 from corral.spec.models import shown
+from corral.spec.world import World
 from corral.states import JobState, retired
 from corral.store import repository
 from corral.store.ids import storable
@@ -77,10 +78,13 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     # and the store is the intake's writer thread (group commit), awaited below.
     source = shown(body.source, 200)[1:-1] if body.source else "<spec>"
     default_name = Path(source).stem if body.source else None
+    cwd = body.cwd if body.cwd is not None else body.base_dir
+    world = World(cwd=cwd, export=body.export or state.site.environment.export, environment=body.environment)
     try:
         loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
                           secrets=body.secrets,
-                          base_dir=body.base_dir, scheduling=body.scheduling)
+                          base_dir=cwd, scheduling=body.scheduling, workdir=body.workdir, world=world,
+                          export_given=body.export is not None, drop=tuple(state.site.environment.drop))
     except SpecError as exc:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
-from corral.node.runner import START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time
+from corral.node.runner import START_TIME_TOLERANCE_S, NodeRunner, process_start_time
 from corral.pool import NodeSpec
 from corral.runtime.discovery import loopback_address
 from corral.settings import Settings
@@ -39,13 +39,11 @@ class LocalExecutor(EventStream):
     name = "local"
 
     def __init__(self, nodes: list[NodeSpec], settings: Settings, scope: str,
-                 wake: Wake = lambda: None, base_pythonpath: str | None = None):
+                 wake: Wake = lambda: None):
         super().__init__(wake)
         self._nodes = list(nodes)
         self.settings = settings
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
-        self._pythonpath = base_pythonpath
-        self._base_env = base_environment(os.environ)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
         except ValueError:
@@ -92,7 +90,7 @@ class LocalExecutor(EventStream):
             for directory in launch.dirs:
                 Path(directory).mkdir(parents=True, exist_ok=True)
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
-                                     {**self._base_env, **launch.env}, launch.cwd,
+                                     launch.env, launch.cwd,
                                      self.settings.log_file(launch.job_id, launch.label), launch.hosts, self._umask,
                                      launch.repo)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
@@ -148,7 +146,7 @@ class LocalExecutor(EventStream):
         self.runner.publish(job_id, hosts, peers)
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
-        return self.runner.attempt_env(job_id, self._pythonpath)
+        return self.runner.attempt_env(job_id, None)
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:

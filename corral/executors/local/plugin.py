@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 
 from corral.executors.registry import Infra
 from corral.spec.base import Strict
@@ -18,7 +17,7 @@ def _build(settings, config, nodes, wake):  # noqa: ANN001 - see Infra.build
     from corral.executors import scope_of
     from corral.executors.local.executor import LocalExecutor
 
-    return LocalExecutor(nodes, settings, scope_of(settings), wake, os.environ.get("PYTHONPATH"))
+    return LocalExecutor(nodes, settings, scope_of(settings), wake)
 
 
 def _partition_nodes(config, patterns: tuple[str, ...], declared: list[str]) -> tuple[str, ...]:  # noqa: ANN001

@@ -12,7 +12,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from corral.node.runner import NodeRunner, base_environment, process_start_time
+from corral.node.runner import NodeRunner, process_start_time
 
 
 def node_dirs(scope: str) -> tuple[Path, Path, Path]:
@@ -47,8 +47,7 @@ class ReplicaActor:
         job_id = int(launch["job_id"])
         self.runner.publish(job_id, hosts, peers)
         gpus = [str(g) for g in ray.get_gpu_ids()]
-        env = base_environment(os.environ)  # the node's, as the local executor takes the server's
-        env.update(launch["env"])
+        env = dict(launch["env"])  # what the replica starts with (runtime.environment), nothing of the worker's
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # the GPUs Ray assigned this bundle
         env["SLURM_JOB_GPUS"] = env["CUDA_VISIBLE_DEVICES"]
         env["CORRAL_NAMES"] = self.runner.hosts_mode

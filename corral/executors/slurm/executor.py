@@ -106,9 +106,8 @@ class SrunExecutor(EventStream):
         self.cli = cli or SlurmCli()
         self.settings = settings
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
-        self._base_env = base_environment(os.environ)
+        self._base_env = base_environment(os.environ)  # corral's own steps (the reaper), never a replica's
         self._umask = user_umask()
-        self._pythonpath = os.environ.get("PYTHONPATH")
         self._lock = threading.RLock()
         self._live: dict[str, Attempt] = {}
         self._handed: dict[str, set[int]] = {}  # host -> ports given to replicas
@@ -253,7 +252,7 @@ class SrunExecutor(EventStream):
             mem_mb = max(1, share.memory_mb * cpus // max(share.cpus, 1))
         else:
             mem_mb = 0
-        env = {**self._base_env, **launch.env}
+        env = dict(launch.env)  # what the replica starts with (runtime.environment), nothing of the server's
         if launch.gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES binding sets it for the step
         log_file = self.settings.log_file(launch.job_id, launch.label)
@@ -521,7 +520,7 @@ class SrunExecutor(EventStream):
         self.runner.publish(job_id, hosts, peers)  # on the shared filesystem: every node reads it
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
-        return self.runner.attempt_env(job_id, self._pythonpath)
+        return self.runner.attempt_env(job_id, None)
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
@@ -533,7 +532,7 @@ class SrunExecutor(EventStream):
                 f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe", "bash", "-c",
                 command]
         try:
-            done = subprocess.run(argv, env={**self._base_env, **env, **self.cli.conf},
+            done = subprocess.run(argv, env={**env, **self.cli.conf},
                                   cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, f"timed out after {timeout:g}s"

@@ -100,8 +100,10 @@ def sbatch_args(shape: Shape, name: str, time_limit_s: float | None, grace_s: fl
     argv = ["--exclusive"] if exclusive else []
     if constraint:
         argv.append(f"--constraint={constraint}")
+    # NIL: the allocation's own script carries nothing of the server's environment (and Slurm
+    # loads no login environment for it); each replica's step gets exactly its own (srun --export)
     argv += [f"--job-name={name}", f"--nodes={shape.nodes}", "--ntasks-per-node=1",
-            f"--cpus-per-task={shape.cpus}", "--requeue", f"--output={output}", "--open-mode=append"]
+            f"--cpus-per-task={shape.cpus}", "--requeue", f"--output={output}", "--open-mode=append", "--export=NIL"]
     if shape.gpus:
         argv.append(f"--gres=gpu:{gpu_type + ':' if gpu_type else ''}{shape.gpus}")
     if shape.memory_mb:
