@@ -95,7 +95,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     for stage in stages:
         request = PendingJob(0, tuple(TaskRequest(t.name, t.num_nodes, t.resources.gpus, t.resources.cpus,
                                                   t.resources.memory, t.resources.gpu_type,
-                                                  alternatives=alternatives_of(t), in_order=t.resources.in_order)
+                                                  alternatives=alternatives_of(t), in_order=t.resources.in_order,
+                                                  ports=tuple(sorted(set(t.ports.values()))))
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
         if partition.name in site.provisioned:

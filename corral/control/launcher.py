@@ -96,7 +96,7 @@ class Launcher:
             alloc = self.book.allocs.get(replica.id)
             if alloc is not None:
                 self.book.allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
-                                                          alloc.cpus, alloc.memory)
+                                                          alloc.cpus, alloc.memory, alloc.ports)
             columns["gpus"] = list(replica.gpus)
         replica.handle = handle
         replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
@@ -144,6 +144,8 @@ class Launcher:
         env.update(executor.attempt_env(job.id))
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
+            if task.service.ports.get(name, port) != port:  # it could not have the one declared
+                env[f"CORRAL_PORT_{name.upper()}_DECLARED"] = str(task.service.ports[name])
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
         if task.service.sbatch is not None and task.service.sbatch.role == "batch":
             env.update(self._batch_env(job, task, replica))

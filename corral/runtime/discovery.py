@@ -13,6 +13,7 @@ the hosts file where the system resolver cannot."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ def loopback_address(replica_id: int) -> str:
     b = (index // 254) % 256
     a = 1 + (index // (254 * 256)) % 254
     return f"127.{a}.{b}.{c}"
+
+
+LOOPBACK = "loopback"
+
+
+def port_domain(addr: str) -> str:
+    """The port space a node's replicas share, named for the scheduler: its address, or
+    ``loopback`` for every node on a loopback address (nodes of this very machine, such as a
+    Slurm or Ray lab's, share its one network stack, whatever loopback address each is given)."""
+    try:
+        return LOOPBACK if ipaddress.ip_address(addr).is_loopback else addr
+    except ValueError:
+        return addr  # a host name: its own machine
 
 
 def hostname(task: str, rank: int, job_name: str) -> str:
@@ -50,6 +64,10 @@ def peers_document(job_id: int, job_name: str, tasks: list[dict[str, Any]], upda
                     "restarts": r["restarts"],
                     "node": r.get("node"),
                     "ports": r.get("ports", t["ports"]),
+                    # the declared ports this replica could not have, and the ones it has instead
+                    "moved_ports": {name: {"declared": port, "bound": r["ports"][name]}
+                                    for name, port in t["ports"].items()
+                                    if r.get("ports") and r["ports"].get(name, port) != port},
                     "endpoints": {name: f"{r['addr']}:{port}" for name, port in r.get("ports", t["ports"]).items()},
                 } for r in t["replicas"]],
             } for t in tasks

@@ -223,7 +223,8 @@ def _keep_free_part(pool: FreePool, placement: tuple[Allocation, ...]) -> tuple[
     for alloc in placement:
         node = pool.by_name[alloc.node]
         part = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g in node.gpus),
-                          max(0.0, min(alloc.cpus, node.cpus)), max(0.0, min(alloc.memory, node.memory)))
+                          max(0.0, min(alloc.cpus, node.cpus)), max(0.0, min(alloc.memory, node.memory)),
+                          alloc.ports)
         pool.take(part)
         held.append(part)
     return tuple(held)
