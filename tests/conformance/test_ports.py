@@ -48,7 +48,7 @@ for rank in range(servers):
             time.sleep(0.5)
 peers = json.load(open(os.environ["CORRAL_PEERS_FILE"]))
 for r in peers["tasks"]["server"]["replicas"]:
-    print("peer", r["hostname"], r["addr"], json.dumps(r["ports"], separators=(",", ":")), json.dumps(r["moved_ports"], separators=(",", ":")), flush=True)
+    print("peer", r["hostname"], r["addr"], json.dumps(r["ports"], separators=(",", ":")), json.dumps(r.get("moved_ports", {}), separators=(",", ":")), flush=True)
 """ % PORT
 
 
