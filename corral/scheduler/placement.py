@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from corral.scheduler.plan import Allocation
 from corral.scheduler.features import has_features
@@ -38,7 +38,7 @@ class FreeNode:
     gpus: set[int]
     cpus: float
     memory: float
-    ports: Counter = field(default_factory=Counter)  # port -> replicas holding it on this node
+    ports: Counter | None = None  # port -> replicas holding it on this node (None: none, the usual case)
 
 
 class FreePool:
@@ -51,7 +51,7 @@ class FreePool:
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
         free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0),
-                         Counter(n.held_ports)) for n in nodes]
+                         Counter(n.held_ports) if n.held_ports else None) for n in nodes]
         self.by_name = {n.view.name: n for n in free}
         self.max_gpus = max((n.view.gpus for n in free), default=0)
         self.buckets: list[dict[str, FreeNode]] = [{} for _ in range(self.max_gpus + 1)]
@@ -85,7 +85,7 @@ class FreePool:
         node = self.by_name[name]
         if self._owned is None or name in self._owned:
             return node
-        mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory, Counter(node.ports))
+        mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory, Counter(node.ports) if node.ports else None)
         self.by_name[name] = mine
         self.buckets[len(mine.gpus)][name] = mine
         self._owned.add(name)
@@ -95,7 +95,7 @@ class FreePool:
         """The pool as the scheduler's input: each node with what is free on it now."""
         return tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
                               frozenset(n.gpus), n.cpus, n.memory, n.view.dedicated_to, n.view.address,
-                              tuple(sorted(n.ports.elements()))) for n in self.by_name.values())
+                              tuple(sorted(n.ports.elements())) if n.ports else ()) for n in self.by_name.values())
 
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
@@ -123,7 +123,8 @@ class FreePool:
         """No replica on ``node``'s address (on it, or on a node sharing it) holds any of ``ports``."""
         if not ports or node.view.address is None:
             return True
-        return not any(self.by_name[name].ports[port] for name in self.sharing[node.view.address] for port in ports)
+        held = [n.ports for name in self.sharing[node.view.address] if (n := self.by_name[name]).ports]
+        return not any(counts[port] for counts in held for port in ports)
 
     def assume(self, alloc: Allocation) -> None:
         node = self.by_name[alloc.node]
@@ -140,6 +141,7 @@ class FreePool:
         before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
         if alloc.ports:
+            node.ports = node.ports or Counter()
             node.ports.update(alloc.ports)
         if alloc.cpus:
             node.cpus = _grid(node.cpus - alloc.cpus)
@@ -151,7 +153,7 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
-        if alloc.ports:
+        if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
             node.ports += Counter()  # drops the ports no longer held
         if alloc.cpus:
@@ -165,7 +167,7 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus) - keep
-        if alloc.ports:
+        if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
             node.ports += Counter()
         if alloc.cpus:
