@@ -323,7 +323,7 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
             if have(best) + EPS < need:
                 kind = f"{task.gpu_type} " if task.gpu_type and task.gpus else ""
                 return f"{what} {need:g} {label}; the largest {kind}node ({best.name}) has {have(best):g}"
-    ports = _port_shortage(nodes, job)
+    ports = port_shortage(nodes, job)
     if ports:
         return ports
     need_gpus = job.gpus
@@ -333,10 +333,10 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
     return "the whole gang cannot be placed on the pool at once (not enough nodes with room for every replica)"
 
 
-def _port_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob) -> str | None:
+def port_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob) -> str | None:
     """Which declared port more replicas need than the pool has addresses to give it on."""
-    if any(n.address is None for n in nodes):
-        return None  # replicas there get addresses of their own: any number may hold a port
+    if not nodes or any(n.address is None for n in nodes):
+        return None  # none yet (an engine provisions them), or replicas there get addresses of their own
     addresses = {n.address for n in nodes}
     holders: Counter = Counter(p for t in job.tasks for p in set(t.ports) for _ in range(t.replicas))
     for port, count in sorted(holders.items()):

@@ -114,7 +114,7 @@ def _never_together_on_one_address(corral: Corral, work: Path) -> None:
         assert len(placed) < 2, describe(corral.status(job))
         time.sleep(1)
     status = corral.status(job)
-    assert status["state"] == "PENDING", describe(status)
+    assert status["state"] == "PENDING" and status["reason"] == "BadConstraints", describe(status)
     corral("cancel", str(job))
     corral.wait_job(job, timeout=60)
 

@@ -83,6 +83,16 @@ def test_the_scheduler_waits_and_says_resources_then_starts_once_the_port_is_fre
     assert [s.job_id for s in plan.starts] == [1]
 
 
+def test_a_gang_its_nodes_can_never_hold_by_ports_waits_with_bad_constraints():
+    # the nodes provisioned for a job (say a Slurm lab's, all on this machine) share one address
+    nodes = tuple(NodeView(f"s1-gpu00{i}", 8, 32, 256, "H100", address="loopback", dedicated_to=1) for i in (1, 2))
+    plan = schedule(Snapshot(nodes, (PendingJob(1, (server(),)),)), 0.0)
+    assert not plan.starts and plan.reasons[1].value == "BadConstraints"
+    # without nodes yet (an engine provisions them), nothing is said of its ports
+    plan = schedule(Snapshot((), (PendingJob(2, (server(),)),)), 0.0)
+    assert plan.reasons[2].value != "BadConstraints"
+
+
 def test_loopback_addresses_are_one_port_domain():
     assert port_domain("127.0.1.1") == port_domain("127.0.1.2") == port_domain("::1") == "loopback"
     assert port_domain("172.31.0.10") == "172.31.0.10"
