@@ -68,7 +68,7 @@ class Scheduling:
     def free_views(self) -> tuple[NodeView, ...]:
         pool = FreePool(self.inventory.views)
         for alloc in self.book.allocs.values():
-            pool.assume(alloc)
+            pool.assume(alloc, ports=False)  # what runs holds its ports, whatever placed it
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:

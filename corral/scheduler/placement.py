@@ -126,12 +126,14 @@ class FreePool:
         held = [n.ports for name in self.sharing[node.view.address] if (n := self.by_name[name]).ports]
         return not any(counts[port] for counts in held for port in ports)
 
-    def assume(self, alloc: Allocation) -> None:
+    def assume(self, alloc: Allocation, ports: bool = True) -> None:
+        """Take an allocation that must fit; its ports checked unless ``ports`` is False (what
+        already runs: replicas placed before ports were a resource may share one)."""
         node = self.by_name[alloc.node]
         missing = set(alloc.gpus) - node.gpus
         if missing or node.cpus + EPS < alloc.cpus or node.memory + EPS < alloc.memory:
             raise ValueError(f"allocation does not fit on {alloc.node}")
-        if not self.ports_free(node, alloc.ports):
+        if ports and not self.ports_free(node, alloc.ports):
             raise ValueError(f"a port of {', '.join(map(str, alloc.ports))} is held on {alloc.node}'s address")
         self.take(alloc)
 

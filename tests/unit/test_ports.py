@@ -182,3 +182,19 @@ def test_the_primary_that_failed_on_its_own_is_blamed_before_one_that_followed()
     end = next(d for d in evaluate(job, 0.0) if isinstance(d, EndJob))
     assert end.message == "primary replica b-0 failed (exit code 3)"
     assert end.exit_code == 3
+
+
+def test_replicas_already_sharing_a_port_are_counted_not_refused():
+    # placed before ports were a resource (two Slurm lab nodes, one machine): the snapshot of
+    # what runs takes both, and no new replica of that port goes there until both are gone
+    from corral.scheduler import Allocation
+
+    pool = FreePool([node("gpu001", "loopback"), node("gpu002", "loopback")])
+    held = [Allocation("server", r, f"gpu00{r + 1}", (0,), 1, 0, (8000,)) for r in (0, 1)]
+    for alloc in held:
+        pool.assume(alloc, ports=False)
+    assert place_gang(pool, PendingJob(2, (server(1),))) is None
+    pool.release(held[0])
+    assert place_gang(pool, PendingJob(3, (server(1),))) is None
+    pool.release(held[1])
+    assert place_gang(pool, PendingJob(4, (server(1),))) is not None
