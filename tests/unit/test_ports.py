@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from corral.control.lifecycle import JobView, ReplicaView, TaskView, evaluate
 from corral.control.decisions import EndJob
 from corral.runtime.discovery import port_domain
-from corral.scheduler import NodeView, PendingJob, RunningJob, Snapshot, TaskRequest, schedule
+from corral.scheduler import NodeView, PendingJob, Policy, RunningJob, Snapshot, TaskRequest, schedule
 from corral.scheduler.applier import apply_starts
 from corral.scheduler.placement import FreePool, place_gang, why_infeasible
 from corral.states import JobState, ReplicaState
@@ -115,7 +115,8 @@ def cluster_and_jobs(draw):
                       for k in range(draw(st.integers(1, 2))))
         jobs.append(PendingJob(j + 1, tasks, float(j), time_limit=draw(st.sampled_from([None, 60.0, 600.0]))))
     split = draw(st.integers(0, len(jobs)))
-    return nodes, jobs[:split], jobs[split:]
+    policy = draw(st.sampled_from(["fifo", "slurm", "corral"]))
+    return nodes, jobs[:split], jobs[split:], Policy.named(policy)
 
 
 def _held(nodes: list[NodeView], allocations) -> Counter:
@@ -126,14 +127,14 @@ def _held(nodes: list[NodeView], allocations) -> Counter:
 @settings(max_examples=150, deadline=None)
 @given(cluster_and_jobs())
 def test_no_address_ever_holds_one_port_twice(case):
-    nodes, first, second = case
-    plan = schedule(Snapshot(tuple(nodes), tuple(first)), 0.0)
+    nodes, first, second, policy = case
+    plan = schedule(Snapshot(tuple(nodes), tuple(first)), 0.0, policy)
     pool = FreePool(nodes)
     applied, _ = apply_starts(pool, plan)
     held = [a for s in applied for a in s.allocations]
     running = tuple(RunningJob(s.job_id, s.allocations, 300.0) for s in applied)
     # a later cycle, with the first one's replicas running and more jobs waiting
-    later = schedule(Snapshot(pool.views(), tuple(second), running), 10.0)
+    later = schedule(Snapshot(pool.views(), tuple(second), running), 10.0, policy)
     applied2, _ = apply_starts(pool, later)
     held += [a for s in applied2 for a in s.allocations]
     assert all(count == 1 for count in _held(nodes, held).values())
@@ -147,7 +148,7 @@ def test_no_address_ever_holds_one_port_twice(case):
 @settings(max_examples=100, deadline=None)
 @given(cluster_and_jobs())
 def test_a_gang_that_cannot_fit_by_ports_alone_is_explained(case):
-    nodes, first, second = case
+    nodes, first, second, _ = case
     for job in first + second:
         if place_gang(FreePool.idle(nodes), job) is None:
             assert why_infeasible(nodes, job)
@@ -198,3 +199,16 @@ def test_replicas_already_sharing_a_port_are_counted_not_refused():
     assert place_gang(pool, PendingJob(3, (server(1),))) is None
     pool.release(held[1])
     assert place_gang(pool, PendingJob(4, (server(1),))) is not None
+
+
+def test_a_gang_that_never_fits_by_its_ports_does_not_rule_out_one_alike_without_them():
+    # backfill remembers gangs that found no room in a cycle; ports are part of what a gang is
+    from corral.scheduler import Allocation
+
+    busy = NodeView("n", 8, 32, 256, "H100", address="10.0.0.1", free_gpus=frozenset(), held_ports=(8000,))
+    running = RunningJob(9, (Allocation("x", 0, "n", tuple(range(8)), 1, 0, (8000,)),), 100.0)
+    never = PendingJob(1, (server(2),), 0.0)
+    alike = PendingJob(2, (server(2, ports=()),), 1.0)
+    plan = schedule(Snapshot((busy,), (never, alike), (running,)), 0.0, Policy.named("slurm"))
+    assert 1 not in plan.reserved_starts
+    assert plan.reserved_starts.get(2) == 100.0
