@@ -75,7 +75,7 @@ class Placer:
         replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
         moved = {name: (port, binding.ports.get(name)) for name, port in declared.items()
                  if binding.ports.get(name) != port}
-        if moved:
+        if moved and (previous is None or previous.ports != binding.ports):  # said once, not at every restart
             said = ", ".join(f"{name} {want} → {got}" for name, (want, got) in moved.items())
             self.moves.event(job.id, now, replica.label, "port-moved",
                              f"declared port(s) not honoured on {alloc.node}: {said}"

@@ -2,8 +2,9 @@
 
 Every replica has a stable name ``{task}-{rank}.{job}``; its address and ports are its
 executor's choice (on the local executor its own loopback address, derived from the
-replica's row id, so two replicas may listen on the same port; on Ray its node's IP with
-ports assigned per replica).
+replica's row id, so two replicas may listen on the same port; on Ray and Slurm its node's
+IP, with the declared ports themselves: the scheduler keeps two replicas of one port off one
+address, ``port_domain``).
 
 Per job, two documents are rebuilt whenever membership, state or readiness changes: hosts
 lines (the executor binds them over ``/etc/hosts`` where it can, and writes
