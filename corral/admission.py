@@ -110,7 +110,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   # never be placed is refused now, as sbatch does
                                                   constraint=t.constraint,
                                                   nodes=frozenset(t.nodelist) if t.nodelist else None,
-                                                  exclusive=t.exclusive, distinct=t.distinct_nodes)
+                                                  exclusive=t.exclusive, distinct=t.distinct_nodes,
+                                                  ports=tuple(sorted(set(t.ports.values()))))
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
         if partition.name in site.provisioned:

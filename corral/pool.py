@@ -44,6 +44,9 @@ class NodeSpec(_Node):
 
     # the job this node belongs to alone: an engine provisioned it for that job (never declared)
     dedicated_to: int | None = None
+    # the address its replicas listen on when they share one (a Ray or Slurm node's IP): their
+    # declared ports are then a resource of that address; None: each replica has its own
+    address: str | None = None
 
 
 class NodeEntry(_Node):
@@ -62,7 +65,7 @@ class NodeEntry(_Node):
 def node_views(nodes: list[NodeSpec]) -> tuple[NodeView, ...]:
     """The pool as the scheduler reads it."""
     return tuple(NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, tuple(sorted(n.labels.items())),
-                          dedicated_to=n.dedicated_to) for n in nodes)
+                          dedicated_to=n.dedicated_to, address=n.address) for n in nodes)
 
 
 def expand_nodes(entries: list[NodeEntry], doc: Document, source: str) -> list[NodeSpec]:

@@ -88,6 +88,7 @@ class Carrier:
                 self._requeue_job(job, replica, d, now)
             elif isinstance(d, End):
                 replica.ready = False
+                replica.ended = (d.cause, d.message or "")
                 self.moves.replica_to(replica, d.state, d.cause, now, d.message, exit_code=d.exit_code, ended_at=now,
                                       ready=False, handle=None)
                 self.book.dirty.add(job.id)

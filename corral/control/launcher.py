@@ -96,7 +96,7 @@ class Launcher:
             alloc = self.book.allocs.get(replica.id)
             if alloc is not None:
                 self.book.allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
-                                                          alloc.cpus, alloc.memory)
+                                                          alloc.cpus, alloc.memory, alloc.ports)
             columns["gpus"] = list(replica.gpus)
         replica.handle = handle
         replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
@@ -149,6 +149,8 @@ class Launcher:
             env["PYTHONPATH"] = join_paths(env["PYTHONPATH"], own_path)
         for name, port in (replica.ports or task.service.ports).items():
             env[f"CORRAL_PORT_{name.upper()}"] = str(port)
+            if task.service.ports.get(name, port) != port:  # it could not have the one declared
+                env[f"CORRAL_PORT_{name.upper()}_DECLARED"] = str(task.service.ports[name])
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
         if task.service.sbatch is not None and task.service.sbatch.role == "batch":
             for name in batchenv.TASK_LAYOUT:  # the batch step's are the job's (none of a step's)

@@ -40,6 +40,8 @@ class ReplicaView:
     exit_code: int | None
     stopping: bool  # corral already asked it to stop
     timed_out: bool = False  # stopped because its task's time limit ran out
+    cause: str = ""  # why it ended, as recorded: "exited", "lost", "dependency_failed" …
+    why: str = ""  # the words of its end: "exit code 1", "lost: its node is down" …
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,14 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
                               f"replica {timed_out.task}-{timed_out.rank} reached its time limit"))
         return out
 
-    failed_primary = next((r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED), None)
+    failed = [r for r in job.replicas if r.task in primary_tasks and r.state == ReplicaState.FAILED]
+    # the primary that failed on its own, before one that never started because another failed
+    failed_primary = next((r for r in failed if r.cause not in CONSEQUENCES), failed[0] if failed else None)
     if failed_primary is not None:
         _stop(out, live, "primary_failed")
         if not live:
             out.append(EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
-                              f"primary replica {failed_primary.task}-{failed_primary.rank} failed "
-                              f"({_how(failed_primary.exit_code)})"))
+                              _blame(job, failed_primary, "primary")))
         return out
 
     primaries = [r for r in job.replicas if r.task in primary_tasks]
@@ -113,16 +116,33 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
             failed_aux = next((r for r in job.replicas if r.state == ReplicaState.FAILED), None)
             if failed_aux is not None:
                 out.append(EndJob(JobState.FAILED, failed_aux.exit_code, "auxiliary_failed",
-                                  f"auxiliary replica {failed_aux.task}-{failed_aux.rank} failed "
-                                  f"({_how(failed_aux.exit_code)})"))
+                                  _blame(job, failed_aux, "auxiliary")))
             else:
                 out.append(EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded"))
     return out
 
 
-def _how(exit_code: int | None) -> str:
+# Ends that are the consequence of another replica's failure, not a failure of their own.
+CONSEQUENCES = frozenset({"dependency_failed"})
+
+
+def _how(replica: ReplicaView) -> str:
+    if replica.why:
+        return replica.why
     # A replica lost with its node, or killed before it reported, has no exit code to show.
-    return f"exit code {exit_code}" if exit_code is not None else "no exit code: it was lost or killed"
+    return f"exit code {replica.exit_code}" if replica.exit_code is not None else "no exit code: it was lost or killed"
+
+
+def _blame(job: JobView, replica: ReplicaView, kind: str) -> str:
+    """The replica that failed and why; when its end was another's doing (it never started
+    because a task it waits for failed), the replica that failed on its own, and why."""
+    text = f"{kind} replica {replica.task}-{replica.rank} failed ({_how(replica)})"
+    if replica.cause in CONSEQUENCES:
+        first = next((r for r in job.replicas if r.state == ReplicaState.FAILED and r.cause not in CONSEQUENCES
+                      and not r.stopping), None)
+        if first is not None:
+            text += f"; replica {first.task}-{first.rank} failed first ({_how(first)})"
+    return text
 
 
 def _stop(out: list[Decision], replicas: list[ReplicaView], cause: str) -> None:

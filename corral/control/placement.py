@@ -3,9 +3,15 @@ job that grows or is replaced) get their node, GPUs, CPUs and memory, the addres
 the node's executor gives them, and a new attempt key; STARTING and the key are journalled,
 and nothing launches before that is committed. A job's rank 0 of each task gets its
 rendezvous port (``MASTER_PORT``), and a task with resource alternatives records the one it
-starts with."""
+starts with.
+
+A declared port is the port the replica listens on: the scheduler placed it where that port is
+free on the node's address, and the executor binds it. Where an executor still had to give
+another, the replica's event names the declared and bound ports and why."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from corral.control.book import Book
 from corral.control.inventory import Inventory
@@ -63,9 +69,19 @@ class Placer:
         previous = None
         if replica.addr and replica.node == alloc.node and replica.ports is not None:
             previous = Binding(replica.addr, dict(replica.ports))
-        binding = executor.bind(job.id, replica.id, alloc.node, job.task(replica.task).service.ports, previous)
+        declared = job.task(replica.task).service.ports
+        binding = executor.bind(job.id, replica.id, alloc.node, declared, previous)
         replica.node, replica.gpus, replica.cpus, replica.memory = alloc.node, alloc.gpus, alloc.cpus, alloc.memory
         replica.addr, replica.ports, replica.infra = binding.addr, dict(binding.ports), infra
+        moved = {name: (port, binding.ports.get(name)) for name, port in declared.items()
+                 if binding.ports.get(name) != port}
+        if moved and (previous is None or previous.ports != binding.ports):  # said once, not at every restart
+            said = ", ".join(f"{name} {want} → {got}" for name, (want, got) in moved.items())
+            self.moves.event(job.id, now, replica.label, "port-moved",
+                             f"declared port(s) not honoured on {alloc.node}: {said}"
+                             + (f" ({binding.moved})" if binding.moved else ""))
+        if alloc.ports:  # what it holds on the node's address is what was bound
+            alloc = replace(alloc, ports=tuple(sorted(set(binding.ports.values()))))
         replica.attempt += 1
         replica.handle = None
         if isinstance(executor, Preparing):  # e.g. its cgroup made while the placement commits

@@ -41,7 +41,9 @@ FOR_NODES = frozenset({Reason.RESOURCES.value, Reason.PRIORITY.value, Reason.GPU
 def request_of(job, target: str | None) -> ProvisionRequest:  # noqa: ANN001 - a JobRec
     """What a pending job asks of the engine for the stage it is placed for now."""
     stage = job.stage()
-    replicas = tuple(ReplicaShape(t.gpus, t.cpus, t.memory, t.service.distinct_nodes)
+    # replicas of a task declaring ports each need a node of their own: two cannot listen on
+    # one port of one node's address
+    replicas = tuple(ReplicaShape(t.gpus, t.cpus, t.memory, t.service.distinct_nodes or bool(t.service.ports))
                      for t in stage for _ in range(t.num_nodes))
     return ProvisionRequest(job.id, replicas, next((t.gpu_type for t in stage if t.gpu_type), None), job.time_limit,
                             max((t.grace_period for t in stage), default=10.0), target, job.account, job.qos,
@@ -147,6 +149,6 @@ class Provisioning:
         if found is None or partition in self.inventory.down_partitions:
             return None  # (an engine that does not answer cannot tell: the job waits for it)
         engine, target = found
-        replicas = [ReplicaShape(t.resources.gpus, t.resources.cpus, t.resources.memory) for t in tasks
-                    for _ in range(t.num_nodes)]
+        replicas = [ReplicaShape(t.resources.gpus, t.resources.cpus, t.resources.memory, bool(t.ports))
+                    for t in tasks for _ in range(t.num_nodes)]
         return engine.misfit(target or None, replicas, 2.0)

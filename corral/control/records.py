@@ -67,6 +67,7 @@ class ReplicaRec:
     started_at: float | None = None  # of the current attempt
     attempt: int = 0  # attempts launched so far; the current one's key uses it
     ports: dict | None = None  # name -> port bound on its node
+    ended: tuple[str, str] = ("", "")  # why its last end was (cause, words), while the loop remembers
 
     @property
     def label(self) -> str:
@@ -83,7 +84,8 @@ class ReplicaRec:
         return f"{self.job_id}.{self.task}.{self.rank}.a{self.attempt}"
 
     def allocation(self) -> Allocation:
-        return Allocation(self.task, self.rank, self.node or "", self.gpus, self.cpus, self.memory)
+        return Allocation(self.task, self.rank, self.node or "", self.gpus, self.cpus, self.memory,
+                          tuple(sorted(set((self.ports or {}).values()))))
 
 
 @dataclass
@@ -145,7 +147,7 @@ class JobRec:
             tasks.append(TaskRequest(t.name, t.num_nodes, first[0], first[1], first[2], first[3], topology,
                                      options, spec.resources.in_order, spec.constraint,
                                      frozenset(spec.nodelist) if spec.nodelist else None, spec.exclusive,
-                                     spec.distinct_nodes))
+                                     spec.distinct_nodes, tuple(sorted(set(spec.ports.values())))))
         array = (self.array_job_id, self.array_throttle) if self.array_job_id and self.array_throttle else None
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
@@ -174,7 +176,8 @@ class JobRec:
                        tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
                              for t in self.tasks),
                        tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
-                                         r.stop_cause == "time_limit") for r in self.members), self.ended_by)
+                                         r.stop_cause == "time_limit", *r.ended) for r in self.members),
+                       self.ended_by)
 
 
 def alternatives_of(spec: TaskSpec) -> tuple[tuple[int, float, float, str | None], ...]:

@@ -75,8 +75,9 @@ class Scaling:
                 limit = job.time_limit_of(task)
                 if limit is not None and job.started_at is not None:
                     limit = max(1.0, limit - (now - job.started_at))
+                ports = tuple(sorted(set(task.service.ports.values())))
                 out.append(PendingJob(-r.id, (TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory,
-                                                          task.gpu_type),),
+                                                          task.gpu_type, ports=ports),),
                                       job.submitted_at, job.user, job.account, limit, job.nice, job.partition,
                                       job.qos, job.priority, (), job.name, owner=job.id))
         return out
@@ -86,6 +87,6 @@ class Scaling:
             replica = next((r for r in job.replicas if r.id == replica_id), None)
             if replica is not None and replica.state == ReplicaState.PENDING:
                 self.placer.place(job, replica, Allocation(replica.task, replica.rank, alloc.node, alloc.gpus,
-                                                           alloc.cpus, alloc.memory), now)
+                                                           alloc.cpus, alloc.memory, alloc.ports), now)
                 self.book.launch_check.add(job.id)
                 return

@@ -72,7 +72,7 @@ class Scheduling:
             # a replica recorded on a node its executor does not report now (a server restarted
             # while Slurm or Ray does not answer): nothing is placed there; the executor says its fate
             if alloc.node in up:
-                pool.assume(alloc)
+                pool.assume(alloc, ports=False)  # what runs holds its ports, whatever placed it
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:

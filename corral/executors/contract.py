@@ -88,6 +88,9 @@ class Binding:
 
     addr: str
     ports: dict[str, int]
+    # why a port differs from the one declared, when the executor could not honour it: the
+    # replica's event says so, and its peers entry and ``CORRAL_PORT_*`` carry the port bound
+    moved: str = ""
 
 
 class Kind(str, Enum):

@@ -2,8 +2,9 @@
 
 Every replica has a stable name ``{task}-{rank}.{job}``; its address and ports are its
 executor's choice (on the local executor its own loopback address, derived from the
-replica's row id, so two replicas may listen on the same port; on Ray its node's IP with
-ports assigned per replica).
+replica's row id, so two replicas may listen on the same port; on Ray and Slurm its node's
+IP, with the declared ports themselves: the scheduler keeps two replicas of one port off one
+address, ``port_domain``).
 
 Per job, two documents are rebuilt whenever membership, state or readiness changes: hosts
 lines (the executor binds them over ``/etc/hosts`` where it can, and writes
@@ -13,6 +14,7 @@ the hosts file where the system resolver cannot."""
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,19 @@ def loopback_address(replica_id: int) -> str:
     b = (index // 254) % 256
     a = 1 + (index // (254 * 256)) % 254
     return f"127.{a}.{b}.{c}"
+
+
+LOOPBACK = "loopback"
+
+
+def port_domain(addr: str) -> str:
+    """The port space a node's replicas share, named for the scheduler: its address, or
+    ``loopback`` for every node on a loopback address (nodes of this very machine, such as a
+    Slurm or Ray lab's, share its one network stack, whatever loopback address each is given)."""
+    try:
+        return LOOPBACK if ipaddress.ip_address(addr).is_loopback else addr
+    except ValueError:
+        return addr  # a host name: its own machine
 
 
 def hostname(task: str, rank: int, job_name: str) -> str:
@@ -50,6 +65,10 @@ def peers_document(job_id: int, job_name: str, tasks: list[dict[str, Any]], upda
                     "restarts": r["restarts"],
                     "node": r.get("node"),
                     "ports": r.get("ports", t["ports"]),
+                    # the declared ports this replica could not have, and the ones it has instead
+                    "moved_ports": {name: {"declared": port, "bound": r["ports"][name]}
+                                    for name, port in t["ports"].items()
+                                    if r.get("ports") and r["ports"].get(name, port) != port},
                     "endpoints": {name: f"{r['addr']}:{port}" for name, port in r.get("ports", t["ports"]).items()},
                 } for r in t["replicas"]],
             } for t in tasks

@@ -42,7 +42,7 @@ import math
 from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.limits import Tally
-from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang
+from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang, port_shortage
 from corral.scheduler.plan import Allocation, Plan, Reason, Start
 from corral.scheduler.policy import Policy
 from corral.scheduler.priority import Factors, Scorer
@@ -223,7 +223,8 @@ def _keep_free_part(pool: FreePool, placement: tuple[Allocation, ...]) -> tuple[
     for alloc in placement:
         node = pool.by_name[alloc.node]
         part = Allocation(alloc.task, alloc.rank, alloc.node, tuple(g for g in alloc.gpus if g in node.gpus),
-                          max(0.0, min(alloc.cpus, node.cpus)), max(0.0, min(alloc.memory, node.memory)))
+                          max(0.0, min(alloc.cpus, node.cpus)), max(0.0, min(alloc.memory, node.memory)),
+                          alloc.ports)
         pool.take(part)
         held.append(part)
     return tuple(held)
@@ -261,6 +262,9 @@ def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -
     for task in job.tasks:
         if not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
             return Reason.GPU_TYPE
+    if any(t.ports for t in job.tasks) and port_shortage(
+            [n for n in snapshot.nodes if scope.allowed is None or n.name in scope.allowed], job):
+        return Reason.CONSTRAINT  # more replicas of one port than its nodes have addresses: never, as is
     if scope.levels and any(t.topology is not None and t.topology.required for t in job.tasks):
         loose = place_gang(pool, job, Scope(scope.allowed))
         if loose is not None:

@@ -6,11 +6,17 @@ after it (among equals, the one that reached that count first), and CPU-only rep
 prefer nodes without free GPUs. This keeps whole nodes free for large gangs, the
 fragmentation that hurts GPU clusters most. ``first_fit`` (the Slurm model's rule) takes
 the first feasible node in the cluster's node order instead, as Slurm's cons_tres does
-among nodes of equal weight."""
+among nodes of equal weight.
+
+Declared ports are a node resource where a node's replicas share one address (as Nomad's
+static ports): two replicas holding the same port are never placed on one address, whether
+on one node or on two nodes that share it (several Ray or Slurm nodes on one host). Nodes
+whose replicas get addresses of their own (``NodeView.address`` None) have no port limit."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass
 
 from corral.scheduler.plan import Allocation
@@ -32,6 +38,7 @@ class FreeNode:
     gpus: set[int]
     cpus: float
     memory: float
+    ports: Counter | None = None  # port -> replicas holding it on this node (None: none, the usual case)
 
 
 class FreePool:
@@ -43,8 +50,8 @@ class FreePool:
     many reservations of a cycle each cost what they touch, not the size of the cluster."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
-        free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0))
-                for n in nodes]
+        free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0),
+                         Counter(n.held_ports) if n.held_ports else None) for n in nodes]
         self.by_name = {n.view.name: n for n in free}
         self.max_gpus = max((n.view.gpus for n in free), default=0)
         self.buckets: list[dict[str, FreeNode]] = [{} for _ in range(self.max_gpus + 1)]
@@ -52,6 +59,10 @@ class FreePool:
             self.buckets[len(node.gpus)][node.view.name] = node
         self.free_gpus = sum(len(n.gpus) for n in free)
         self.index = {n.view.name: i for i, n in enumerate(free)}  # node order, for first fit
+        self.sharing: dict[str, tuple[str, ...]] = {}  # address -> the nodes on it (fixed)
+        for node in free:
+            if node.view.address is not None:
+                self.sharing[node.view.address] = self.sharing.get(node.view.address, ()) + (node.view.name,)
         self._owned: set[str] | None = None  # None: every node is this pool's own
 
     @property
@@ -65,6 +76,7 @@ class FreePool:
         clone.buckets = [dict(bucket) for bucket in self.buckets]
         clone.free_gpus = self.free_gpus
         clone.index = self.index
+        clone.sharing = self.sharing
         clone._owned = set()
         self._owned = set()  # its nodes are shared now: the original copies before writing too
         return clone
@@ -73,7 +85,7 @@ class FreePool:
         node = self.by_name[name]
         if self._owned is None or name in self._owned:
             return node
-        mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory)
+        mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory, Counter(node.ports) if node.ports else None)
         self.by_name[name] = mine
         self.buckets[len(mine.gpus)][name] = mine
         self._owned.add(name)
@@ -82,12 +94,13 @@ class FreePool:
     def views(self) -> tuple[NodeView, ...]:
         """The pool as the scheduler's input: each node with what is free on it now."""
         return tuple(NodeView(n.view.name, n.view.gpus, n.view.cpus, n.view.memory, n.view.gpu_type, n.view.labels,
-                              frozenset(n.gpus), n.cpus, n.memory, n.view.dedicated_to) for n in self.by_name.values())
+                              frozenset(n.gpus), n.cpus, n.memory, n.view.dedicated_to, n.view.address,
+                              tuple(sorted(n.ports.elements())) if n.ports else ()) for n in self.by_name.values())
 
     @classmethod
     def idle(cls, nodes: list[NodeView] | tuple[NodeView, ...]) -> FreePool:
-        return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels, dedicated_to=n.dedicated_to)
-                    for n in nodes])
+        return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels, dedicated_to=n.dedicated_to,
+                             address=n.address) for n in nodes])
 
     def candidates(self, gpus: int, first_fit: bool = False):
         """Nodes with at least ``gpus`` free, fewest free first (best fit), or in node order."""
@@ -106,11 +119,22 @@ class FreePool:
         bound: CPUs and memory are not counted)."""
         return sum(len(bucket) * (free // gpus) for free, bucket in enumerate(self.buckets) if free >= gpus)
 
-    def assume(self, alloc: Allocation) -> None:
+    def ports_free(self, node: FreeNode, ports: tuple[int, ...]) -> bool:
+        """No replica on ``node``'s address (on it, or on a node sharing it) holds any of ``ports``."""
+        if not ports or node.view.address is None:
+            return True
+        held = [n.ports for name in self.sharing[node.view.address] if (n := self.by_name[name]).ports]
+        return not any(counts[port] for counts in held for port in ports)
+
+    def assume(self, alloc: Allocation, ports: bool = True) -> None:
+        """Take an allocation that must fit; its ports checked unless ``ports`` is False (what
+        already runs: replicas placed before ports were a resource may share one)."""
         node = self.by_name[alloc.node]
         missing = set(alloc.gpus) - node.gpus
         if missing or node.cpus + EPS < alloc.cpus or node.memory + EPS < alloc.memory:
             raise ValueError(f"allocation does not fit on {alloc.node}")
+        if ports and not self.ports_free(node, alloc.ports):
+            raise ValueError(f"a port of {', '.join(map(str, alloc.ports))} is held on {alloc.node}'s address")
         self.take(alloc)
 
     def take(self, alloc: Allocation) -> None:
@@ -118,6 +142,9 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus -= set(alloc.gpus)
+        if alloc.ports:
+            node.ports = node.ports or Counter()
+            node.ports.update(alloc.ports)
         if alloc.cpus:
             node.cpus = _grid(node.cpus - alloc.cpus)
         if alloc.memory:
@@ -128,6 +155,9 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus)
+        if alloc.ports and node.ports:
+            node.ports.subtract(alloc.ports)
+            node.ports += Counter()  # drops the ports no longer held
         if alloc.cpus:
             node.cpus = _grid(node.cpus + alloc.cpus)
         if alloc.memory:
@@ -139,6 +169,9 @@ class FreePool:
         node = self._own(alloc.node)
         before = len(node.gpus)
         node.gpus |= set(alloc.gpus) - keep
+        if alloc.ports and node.ports:
+            node.ports.subtract(alloc.ports)
+            node.ports += Counter()
         if alloc.cpus:
             node.cpus = _grid(node.cpus + alloc.cpus)
         if alloc.memory:
@@ -186,6 +219,12 @@ class NodeChoiceFilter(Filter):
 FILTERS: tuple[Filter, ...] = (GpuTypeFilter(), CapacityFilter(), NodeChoiceFilter())
 
 
+def feasible(pool: FreePool, node: FreeNode, req: TaskRequest) -> bool:
+    """Every filter passes, and the declared ports are free on the node's address (a filter
+    of the pool rather than of one node: nodes may share an address)."""
+    return all(f.feasible(node, req) for f in FILTERS) and pool.ports_free(node, req.ports)
+
+
 def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None,
                   first_fit: bool = False, avoid: set[str] | frozenset[str] = frozenset()) -> Allocation | None:
     """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order, or in
@@ -193,13 +232,15 @@ def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozense
     switches topology chose; never one in ``avoid``). An exclusive replica takes all of its node."""
     for node in pool.candidates(req.gpus, first_fit):
         if (allowed is None or node.view.name in allowed) and node.view.name not in avoid \
-                and all(f.feasible(node, req) for f in FILTERS):
+                and feasible(pool, node, req):
+            ports = req.ports if node.view.address is not None else ()
             if req.exclusive:
-                alloc = Allocation(req.name, rank, node.view.name, tuple(sorted(node.gpus)), node.cpus, node.memory)
+                alloc = Allocation(req.name, rank, node.view.name, tuple(sorted(node.gpus)), node.cpus, node.memory,
+                                   ports)
                 pool.assume(alloc)
                 return alloc
             gpus = tuple(sorted(node.gpus)[: req.gpus])
-            alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory)
+            alloc = Allocation(req.name, rank, node.view.name, gpus, req.cpus, req.memory, ports)
             pool.assume(alloc)
             return alloc
     return None
@@ -284,8 +325,24 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
             if have(best) + EPS < need:
                 kind = f"{task.gpu_type} " if task.gpu_type and task.gpus else ""
                 return f"{what} {need:g} {label}; the largest {kind}node ({best.name}) has {have(best):g}"
+    ports = port_shortage(nodes, job)
+    if ports:
+        return ports
     need_gpus = job.gpus
     have_gpus = sum(n.gpus for n in nodes)
     if need_gpus > have_gpus:
         return f"the job needs {need_gpus} GPUs at once; the whole pool has {have_gpus}"
     return "the whole gang cannot be placed on the pool at once (not enough nodes with room for every replica)"
+
+
+def port_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob) -> str | None:
+    """Which declared port more replicas need than the pool has addresses to give it on."""
+    if not nodes or any(n.address is None for n in nodes):
+        return None  # none yet (an engine provisions them), or replicas there get addresses of their own
+    addresses = {n.address for n in nodes}
+    holders: Counter = Counter(p for t in job.tasks for p in set(t.ports) for _ in range(t.replicas))
+    for port, count in sorted(holders.items()):
+        if count > len(addresses):
+            return (f"{count} replicas declare port {port}, and the pool's nodes have {len(addresses)} "
+                    f"address(es); two replicas cannot listen on one port of one address")
+    return None

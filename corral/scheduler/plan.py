@@ -16,6 +16,9 @@ class Allocation:
     gpus: tuple[int, ...]
     cpus: float
     memory: float
+    # the ports the replica holds on its node's address (its task's declared ports), a node
+    # resource where replicas of a node share one address (see ``NodeView.address``)
+    ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,11 @@ class NodeView:
     free_memory: float | None = None
     # the job this node belongs to alone (provisioned for it, e.g. its Slurm allocation)
     dedicated_to: int | None = None
+    # Where its replicas listen: replicas of every node with the same address share one port
+    # space, so a port held by one is taken for all (Nomad's static ports); None: each replica
+    # gets an address of its own (the local executor's), so ports never collide.
+    address: str | None = None
+    held_ports: tuple[int, ...] = ()  # ports held by replicas running on it (repeats allowed)
 
     def __post_init__(self) -> None:
         if self.free_gpus is None:
@@ -62,6 +67,7 @@ class TaskRequest:
     nodes: frozenset[str] | None = None  # only these nodes (sbatch --nodelist)
     exclusive: bool = False  # a replica takes a whole idle node
     distinct: bool = False  # no two distinct replicas of the job share a node (sbatch --nodes=N)
+    ports: tuple[int, ...] = ()  # declared ports each replica listens on (held on its node's address)
 
     def choose(self, index: int) -> TaskRequest:
         """This request with alternative ``index`` as its resources."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from corral.scheduler.placement import EPS, FILTERS, FreePool, Scope, place_replica
+from corral.scheduler.placement import EPS, FreePool, Scope, feasible, place_replica
 from corral.scheduler.plan import Allocation
 from corral.scheduler.snapshot import TaskRequest
 
@@ -38,6 +38,8 @@ def _fits(node, req: TaskRequest) -> int:
         counts.append(int((node.cpus + EPS) // req.cpus))
     if req.memory > EPS:
         counts.append(int((node.memory + EPS) // req.memory))
+    if req.ports and node.view.address is not None:
+        counts.append(1)  # one replica per address holds a declared port
     fit = min(counts) if counts else req.replicas
     return min(fit, 1) if req.distinct else fit  # distinct replicas: one per node
 
@@ -56,7 +58,7 @@ def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocati
     for node in pool.candidates(task.gpus):
         if scope.allowed is not None and node.view.name not in scope.allowed:
             continue
-        if not all(f.feasible(node, task) for f in FILTERS):
+        if not feasible(pool, node, task):
             continue
         leaf = _switch(node.view.labels, leaf_key, node.view.name)
         room[leaf] += _fits(node, task)

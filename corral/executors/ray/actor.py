@@ -133,6 +133,9 @@ def _free(port: int) -> bool:
     import socket
 
     with socket.socket() as sock:
+        # as servers bind (SO_REUSEADDR): a port left in TIME_WAIT by an ended server is free
+        # to them, and only a listener makes it taken
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("0.0.0.0", port))
             return True

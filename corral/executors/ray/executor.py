@@ -29,6 +29,7 @@ from typing import Any
 from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
                                       Wake)
 from corral.pool import NodeSpec
+from corral.runtime.discovery import port_domain
 
 log = logging.getLogger("corral.ray")
 
@@ -115,7 +116,8 @@ class RayExecutor(EventStream):
             name = self._node_name(info, ips.count(info["NodeManagerAddress"]) > 1)
             nodes[name] = NodeSpec(name=name, gpus=int(res.get("GPU", 0)), gpu_type=gpu_types[0] if gpu_types else None,
                                    cpus=max(float(res.get("CPU", 0.0)), 0.001),
-                                   memory=round(float(res.get("memory", 0.0)) / 2**30, 3), labels=labels)
+                                   memory=round(float(res.get("memory", 0.0)) / 2**30, 3), labels=labels,
+                                   address=port_domain(info["NodeManagerAddress"]))
             ids[name] = (info["NodeID"], info["NodeManagerAddress"])
         with self._lock:
             gone = [n for n in self._nodes if n not in nodes]
@@ -147,11 +149,15 @@ class RayExecutor(EventStream):
     # -- binding -------------------------------------------------------------------------------
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
+        """The declared ports themselves: the scheduler placed the replica where no other of
+        corral's holds them on this address, so only a process corral did not start (checked on
+        the node) makes one move, and the binding says so."""
         ip = self._ip(node)
         if previous is not None and previous.addr == ip and set(previous.ports) == set(ports):
             return previous
         chosen = self._ports(node, list(ports.values()), 0)
-        return Binding(ip, dict(zip(ports, chosen)))
+        moved = [f"{want} is in use on {node}" for want, got in zip(ports.values(), chosen) if want != got]
+        return Binding(ip, dict(zip(ports, chosen)), "; ".join(moved))
 
     def rendezvous_port(self, node: str) -> int:
         return self._ports(node, [], 1)[0]
@@ -175,8 +181,9 @@ class RayExecutor(EventStream):
         except Exception as exc:
             raise LaunchError(f"could not pick ports on {node}: {_short(exc)}") from exc
         ports = found[:len(wanted) + extra]
-        with self._lock:
-            self._handed[node].update(ports)
+        with self._lock:  # declared ports honoured are the scheduler's to hand out, not this pool's
+            self._handed[node].update(p for p in ports[:len(wanted)] if p not in wanted)
+            self._handed[node].update(ports[len(wanted):])
             self._port_pool[node] = [p for p in found[len(wanted) + extra:] if p not in self._handed[node]]
         return ports
 

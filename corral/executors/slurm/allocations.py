@@ -24,6 +24,7 @@ from corral.executors.contract import (Allocation as Fate, LaunchError, Provisio
 from corral.executors.slurm import shape as slurmjob
 from corral.executors.slurm.cli import JobInfo, SlurmCli, SlurmError, SlurmRefused
 from corral.pool import NodeSpec
+from corral.runtime.discovery import port_domain
 
 log = logging.getLogger("corral.srun")
 
@@ -169,7 +170,7 @@ class Allocations:
             try:
                 spec = NodeSpec(name=name, gpus=share.gpus, gpu_type=share.gpu_type, cpus=float(share.cpus),
                                 memory=round(share.memory_mb / 1024, 3), labels={f: "true" for f in features},
-                                dedicated_to=alloc.job_id)
+                                dedicated_to=alloc.job_id, address=port_domain(addr))
             except ValueError:
                 log.warning("Slurm node %s has a name corral cannot use; left out", share.host)
                 continue

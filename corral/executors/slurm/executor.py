@@ -213,14 +213,20 @@ class SrunExecutor(EventStream):
         with self._lock:
             handed = self._handed.setdefault(host, set())
             if previous is not None and previous.addr == addr and set(previous.ports) == set(ports):
-                handed.update(previous.ports.values())
+                handed.update(p for name, p in previous.ports.items() if p != ports[name])
                 return previous
-            chosen = {}
+            # The declared ports themselves: the scheduler placed the replica where no other of
+            # corral's holds them on this address; only ports this executor handed out as
+            # rendezvous ports are off limits (the declared ones are not kept in ``handed``).
+            chosen, moved = {}, []
             for name, wanted in ports.items():
-                port = wanted if wanted not in handed else self._next_port(host)
-                handed.add(port)
+                port = wanted
+                if wanted in handed:
+                    port = self._next_port(host)
+                    handed.add(port)
+                    moved.append(f"{wanted} was given as a rendezvous port on {host}")
                 chosen[name] = port
-            return Binding(addr, chosen)
+            return Binding(addr, chosen, "; ".join(moved))
 
     def rendezvous_port(self, node: str) -> int:
         _, host, _ = self.allocations.where(node)

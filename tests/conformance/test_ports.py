@@ -1,0 +1,150 @@
+"""Ports on every infra, through a real server: a declared port is the port the replica
+listens on, reached by name from a peer, and said so by ``CORRAL_PORT_*`` and the peers file;
+two replicas declaring one port are never placed on one address (where nodes share one, as
+the slurm-lab's do, they are not placed together at all); and a failed job names the replica
+that failed on its own and why."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from conformance.driver import Corral
+from conformance.harnesses import describe
+
+# a fixed port as a user declares one (8000 in vLLM's examples): one no other test here
+# uses, since suites run side by side on this machine's network (the Slurm lab's and the Ray
+# lab head's replicas share it)
+PORT = 8471
+
+SERVER = """
+import http.server, os, sys
+me = os.environ["CORRAL_HOSTNAME"]
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"{me} CORRAL_PORT_WEB={os.environ.get('CORRAL_PORT_WEB')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+bind = sys.argv[1]
+http.server.HTTPServer((bind, %d), Hello).serve_forever()
+""" % PORT
+
+CLIENT = """
+import json, os, sys, time, urllib.request
+job, servers = os.environ["CORRAL_JOB_NAME"], int(sys.argv[1])
+for rank in range(servers):
+    url = f"http://server-{rank}.{job}:%d/"
+    deadline = time.time() + 120
+    while True:
+        try:
+            print("got", rank, urllib.request.urlopen(url, timeout=5).read().decode(), flush=True)
+            break
+        except OSError as exc:
+            if time.time() > deadline:
+                print("failed", rank, url, exc, flush=True)
+                sys.exit(1)
+            time.sleep(0.5)
+peers = json.load(open(os.environ["CORRAL_PEERS_FILE"]))
+for r in peers["tasks"]["server"]["replicas"]:
+    print("peer", r["hostname"], r["addr"], json.dumps(r["ports"], separators=(",", ":")), json.dumps(r.get("moved_ports", {}), separators=(",", ":")), flush=True)
+""" % PORT
+
+
+def _group(work: Path, servers: int, bind: str, gpu_type: str) -> str:
+    (work / "server.py").write_text(SERVER)
+    (work / "client.py").write_text(CLIENT)
+    return f"""
+name: web
+execution: parallel
+primary_tasks: [client]
+---
+name: server
+num_nodes: {servers}
+resources: {{accelerators: {gpu_type}:1, ports: {{web: {PORT}}}}}
+run: exec python3 {work}/server.py {bind}
+---
+name: client
+run: exec python3 {work}/client.py {servers}
+"""
+
+
+def _served(corral: Corral, job: int, servers: int) -> None:
+    done = corral.wait_job(job, timeout=180)
+    assert done["state"] == "SUCCEEDED", describe(done)
+    lines = corral("logs", str(job), "client-0").stdout.splitlines()
+    for rank in range(servers):
+        # the server bound the port it declared, and was reached on it by its name
+        assert f"got {rank} server-{rank}.web CORRAL_PORT_WEB={PORT}" in lines, lines
+    peers = [x.split() for x in lines if x.startswith("peer ")]
+    assert len(peers) == servers, lines
+    for _, name, addr, ports, moved in peers:
+        assert json.loads(ports) == {"web": PORT} and json.loads(moved) == {}, (name, ports, moved)
+    assert not [e for e in corral.events(job) if e["cause"] == "port-moved"], corral.events(job)
+
+
+def test_a_server_binding_every_address_is_reached_on_its_declared_port(corral: Corral, harness, work: Path) -> None:
+    # vLLM's default: bind 0.0.0.0 on the declared port
+    job = corral.launch("web", _group(work, 1, "0.0.0.0", harness.gpu_type))
+    _served(corral, job, 1)
+
+
+def test_two_replicas_declaring_one_port_both_serve_on_it_by_name(corral: Corral, harness, work: Path) -> None:
+    if harness.name == "slurm":
+        return _never_together_on_one_address(corral, work, harness.gpu_type)
+    # Replicas on the local executor each have an address of their own on this machine (not a
+    # network of their own): they serve their declared port on it; binding 0.0.0.0 there is
+    # what two replicas of one machine cannot both do. Elsewhere they bind 0.0.0.0.
+    bind = "$CORRAL_ADDR" if harness.name == "local" else "0.0.0.0"
+    job = corral.launch("web", _group(work, 2, bind, harness.gpu_type))
+    _served(corral, job, 2)
+    reps = corral.replicas(job)
+    assert reps["server-0"]["addr"] != reps["server-1"]["addr"], describe(corral.status(job))
+
+
+def _never_together_on_one_address(corral: Corral, work: Path, gpu_type: str) -> None:
+    """The slurm-lab's nodes are processes of one machine (loopback addresses, one network
+    stack): two replicas holding one port are never placed there at once; the job waits."""
+    job = corral.launch("web", _group(work, 2, "0.0.0.0", gpu_type))
+    deadline = time.monotonic() + 45
+    while time.monotonic() < deadline:
+        reps = corral.replicas(job)
+        placed = [r for label, r in reps.items() if label.startswith("server-") and r.get("node")]
+        assert len(placed) < 2, describe(corral.status(job))
+        time.sleep(1)
+    status = corral.status(job)
+    assert status["state"] == "PENDING" and status["reason"] == "BadConstraints", describe(status)
+    corral("cancel", str(job))
+    corral.wait_job(job, timeout=60)
+
+
+def test_a_failed_job_names_the_replica_that_failed_and_why(corral: Corral, work: Path) -> None:
+    # the client waits for every server to be ready; server-1 fails at once (as a second
+    # server failing to bind would): the job's message names server-1 and its exit code, not
+    # the client that never started because of it
+    job = corral.launch("blame", """
+name: blame
+execution: parallel
+primary_tasks: [client]
+---
+name: server
+num_nodes: 2
+readiness_probe: {exec: "true", initial_delay: 2s, period: 0.5s}
+run: |
+  if [ "$CORRAL_REPLICA" = 1 ]; then echo "OSError: [Errno 98] Address already in use" >&2; exit 1; fi
+  exec sleep 300
+---
+name: client
+depends_on: [{task: server, condition: ready}]
+run: echo never
+""")
+    done = corral.wait_job(job, timeout=120)
+    assert done["state"] == "FAILED", describe(done)
+    message = done.get("message") or ""
+    assert "replica server-1 failed first (exit code 1)" in message, describe(done)
+    assert message.startswith("primary replica client-0 failed"), describe(done)
+    assert "lost or killed" not in message, describe(done)
