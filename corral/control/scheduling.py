@@ -31,6 +31,7 @@ from corral.control.requeue import Requeues
 from corral.control.scaling import Scaling
 from corral.control.transitions import Transitions
 from corral.metrics import Metrics
+from corral.store.tables import REASON_LENGTH
 from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
 from corral.scheduler.applier import apply_plan
 from corral.scheduler.placement import FreePool
@@ -208,9 +209,13 @@ class Scheduling:
                             else reason.value)
 
     def set_reason(self, job_id: int, reason: str) -> None:
+        """The reason a job waits: the whole sentence in memory (the loop's view shows it), and
+        as much as the store's column holds (an engine's own reason can be longer; PostgreSQL
+        refuses a longer value, and a refused write would fail the whole cycle)."""
         if self.book.reasons.get(job_id) != reason:
             self.book.reasons[job_id] = reason
-            self.moves.journal.job(job_id, reason=reason)
+            stored = reason if len(reason) <= REASON_LENGTH else reason[:REASON_LENGTH - 1] + "…"
+            self.moves.journal.job(job_id, reason=stored)
 
     @staticmethod
     def _claim(s: Session, job_ids: list[int]) -> set[int]:

@@ -14,6 +14,8 @@ from typing import Any
 from sqlalchemy import JSON, Boolean, false, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+REASON_LENGTH = 64  # a pending reason as stored; the loop keeps longer ones (an engine's) whole in memory
+
 
 class Base(DeclarativeBase):
     pass
@@ -26,7 +28,7 @@ class Job(Base):
     name: Mapped[str] = mapped_column(String(63), index=True)
     user: Mapped[str] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
-    reason: Mapped[str] = mapped_column(String(64), default="None")
+    reason: Mapped[str] = mapped_column(String(REASON_LENGTH), default="None")
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
