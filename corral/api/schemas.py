@@ -102,6 +102,8 @@ class JobOut(BaseModel):
     array_job_id: int | None = Field(default=None, description="The array this job is an element of (its first element's id)")
     array_index: int | None = Field(default=None, description="This element's index in its array")
     array_throttle: int | None = Field(default=None, description="At most this many of the array's elements run at once")
+    run_as: str | None = Field(default=None, description=(
+        "The Unix account the job's replicas run as (null: the server's own, for jobs stored before accounts)"))
     tasks: list[TaskOut]
 
     @classmethod
@@ -122,7 +124,7 @@ class JobOut(BaseModel):
                 if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
             expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
-            array_throttle=getattr(job, "array_throttle", None),
+            array_throttle=getattr(job, "array_throttle", None), run_as=getattr(job, "run_as", None),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 

@@ -18,6 +18,7 @@ from corral.control.inventory import Inventory
 from corral.control.probing import Probes
 from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.control.transitions import Transitions
+from corral.auth.accounts import account_to_start
 from corral.executors.contract import Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
@@ -149,10 +150,14 @@ class Launcher:
             env.update(self._batch_env(job, task, replica))
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
+        try:
+            account = account_to_start(job.run_as)
+        except LookupError as exc:
+            raise LaunchError(str(exc)) from None
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=None if repo else workdir, repo=repo, dirs=(str(checkpoint),))
+                      cwd=None if repo else workdir, repo=repo, dirs=(str(checkpoint),), run_as=account)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
