@@ -8,11 +8,12 @@ starts, as a login would (uid, primary group, supplementary groups, home, shell)
 
 * A server running as root starts every replica as its job's account.
 * A server running as anyone else can start processes only as itself: it accepts the jobs of
-  users whose account is its own and refuses the others at submission, unless the operator
-  declares its account a shared service account (``identity: {service_account: NAME}``, NAME
-  being the server's own account): then every user's job runs as that one account, and every
-  job can read what the server can (CORRAL_HOME, its local token): only for a team that trusts
-  each other's jobs as it trusts the server.
+  users whose account is its own and refuses the others at submission,
+* unless the operator declares the server's account a shared service account
+  (``identity: {service_account: NAME}``, NAME being the server's own account): then every
+  user's job runs as that one account, root or not, and every job can read what the server
+  can (CORRAL_HOME, its local token): only for a team that trusts each other's jobs as it
+  trusts the server.
 * An infra whose workers all run as one account (a Ray cluster) accepts only that account's
   jobs (``Infra.runs_as``).
 
@@ -47,8 +48,8 @@ class IdentityConfig(Strict):
     # corral user (a token's user) -> Unix account; a user not listed runs as the account of
     # the same name
     unix_accounts: dict[str, str] = Field(default_factory=dict)
-    # the server's own account, declared shared: a server not running as root then runs every
-    # user's jobs as it (they can read each other's files and the server's home)
+    # the server's own account, declared shared: the server runs every user's jobs as it (they
+    # can read each other's files and the server's home, its local token included)
     service_account: str | None = Field(default=None, pattern=_NAME)
 
 
@@ -114,17 +115,16 @@ class Accounts:
     def run_as(self, user: str, only: str | None = None, where: str = "") -> str:
         """The Unix account ``user``'s job runs as; ``only``: the one account the job's infra
         runs everything as (``where`` names it). Raises ``AccountRefusal`` with a sentence."""
-        if not self.root:
-            if self.config.service_account is not None:
-                name = self.server  # every user's job runs as the declared shared account
-            else:
-                name = self.mapped(user)
-                if name != self.server:
-                    raise AccountRefusal(
-                        f"this corral server runs as {self.server}, not root, so it can start jobs only as "
-                        f"{self.server}, and {user}'s jobs run as the Unix account {name}: run the server as "
-                        f"root, or declare {self.server} a shared service account (config.yaml identity: "
-                        f"service_account: {self.server})")
+        if self.config.service_account is not None:
+            name = self.server  # every user's job runs as the declared shared account, the server's
+        elif not self.root:
+            name = self.mapped(user)
+            if name != self.server:
+                raise AccountRefusal(
+                    f"this corral server runs as {self.server}, not root, so it can start jobs only as "
+                    f"{self.server}, and {user}'s jobs run as the Unix account {name}: run the server as "
+                    f"root, or declare {self.server} a shared service account (config.yaml identity: "
+                    f"service_account: {self.server})")
         else:
             name = self.mapped(user)
             if UnixAccount.lookup(name) is None:
@@ -205,3 +205,20 @@ def open_for_jobs(*directories: Path) -> None:
         return
     for directory in directories:
         _traversable(directory)
+
+
+def open_discovery(runtime_dir: Path, job_dir: Path) -> None:
+    """Let a replica of another account read its job's discovery files (hosts, peers.json:
+    names and addresses, no secrets) by path; the directories are traversable, never listable."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    open_for_jobs(runtime_dir.parent, runtime_dir, job_dir)
+    peers_readable(job_dir)
+
+
+def peers_readable(job_dir: Path) -> None:
+    """peers.json is written with the server's private umask: readable by the job's replicas."""
+    if os.geteuid() == 0:
+        try:
+            os.chmod(job_dir / "peers.json", 0o644)
+        except FileNotFoundError:
+            pass

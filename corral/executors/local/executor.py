@@ -19,7 +19,7 @@ import logging
 import threading
 from pathlib import Path
 
-from corral.auth.accounts import LOGIN_UMASK, hand_over, open_for_jobs
+from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
 from corral.node.runner import (START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time,
                                 run_as_value)
@@ -97,7 +97,7 @@ class LocalExecutor(EventStream):
                 hand_over(Path(directory), account, self.settings.home)
             if account is not None:
                 hand_over(log_file, account, self.settings.home, directory=False)
-                self._open_discovery(launch.job_id)
+                open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
             env = {**self._base_env, **(account.env() if account else {}), **launch.env}
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
                                      launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account)
@@ -154,18 +154,8 @@ class LocalExecutor(EventStream):
     # -- discovery, probes, logs ------------------------------------------------------------
     def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
         self.runner.publish(job_id, hosts, peers)
-        if os.geteuid() == 0:  # read by replicas that may run as other accounts: names and addresses only
-            os.chmod(self.runner.job_dir(job_id) / "peers.json", 0o644)
+        peers_readable(self.runner.job_dir(job_id))  # read by replicas that may run as other accounts
 
-    def _open_discovery(self, job_id: int) -> None:
-        """Let a replica of another account read its job's hosts and peers files by path (the
-        directories are traversable, never listable)."""
-        directory = self.runner.job_dir(job_id)
-        directory.mkdir(parents=True, exist_ok=True)
-        open_for_jobs(self.runner.runtime_dir.parent, self.runner.runtime_dir, directory)
-        peers = directory / "peers.json"
-        if peers.exists():
-            os.chmod(peers, 0o644)
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
         return self.runner.attempt_env(job_id, self._pythonpath)

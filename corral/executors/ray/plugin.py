@@ -23,7 +23,7 @@ class RayConfig(Strict):
     user: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
 
 
-def _runs_as(config: RayConfig) -> str:
+def runs_as(config: RayConfig) -> str:
     from corral.auth.accounts import server_account
 
     return config.user or server_account()
@@ -52,4 +52,4 @@ def _check(config: RayConfig, declared: list[str]) -> list[tuple[tuple, str]]:
 
 INFRA = Infra(name="ray", config=RayConfig, build=_build, partition_nodes=_partition_nodes,
               runtime_nodes=lambda config: True,
-              check=_check, runs_as=_runs_as)
+              check=_check, runs_as=runs_as)
