@@ -52,7 +52,8 @@ def build_state(settings: Settings, clock=time.time, claim: Claim | None = None)
     fenced by it, and losing it to another server stops this one."""
     settings.ensure_dirs()
     # a root server's jobs run as their submitters' accounts, which reach their own files by path
-    open_for_jobs(settings.home, settings.logs_dir, settings.checkpoints_dir, settings.runs_dir)
+    open_for_jobs(settings.home, settings.logs_dir, settings.checkpoints_dir, settings.runs_dir,
+                  private=(settings.server_log, settings.server_file, *settings.home.glob("corral.db*")))
     site = load_site(settings.config_path)
     engine = make_engine(settings.db_url)
     migrate(engine)

@@ -197,14 +197,22 @@ def hand_over(path: Path, account: UnixAccount | None, base: Path, directory: bo
     os.chmod(path, 0o700 if stat.S_ISDIR(info.st_mode) else 0o600)
 
 
-def open_for_jobs(*directories: Path) -> None:
+def open_for_jobs(*directories: Path, private: tuple[Path, ...] = ()) -> None:
     """A root server's home, and the directories of it jobs' files live in, made traversable
     (0711) so a job's account reaches its own files by path; what lies in them stays private
-    (the server's umask is 077)."""
+    (the server's umask is 077), and the ``private`` files that may have been made with
+    another umask (the server's log, which the CLI opens) are made the server's alone."""
     if os.geteuid() != 0:
         return
     for directory in directories:
         _traversable(directory)
+    for path in private:
+        try:
+            info = os.lstat(path)
+            if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+                os.chmod(path, stat.S_IMODE(info.st_mode) & 0o700)
+        except FileNotFoundError:
+            continue
 
 
 def open_discovery(runtime_dir: Path, job_dir: Path) -> None:

@@ -1,0 +1,80 @@
+"""Issue 31, item 1, reproduced on a real server running as root: two Unix users with
+`user`-role tokens. Each one's job runs as them, cannot read the server owner's local token
+(so cannot act as the admin), neither can cancel the other's job, and the audit trail names
+who acted, never the server's account. Needs root (throwaway accounts); skips otherwise."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from conformance.driver import Corral
+from conformance.harnesses import PARTITION, LocalHarness
+from conftest import kill_leftovers
+from unix_users import need_root, traversable_dir, unix_user
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Corral, dict]]:
+    need_root()
+    from corral.client import Client
+
+    with traversable_dir() as root, unix_user("cida") as ann, unix_user("cidb") as bob:
+        home = root / "home"
+        home.mkdir()
+        harness = LocalHarness()
+        (home / "config.yaml").write_text(harness.site())
+        corral = Corral(home, harness)
+        corral.specs.chmod(0o755)
+        corral.start()
+        try:
+            admin = corral.client()
+            people = {u.name: (u, Client(admin.url, admin.create_token(u.name)["token"])) for u in (ann, bob)}
+            yield corral, people
+        finally:
+            try:
+                corral.cancel_all()
+            finally:
+                corral.close_client()
+                for _, client in people.values():
+                    client.close()
+                corral("server", "stop", check=False)
+                kill_leftovers(home)
+
+
+def _submit(corral: Corral, client, name: str, run: str) -> int:
+    return client.submit(f"run: {run}\n", name=name, base_dir=str(corral.specs),
+                         scheduling={"partition": PARTITION})["job"]["id"]
+
+
+def test_the_reported_job_runs_as_its_submitter_and_cannot_read_the_admins_token(served) -> None:
+    corral, people = served
+    (ann, client), _ = people.values()
+    token = corral.home / "local.token"
+    job = _submit(corral, client, "steal", f"id; cat {token}")
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "FAILED" and done["run_as"] == ann.name, (done, log)
+    assert f"uid={ann.uid}({ann.name})" in log and "Permission denied" in log, log
+    assert token.read_text().strip() not in log
+
+
+def test_a_user_cannot_cancel_anothers_job_and_the_audit_names_who_acted(served) -> None:
+    from corral.client import Forbidden
+
+    corral, people = served
+    (ann, ann_client), (bob, bob_client) = people.values()
+    job = _submit(corral, bob_client, "bobs", "exec sleep 300")
+    corral.wait_running(job)
+    with pytest.raises(Forbidden) as refused:
+        ann_client.cancel(job)
+    assert str(refused.value) == (f"cancelling another user's job (job {job}, {bob.name}'s) needs the operator role "
+                                  f"(you are {ann.name}, a user)")
+    bob_client.cancel(job)
+    assert corral.wait_job(job)["state"] == "CANCELLED"
+    entries = [e for e in corral.client().audit() if e["target"] == f"job {job}"]
+    seen = [(e["user"], e["action"], e["outcome"]) for e in entries]
+    assert seen == [(bob.name, "submit", "ok"), (ann.name, "cancel", "refused"), (bob.name, "cancel", "ok")], entries
+    assert f"as Unix account {bob.name}" in entries[0]["detail"]
+    assert all(e["user"] != "root" and e["role"] == "user" for e in entries), entries
