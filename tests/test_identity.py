@@ -78,3 +78,33 @@ def test_a_user_cannot_cancel_anothers_job_and_the_audit_names_who_acted(served)
     assert seen == [(bob.name, "submit", "ok"), (ann.name, "cancel", "refused"), (bob.name, "cancel", "ok")], entries
     assert f"as Unix account {bob.name}" in entries[0]["detail"]
     assert all(e["user"] != "root" and e["role"] == "user" for e in entries), entries
+
+
+def test_a_git_workdir_is_cloned_and_entered_as_the_submitter(served) -> None:
+    import subprocess
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    repo = corral.home.parent / "repo"
+    repo.mkdir(mode=0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (repo / "version.txt").write_text("one\n")
+    subprocess.run([*git, "add", "version.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    # the submitter's own repository (git refuses to clone another account's over file://, as for them)
+    subprocess.run(["chown", "-R", f"{ann.uid}:{ann.gid}", str(repo)], check=True)
+    job = client.submit(f"workdir: {{url: 'file://{repo}'}}\nrun: cat version.txt; touch made; stat -c 'owner=%U' . made\n",
+                        name="cloned", base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "SUCCEEDED", (done, log)
+    assert "one" in log and log.count(f"owner={ann.name}") == 2, log
+    # a repository only root may read is not cloned on root's rights
+    private = corral.home.parent / "private"
+    subprocess.run(["cp", "-r", str(repo), str(private)], check=True)  # root's copy
+    private.chmod(0o700)
+    job = client.submit(f"workdir: {{url: 'file://{private}'}}\nrun: cat version.txt\n", name="sneaky",
+                        base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    assert done["state"] == "FAILED" and "could not clone" in corral.log(job), (done, corral.log(job))

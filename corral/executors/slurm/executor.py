@@ -186,6 +186,8 @@ class SrunExecutor(EventStream):
             hand_over(log_file, account, self.settings.home, directory=False)
             for directory in launch.dirs:
                 hand_over(Path(directory), account, self.settings.home)
+            if launch.repo is not None and account is not None:  # the step clones it there as the account
+                hand_over(self.runner.repo_dir(launch.job_id, *launch.repo).parent, account, self.settings.home)
         except OSError as exc:
             raise LaunchError(str(exc)) from exc
         batch = "CORRAL_SBATCH_NODES" in env
