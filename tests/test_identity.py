@@ -108,3 +108,22 @@ def test_a_git_workdir_is_cloned_and_entered_as_the_submitter(served) -> None:
                         base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
     done = corral.wait_job(job, timeout=60)
     assert done["state"] == "FAILED" and "could not clone" in corral.log(job), (done, corral.log(job))
+
+
+def test_a_server_not_running_as_root_takes_only_its_own_accounts_jobs(server) -> None:
+    from conftest import bearer
+
+    from corral.auth.accounts import Accounts, IdentityConfig
+
+    state = server.state
+    state.accounts = Accounts(IdentityConfig(), server="alice", root=False)  # as a server run by alice
+    spec = {"yaml": "run: 'true'\n", "name": "mine"}
+    accepted = server.post("/v1/jobs", json=spec)  # the fixture's requests are alice's
+    assert accepted.status_code == 201 and accepted.json()["job"]["run_as"] == "alice", accepted.text
+    refused = server.post("/v1/jobs", json={**spec, "name": "theirs"}, headers=bearer(state, "bob"))
+    assert refused.status_code == 403
+    assert refused.json()["detail"].startswith("this corral server runs as alice, not root, so it can start jobs "
+                                               "only as alice, and bob's jobs run as the Unix account bob")
+    entry = [e for e in server.get("/v1/audit", headers=bearer(state, "root", "admin")).json()
+             if e["action"] == "submit"][-1]
+    assert (entry["user"], entry["outcome"]) == ("bob", "refused") and "not root" in entry["detail"]

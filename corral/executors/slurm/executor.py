@@ -214,7 +214,7 @@ class SrunExecutor(EventStream):
         if launch.cwd:
             argv.append(f"--chdir={launch.cwd}")
         client_env = {**env, **self.cli.conf}
-        srun_log = self.runner.run_dir(launch.key) / "srun.log"
+        srun_log = self._srun_log(launch.key)
         try:
             with open(srun_log, "ab") as out:
                 if account is not None:  # its step records its start, GPUs and exit there, as the account
@@ -323,7 +323,7 @@ class SrunExecutor(EventStream):
 
     def _srun_said(self, key: str) -> str:
         try:
-            lines = (self.runner.run_dir(key) / "srun.log").read_text(errors="replace").strip().splitlines()
+            lines = self._srun_log(key).read_text(errors="replace").strip().splitlines()
         except OSError:
             lines = []
         return lines[-1][:300] if lines else "srun ended without a message"
@@ -400,6 +400,12 @@ class SrunExecutor(EventStream):
 
     def forget(self, handle: Handle) -> None:
         self.runner.forget(handle["key"])
+        self._srun_log(handle["key"]).unlink(missing_ok=True)
+
+    def _srun_log(self, key: str) -> Path:
+        """What the attempt's srun client said: beside its run directory, which may be the job's
+        account's (the server never reads through a link that account could plant)."""
+        return self.runner.runs_dir / f"{key}.srun.log"
 
     # -- discovery, probes, logs ------------------------------------------------------------------
     def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
