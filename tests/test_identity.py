@@ -5,6 +5,7 @@ who acted, never the server's account. Needs root (throwaway accounts); skips ot
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -127,3 +128,28 @@ def test_a_server_not_running_as_root_takes_only_its_own_accounts_jobs(server) -
     entry = [e for e in server.get("/v1/audit", headers=bearer(state, "root", "admin")).json()
              if e["action"] == "submit"][-1]
     assert (entry["user"], entry["outcome"]) == ("bob", "refused") and "not root" in entry["detail"]
+
+
+def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
+    from corral.spec.sbatch import load_batch
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    submit_dir = corral.home.parent / f"work-{ann.name}"  # the submitter's own directory: its output goes there
+    submit_dir.mkdir()
+    os.chown(submit_dir, ann.uid, ann.gid)
+    # the srun of a batch script off Slurm is the server's Python: it runs only where the account may
+    # run that (not on a machine whose Python lives in root's home, as on some test machines)
+    script = ("#!/bin/bash\n#SBATCH -N 1\n#SBATCH --ntasks=2\necho batch=$(id -u)\n"
+              "if srun bash -c 'echo step$SLURM_PROCID=$(id -u)'; then echo steps=ran; else echo steps=no; fi\n")
+    batch = load_batch(script, source="as-ann.sbatch", submit_dir=str(submit_dir), args=(), overrides={},
+                       environ={}, warnings=[])
+    job = client.submit(batch.documents, source="as-ann.sbatch", base_dir=str(submit_dir), name="batched",
+                        scheduling={**batch.scheduling, "partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "SUCCEEDED", (done, log)
+    assert f"batch={ann.uid}" in log, log
+    assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
+    (output,) = submit_dir.glob("slurm-*.out")
+    assert output.stat().st_uid == ann.uid

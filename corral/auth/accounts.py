@@ -219,7 +219,7 @@ def open_discovery(runtime_dir: Path, job_dir: Path) -> None:
     """Let a replica of another account read its job's discovery files (hosts, peers.json:
     names and addresses, no secrets) by path; the directories are traversable, never listable."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    open_for_jobs(runtime_dir.parent, runtime_dir, job_dir)
+    open_for_jobs(runtime_dir.parent, runtime_dir, job_dir, runtime_dir / "slurm-bin")  # + batch scripts' srun
     peers_readable(job_dir)
 
 

@@ -24,6 +24,7 @@ from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch
 from corral.node.runner import (START_TIME_TOLERANCE_S, NodeRunner, base_environment, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
+from corral.runtime.batchenv import job_files
 from corral.runtime.discovery import loopback_address
 from corral.settings import Settings
 
@@ -98,6 +99,9 @@ class LocalExecutor(EventStream):
             if account is not None:
                 hand_over(log_file, account, self.settings.home, directory=False)
                 open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
+                for name in job_files(launch.env):  # a batch script's, beside its job's files
+                    hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
+                              directory=False)
             env = {**self._base_env, **(account.env() if account else {}), **launch.env}
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
                                      launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account)

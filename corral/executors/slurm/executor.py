@@ -50,7 +50,7 @@ from corral.node.proctree import ATTEMPT_VAR, REAP
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.pool import NodeSpec
-from corral.runtime.batchenv import LAYOUT, compressed_counts, hostlist
+from corral.runtime.batchenv import LAYOUT, job_files, compressed_counts, hostlist
 
 log = logging.getLogger("corral.srun")
 
@@ -221,6 +221,9 @@ class SrunExecutor(EventStream):
                     run_dir = self.runner.run_dir(launch.key)
                     os.chown(run_dir, account.uid, account.gid)
                     open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
+                    for name in job_files(env):  # a batch script's, beside its job's files
+                        hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
+                                  directory=False)
                 proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                         env=client_env, start_new_session=True, close_fds=True,
                                         umask=LOGIN_UMASK if account is not None else -1)
