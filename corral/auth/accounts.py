@@ -34,6 +34,7 @@ import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
@@ -47,7 +48,7 @@ class IdentityConfig(Strict):
 
     # corral user (a token's user) -> Unix account; a user not listed runs as the account of
     # the same name
-    unix_accounts: dict[str, str] = Field(default_factory=dict)
+    unix_accounts: dict[str, Annotated[str, Field(pattern=_NAME)]] = Field(default_factory=dict)
     # the server's own account, declared shared: the server runs every user's jobs as it (they
     # can read each other's files and the server's home, its local token included)
     service_account: str | None = Field(default=None, pattern=_NAME)
