@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,4 +82,12 @@ def slurm_association(user: str, env: dict[str, str]) -> Iterator[None]:
     try:
         yield
     finally:
-        run("sacctmgr", "-i", "delete", "user", user)
+        # Slurm keeps an association while its user has jobs: end this throwaway user's (only theirs)
+        run("scancel", "-u", user)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            if not run("squeue", "-h", "-u", user).stdout.strip():
+                run("sacctmgr", "-i", "delete", "user", user)
+                if not run("sacctmgr", "-n", "-P", "show", "user", user).stdout.strip():
+                    break
+            time.sleep(2)
