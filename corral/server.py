@@ -28,6 +28,7 @@ import uvicorn
 from corral import homelock
 from corral.api.app import create_app
 from corral.api.deps import ServerState
+from corral.auth.accounts import open_for_jobs
 from corral.control.loop import ControlLoop
 from corral.credentials import remove_local_token, write_local_token
 from corral.site import load_site
@@ -51,6 +52,9 @@ def build_state(settings: Settings, clock=time.time, claim: Claim | None = None)
     database's ``claim`` (the server process holds it), every write of the control loop is
     fenced by it, and losing it to another server stops this one."""
     settings.ensure_dirs()
+    # a root server's jobs run as their submitters' accounts, which reach their own files by path
+    open_for_jobs(settings.home, settings.logs_dir, settings.checkpoints_dir, settings.runs_dir,
+                  private=(settings.server_log, settings.server_file, *settings.home.glob("corral.db*")))
     site = load_site(settings.config_path)
     engine = make_engine(settings.db_url)
     migrate(engine)

@@ -9,6 +9,9 @@ from pathlib import Path
 
 
 _PRIVATE: dict[str, bool] = {}  # a directory checked (or made) private once per process
+# What "private" closes: everything for others, except that a root server's jobs, which run as
+# their submitters' accounts, may pass through (never list) its directories (auth.accounts).
+_CLOSED = 0o066 if os.geteuid() == 0 else 0o077
 
 
 def private_dir(path: Path) -> bool:
@@ -35,12 +38,12 @@ def _make_private(path: Path) -> bool:
         info = os.lstat(path)  # never follows a link
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
             return False
-        if info.st_mode & 0o077:
+        if info.st_mode & _CLOSED:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             try:
                 if os.fstat(fd).st_uid != os.getuid():
                     return False
-                os.fchmod(fd, 0o700)
+                os.fchmod(fd, 0o700 | (info.st_mode & 0o011 & ~_CLOSED))
             finally:
                 os.close(fd)
     except OSError:
@@ -127,7 +130,7 @@ class Settings:
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
         for path in (self.home, self.runtime_dir):
             try:
-                os.chmod(path, 0o700)
+                os.chmod(path, 0o700 | (os.stat(path).st_mode & 0o011 & ~_CLOSED))
             except OSError:
                 pass
 

@@ -21,6 +21,7 @@ starts with it.
     retention:  {logs: 30d, checkpoints: 30d, max_log_size: 100MB}   # of ended jobs; off: keep
     api:        {max_streams_per_user: 16}   # followed logs one user may hold open at once
     environment: {export: ALL, drop: [AWS_*]}  # a job's default --export; variables never carried
+    identity:   {unix_accounts: {ann: ann_hpc}, service_account: null}   # jobs' Unix accounts (auth.accounts)
 
 A partition with ``infra: NAME`` holds that infra's nodes (a Ray cluster's, found at run
 time; the nodes Slurm allocates for each of its jobs); each infra's section under ``infra:``
@@ -42,6 +43,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, create_model, field_validator
 
+from corral.auth.accounts import IdentityConfig, server_account
 from corral.executors.registry import infras
 from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
 from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
@@ -200,6 +202,7 @@ class SiteConfig(_Strict):
     retention: RetentionConfig = RetentionConfig()
     api: ApiConfig = ApiConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
+    identity: IdentityConfig = IdentityConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -230,6 +233,7 @@ class Site:
     partition_infra: dict[str, str] = field(default_factory=dict)  # partition -> its declared infra
     api: ApiConfig = ApiConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
+    identity: IdentityConfig = IdentityConfig()  # which Unix account each user's jobs run as
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -288,7 +292,7 @@ def load_site(config_path: Path) -> Site:
                    if p.infra is not None and infras()[p.infra].provisions}
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
                 used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None},
-                config.api, config.environment)
+                config.api, config.environment, config.identity)
 
 
 def _used_infras(config: SiteConfig) -> dict[str, Any]:
@@ -423,6 +427,10 @@ def _check(config: SiteConfig, nodes: list[NodeSpec], doc: Document) -> list[Spe
         where = next(i for i, q in enumerate(config.qos) if q.name == cycle[0])
         issue(("qos", where, "preempt"), f"QOS preemption has a cycle: {' -> '.join(cycle)} (two jobs could "
                                          "preempt each other forever)")
+    service = config.identity.service_account
+    if service is not None and service != server_account():
+        issue(("identity", "service_account"), f"{service!r} is not this server's account ({server_account()}): "
+                                               "a shared service account is the account the server runs as")
     labels = {k for n in nodes for k in n.labels}
     for i, level in enumerate(config.topology):
         if level not in labels and not runtime:  # nodes that join at run time bring their labels

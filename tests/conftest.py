@@ -58,8 +58,19 @@ def site_config() -> str:
 def corral_home(tmp_path: Path, site_config: str) -> Path:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(site_config)
+    (home / "config.yaml").write_text(site_config + shared_account(site_config))
     return home
+
+
+def shared_account(site_config: str) -> str:
+    """The tests' fictional users (alice, bob …) have no Unix accounts here: unless a test says
+    otherwise, their jobs run as the server's own, its account declared a shared service
+    account (tests/test_identity.py checks jobs run as their submitters')."""
+    if "identity:" in site_config:
+        return ""
+    from corral.auth.accounts import server_account
+
+    return f"\nidentity: {{service_account: {server_account()}}}\n"
 
 
 @pytest.fixture

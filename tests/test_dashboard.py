@@ -79,7 +79,10 @@ def own_corral(tmp_path_factory):
 def _serve(base: Path):
     home = base / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(SITE)
+    # alice and bob have no Unix accounts here: their jobs run as the server's declared shared account
+    from corral.auth.accounts import server_account
+
+    (home / "config.yaml").write_text(SITE + f"identity: {{service_account: {server_account()}}}\n")
     run = cli_for(home, {"XDG_CONFIG_HOME": str(base / "xdg")})  # no saved login of the real user
     run("server", "start", check=True, timeout=120)
     served = Served(json.loads((home / "server.json").read_text())["url"], home, run.env)

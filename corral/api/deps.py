@@ -18,11 +18,13 @@ from starlette.concurrency import run_in_threadpool
 from corral.admission import Admission
 from corral.api.intake import Intake
 from corral.api.streams import Streams
+from corral.auth.accounts import Accounts
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
 from corral.auth.tokens import TokenBook, missing
 from corral.control.commands import Change, Outcome
 from corral.control.loop import ControlLoop
+from corral.executors.registry import infras
 from corral.pool import NodeSpec
 from corral.settings import Settings
 from corral.site import Site
@@ -47,6 +49,7 @@ class ServerState:
     tokens: TokenBook = field(init=False)
     auditor: Auditor = field(init=False)
     streams: Streams = field(init=False)
+    accounts: Accounts = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
@@ -57,6 +60,15 @@ class ServerState:
         # the loop writes the entry of each change it carries out, in that change's transaction
         self.loop.commands.audit = self.auditor.add
         self.streams = Streams(self.site.api.max_streams_per_user)
+        self.accounts = Accounts(self.site.identity)
+
+    def run_as(self, user: str, partition: str) -> str:
+        """The Unix account ``user``'s job on ``partition`` runs as; ``AccountRefusal`` (one
+        sentence) when it cannot run here as any."""
+        infra = self.site.partition_infra.get(partition)
+        entry = infras().get(infra) if infra else None
+        only = entry.runs_as(self.site.infras.get(infra) or entry.config()) if entry and entry.runs_as else None
+        return self.accounts.run_as(user, only, f"partition {partition} (infra {infra})")
 
     def change(self, change: Change, timeout: float = CHANGE_TIMEOUT_S) -> Outcome:
         """A change carried out by the control loop in its own transaction; its outcome once

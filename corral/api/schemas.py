@@ -127,6 +127,8 @@ class JobOut(BaseModel):
         "Which of the submitter's variables its replicas start with (Slurm's --export: ALL, NONE or a list; "
         "values given in it are not shown)"))
     exported: int | None = Field(default=None, description="How many of the submitter's variables that carried")
+    run_as: str | None = Field(default=None, description=(
+        "The Unix account the job's replicas run as (null: the server's own, for jobs stored before accounts)"))
     tasks: list[TaskOut]
 
     @classmethod
@@ -148,7 +150,7 @@ class JobOut(BaseModel):
                 if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
             expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
-            array_throttle=getattr(job, "array_throttle", None), **_world(job),
+            array_throttle=getattr(job, "array_throttle", None), **_world(job), run_as=getattr(job, "run_as", None),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
 
 

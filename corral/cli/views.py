@@ -254,6 +254,8 @@ def status(args: Namespace) -> None:
     reason = "-" if data["state"] in TERMINAL or data["reason"] in (None, "None") else data["reason"]
     out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
               f"reason={reason}  exit_code={exit_code}")
+    if data.get("run_as") and data["run_as"] != data["user"]:  # config.yaml identity maps the user
+        out.print(f"  runs as Unix account {data['run_as']}", markup=False)
     if data.get("message"):
         out.print(f"  {data['message']}", markup=False)
     if data.get("export") is not None:

@@ -18,6 +18,7 @@ from corral.control.inventory import Inventory
 from corral.control.probing import Probes
 from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.control.transitions import Transitions
+from corral.auth.accounts import account_to_start
 from corral.executors.contract import Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
@@ -142,7 +143,7 @@ class Launcher:
             user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "",
             task_nodes=_by_rank(peers, task.num_nodes), job_nodes=tuple(r.node for r in job.members if r.node),
             array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent)
-        env = replica_env(starting_environment(job.world, job.user), ctx)
+        env = replica_env(starting_environment(job.world, job.run_as or job.user), ctx)
         own_path = env.get("PYTHONPATH")
         env.update(executor.attempt_env(job.id))
         if "PYTHONPATH" in env and own_path and env["PYTHONPATH"] != own_path:  # corral's resolver first
@@ -161,10 +162,14 @@ class Launcher:
         # no workdir (a job submitted without a directory): its user's home, as a login starts;
         # / for a user without an account here, never the directory the server runs in
         cwd = None if repo else (workdir or env.get("HOME") or "/")
+        try:
+            account = account_to_start(job.run_as)
+        except LookupError as exc:
+            raise LaunchError(str(exc)) from None
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=cwd, repo=repo, dirs=(str(checkpoint),))
+                      cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

@@ -17,11 +17,13 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session
 
+from corral.auth.accounts import account_to_start
 from corral.control.book import Book
 from corral.control.inventory import Inventory
 from corral.control.requeue import Requeues
 from corral.control.transitions import Transitions
-from corral.executors.contract import Allocation, Provision, Provisioner, ProvisionRequest, ReplicaShape
+from corral.executors.contract import (Allocation, Provision, Provisioned, Provisioner, ProvisionRequest,
+                                      ReplicaShape)
 from corral.scheduler.plan import Reason
 from corral.states import JobState
 
@@ -48,7 +50,8 @@ def request_of(job, target: str | None) -> ProvisionRequest:  # noqa: ANN001 - a
     return ProvisionRequest(job.id, replicas, next((t.gpu_type for t in stage if t.gpu_type), None), job.time_limit,
                             max((t.grace_period for t in stage), default=10.0), target, job.account, job.qos,
                             any(t.service.exclusive for t in stage),
-                            next((t.service.constraint for t in stage if t.service.constraint), None))
+                            next((t.service.constraint for t in stage if t.service.constraint), None),
+                            account_to_start(job.run_as))
 
 
 class Provisioning:
@@ -118,7 +121,10 @@ class Provisioning:
                     holding.get(job.array_job_id, 0) >= job.array_throttle:
                 self.set_reason(job.id, Reason.ARRAY_LIMIT.value)
                 continue
-            result = engine.provision(request_of(job, target or None))
+            try:
+                result = engine.provision(request_of(job, target or None))
+            except LookupError as exc:  # its Unix account is gone: no engine could start it as it
+                result = Provisioned(Provision.REFUSED, str(exc))
             if result.state == Provision.REFUSED:
                 book.pending.pop(job.id, None)
                 book.reasons.pop(job.id, None)

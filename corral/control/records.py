@@ -121,6 +121,7 @@ class JobRec:
     # the engine that provisioned its nodes ended them: (the job's end state, the engine's words)
     ended_by: tuple[JobState, str] | None = None
     world: dict | None = None  # the submit directory, export mode and exported variables (spec.world.World)
+    run_as: str | None = None  # the Unix account its replicas run as (None: the server's own)
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -196,7 +197,7 @@ def _task_spec(text: str) -> TaskSpec:
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
                Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold,
-               Job.array_job_id, Job.array_index, Job.array_throttle)
+               Job.array_job_id, Job.array_index, Job.array_throttle, Job.run_as)
 
 
 def _scheduling(row) -> dict:
@@ -207,6 +208,7 @@ def _scheduling(row) -> dict:
             "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
             "hold": row.hold or "", "array_job_id": row.array_job_id, "array_index": row.array_index,
             "array_throttle": row.array_throttle, "array_extent": tuple(row.spec.get("array_extent") or ()) or None,
+            "run_as": getattr(row, "run_as", None),
             "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False,
             "world": row.spec.get("world")}
 

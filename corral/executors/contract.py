@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
+from corral.auth.accounts import UnixAccount
 from corral.pool import NodeSpec
 
 Handle = dict[str, Any]  # opaque to the core; JSON-storable; defined by each executor
@@ -68,6 +69,9 @@ class Launch:
     hosts: bool = True  # resolve the job's names through /etc/hosts where the executor can
     # directories the attempt expects to exist where it runs (its checkpoint directory)
     dirs: tuple[str, ...] = ()
+    # the Unix account it runs as (uid, groups, home: ``auth.accounts``); None: the server's own.
+    # An executor starts it as exactly that account, or refuses with a LaunchError.
+    run_as: UnixAccount | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,8 @@ class ProvisionRequest:
     qos: str
     exclusive: bool = False
     constraint: str | None = None
+    # the Unix account the job runs as (its allocation is that account's); None: the server's own
+    run_as: UnixAccount | None = None
 
 
 class Provision(str, Enum):

@@ -61,6 +61,10 @@ class Infra:
     replaces_pool: Callable[[Any], bool] | None = None
     # problems with its section, as (path under the file, message) pairs
     check: Callable[[Any, list[str]], list[tuple[tuple, str]]] | None = None
+    # the one Unix account all its workers run as, with this section (a Ray cluster's user): its
+    # partitions accept only that account's jobs; None (the default): it starts each replica as
+    # its job's account
+    runs_as: Callable[[Any], str] | None = None
 
 
 @cache

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import psutil
 
+from corral.auth.accounts import UnixAccount
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
@@ -51,6 +52,8 @@ from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 # move have exited by then.
 WRAPPER = REAP + r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
+as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
+if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"; fi
 if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
 if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
@@ -58,22 +61,30 @@ until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
+AS_USER='cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
 if [ -n "$7" ]; then
   mkdir -p "${7%/*}" && {
     flock 9 && if [ ! -d "$7/.git" ]; then
       echo "corral: cloning $8${9:+ at $9} into $7" >&3
-      rm -rf "$7.part" && git clone -q -- "$8" "$7.part" 2>&3 &&
-      { [ -z "$9" ] || git -C "$7.part" -c advice.detachedHead=false checkout -q "$9" -- 2>&3; } && mv "$7.part" "$7"
+      rm -rf "$7.part" && mkdir "$7.part" && { [ -z "$as" ] || chown "${as%%:*}:${r%%:*}" "$7.part"; } &&
+      $drop git clone -q -- "$8" "$7.part" 2>&3 &&
+      { [ -z "$9" ] || $drop git -C "$7.part" -c advice.detachedHead=false checkout -q "$9" -- 2>&3; } && mv "$7.part" "$7"
     fi
   } 9>"$7.lock" && cd "$7"; rc=$?
   [ "$rc" -eq 0 ] || echo "corral: could not clone $8${9:+ at $9} (exit $rc)" >&3
 fi
-if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop bash -c "$AS_USER" corral-replica "$PWD" "$script"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop bash -c "$AS_USER" corral-replica "$PWD" "$script"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
 """
+# A job of another Unix account (CORRAL_RUN_AS="uid:gid:groups", set by the server running as
+# root) has its setup, run and git clone started through ``setpriv`` as that account, with its
+# supplementary groups; the wrapper's own bookkeeping (cgroup, namespaces, run files, reaping)
+# stays the server's. The replica enters its working directory again as the account, so a
+# directory the account may not reach is refused, not entered on the server's rights.
+#
 # The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
 # so they see default signal handling and no positional arguments of the wrapper; their
 # stderr is the log (fd 3) while the wrapper's own "Terminated" notices go to /dev/null. The
@@ -82,6 +93,14 @@ exit "$rc"
 EXIT_FILE = "exit_code"
 STARTED_FILE = "started"
 START_TIME_TOLERANCE_S = 0.05
+RUN_AS_VAR = "CORRAL_RUN_AS"
+
+
+def run_as_value(account: UnixAccount | None) -> str:
+    """What the wrapper reads in ``CORRAL_RUN_AS``: "uid:gid:groups" ("" for the server's own)."""
+    if account is None:
+        return ""
+    return f"{account.uid}:{account.gid}:{','.join(str(g) for g in account.groups) or account.gid}"
 
 
 # What corral's own helper steps (the Slurm reaper) take of the server's environment. A
@@ -164,18 +183,19 @@ class NodeRunner:
 
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
               cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
-              repo: tuple[str, str | None] | None = None) -> subprocess.Popen:
+              repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running.
         With ``hosts``, where namespaces are allowed, it starts inside its own (made by
-        the namespace thread, or failing that by the wrapper)."""
+        the namespace thread, or failing that by the wrapper). With ``account`` the replica's
+        own processes run as that Unix account (the wrapper drops to it before exec)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
         procs = self.trees.prepare(key) or ""
         self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
-        env = {**env, ATTEMPT_VAR: key}
+        env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
 
         def fork(argv: list[str], workdir: str | None) -> subprocess.Popen:
             with open(log_path, "ab", buffering=0) as log:

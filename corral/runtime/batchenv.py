@@ -262,6 +262,15 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
     return env
 
 
+def job_files(env: dict[str, str]) -> tuple[str, ...]:
+    """The files a batch script's shell writes beside its job's runtime files (the script itself,
+    ``spec.batchshell``; its steps' counter, ``node.srun``): made in advance, and handed to the
+    job's account, where its replicas run as another account than the server's."""
+    if "SLURM_JOB_ID" not in env or "CORRAL_LAUNCH_KEY" not in env:
+        return ()
+    return (f"sbatch.{env['CORRAL_LAUNCH_KEY']}", f"steps.{env['SLURM_JOB_ID']}")
+
+
 def ensure_shims(directory: Path) -> Path:
     """Write ``srun`` and ``scontrol`` commands that run ``corral.node.srun`` with this
     server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""

@@ -55,6 +55,7 @@ class NewJob:
     array_throttle: int | None = None
     array_head: bool = False
     array_extent: tuple[int, int, int, int] | None = None  # the array's (count, min, max, step)
+    run_as: str | None = None  # the Unix account its replicas run as (``auth.accounts``)
 
 
 _INSERT_JOBS = insert(_JOBS).returning(_JOBS.c.id, sort_by_parameter_order=True)
@@ -127,7 +128,7 @@ def _job_row(item: NewJob, now: float) -> SimpleNamespace:
         dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
         kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
         requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
-        array_throttle=item.array_throttle)
+        array_throttle=item.array_throttle, run_as=item.run_as)
 
 
 def _name_arrays(jobs: list[SimpleNamespace], new: list[NewJob]) -> list[dict]:

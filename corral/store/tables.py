@@ -57,6 +57,9 @@ class Job(Base):
     array_job_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
     array_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
     array_throttle: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The Unix account the job's replicas run as (``auth.accounts``), fixed at submission; NULL
+    # for jobs stored before accounts existed: they run as the server's own account.
+    run_as: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")

@@ -20,6 +20,7 @@ from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
+from corral.auth.accounts import AccountRefusal
 from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
@@ -106,6 +107,11 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} can never run on this site", "errors": [
                 {"document": "job", "field": admitted.field, "line": None, "message": admitted.message}]}})
+    try:
+        run_as = state.run_as(user, admitted.partition)
+    except AccountRefusal as exc:
+        await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", str(exc))
+        raise HTTPException(403, str(exc)) from None
     if body.array is not None:
         try:
             array = parse_array(body.array)
@@ -115,13 +121,15 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                     {"document": "options", "field": "array", "line": None, "message": str(exc)}]}})
         elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
                            array_index=index, array_throttle=array.throttle, array_head=i == 0,
-                           array_extent=array.extent)
+                           array_extent=array.extent, run_as=run_as)
                     for i, index in enumerate(array.indices)]
     else:
-        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit)]
+        elements = [NewJob(spec, user, admitted.partition, admitted.account, admitted.qos, admitted.time_limit,
+                           run_as=run_as)]
     # the audit entries are stored with the job, in its transaction
     audit = [state.auditor.entry(who, "submit", None, detail=f"{spec.name} (account {admitted.account}, "
-                                                             f"partition {admitted.partition}, qos {admitted.qos})")]
+                                                             f"partition {admitted.partition}, qos {admitted.qos}, "
+                                                             f"as Unix account {run_as})")]
     if spec.scheduling.priority is not None or spec.scheduling.nice < 0:
         fixed = spec.scheduling.priority
         audit.append(state.auditor.entry(who, "priority", None, detail=", ".join(

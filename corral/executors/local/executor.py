@@ -19,9 +19,12 @@ import logging
 import threading
 from pathlib import Path
 
+from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
-from corral.node.runner import START_TIME_TOLERANCE_S, NodeRunner, process_start_time
+from corral.node.runner import (START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
+                                run_as_value)
 from corral.pool import NodeSpec
+from corral.runtime.batchenv import job_files
 from corral.runtime.discovery import loopback_address
 from corral.settings import Settings
 
@@ -86,18 +89,28 @@ class LocalExecutor(EventStream):
 
     # -- attempts -------------------------------------------------------------------------
     def start(self, launch: Launch) -> Started:
+        account = launch.run_as  # another Unix account's job: its files handed to it, its processes as it
+        log_file = self.settings.log_file(launch.job_id, launch.label)
         try:
             for directory in launch.dirs:
-                Path(directory).mkdir(parents=True, exist_ok=True)
-            proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run,
-                                     launch.env, launch.cwd,
-                                     self.settings.log_file(launch.job_id, launch.label), launch.hosts, self._umask,
-                                     launch.repo)
+                hand_over(Path(directory), account, self.settings.home)
+            if account is not None:
+                hand_over(log_file, account, self.settings.home, directory=False)
+                open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
+                for name in job_files(launch.env):  # a batch script's, beside its job's files
+                    hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
+                              directory=False)
+            # exactly the replica's environment (runtime.environment), the account's login basics under it
+            env = {**(account.env() if account else {}), **launch.env}
+            proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
+                                     launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
         started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended
         handle = {"pid": proc.pid, "started_at": started, "key": launch.key}
+        if account is not None:
+            handle["run_as"] = run_as_value(account)  # its probes run as it too
         with self._lock:
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
@@ -144,6 +157,8 @@ class LocalExecutor(EventStream):
     # -- discovery, probes, logs ------------------------------------------------------------
     def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
         self.runner.publish(job_id, hosts, peers)
+        peers_readable(self.runner.job_dir(job_id))  # read by replicas that may run as other accounts
+
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
         return self.runner.attempt_env(job_id, None)
@@ -151,6 +166,10 @@ class LocalExecutor(EventStream):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         pid = int(handle.get("pid") or 0)
+        run_as = handle.get("run_as")
+        if run_as:  # as the replica's account, never the server's
+            uid, gid, groups = str(run_as).split(":")
+            command = f"exec setpriv --reuid={uid} --regid={gid} --groups={groups} -- bash -c {_quote(command)}"
         if self.runner.hosts_mode == "mount-namespace" and pid > 0 and shutil.which("nsenter"):
             # in the attempt's mount namespace, so the probe resolves names as the replica does
             return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,

@@ -57,6 +57,9 @@ class RayExecutor(EventStream):
         self._in_group = PlacementGroupSchedulingStrategy
         self.scope = scope
         self.prefix = config.node_prefix
+        from corral.executors.ray.plugin import runs_as
+
+        self.user = runs_as(config)  # the account every worker of the cluster runs as
         self.namespace = config.namespace or f"corral-{scope}"
         self.settings = settings
         if not ray.is_initialized():
@@ -260,6 +263,9 @@ class RayExecutor(EventStream):
         return f"corral-{self.scope}-{key}"
 
     def start(self, launch: Launch) -> Started:
+        if launch.run_as is not None and launch.run_as.name != self.user:  # refused at submission already
+            raise LaunchError(f"the Ray cluster's workers run as {self.user}, not {launch.run_as.name}: "
+                              "Ray cannot start a replica as another Unix account")
         with self._lock:
             group = self._groups.get((launch.job_id, launch.label))
             hosts, peers = self._docs.get(launch.job_id, ("", "{}"))

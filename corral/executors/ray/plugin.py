@@ -18,6 +18,15 @@ class RayConfig(Strict):
     address: str = "auto"
     node_prefix: str = Field(default="ray", pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,30}$")
     namespace: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,63}$")
+    # the Unix account the cluster's workers run as (default: the server's own); Ray cannot
+    # start a worker as another account, so its partitions take only this account's jobs
+    user: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+
+
+def runs_as(config: RayConfig) -> str:
+    from corral.auth.accounts import server_account
+
+    return config.user or server_account()
 
 
 def _build(settings, config: RayConfig, nodes, wake):  # noqa: ANN001 - see Infra.build
@@ -43,4 +52,4 @@ def _check(config: RayConfig, declared: list[str]) -> list[tuple[tuple, str]]:
 
 INFRA = Infra(name="ray", config=RayConfig, build=_build, partition_nodes=_partition_nodes,
               runtime_nodes=lambda config: True,
-              check=_check)
+              check=_check, runs_as=runs_as)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import getpass
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from corral.executors.contract import (Allocation as Fate, LaunchError, Provision, Provisioned, ProvisionRequest,
                                       ReplicaShape)
@@ -44,6 +46,7 @@ class SlurmAllocation:
     nodes: dict[str, tuple[str, str]] = field(default_factory=dict)  # corral node -> (host, address)
     checked: bool = False  # Slurm answered about it since it was tracked
     specs: list[NodeSpec] = field(default_factory=list)
+    owner: tuple[int, int] | None = None  # (uid, gid) of the Slurm job's user, once known
 
     @property
     def running(self) -> bool:
@@ -113,7 +116,9 @@ class Allocations:
     def _find_existing(self) -> None:
         """Allocations an earlier server submitted for its jobs (by their Slurm job name)."""
         try:
-            out = self.cli.run("squeue", "-h", "-o", "%i %j", "-u", getpass.getuser())
+            # a root server's allocations belong to its jobs' users: found by name among everyone's
+            users = () if os.geteuid() == 0 else ("-u", getpass.getuser())
+            out = self.cli.run("squeue", "-h", "-o", "%i %j", *users)
         except SlurmError as exc:
             raise SlurmError(f"Slurm does not answer, so this server cannot tell which of its jobs "
                              f"have allocations: {exc}") from exc
@@ -216,10 +221,15 @@ class Allocations:
                 gpu_type = kind.gpu_type  # Slurm's own spelling of the type (h100 for H100)
             output = self.logs_dir / str(job_id) / "slurm-%j.out"
             output.parent.mkdir(parents=True, exist_ok=True)
+            owner = request.run_as
+            if owner is not None:  # Slurm writes it as the job's user, who may not create files there
+                output = Path(os.devnull)
             argv = slurmjob.sbatch_args(shape, slurmjob.job_name(self.scope, job_id), request.time_limit, request.grace,
                                         request.target, request.account if "account" in self.forward else None,
                                         request.qos if "qos" in self.forward else None, gpu_type, str(output),
                                         request.exclusive, request.constraint)
+            if owner is not None:  # as root: the allocation is the user's, as if they ran sbatch
+                argv = [f"--uid={owner.uid}", f"--gid={owner.gid}", *argv]
             slurm_id = self.cli.submit(argv, slurmjob.HOLD_SCRIPT)
             submitted = f"Slurm job {slurm_id}"
             log.info("job %s: Slurm job %s asks for %s", job_id, slurm_id, shape)
@@ -227,12 +237,32 @@ class Allocations:
             self.refresh()
             with self.lock:
                 alloc = self.by_id[slurm_id]
+                if owner is not None:
+                    alloc.owner = (owner.uid, owner.gid)
         if alloc.running and alloc.specs:
             return Provisioned(Provision.READY, submitted=submitted)
         if alloc.info is None:
             return Provisioned(Provision.WAITING, "Slurm: submitted", submitted)
         reason = alloc.info.reason if alloc.info.reason not in ("", "None") else alloc.info.state.capitalize()
         return Provisioned(Provision.WAITING, reason, submitted)
+
+    def step_identity(self, slurm_id: str) -> list[str]:
+        """What ``srun`` run as root needs to start a step in another user's allocation: that
+        user (Slurm refuses root's own steps there, and they would run as root)."""
+        if os.geteuid() != 0 or not slurm_id:
+            return []
+        with self.lock:
+            alloc = self.by_id.get(slurm_id)
+        if alloc is None or alloc.job_id is None:
+            return []  # the server's own allocation
+        if alloc.owner is None:  # found again after a restart: ask Slurm whose it is
+            try:
+                uid, gid = self.cli.run("squeue", "-h", "-j", slurm_id, "-o", "%U %G").split()[:2]
+                alloc.owner = (int(uid), int(gid))
+            except (SlurmError, ValueError):
+                return []
+        uid, gid = alloc.owner
+        return [] if uid == 0 else [f"--uid={uid}", f"--gid={gid}"]
 
     def _kind(self, partition: str | None) -> slurmjob.NodeKind:
         key = partition or ""

@@ -50,16 +50,17 @@ from pathlib import Path
 
 import psutil
 
+from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
                                       Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
 from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
 from corral.executors.slurm.controller import Controller
 from corral.node.proctree import ATTEMPT_VAR, REAP
-from corral.node.runner import NodeRunner, base_environment, process_start_time
+from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.pool import NodeSpec
 from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
-from corral.runtime.batchenv import fill_job_id
+from corral.runtime.batchenv import fill_job_id, job_files
 
 log = logging.getLogger("corral.srun")
 
@@ -258,13 +259,20 @@ class SrunExecutor(EventStream):
             mem_mb = max(1, share.memory_mb * cpus // max(share.cpus, 1))
         else:
             mem_mb = 0
-        env = dict(launch.env)  # what the replica starts with (runtime.environment), nothing of the server's
+        account = launch.run_as  # another Unix account's job: its step runs as it (srun --uid as root)
+        # exactly the replica's environment (runtime.environment), nothing of the server's
+        env = {**(account.env() if account else {}), **launch.env, RUN_AS_VAR: ""}
         if launch.gpus:
             env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm's GRES binding sets it for the step
         log_file = self.settings.log_file(launch.job_id, launch.label)
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        for directory in launch.dirs:  # on the filesystem Slurm's nodes share with the server
-            Path(directory).mkdir(parents=True, exist_ok=True)
+        try:  # on the filesystem Slurm's nodes share with the server; written there as the job's user
+            hand_over(log_file, account, self.settings.home, directory=False)
+            for directory in launch.dirs:
+                hand_over(Path(directory), account, self.settings.home)
+            if launch.repo is not None and account is not None:  # the step clones it there as the account
+                hand_over(self.runner.repo_dir(launch.job_id, *launch.repo).parent, account, self.settings.home)
+        except OSError as exc:
+            raise LaunchError(str(exc)) from exc
         batch = "CORRAL_SBATCH_NODES" in env
         if batch:  # a batch script: its host name is the node's, as under sbatch
             env.pop("CORRAL_HOSTNAME", None)
@@ -278,8 +286,9 @@ class SrunExecutor(EventStream):
         layout = self._batch_layout(env, alloc) if batch else \
             step_layout(env, self._host_of)
         try:
-            wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env, launch.hosts,
-                                          "", launch.repo)
+            # a step of another account cannot make namespaces: its names resolve through the files
+            wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,
+                                          launch.hosts and account is None, "", launch.repo)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
         wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + layout + wrapper
@@ -289,18 +298,27 @@ class SrunExecutor(EventStream):
                 else "--gres=none", "--kill-on-bad-exit=1", f"--output={log_file}", "--open-mode=append",
                 # the key marks every process of the attempt on its node (the wrapper and the reaper
                 # find them by it), not the srun client here
-                "--input=none", f"--export=ALL,{ATTEMPT_VAR}={launch.key}"]
+                "--input=none", f"--export=ALL,{ATTEMPT_VAR}={launch.key}",
+                *self.allocations.step_identity(alloc.slurm_id)]
         if mem_mb:
             argv.append(f"--mem={mem_mb}M")
         if launch.cwd:
             argv.append(f"--chdir={launch.cwd}")
         client_env = {**env, **self.cli.conf}
-        srun_log = self.runner.run_dir(launch.key) / "srun.log"
+        srun_log = self._srun_log(launch.key)
         try:
             with open(srun_log, "ab") as out:
+                if account is not None:  # its step records its start, GPUs and exit there, as the account
+                    run_dir = self.runner.run_dir(launch.key)
+                    os.chown(run_dir, account.uid, account.gid)
+                    open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
+                    for name in job_files(env):  # a batch script's, beside its job's files
+                        hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
+                                  directory=False)
                 # srun gives the step its own umask (SLURM_UMASK): the user's, not the server's private one
                 proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                        env=client_env, start_new_session=True, close_fds=True, umask=self._umask)
+                                        env=client_env, start_new_session=True, close_fds=True,
+                                        umask=LOGIN_UMASK if account is not None else self._umask)
         except (OSError, ValueError) as exc:
             raise LaunchError(f"srun could not be started: {exc}") from exc
         started = process_start_time(proc.pid)
@@ -415,7 +433,7 @@ class SrunExecutor(EventStream):
 
     def _srun_said(self, key: str) -> str:
         try:
-            lines = (self.runner.run_dir(key) / "srun.log").read_text(errors="replace").strip().splitlines()
+            lines = self._srun_log(key).read_text(errors="replace").strip().splitlines()
         except OSError:
             lines = []
         return lines[-1][:300] if lines else "srun ended without a message"
@@ -469,7 +487,8 @@ class SrunExecutor(EventStream):
         if pid and host:
             argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1",
                     f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet",
-                    f"--job-name=corral-{self.scope}-signal", "bash", "-c", SIGNAL_GROUP, "corral-signal",
+                    f"--job-name=corral-{self.scope}-signal", *self.allocations.step_identity(attempt.slurm_id),
+                    "bash", "-c", SIGNAL_GROUP, "corral-signal",
                     str(pid), attempt.key, name]
             try:
                 done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
@@ -493,7 +512,8 @@ class SrunExecutor(EventStream):
         except LaunchError:
             return  # the allocation is over: Slurm ended what ran in it
         argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-                "--gres=none", "--mem=16M", "--quiet", f"--job-name=corral-{self.scope}-reap", "bash", "-c",
+                "--gres=none", "--mem=16M", "--quiet", f"--job-name=corral-{self.scope}-reap",
+                *self.allocations.step_identity(attempt.slurm_id), "bash", "-c",
                 REAP + 'corral_reap "$1"', "corral-reap", attempt.key]
         try:
             done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
@@ -520,10 +540,18 @@ class SrunExecutor(EventStream):
 
     def forget(self, handle: Handle) -> None:
         self.runner.forget(handle["key"])
+        self._srun_log(handle["key"]).unlink(missing_ok=True)
+
+    def _srun_log(self, key: str) -> Path:
+        """What the attempt's srun client said: beside its run directory, which may be the job's
+        account's (the server never reads through a link that account could plant)."""
+        return self.runner.runs_dir / f"{key}.srun.log"
 
     # -- discovery, probes, logs ------------------------------------------------------------------
     def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
         self.runner.publish(job_id, hosts, peers)  # on the shared filesystem: every node reads it
+        peers_readable(self.runner.job_dir(job_id))  # read by replicas that may run as other accounts
+
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
         return self.runner.attempt_env(job_id, None)
@@ -535,8 +563,8 @@ class SrunExecutor(EventStream):
         except LaunchError as exc:
             return False, str(exc)
         argv = ["srun", f"--jobid={handle.get('slurm')}", "--overlap", "--nodes=1", "--ntasks=1",
-                f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe", "bash", "-c",
-                command]
+                f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe",
+                *self.allocations.step_identity(str(handle.get("slurm") or "")), "bash", "-c", command]
         try:
             done = subprocess.run(argv, env={**env, **self.cli.conf},
                                   cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)

@@ -1,0 +1,155 @@
+"""Issue 31, item 1, reproduced on a real server running as root: two Unix users with
+`user`-role tokens. Each one's job runs as them, cannot read the server owner's local token
+(so cannot act as the admin), neither can cancel the other's job, and the audit trail names
+who acted, never the server's account. Needs root (throwaway accounts); skips otherwise."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from conformance.driver import Corral
+from conformance.harnesses import PARTITION, LocalHarness
+from conftest import kill_leftovers
+from unix_users import need_root, traversable_dir, unix_user
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Corral, dict]]:
+    need_root()
+    from corral.client import Client
+
+    with traversable_dir() as root, unix_user("cida") as ann, unix_user("cidb") as bob:
+        home = root / "home"
+        home.mkdir()
+        harness = LocalHarness()
+        (home / "config.yaml").write_text(harness.site())
+        corral = Corral(home, harness)
+        corral.specs.chmod(0o755)
+        corral.start()
+        try:
+            admin = corral.client()
+            people = {u.name: (u, Client(admin.url, admin.create_token(u.name)["token"])) for u in (ann, bob)}
+            yield corral, people
+        finally:
+            try:
+                corral.cancel_all()
+            finally:
+                corral.close_client()
+                for _, client in people.values():
+                    client.close()
+                corral("server", "stop", check=False)
+                kill_leftovers(home)
+
+
+def _submit(corral: Corral, client, name: str, run: str) -> int:
+    return client.submit(f"run: {run}\n", name=name, base_dir=str(corral.specs),
+                         scheduling={"partition": PARTITION})["job"]["id"]
+
+
+def test_the_reported_job_runs_as_its_submitter_and_cannot_read_the_admins_token(served) -> None:
+    corral, people = served
+    (ann, client), _ = people.values()
+    token = corral.home / "local.token"
+    job = _submit(corral, client, "steal", f"id; cat {token}")
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "FAILED" and done["run_as"] == ann.name, (done, log)
+    assert f"uid={ann.uid}({ann.name})" in log and "Permission denied" in log, log
+    assert token.read_text().strip() not in log
+
+
+def test_a_user_cannot_cancel_anothers_job_and_the_audit_names_who_acted(served) -> None:
+    from corral.client import Forbidden
+
+    corral, people = served
+    (ann, ann_client), (bob, bob_client) = people.values()
+    job = _submit(corral, bob_client, "bobs", "exec sleep 300")
+    corral.wait_running(job)
+    with pytest.raises(Forbidden) as refused:
+        ann_client.cancel(job)
+    assert str(refused.value) == (f"cancelling another user's job (job {job}, {bob.name}'s) needs the operator role "
+                                  f"(you are {ann.name}, a user)")
+    bob_client.cancel(job)
+    assert corral.wait_job(job)["state"] == "CANCELLED"
+    entries = [e for e in corral.client().audit() if e["target"] == f"job {job}"]
+    seen = [(e["user"], e["action"], e["outcome"]) for e in entries]
+    assert seen == [(bob.name, "submit", "ok"), (ann.name, "cancel", "refused"), (bob.name, "cancel", "ok")], entries
+    assert f"as Unix account {bob.name}" in entries[0]["detail"]
+    assert all(e["user"] != "root" and e["role"] == "user" for e in entries), entries
+
+
+def test_a_git_workdir_is_cloned_and_entered_as_the_submitter(served) -> None:
+    import subprocess
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    repo = corral.home.parent / "repo"
+    repo.mkdir(mode=0o755)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    (repo / "version.txt").write_text("one\n")
+    subprocess.run([*git, "add", "version.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    # the submitter's own repository (git refuses to clone another account's over file://, as for them)
+    subprocess.run(["chown", "-R", f"{ann.uid}:{ann.gid}", str(repo)], check=True)
+    job = client.submit(f"workdir: {{url: 'file://{repo}'}}\nrun: cat version.txt; touch made; stat -c 'owner=%U' . made\n",
+                        name="cloned", base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "SUCCEEDED", (done, log)
+    assert "one" in log and log.count(f"owner={ann.name}") == 2, log
+    # a repository only root may read is not cloned on root's rights
+    private = corral.home.parent / "private"
+    subprocess.run(["cp", "-r", str(repo), str(private)], check=True)  # root's copy
+    private.chmod(0o700)
+    job = client.submit(f"workdir: {{url: 'file://{private}'}}\nrun: cat version.txt\n", name="sneaky",
+                        base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    assert done["state"] == "FAILED" and "could not clone" in corral.log(job), (done, corral.log(job))
+
+
+def test_a_server_not_running_as_root_takes_only_its_own_accounts_jobs(server) -> None:
+    from conftest import bearer
+
+    from corral.auth.accounts import Accounts, IdentityConfig
+
+    state = server.state
+    state.accounts = Accounts(IdentityConfig(), server="alice", root=False)  # as a server run by alice
+    spec = {"yaml": "run: 'true'\n", "name": "mine"}
+    accepted = server.post("/v1/jobs", json=spec)  # the fixture's requests are alice's
+    assert accepted.status_code == 201 and accepted.json()["job"]["run_as"] == "alice", accepted.text
+    refused = server.post("/v1/jobs", json={**spec, "name": "theirs"}, headers=bearer(state, "bob"))
+    assert refused.status_code == 403
+    assert refused.json()["detail"].startswith("this corral server runs as alice, not root, so it can start jobs "
+                                               "only as alice, and bob's jobs run as the Unix account bob")
+    entry = [e for e in server.get("/v1/audit", headers=bearer(state, "root", "admin")).json()
+             if e["action"] == "submit"][-1]
+    assert (entry["user"], entry["outcome"]) == ("bob", "refused") and "not root" in entry["detail"]
+
+
+def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
+    from corral.spec.sbatch import load_batch
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    submit_dir = corral.home.parent / f"work-{ann.name}"  # the submitter's own directory: its output goes there
+    submit_dir.mkdir()
+    os.chown(submit_dir, ann.uid, ann.gid)
+    # the srun of a batch script off Slurm is the server's Python: it runs only where the account may
+    # run that (not on a machine whose Python lives in root's home, as on some test machines)
+    script = ("#!/bin/bash\n#SBATCH -N 1\n#SBATCH --ntasks=2\necho batch=$(id -u)\n"
+              "if srun bash -c 'echo step$SLURM_PROCID=$(id -u)'; then echo steps=ran; else echo steps=no; fi\n")
+    batch = load_batch(script, source="as-ann.sbatch", submit_dir=str(submit_dir), args=(), overrides={},
+                       environ={}, warnings=[])
+    job = client.submit(batch.documents, source="as-ann.sbatch", base_dir=str(submit_dir), name="batched",
+                        scheduling={**batch.scheduling, "partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "SUCCEEDED", (done, log)
+    assert f"batch={ann.uid}" in log, log
+    assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
+    (output,) = submit_dir.glob("slurm-*.out")
+    assert output.stat().st_uid == ann.uid
