@@ -23,6 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
+from corral.executors.ray.fence import FENCED_FILE
 from corral.node.runner import NodeRunner, base_environment, process_start_time
 
 
@@ -71,6 +72,7 @@ class ReplicaActor:
         self.log_file: Path | None = None
         self.lock = threading.Lock()  # a status asked while the start runs waits for it
         self.gpus: list[int] = []
+        self.fenced: str | None = None
 
     def start(self, launch: dict, hosts: str, peers: str) -> dict:
         with self.lock:
@@ -136,6 +138,10 @@ class ReplicaActor:
         self.runner.end_tree(self.key, self.proc.pid)
         code = self.runner.exit_code(self.key)
         self.code = code if code is not None else (128 - rc if rc < 0 else rc)
+        try:
+            self.fenced = (self.runner.run_dir(self.key) / FENCED_FILE).read_text() or "fenced"
+        except OSError:
+            pass
         if self.fence_fd is not None:  # nothing of the attempt is left: its fence may go
             try:
                 os.write(self.fence_fd, b"ended")
@@ -154,11 +160,12 @@ class ReplicaActor:
             return {"state": "absent"}
         if not self.done.is_set():
             return {"state": "running", "node_pid": self.proc.pid, "gpus": self.gpus}
-        return {"state": "exited", "code": self.code}
+        return {"state": "exited", "code": self.code, "fenced": self.fenced}
 
-    def wait(self) -> int | None:
+    def wait(self) -> int | str | None:
+        """The attempt's exit code, or why its fence ended it (a loss: its node is failing)."""
         self.done.wait()
-        return self.code
+        return self.fenced or self.code
 
     def signal(self, signum: int) -> bool:
         if self.proc is None or self.done.is_set():

@@ -92,6 +92,7 @@ class RayDriver(EventStream):
         self._earlier: dict[int, list[str]] | None = None  # job -> placement groups of an earlier server
         self._closed = threading.Event()
         self._kick = threading.Event()  # a start was sent: the watcher stops waiting on older refs
+        self._suspects: set[str] = set()  # Ray node ids whose raylet died, before Ray says so
         self._doomed: dict[tuple[int, str], tuple[str, str]] = {}  # (job, label) -> (node, why) lost at reserve
         self.answered = time.monotonic()  # when Ray last answered a look at its nodes
         self._refresh_nodes()
@@ -123,6 +124,9 @@ class RayDriver(EventStream):
         nodes, ids = {}, {}
         alive = [info for info in self._ray.nodes() if info.get("Alive")]
         self.answered = time.monotonic()
+        with self._lock:
+            self._suspects &= {info["NodeID"] for info in alive}
+            alive = [info for info in alive if info["NodeID"] not in self._suspects]
         ips = [info["NodeManagerAddress"] for info in alive]
         for info in alive:
             res = info.get("Resources") or {}
@@ -399,6 +403,10 @@ class RayDriver(EventStream):
                 gpus = status.get("gpus")
                 self._emit(Observed(key, Kind.STARTED, handle=new, gpus=tuple(gpus) if gpus is not None else None,
                                     detail=f"pid {status.get('node_pid')} on {node}"))
+            elif status.get("fenced"):
+                self._pump(key, actor, job_id, label, offset, final=True)
+                self._emit(Observed(key, Kind.LOST, node=node,
+                                    reason=f"{status['fenced']} on {node}; its fence there ended the attempt"))
             else:
                 self._pump(key, actor, job_id, label, offset, final=True)
                 self._emit(Observed(key, Kind.EXITED, code=status.get("code")))
@@ -556,7 +564,22 @@ class RayDriver(EventStream):
                                 reason=f"its Ray actor on {live['node']} died ({type(exc).__name__})"))
             return
         self._pump(key, live["actor"], live["job"], live["label"], live["offset"], final=True)
+        if isinstance(code, str):  # its fence ended it: the node's raylet (or the actor's worker) died
+            self._suspect(live["node"])
+            self._emit(Observed(key, Kind.LOST, node=live["node"],
+                                reason=f"{code} on {live['node']}; its fence there ended the attempt"))
+            return
         self._emit(Observed(key, Kind.EXITED, code=code))
+
+    def _suspect(self, node: str) -> None:
+        """A node whose raylet died is out of the inventory now, before Ray declares it dead
+        (Ray's health checks take seconds): nothing more is placed there. It is back only as a
+        new Ray node (a raylet started again has a new id)."""
+        with self._lock:
+            if node in self._node_ids:
+                self._suspects.add(self._node_ids[node][0])
+        for gone in self._refresh_nodes():
+            self._node_gone(gone)
 
     def _node_gone(self, node: str) -> None:
         with self._lock:

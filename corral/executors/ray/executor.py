@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -172,8 +173,14 @@ class RayExecutor(EventStream):
                 if not conn.poll(0.5):
                     if proc.poll() is not None:
                         return _last_words(log_path, size) or f"its driver ended (exit code {proc.returncode})"
-                    if not self._connected and time.monotonic() - born > DRIVER_START_S:
-                        return f"no answer within {DRIVER_START_S:g}s"
+                    if not self._connected:
+                        waited = time.monotonic() - born
+                        if waited > DRIVER_START_S:
+                            return f"no answer within {DRIVER_START_S:g}s"
+                        said = _last_words(log_path, size) if waited > STALE_S else None
+                        if said:
+                            with self._lock:
+                                self._down = self._say(f"does not answer (trying for {waited:.0f}s: {said})")
                     if cut_off is not None and time.monotonic() - cut_off > REPLACE_S:
                         return f"no answer for {time.monotonic() - cut_off + STALE_S:.0f}s"
                     continue
@@ -388,7 +395,8 @@ def _last_words(log_path: Path, since: int) -> str | None:
             text = fh.read()[-20000:].decode(errors="replace")
     except OSError:
         return None
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    # without Ray's log prefix ("[time W pid tid] file.h:153: ")
+    lines = [re.sub(r"^\[[^\]]*\]\s*(\S+:\d+:\s*)?", "", line.strip()) for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if "GCS" in line or "Error" in line or "error" in line:
             return line[-300:]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 WATCH_S = 0.1  # how often the raylet is looked at
+FENCED_FILE = "fenced"  # in the attempt's run directory: why its fence ended it
 
 
 def _stat(pid: int) -> tuple[str, str] | None:
@@ -66,6 +67,10 @@ def main(argv: list[str]) -> int:
     if why is None:
         return 0
     started = time.monotonic()
+    try:  # said before the kill, so the actor (if it still lives) reports a loss, not an exit
+        (runner.run_dir(key) / FENCED_FILE).write_text(why)
+    except OSError:
+        pass
     left = runner.end_tree(key, runner.started_pid(key), thorough=True)
     took = time.monotonic() - started
     print(f"corral fence: {why}; ended attempt {key} in {took:.2f}s"

@@ -85,7 +85,10 @@ def serve(conn: Connection) -> None:
     def heartbeat() -> None:
         while True:
             time.sleep(HEARTBEAT_S)
-            send(("answered", time.monotonic() - driver.answered))
+            try:
+                send(("answered", time.monotonic() - driver.answered))
+            except OSError:
+                return  # the server is gone; the main loop ends the process
 
     threading.Thread(target=heartbeat, name="corral-ray-heartbeat", daemon=True).start()
     while True:
