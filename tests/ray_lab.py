@@ -123,8 +123,8 @@ class RayLab:
         self.kill(node)
         argv, log = self.commands[node.name]
         node.proc = _start(argv, node.netns, log)
-        if node.name != "head":
-            self.wait_nodes(len(self.nodes), timeout)
+        if node.name != "head":  # the head comes up with the first worker's query
+            self.wait_nodes(sum(n.alive() for n in self.nodes), timeout)
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

@@ -11,7 +11,7 @@ in its own network namespace where this machine allows it), driven through the r
 * a home deleted and made again: its job 1 runs beside what the old home left on the nodes,
   and replica logs on the nodes are private.
 
-Nodes are declared dead after 8 missed health checks (8 s), so a job submitted right after
+Nodes are declared dead after 20 missed health checks (20 s), so a job submitted right after
 a worker's death is still placed on it."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from ray_lab import RayLab, start_lab  # noqa: E402
 
 @pytest.fixture(scope="module")
 def lab():
-    lab = start_lab(workers=2, gpus=4, misses=8)
+    lab = start_lab(workers=2, gpus=4, misses=20)
     yield lab
     lab.stop()
 
@@ -155,7 +155,7 @@ def test_a_worker_dying_during_a_gang_s_reservation_requeues_the_job(corral, lab
     corral("queue", check=True)  # the server runs and knows both workers
     wait_for(lambda: sum(s == "UP" for s in ray_nodes(corral).values()) == 3, timeout=60)
     victim = lab.workers[1]
-    lab.kill(victim)  # Ray declares it dead only after 8 s: corral still places a replica there
+    lab.kill(victim)  # Ray declares it dead only after 20 s: corral still places a replica there
     job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
     requeued = wait_for(lambda: (lambda d: d if d["requeues"] >= 1 or d["state"] == "FAILED" else None)(
         status(corral, job)), timeout=90)
@@ -221,31 +221,35 @@ def test_a_home_made_anew_runs_its_job_1_beside_the_old_home_s_and_keeps_node_lo
     home = tmp_path / "home"
     spec = tmp_path / "one.yaml"
     spec.write_text("name: one\nresources: {accelerators: H100:1}\nrun: echo secret $CORRAL_LAUNCH_KEY; exec sleep 300\n")
-    scopes = []
-    for life in (1, 2):
-        home.mkdir()
-        (home / "config.yaml").write_text(_config(lab))
-        corral = _runner(home)
-        job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
-        assert job == "1"
-        data = wait_for(lambda: (lambda d: d if d["state"] in ("RUNNING", "FAILED") else None)(status(corral, job)),
-                        timeout=90)
-        assert data["state"] == "RUNNING", [e["message"] for e in events(corral, job)]
-        scope = f"{(home / 'ray.instance').read_text().strip()}"
-        scopes.append(scope)
-        logs = [p for p in Path("/tmp").glob(f"corral-ray-*-{scope}/logs/1.one.0.a0.log")]
-        assert len(logs) == 1, logs
-        assert logs[0].stat().st_mode & 0o777 == 0o600 and logs[0].parent.stat().st_mode & 0o777 == 0o700
-        assert logs[0].parent.parent.stat().st_mode & 0o777 == 0o700
-        if life == 1:  # the server dies, and the home is deleted under its running job
-            pid = json.loads((home / "server.json").read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: corral("server", "status").returncode == 1, timeout=30)
-            old_scope = logs[0].parent.parent.name.removeprefix("corral-ray-")
-            shutil.rmtree(home)
-        else:
-            corral("cancel", job, check=True)
-            wait_for(lambda: status(corral, job)["state"] == "CANCELLED", timeout=60)
+    instances, old_scope, corral = [], None, None
+    try:
+        for life in (1, 2):
+            home.mkdir()
+            (home / "config.yaml").write_text(_config(lab))
+            corral = _runner(home)
+            job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+            assert job == "1"
+            data = wait_for(lambda: (lambda d: d if d["state"] in ("RUNNING", "FAILED") else None)(
+                status(corral, job)), timeout=90)
+            assert data["state"] == "RUNNING", [e["message"] for e in events(corral, job)]
+            instances.append((home / "ray.instance").read_text().strip())
+            logs = list(Path("/tmp").glob(f"corral-ray-*-{instances[-1]}/logs/1.one.0.a*.log"))
+            assert len(logs) == 1, logs
+            wait_for(lambda: b"secret" in logs[0].read_bytes(), timeout=30)
+            assert logs[0].stat().st_mode & 0o777 == 0o600  # the replica's output is its user's alone
+            assert logs[0].parent.stat().st_mode & 0o777 == 0o700
+            assert logs[0].parent.parent.stat().st_mode & 0o777 == 0o700
+            if life == 1:  # the server dies, and the home is deleted under its running job
+                os.kill(json.loads((home / "server.json").read_text())["pid"], signal.SIGKILL)
+                wait_for(lambda: corral("server", "status").returncode == 1, timeout=30)
+                old_scope = logs[0].parent.parent.name.removeprefix("corral-ray-")
+                shutil.rmtree(home)
+            else:
+                corral("cancel", job, check=True)
+                wait_for(lambda: status(corral, job)["state"] == "CANCELLED", timeout=60)
+        assert instances[0] != instances[1]
+    finally:
+        if corral is not None:
             corral("server", "stop")
-    assert scopes[0] != scopes[1]
-    _clear_scope(lab, old_scope)
+        if old_scope is not None:
+            _clear_scope(lab, old_scope)

@@ -371,7 +371,7 @@ class RayExecutor(EventStream):
     def close(self) -> None:
         self._closed.set()
         with self._lock:
-            conn, proc = self._conn, self._proc
+            conn, proc, connected = self._conn, self._proc, self._connected
         if conn is not None:
             try:
                 with self._sending:
@@ -380,7 +380,7 @@ class RayExecutor(EventStream):
                 pass
         if proc is not None:
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=10 if connected else 0.1)  # one still reaching Ray has nothing to close
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
