@@ -561,7 +561,7 @@ class RayDriver(EventStream):
                 return
             self._end_remote_tree(key, live["node"])
             self._emit(Observed(key, Kind.LOST, node=live["node"],
-                                reason=f"its Ray actor on {live['node']} died ({type(exc).__name__})"))
+                                reason=f"its Ray actor on {live['node']} died ({type(exc).__name__}); {FENCED}"))
             return
         self._pump(key, live["actor"], live["job"], live["label"], live["offset"], final=True)
         if isinstance(code, str):  # its fence ended it: the node's raylet (or the actor's worker) died

@@ -36,7 +36,7 @@ from corral.pool import NodeSpec
 
 log = logging.getLogger("corral.ray")
 
-CONNECT_S = 8.0  # how long the server's start waits for Ray's first answer before going on without it
+CONNECT_S = 6.0  # how long the server's start waits for Ray's first answer before going on without it
 DRIVER_START_S = 45.0  # a driver that has not reached Ray by then is replaced
 STALE_S = 5.0  # Ray not answering a look at its nodes this long: its partitions are DOWN
 REPLACE_S = 30.0  # a driver cut off from Ray this long is replaced (Ray ends it after 60 s anyway)
