@@ -108,14 +108,23 @@ class RayLab:
         except subprocess.TimeoutExpired:
             pass
 
+    def raylet(self, node: Node) -> int:
+        """The pid of the node's raylet (a child of its ``ray start``)."""
+        for line in _run("ps", "-eo", "pid=,ppid=,comm=", check=False).stdout.splitlines():
+            pid, ppid, comm = (line.split(None, 2) + ["", "", ""])[:3]
+            if comm.strip() == "raylet" and _descends(int(pid), node.proc.pid):
+                return int(pid)
+        raise RuntimeError(f"no raylet found for {node.name}")
+
     def revive(self, node: Node, timeout: float = 60.0) -> None:
-        """A killed worker comes back: the same name, IP, namespace and resources (a machine
-        that rebooted), and rejoins the cluster."""
-        if node.alive():
-            return
+        """A killed node comes back: the same name, IP, namespace and resources (a machine
+        that rebooted); a worker rejoins the cluster, the head starts it anew at its address.
+        What is left of its earlier life (a ``ray start`` whose raylet was killed) goes first."""
+        self.kill(node)
         argv, log = self.commands[node.name]
         node.proc = _start(argv, node.netns, log)
-        self.wait_nodes(len(self.nodes), timeout)
+        if node.name != "head":  # the head comes up with the first worker's query
+            self.wait_nodes(sum(n.alive() for n in self.nodes), timeout)
 
     def stop(self) -> None:
         for node in reversed(self.nodes):
@@ -143,6 +152,17 @@ class RayLab:
                     return nodes
             time.sleep(1)
         raise RuntimeError(f"only {len(nodes)} of {count} Ray nodes came up")
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
 
 
 def _free_subnet() -> int:
@@ -181,9 +201,10 @@ def _start(argv: list[str], netns: str | None, log: Path) -> subprocess.Popen:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
-def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2) -> RayLab:
+def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2, misses: int = 3) -> RayLab:
     """A head (no GPUs) and ``workers`` nodes with ``gpus`` declared GPUs of ``gpu_type``,
-    labelled ``switch=leaf{i}``."""
+    labelled ``switch=leaf{i}``; a node is declared dead after ``misses`` missed health
+    checks, one a second."""
     isolated = can_isolate()
     tag = str(os.getpid())
     temp = Path(tempfile.mkdtemp(prefix=f"crl{tag}-", dir="/tmp"))
@@ -204,10 +225,12 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
     client_port = ["--ray-client-server-port", str(port + 1)] if importlib.util.find_spec("grpc") else []
     lab = RayLab(head_ip, port, isolated, tag, temp, bridge)
     try:
-        head = _start([RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
-                       "--num-gpus", "0", "--temp-dir", str(temp), "--system-config", json.dumps(SYSTEM_CONFIG),
-                       *client_port, "--include-dashboard=false", *common], None,
-                      temp / "head.log")
+        argv = [RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
+                "--num-gpus", "0", "--temp-dir", str(temp), "--system-config",
+                json.dumps({**SYSTEM_CONFIG, "health_check_failure_threshold": misses}),
+                *client_port, "--include-dashboard=false", *common]
+        lab.commands["head"] = (argv, temp / "head.log")
+        head = _start(argv, None, temp / "head.log")
         lab.nodes.append(Node("head", head_ip, head))
         for i in range(workers):
             netns, ip = None, "127.0.0.1"

@@ -3,15 +3,27 @@ attempt with the same ``NodeRunner`` the local executor uses (wrapper, cgroup, e
 hosts file, exec probes), so a replica on Ray sees the same environment contract as one on
 this machine. Detached and named after the attempt key, it outlives the corral server, which
 finds it again by name after a restart. Only plain data crosses Ray: no corral object is
-pickled into the actor but its launch dictionary."""
+pickled into the actor but its launch dictionary.
+
+Beside each attempt the actor starts its *fence* (``fence``): should the actor's worker or
+the node's raylet die, the fence ends the attempt's process tree, so a replica whose node
+left the cluster does not run on beside its next attempt.
+
+Everything corral keeps on a node lives in directories private to the worker's user (0700;
+logs 0600) named after the server's *node scope*: its CORRAL_HOME and that home's instance,
+so a home made anew never meets the runs of an earlier one with the same attempt keys."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
+from corral.executors.ray.fence import FENCED_FILE
 from corral.node.runner import NodeRunner, process_start_time
 
 
@@ -22,10 +34,37 @@ def node_dirs(scope: str) -> tuple[Path, Path, Path]:
     return base / "runs", base / "logs", shm / f"corral-ray-{scope}"
 
 
+def private_dir(path: Path) -> Path:
+    """``path`` (and missing parents) as a directory of this user's alone (0700); refused
+    when it is a symlink or another user's, so nothing is written through a trap."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{path} on this node is not a directory of this user's; corral will not use it")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(path, 0o700)
+    return path
+
+
+def node_runner(scope: str) -> NodeRunner:
+    """The runner of a node scope, its directories made private."""
+    runs, logs, runtime = node_dirs(scope)
+    for directory in (runs.parent, runs, logs, runtime):
+        private_dir(directory)
+    return NodeRunner(runs, runtime, scope)
+
+
 class ReplicaActor:
     def __init__(self, scope: str):
-        runs, self.logs, runtime = node_dirs(scope)
-        self.runner = NodeRunner(runs, runtime, scope)
+        self.scope = scope
+        self.runner = node_runner(scope)
+        self.logs = node_dirs(scope)[1]
+        self.fence: subprocess.Popen | None = None
+        self.fence_fd: int | None = None
         self.proc: subprocess.Popen | None = None
         self.key: str | None = None
         self.code: int | None = None
@@ -33,6 +72,7 @@ class ReplicaActor:
         self.log_file: Path | None = None
         self.lock = threading.Lock()  # a status asked while the start runs waits for it
         self.gpus: list[int] = []
+        self.fenced: str | None = None
 
     def start(self, launch: dict, hosts: str, peers: str) -> dict:
         with self.lock:
@@ -56,6 +96,14 @@ class ReplicaActor:
         for directory in launch.get("dirs") or ():  # node-local unless the site mounts shared storage there
             Path(directory).mkdir(parents=True, exist_ok=True)
         self.log_file = self.logs / f"{self.key}.log"
+        stale = self.runner.run_dir(self.key)
+        if stale.exists():  # left by a server that crashed before its start was recorded: never ran here
+            self.runner.end_tree(self.key, self.runner.started_pid(self.key), thorough=True)
+            shutil.rmtree(stale, ignore_errors=True)
+        fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)  # the replica's output is its user's alone
+        os.close(fd)
+        self._start_fence()
         repo = launch.get("repo")
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None)
@@ -64,12 +112,42 @@ class ReplicaActor:
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,
                 "gpus": self.gpus, "names": self.runner.hosts_mode}
 
+    def _start_fence(self) -> None:
+        """Before the attempt starts: its fence, watching this worker (a pipe only it holds
+        the read end of) and the raylet (this worker's parent)."""
+        read, write = os.pipe()
+        said = os.open(self.logs / f"{self.key}.fence", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")}
+        try:
+            self.fence = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.fence", str(read),
+                                           str(os.getppid()), self.scope, self.key or ""],
+                                          pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=said, start_new_session=True, env=env, close_fds=True)
+        except BaseException:
+            os.close(write)
+            raise
+        finally:
+            os.close(read)
+            os.close(said)
+        self.fence_fd = write
+
     def _reap(self) -> None:
         assert self.proc is not None and self.key is not None
         rc = self.proc.wait()
         self.runner.end_tree(self.key, self.proc.pid)
         code = self.runner.exit_code(self.key)
         self.code = code if code is not None else (128 - rc if rc < 0 else rc)
+        try:
+            self.fenced = (self.runner.run_dir(self.key) / FENCED_FILE).read_text() or "fenced"
+        except OSError:
+            pass
+        if self.fence_fd is not None:  # nothing of the attempt is left: its fence may go
+            try:
+                os.write(self.fence_fd, b"ended")
+            except OSError:
+                pass
+        if self.fence is not None:
+            self.fence.wait()
         self.done.set()
 
     def status(self) -> dict:
@@ -81,11 +159,12 @@ class ReplicaActor:
             return {"state": "absent"}
         if not self.done.is_set():
             return {"state": "running", "node_pid": self.proc.pid, "gpus": self.gpus}
-        return {"state": "exited", "code": self.code}
+        return {"state": "exited", "code": self.code, "fenced": self.fenced}
 
-    def wait(self) -> int | None:
+    def wait(self) -> int | str | None:
+        """The attempt's exit code, or why its fence ended it (a loss: its node is failing)."""
         self.done.wait()
-        return self.code
+        return self.fenced or self.code
 
     def signal(self, signum: int) -> bool:
         if self.proc is None or self.done.is_set():
@@ -116,6 +195,7 @@ class ReplicaActor:
             self.runner.forget(self.key)
             if self.log_file is not None:
                 self.log_file.unlink(missing_ok=True)
+                self.log_file.with_suffix(".fence").unlink(missing_ok=True)
 
 
 def free_ports(wanted: list[int], count: int, taken: list[int]) -> list[int]:
@@ -156,11 +236,8 @@ def _any_free(avoid: set[int]) -> int:
 
 def kill_tree(scope: str, key: str) -> list[int]:
     """On the node it runs on: end whatever is left of an attempt whose actor died."""
-    runs, _, runtime = node_dirs(scope)
-    runner = NodeRunner(runs, runtime, scope)
-    return runner.end_tree(key, None, thorough=True)  # by cgroup and environment: a pid may be reused
+    return node_runner(scope).end_tree(key, None, thorough=True)  # by cgroup and environment: a pid may be reused
 
 
 def cleanup_job(scope: str, job_id: int) -> None:
-    runs, _, runtime = node_dirs(scope)
-    NodeRunner(runs, runtime, scope).cleanup_job(job_id)
+    node_runner(scope).cleanup_job(job_id)

@@ -1,45 +1,65 @@
-"""The Ray executor: replicas run on the nodes of an existing Ray cluster (``infra: {ray:
-{address: auto}}`` in config.yaml). corral's scheduler decides placement; Ray realises it.
+"""The Ray executor as the server holds it: the server's end of the link to its Ray driver
+(``driver``), a process of its own started and restarted here. Ray's client library ends
+the process it runs in when the cluster's head stays away for a minute; in a process of
+its own that ends the driver, never the server, its local partitions or its other infras.
 
-* Nodes come from Ray's own view (``ray.nodes()``): GPUs, the ``accelerator_type:*``
-  resource as GPU type, CPUs, memory, and node labels (``switch``/``leaf`` for topology). A
-  node that joins is schedulable; one that leaves is DOWN, and its attempts are lost.
-* Each replica's resources are held in Ray's accounting by a placement group pinned to the
-  node corral chose (a bundle label selector on ``ray.io/node-id``), so no other Ray user can
-  take them between decision and start. A gang's groups are all made ready before any of
-  its replicas starts, and all removed if one cannot be (all or none). A restart reuses its
-  replica's group: same node, same GPUs.
-* Each attempt is a detached actor named after its key (``rayactor.ReplicaActor``) that runs
-  ``setup``/``run`` as a process on that node with the same environment contract as locally;
-  ``CUDA_VISIBLE_DEVICES`` are the GPUs Ray assigned. Addresses are node IPs, and ports are
-  chosen per replica on its node (the declared port when free), so replicas never collide.
-* Logs are pulled from the node into the server's log directory while attempts run, so
-  ``corral logs`` works unchanged and keeps what a dead node wrote before it died.
-* After a server restart the actors are found again by name: running ones are adopted, ended
-  ones report their exit, and none is started twice."""
+Built without contacting Ray (it waits a few seconds for a first answer, so a healthy
+cluster's nodes are known when the server opens), it never raises for an unreachable
+cluster: while Ray does not answer, ``unreachable()`` says why, ``nodes()`` is empty (the
+loop shows the partitions DOWN with that reason), starts are refused with it, and what the
+server asks meanwhile that must still happen (signals, releases, forgets) is kept and done
+once Ray answers again. A new driver adopts every attempt the server watches, so an exit or
+a loss while Ray was away is reported, and nothing is started twice; a start it confirms
+late is reported once.
+
+Names on the cluster and directories on its nodes carry the server's *node scope*: its
+home's scope and that home's instance (a random name kept in the home), so a home made anew
+never meets an earlier home's actors, groups or files under the same attempt keys."""
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
 from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
                                       Wake)
 from corral.pool import NodeSpec
-from corral.runtime.discovery import port_domain
 
 log = logging.getLogger("corral.ray")
 
-RESERVE_TIMEOUT_S = 30.0
-START_TIMEOUT_S = 60.0
-CALL_TIMEOUT_S = 15.0
-POLL_S = 0.5
-KICK_S = 0.02  # how long a start sent meanwhile may wait for the watcher to add it to its wait
-PORT_BATCH = 32  # free ports fetched per call to a node
-UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
+CONNECT_S = 6.0  # how long the server's start waits for Ray's first answer before going on without it
+DRIVER_START_S = 45.0  # a driver that has not reached Ray by then is replaced
+STALE_S = 5.0  # Ray not answering a look at its nodes this long: its partitions are DOWN
+REPLACE_S = 30.0  # a driver cut off from Ray this long is replaced (Ray ends it after 60 s anyway)
+BACKOFF_S = (1.0, 2.0, 5.0, 10.0)
+CALL_S = 120.0  # the longest a call may take (a gang's reservation waits 30 s for Ray)
+
+
+def instance(home: Path) -> str:
+    """This home's instance: made once with the home, so a home deleted and made again at the
+    same path gets a new one."""
+    path = home / "ray.instance"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    made = secrets.token_hex(4)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()  # made meanwhile by another process of this home
+    with os.fdopen(fd, "w") as fh:
+        fh.write(made + "\n")
+    return made
 
 
 class RayExecutor(EventStream):
@@ -47,360 +67,293 @@ class RayExecutor(EventStream):
 
     def __init__(self, config, settings, scope: str, wake: Wake = lambda: None):
         super().__init__(wake)
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+        from corral.executors.ray.actor import node_dirs
 
-        from corral.executors.ray import actor as rayactor
-
-        self._ray = ray
-        self._affinity = NodeAffinitySchedulingStrategy
-        self._in_group = PlacementGroupSchedulingStrategy
-        self.scope = scope
-        self.prefix = config.node_prefix
+        self.config, self.settings = config, settings
         from corral.executors.ray.plugin import runs_as
 
         self.user = runs_as(config)  # the account every worker of the cluster runs as
+        self.scope = f"{scope}-{instance(settings.home)}"
         self.namespace = config.namespace or f"corral-{scope}"
-        self.settings = settings
-        if not ray.is_initialized():
-            ray.init(address=config.address, namespace=self.namespace, log_to_driver=False,
-                     logging_level=logging.WARNING, configure_logging=False)
-        self._actor_class = ray.remote(rayactor.ReplicaActor)
-        self._free_ports = ray.remote(rayactor.free_ports)
-        self._kill_tree = ray.remote(rayactor.kill_tree)
-        self._cleanup = ray.remote(rayactor.cleanup_job)
-        self._runtime_dir = rayactor.node_dirs(scope)[2]
+        self._runtime_dir = node_dirs(self.scope)[2]
         self._lock = threading.RLock()
-        self._nodes: dict[str, NodeSpec] = {}
-        self._gone_nodes: set[str] = set()
-        self._node_ids: dict[str, tuple[str, str]] = {}  # name -> (Ray node id, IP)
+        self._sending = threading.Lock()  # one message at a time on the link, never under _lock
+        self._conn: Connection | None = None
+        self._proc: subprocess.Popen | None = None
+        self._connected = False
+        self._down: str | None = self._say("does not answer yet (connecting)")
+        self._stale: str | None = None  # the driver runs but Ray has not answered it for a while
+        self._nodes: list[NodeSpec] = []
+        self._shown: list[NodeSpec] = []
         self._version = 0
-        self._groups: dict[tuple[int, str], Any] = {}  # (job, label) -> its placement group
-        self._live: dict[str, dict] = {}  # key -> {"actor", "ref", "job", "node", "label", "offset"}
-        self._starting: dict[str, dict] = {}  # key -> {"ref", "actor", "handle", "job", "label", "deadline"}
-        self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
-        self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
-        self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
-        self._earlier: dict[int, list[str]] | None = None  # job -> placement groups of an earlier server
+        self._calls: dict[int, list] = {}  # id -> [answered, ok, value]
+        self._next = 0
+        self._attempts: dict[str, Handle | None] = {}  # attempts the server watches on Ray
+        self._confirmed: set[str] = set()  # of those, the ones reported STARTED
+        self._ended: set[str] = set()  # attempts reported ended, until forgotten
+        self._suppress: set[str] = set()  # a new driver's adoption reports these running again: not news
+        self._signals: dict[str, tuple[Handle, int]] = {}  # sent while Ray was away
+        self._owed: list[tuple[str, tuple]] = []  # forgets, releases and clean-ups for when Ray answers
+        self._docs: dict[int, tuple] = {}  # job -> its last publish, given again to a new driver
         self._closed = threading.Event()
-        self._kick = threading.Event()  # a start was sent: the watcher stops waiting on older refs
-        self._refresh_nodes()
-        self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._keep, name="corral-ray-link", daemon=True)
         self._thread.start()
+        self._ready.wait(CONNECT_S)
 
-    # -- inventory ---------------------------------------------------------------------------
+    def _say(self, what: str) -> str:
+        return f"Ray at {self.config.address} {what}"
+
+    # -- reachability and inventory ----------------------------------------------------------
+    def unreachable(self) -> str | None:
+        with self._lock:
+            return self._down or self._stale
+
     def nodes(self) -> list[NodeSpec]:
         with self._lock:
-            return list(self._nodes.values())
+            return list(self._shown)
 
     @property
     def inventory_version(self) -> int:
         return self._version
 
-    def _node_name(self, info: dict, shared_ip: bool) -> str:
-        """``corral.node`` if the node carries that label, else the prefix and its IP (and
-        its raylet's port where several nodes share one IP, as in a one-host test)."""
-        labels = info.get("Labels") or {}
-        if labels.get("corral.node"):
-            return str(labels["corral.node"])
-        name = f"{self.prefix}-{info['NodeManagerAddress'].replace('.', '-').replace(':', '-')}"
-        return f"{name}-{info['NodeManagerPort']}" if shared_ip else name
-
-    def _refresh_nodes(self) -> list[str]:
-        """Take Ray's view of its nodes; returns the names of nodes that went away."""
-        nodes, ids = {}, {}
-        alive = [info for info in self._ray.nodes() if info.get("Alive")]
-        ips = [info["NodeManagerAddress"] for info in alive]
-        for info in alive:
-            res = info.get("Resources") or {}
-            gpu_types = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]
-            labels = {str(k): str(v) for k, v in (info.get("Labels") or {}).items()
-                      if not str(k).startswith("ray.io/") and k != "corral.node"}
-            name = self._node_name(info, ips.count(info["NodeManagerAddress"]) > 1)
-            nodes[name] = NodeSpec(name=name, gpus=int(res.get("GPU", 0)), gpu_type=gpu_types[0] if gpu_types else None,
-                                   cpus=max(float(res.get("CPU", 0.0)), 0.001),
-                                   memory=round(float(res.get("memory", 0.0)) / 2**30, 3), labels=labels,
-                                   address=port_domain(info["NodeManagerAddress"]))
-            ids[name] = (info["NodeID"], info["NodeManagerAddress"])
+    def _show(self) -> None:
+        """What the loop sees: Ray's nodes while it answers, none while it does not."""
         with self._lock:
-            gone = [n for n in self._nodes if n not in nodes]
-            self._gone_nodes = (self._gone_nodes | set(gone)) - set(nodes)
-            if nodes != self._nodes:
-                self._nodes, self._node_ids = nodes, ids
-                self._version += 1
-                self._wake_loop()
-        return gone
+            shown = [] if (self._down or self._stale) else list(self._nodes)
+            if shown == self._shown:
+                return
+            self._shown = shown
+            self._version += 1
+        self._wake_loop()
 
-    def _ip(self, node: str) -> str:
+    # -- the driver process ---------------------------------------------------------------------
+    def _keep(self) -> None:
+        """Run a driver, follow it, and start another when it ends or loses Ray for too long."""
+        failures = 0
+        while not self._closed.is_set():
+            why = self._run_driver()
+            with self._lock:
+                self._connected = False
+                self._down = self._say(f"does not answer: {why}")
+                self._stale = None
+                calls, self._calls = self._calls, {}
+            for slot in calls.values():  # a call the driver took with it fails with the reason
+                slot[1], slot[2] = False, LaunchError(self._down)
+                slot[0].set()
+            self._show()
+            if self._closed.is_set():
+                return
+            log.warning("%s", self._down)
+            self._closed.wait(BACKOFF_S[min(failures, len(BACKOFF_S) - 1)])
+            failures += 1
+
+    def _run_driver(self) -> str:
+        mine, theirs = socket.socketpair()
+        log_path = self.settings.home / "ray-driver.log"
+        out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.link", str(theirs.fileno())],
+                                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                    start_new_session=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        except OSError as exc:
+            return f"its driver could not start ({exc})"
+        finally:
+            os.close(out)
+            theirs.close()
+        conn = Connection(os.dup(mine.fileno()))
+        mine.close()
         with self._lock:
-            if node not in self._node_ids:
-                raise LaunchError(f"Ray node {node} is not in the cluster")
-            return self._node_ids[node][1]
+            self._proc, self._conn = proc, conn
+        size = log_path.stat().st_size
+        born, cut_off = time.monotonic(), None
+        try:
+            with self._sending:
+                conn.send(("init", {"config": self.config.model_dump(), "home": str(self.settings.home),
+                                    "db_url": self.settings.db_url, "scope": self.scope,
+                                    "namespace": self.namespace}))
+            while not self._closed.is_set():
+                if not conn.poll(0.5):
+                    if proc.poll() is not None:
+                        return _last_words(log_path, size) or f"its driver ended (exit code {proc.returncode})"
+                    if not self._connected:
+                        waited = time.monotonic() - born
+                        if waited > DRIVER_START_S:
+                            return f"no answer within {DRIVER_START_S:g}s"
+                        said = _last_words(log_path, size) if waited > STALE_S else None
+                        if said:
+                            with self._lock:
+                                self._down = self._say(f"does not answer (trying for {waited:.0f}s: {said})")
+                    if cut_off is not None and time.monotonic() - cut_off > REPLACE_S:
+                        return f"no answer for {time.monotonic() - cut_off + STALE_S:.0f}s"
+                    continue
+                message = conn.recv()
+                kind = message[0]
+                if kind == "answered":
+                    stale = message[1] > STALE_S
+                    cut_off = (cut_off or time.monotonic()) if stale else None
+                    with self._lock:
+                        self._stale = self._say(f"does not answer (for {message[1]:.0f}s)") if stale else None
+                    self._show()
+                elif kind == "events":
+                    self._take(message[1])
+                elif kind == "nodes":
+                    with self._lock:
+                        self._nodes, self._stale = message[1], None
+                    cut_off = None
+                    self._show()
+                elif kind == "reply":
+                    with self._lock:
+                        slot = self._calls.pop(message[1], None)
+                    if slot is not None:
+                        slot[1], slot[2] = message[2], message[3]
+                        slot[0].set()
+                elif kind == "ready":
+                    with self._lock:
+                        self._nodes, self._connected, self._down = message[1], True, None
+                    self._show()
+                    threading.Thread(target=self._resync, name="corral-ray-resync", daemon=True).start()
+                elif kind == "down":
+                    return message[1]
+            return "the server is stopping"
+        except (EOFError, OSError):
+            proc.wait()
+            return _last_words(log_path, size) or f"its driver ended (exit code {proc.returncode})"
+        finally:
+            with self._lock:
+                self._conn = None
+            conn.close()
+            if proc.poll() is None and not self._closed.is_set():
+                proc.kill()
+                proc.wait()
 
-    def _node_id(self, node: str) -> str:
+    def _resync(self) -> None:
+        """A new driver: it learns what the server published, adopts every attempt the server
+        watches (reporting what changed while Ray was away), then does what was kept for it."""
         with self._lock:
-            if node not in self._node_ids:
-                raise LaunchError(f"Ray node {node} is not in the cluster")
-            return self._node_ids[node][0]
-
-    def _pinned(self, node: str):
+            docs = list(self._docs.items())
+            attempts = list(self._attempts.items())
+            self._suppress = {k for k, _ in attempts if k in self._confirmed}
+        try:
+            for job_id, args in docs:
+                self._call("publish", job_id, *args)
+            if attempts:
+                self._call("adopt", attempts)
+        except LaunchError:
+            return  # lost again: the next driver does it
+        finally:
+            with self._lock:
+                self._suppress = set()
+        self._ready.set()
         with self._lock:
-            if node not in self._node_ids:
-                raise LaunchError(f"Ray node {node} is not in the cluster")
-            return self._affinity(self._node_ids[node][0], soft=False)
+            owed, self._owed = self._owed, []
+            signals, self._signals = self._signals, {}
+        for method, args in owed:
+            self._quietly(method, *args)
+        for handle, signum in signals.values():
+            self._quietly("signal", handle, signum)
 
-    # -- binding -------------------------------------------------------------------------------
+    def _take(self, events: list[Observed]) -> None:
+        for event in events:
+            with self._lock:
+                if event.kind == Kind.STARTED:
+                    self._attempts[event.key] = event.handle or self._attempts.get(event.key)
+                    if event.key in self._suppress:
+                        self._suppress.discard(event.key)
+                        continue
+                    self._confirmed.add(event.key)
+                else:
+                    self._attempts.pop(event.key, None)
+                    self._ended.add(event.key)
+                    self._confirmed.discard(event.key)
+                    self._signals.pop(event.key, None)
+            self._emit(event)
+
+    def _call(self, method: str, *args, timeout: float = CALL_S):
+        with self._lock:
+            conn = self._conn
+            if not self._connected or conn is None:
+                raise LaunchError(self._down or self._say("does not answer"))
+            self._next += 1
+            ident, slot = self._next, [threading.Event(), False, None]
+            self._calls[ident] = slot
+        try:
+            with self._sending:
+                conn.send(("call", ident, method, args))
+        except OSError as exc:
+            with self._lock:
+                self._calls.pop(ident, None)
+            raise LaunchError(self._say(f"does not answer: its driver is gone ({exc})")) from exc
+        if not slot[0].wait(timeout):
+            with self._lock:
+                self._calls.pop(ident, None)
+            raise LaunchError(self._say(f"did not answer {method} within {timeout:g}s"))
+        if not slot[1]:
+            raise slot[2]
+        return slot[2]
+
+    def _quietly(self, method: str, *args) -> None:
+        """A call that must happen eventually: now if Ray answers, else once it does."""
+        try:
+            self._call(method, *args)
+        except LaunchError:
+            with self._lock:
+                self._owed.append((method, args))
+
+    # -- the contract ------------------------------------------------------------------------------
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
-        """The declared ports themselves: the scheduler placed the replica where no other of
-        corral's holds them on this address, so only a process corral did not start (checked on
-        the node) makes one move, and the binding says so."""
-        ip = self._ip(node)
-        if previous is not None and previous.addr == ip and set(previous.ports) == set(ports):
-            return previous
-        chosen = self._ports(node, list(ports.values()), 0)
-        moved = [f"{want} is in use on {node}" for want, got in zip(ports.values(), chosen) if want != got]
-        return Binding(ip, dict(zip(ports, chosen)), "; ".join(moved))
+        return self._call("bind", job_id, replica_id, node, ports, previous)
 
     def rendezvous_port(self, node: str) -> int:
-        return self._ports(node, [], 1)[0]
+        return self._call("rendezvous_port", node)
 
-    def _ports(self, node: str, wanted: list[int], extra: int) -> list[int]:
-        """``wanted`` ports where free on ``node`` (else others), then ``extra`` free ones.
-        Free ports are fetched from the node in batches, so most placements cost no call."""
-        if not wanted and not extra:
-            return []
-        with self._lock:
-            pool = self._port_pool.setdefault(node, [])
-            if not wanted and len(pool) >= extra:
-                ports = [pool.pop() for _ in range(extra)]
-                self._handed.setdefault(node, set()).update(ports)
-                return ports
-            taken = sorted(self._handed.setdefault(node, set()))
-        batch = extra + PORT_BATCH
-        ref = self._free_ports.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(wanted, batch, taken)
-        try:
-            found = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except Exception as exc:
-            raise LaunchError(f"could not pick ports on {node}: {_short(exc)}") from exc
-        ports = found[:len(wanted) + extra]
-        with self._lock:  # declared ports honoured are the scheduler's to hand out, not this pool's
-            self._handed[node].update(p for p in ports[:len(wanted)] if p not in wanted)
-            self._handed[node].update(ports[len(wanted):])
-            self._port_pool[node] = [p for p in found[len(wanted) + extra:] if p not in self._handed[node]]
-        return ports
-
-    # -- reservations ----------------------------------------------------------------------------
     def reserve(self, job_id: int, generation: int, slots) -> None:
-        made, waits = [], []
-        for label, node, gpus, cpus, memory in slots:
-            name = f"corral-{self.scope}-j{job_id}g{generation}-{label}-{node}"
-            with self._lock:
-                existing = self._groups.get((job_id, label))
-            if existing is not None and existing[0] == name:
-                continue
-            try:
-                pg = self._ray.util.get_placement_group(name)  # made before a server restart
-            except ValueError:
-                bundle: dict[str, float] = {"CPU": cpus}
-                if len(gpus):
-                    bundle["GPU"] = float(len(gpus))
-                if memory > 0:
-                    bundle["memory"] = float(int(memory * 2**30))
-                pg = self._ray.util.placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime="detached",
-                                                    bundle_label_selector=[{"ray.io/node-id": self._node_id(node)}])
-                made.append(pg)
-            waits.append(((job_id, label), name, pg))
-        try:
-            self._ray.get([pg.ready() for _, _, pg in waits], timeout=RESERVE_TIMEOUT_S)
-        except Exception as exc:
-            for pg in made:  # all or none: nothing of the gang stays held
-                self._ray.util.remove_placement_group(pg)
-            raise LaunchError(f"Ray could not reserve {len(waits)} replica(s) within {RESERVE_TIMEOUT_S:g}s: "
-                              f"{type(exc).__name__}") from exc
-        with self._lock:
-            for slot, name, pg in waits:
-                old = self._groups.get(slot)
-                if old is not None and old[0] != name:  # placed again elsewhere: the old hold goes
-                    self._remove_group(old[1])
-                self._groups[slot] = (name, pg)
-
-    def release(self, job_id: int) -> None:
-        with self._lock:
-            mine = [k for k in self._groups if k[0] == job_id]
-            groups = [self._groups.pop(k)[1] for k in mine]
-            self._docs.pop(job_id, None)
-        for pg in groups:
-            self._remove_group(pg)
-        for name in self._earlier_groups().pop(job_id, []):  # made before a server restart
-            try:
-                self._remove_group(self._ray.util.get_placement_group(name))
-            except ValueError:
-                pass
-
-    def _earlier_groups(self) -> dict[int, list[str]]:
-        """Live placement groups of this scope that an earlier server made, by job: read from
-        Ray's table once (it keeps removed groups too, so reading it per job would grow)."""
-        if self._earlier is None:
-            self._earlier = {}
-            prefix = f"corral-{self.scope}-j"
-            for info in self._ray.util.placement_group_table().values():
-                name = str(info.get("name", ""))
-                if name.startswith(prefix) and info.get("state") != "REMOVED":
-                    job = name[len(prefix):].split("g", 1)[0]
-                    if job.isdigit():
-                        self._earlier.setdefault(int(job), []).append(name)
-        return self._earlier
-
-    def _remove_group(self, pg) -> None:
-        try:
-            self._ray.util.remove_placement_group(pg)
-        except Exception:
-            log.debug("placement group already gone", exc_info=True)
-
-    # -- attempts ------------------------------------------------------------------------------
-    def _actor_name(self, key: str) -> str:
-        return f"corral-{self.scope}-{key}"
+        self._call("reserve", job_id, generation, slots)
 
     def start(self, launch: Launch) -> Started:
         if launch.run_as is not None and launch.run_as.name != self.user:  # refused at submission already
             raise LaunchError(f"the Ray cluster's workers run as {self.user}, not {launch.run_as.name}: "
                               "Ray cannot start a replica as another Unix account")
+        started = self._call("start", launch)
         with self._lock:
-            group = self._groups.get((launch.job_id, launch.label))
-            hosts, peers = self._docs.get(launch.job_id, ("", "{}"))
-        if group is None:
-            raise LaunchError(f"no Ray reservation for {launch.label}")
-        name = self._actor_name(launch.key)
-        options: dict[str, Any] = {"name": name, "namespace": self.namespace, "lifetime": "detached",
-                                   "num_cpus": launch.cpus, "num_gpus": len(launch.gpus), "max_restarts": 0,
-                                   "max_concurrency": 16,
-                                   "scheduling_strategy": self._in_group(group[1], placement_group_bundle_index=0)}
-        if launch.memory > 0:
-            options["memory"] = int(launch.memory * 2**30)
-        try:
-            actor = self._actor_class.options(**options).remote(self.scope)
-        except Exception as exc:
-            raise LaunchError(f"Ray refused the replica's actor: {_short(exc)}") from exc
-        data = {"key": launch.key, "job_id": launch.job_id, "setup": launch.setup, "run": launch.run,
-                "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts,
-                "repo": list(launch.repo) if launch.repo else None, "dirs": list(launch.dirs)}
-        handle = {"actor": name, "key": launch.key, "node": launch.node, "pending": True}
-        with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
-            self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
-                                          "handle": handle, "job": launch.job_id, "label": launch.label,
-                                          "deadline": time.monotonic() + START_TIMEOUT_S}
-        self._kick.set()
-        return Started(handle, confirmed=False, detail=f"actor {name}")
-
-    def _confirm(self, key: str, entry: dict, ready: bool) -> None:
-        """The actor answered its start (or ran out of time): STARTED with the GPUs Ray
-        bound, or LOST with why, and nothing of the attempt left behind."""
-        handle = dict(entry["handle"])
-        node = handle["node"]
-        try:
-            if not ready:
-                raise TimeoutError(f"not started within {START_TIMEOUT_S:g}s")
-            info = self._ray.get(entry["ref"], timeout=CALL_TIMEOUT_S)
-        except Exception as exc:
-            try:
-                self._ray.kill(entry["actor"], no_restart=True)
-            except Exception:
-                pass
-            self._end_remote_tree(key, node)
-            self._emit(Observed(key, Kind.LOST, node=node,
-                                reason=f"could not start on {node}: {_short(exc)}"))
-            return
-        handle.pop("pending", None)
-        handle.update(node_pid=info["node_pid"], gpus=info["gpus"])
-        self._track(key, entry["actor"], entry["job"], node, entry["label"], 0)
-        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node, gpus=tuple(info["gpus"]),
-                            detail=f"pid {info['node_pid']} on {node}"))
-
-    def _track(self, key: str, actor, job_id: int, node: str, label: str, offset: int) -> None:
-        with self._lock:
-            self._live[key] = {"actor": actor, "ref": actor.wait.remote(), "job": job_id, "node": node,
-                               "label": label, "offset": offset}
+            if launch.key not in self._ended:  # its LOST may have come with the answer (its node left)
+                self._attempts.setdefault(launch.key, started.handle)
+        return started
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
-        for key, handle in attempts:
-            try:
-                actor = self._ray.get_actor(self._actor_name(key), namespace=self.namespace)
-            except ValueError:
-                actor = None
-            if actor is None:
-                if handle is None:
-                    self._emit(Observed(key, Kind.ABSENT, reason="no Ray actor was started for this attempt"))
-                else:
-                    node = handle.get("node")
-                    self._end_remote_tree(key, node)
-                    self._emit(Observed(key, Kind.LOST, node=node,
-                                        reason=f"its Ray actor on {node} is gone (node down or actor killed)"))
-                continue
-            try:
-                status = self._ray.get(actor.status.remote(), timeout=CALL_TIMEOUT_S)
-            except Exception as exc:
-                node = (handle or {}).get("node")
-                self._emit(Observed(key, Kind.LOST, node=node, reason=f"its Ray actor does not answer: {_short(exc)}"))
-                continue
-            job_id, label = _job_and_label(key)
-            node = (handle or {}).get("node") or ""
-            offset = _offset_file(self._log_file(job_id, label), key)
-            if status["state"] == "absent":
-                self._ray.kill(actor, no_restart=True)
-                self._emit(Observed(key, Kind.ABSENT, reason="its Ray actor never started the process"))
-            elif status["state"] == "running":
-                new = dict(handle or {"actor": self._actor_name(key), "key": key, "node": node})
-                new.pop("pending", None)
-                new.update(node_pid=status.get("node_pid"), gpus=status.get("gpus"))
-                self._track(key, actor, job_id, node, label, offset)
-                gpus = status.get("gpus")
-                self._emit(Observed(key, Kind.STARTED, handle=new, gpus=tuple(gpus) if gpus is not None else None,
-                                    detail=f"pid {status.get('node_pid')} on {node}"))
-            else:
-                self._pump(key, actor, job_id, label, offset, final=True)
-                self._emit(Observed(key, Kind.EXITED, code=status.get("code")))
+        with self._lock:
+            for key, handle in attempts:
+                self._attempts[key] = handle
+                self._confirmed.discard(key)  # reported again, once
+        try:
+            self._call("adopt", attempts)
+        except LaunchError:
+            pass  # reported once Ray answers: the next driver adopts every attempt watched
 
     def signal(self, handle: Handle, signum: int) -> bool:
-        with self._lock:
-            live = self._live.get(handle["key"])
-            starting = self._starting.get(handle["key"])
-        if live is None and starting is not None and signum == 9:
-            # killed before its start was confirmed: it must never run
-            with self._lock:
-                self._starting.pop(handle["key"], None)
-            try:
-                self._ray.kill(starting["actor"], no_restart=True)
-            except Exception:
-                pass
-            self._end_remote_tree(handle["key"], handle.get("node"))
-            self._emit(Observed(handle["key"], Kind.LOST, node=handle.get("node"), reason="killed while starting"))
-            return True
-        if live is None:
-            return False
         try:
-            return bool(self._ray.get(live["actor"].signal.remote(signum), timeout=CALL_TIMEOUT_S))
-        except Exception:
-            return False
+            return bool(self._call("signal", handle, signum))
+        except LaunchError:
+            with self._lock:  # delivered once Ray answers (a SIGKILL outranks what came before)
+                before = self._signals.get(handle["key"])
+                if before is None or before[1] != 9:
+                    self._signals[handle["key"]] = (handle, signum)
+            return True
 
     def forget(self, handle: Handle) -> None:
-        try:
-            actor = self._ray.get_actor(handle["actor"], namespace=self.namespace)
-        except (ValueError, KeyError):
-            return
-        try:
-            self._ray.get(actor.forget.remote(), timeout=CALL_TIMEOUT_S)
-        except Exception:
-            pass
-        self._ray.kill(actor, no_restart=True)  # its bundle is free for the replica's next attempt
+        with self._lock:
+            self._attempts.pop(handle.get("key", ""), None)
+            self._ended.discard(handle.get("key", ""))
+        self._quietly("forget", handle)
 
-    # -- discovery, probes, logs ------------------------------------------------------------------
     def publish(self, job_id: int, nodes: set[str], hosts: str, peers: str) -> None:
         with self._lock:
-            self._docs[job_id] = (hosts, peers)
-            actors = [v["actor"] for v in self._live.values() if v["job"] == job_id]
-        for actor in actors:  # one per attempt; the files are per node, written by each
-            actor.publish.remote(job_id, hosts, peers)
+            self._docs[job_id] = (nodes, hosts, peers)
+        try:
+            self._call("publish", job_id, nodes, hosts, peers)
+        except LaunchError:
+            pass  # given to the next driver
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
         directory = self._runtime_dir / str(job_id)
@@ -408,182 +361,49 @@ class RayExecutor(EventStream):
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
-        with self._lock:
-            live = self._live.get(handle["key"]) if handle else None
-        if live is None:
-            return False, "the replica is not running"
         try:
-            ok, detail = self._ray.get(live["actor"].exec_probe.remote(command, env, cwd, timeout),
-                                       timeout=timeout + CALL_TIMEOUT_S)
-            return bool(ok), str(detail)
-        except Exception as exc:
-            return False, f"probe on the node failed: {_short(exc)}"
+            return self._call("exec_probe", handle, command, env, cwd, timeout, timeout=timeout + CALL_S)
+        except LaunchError as exc:
+            return False, str(exc)
 
-    def _log_file(self, job_id: int, label: str) -> Path:
-        return self.settings.log_file(job_id, label)
+    def release(self, job_id: int) -> None:
+        with self._lock:
+            self._docs.pop(job_id, None)
+        self._quietly("release", job_id)
 
     def cleanup_job(self, job_id: int) -> None:
-        with self._lock:
-            nodes = list(self._node_ids)
-        for node in nodes:
-            try:
-                self._cleanup.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(self.scope, job_id)
-            except LaunchError:
-                continue
+        self._quietly("cleanup_job", job_id)
 
     def close(self) -> None:
         self._closed.set()
-        self._kick.set()
+        with self._lock:
+            conn, proc, connected = self._conn, self._proc, self._connected
+        if conn is not None:
+            try:
+                with self._sending:
+                    conn.send(("close",))
+            except OSError:
+                pass
+        if proc is not None:
+            try:
+                proc.wait(timeout=10 if connected else 0.1)  # one still reaching Ray has nothing to close
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self._thread.join(timeout=5)
-        # Detached actors and placement groups outlive the server; the next one adopts them.
-        self._ray.shutdown()
-
-    # -- the watcher thread -------------------------------------------------------------------------
-    def _watch(self) -> None:
-        next_nodes = time.monotonic() + 1.0
-        next_logs = 0.0
-        while not self._closed.is_set():
-            self._kick.clear()
-            with self._lock:
-                refs = {v["ref"]: k for k, v in self._live.items()}
-                starts = {v["ref"]: k for k, v in self._starting.items()}
-            try:
-                everything = list(refs) + list(starts)
-                ready = []
-                if everything:  # wake at the first answer (or a new start), then take every answer there is
-                    until = time.monotonic() + POLL_S
-                    while not ready and not self._kick.is_set() and time.monotonic() < until:
-                        ready, _ = self._ray.wait(everything, num_returns=1, timeout=KICK_S)
-                    if ready:
-                        ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=0)
-                else:
-                    self._kick.wait(POLL_S)
-                for ref in ready:
-                    if ref in starts:
-                        with self._lock:
-                            entry = self._starting.pop(starts[ref], None)
-                        if entry is not None:
-                            self._confirm(starts[ref], entry, True)
-                    else:
-                        self._ended(refs[ref], ref)
-                with self._lock:
-                    late = [k for k, v in self._starting.items() if v["deadline"] < time.monotonic()]
-                    entries = [(k, self._starting.pop(k)) for k in late]
-                for key, entry in entries:
-                    self._confirm(key, entry, False)
-                if time.monotonic() >= next_logs:
-                    next_logs = time.monotonic() + POLL_S
-                    self._pump_all()
-                if time.monotonic() >= next_nodes:
-                    next_nodes = time.monotonic() + 1.0
-                    for node in self._refresh_nodes():
-                        self._node_gone(node)
-            except Exception:  # the watcher must outlive a flaky call to the cluster
-                log.exception("Ray watcher step failed")
-                self._closed.wait(1.0)
-
-    def _ended(self, key: str, ref) -> None:
-        with self._lock:
-            live = self._live.pop(key, None)
-        if live is None:
-            return
-        try:
-            code = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except Exception as exc:
-            if type(exc).__name__ == "ActorUnavailableError" and time.monotonic() < live.setdefault(
-                    "unavailable_until", time.monotonic() + UNAVAILABLE_S):
-                # Unreachable is not dead: ask again, unless its node left (then _node_gone says
-                # lost) or it stays unreachable too long. Declaring it lost while it may still
-                # run would start a second one beside it.
-                if live["node"] in self._refresh_nodes_and_gone():
-                    self._emit(Observed(key, Kind.LOST, node=live["node"],
-                                        reason=f"node {live['node']} left the Ray cluster"))
-                    return
-                time.sleep(0.2)
-                with self._lock:
-                    live["ref"] = live["actor"].wait.remote()
-                    self._live[key] = live
-                return
-            self._end_remote_tree(key, live["node"])
-            self._emit(Observed(key, Kind.LOST, node=live["node"],
-                                reason=f"its Ray actor on {live['node']} died ({type(exc).__name__})"))
-            return
-        self._pump(key, live["actor"], live["job"], live["label"], live["offset"], final=True)
-        self._emit(Observed(key, Kind.EXITED, code=code))
-
-    def _node_gone(self, node: str) -> None:
-        with self._lock:
-            keys = [k for k, v in self._live.items() if v["node"] == node]
-            for k in keys:
-                self._live.pop(k)
-            starting = [k for k, v in self._starting.items() if v["handle"]["node"] == node]
-            for k in starting:
-                self._starting.pop(k)
-        for key in keys + starting:
-            self._emit(Observed(key, Kind.LOST, node=node, reason=f"node {node} left the Ray cluster"))
-
-    def _refresh_nodes_and_gone(self) -> set[str]:
-        """Nodes that are gone now (refreshing Ray's view first)."""
-        for node in self._refresh_nodes():
-            self._node_gone(node)
-        with self._lock:
-            return set(self._gone_nodes)
-
-    def _end_remote_tree(self, key: str, node: str | None) -> None:
-        """An actor died while its node lives: end what its attempt left running there."""
-        if not node or node in self._refresh_nodes_and_gone():
-            return  # a node that is gone took its processes with it
-        try:
-            ref = self._kill_tree.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(self.scope, key)
-            self._ray.get(ref, timeout=5.0)
-        except Exception:
-            log.debug("could not reach %s to end %s", node, key, exc_info=True)
-
-    def _pump_all(self) -> None:
-        with self._lock:
-            live = list(self._live.items())
-        for key, entry in live:
-            self._pump(key, entry["actor"], entry["job"], entry["label"], entry["offset"])
-
-    def _pump(self, key: str, actor, job_id: int, label: str, offset: int, final: bool = False) -> None:
-        """Copy what the attempt wrote on its node since ``offset`` into the server's log."""
-        path = self._log_file(job_id, label)
-        while True:
-            try:
-                data = self._ray.get(actor.read_log.remote(offset), timeout=CALL_TIMEOUT_S)
-            except Exception:
-                return
-            if not data:
-                return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as fh:
-                fh.write(data)
-            offset += len(data)
-            _offset_file(path, key, offset)
-            with self._lock:
-                if key in self._live:
-                    self._live[key]["offset"] = offset
-            if not final and len(data) < (1 << 20):
-                return
 
 
-def _job_and_label(key: str) -> tuple[int, str]:
-    job, task, rank, _ = key.split(".")
-    return int(job), f"{task}-{rank}"
-
-
-def _offset_file(log_path: Path, key: str, value: int | None = None) -> int:
-    """How much of an attempt's node log the server has copied (survives a server restart)."""
-    marker = log_path.with_name(f".{log_path.name}.{key}.offset")
-    if value is None:
-        try:
-            return int(marker.read_text())
-        except (OSError, ValueError):
-            return 0
-    marker.write_text(str(value))
-    return value
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[-1] if text else ''}"[:300]
+def _last_words(log_path: Path, since: int) -> str | None:
+    """The driver's last error line (Ray says why it ended its process)."""
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(since)
+            text = fh.read()[-20000:].decode(errors="replace")
+    except OSError:
+        return None
+    # without Ray's log prefix ("[time W pid tid] file.h:153: ")
+    lines = [re.sub(r"^\[[^\]]*\]\s*(\S+:\d+:\s*)?", "", line.strip()) for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "GCS" in line or "Error" in line or "error" in line:
+            return line[-300:]
+    return lines[-1][-300:] if lines else None
