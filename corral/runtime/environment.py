@@ -15,6 +15,8 @@ import pwd
 from dataclasses import dataclass
 from typing import Any
 
+from corral.runtime.batchenv import array_extent, task_layout
+
 # A login shell's PATH where the submitter's is not carried (--export=NONE, or a list
 # without PATH), as /etc/login.defs gives one.
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -47,7 +49,6 @@ def join_paths(first: str, then: str | None) -> str:
     """``first`` ahead of a colon-separated path that may be unset or empty."""
     return first + (os.pathsep + then if then else "")
 
-from corral.runtime.batchenv import array_extent, task_layout
 
 
 @dataclass(frozen=True)
