@@ -54,7 +54,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def start(settings: Settings, timeout: float = 20.0, options: list[str] | None = None) -> dict[str, Any]:
+def start(settings: Settings, timeout: float = 60.0, options: list[str] | None = None) -> dict[str, Any]:
     """This home's server, started (with ``options``: ``--host``, ``--tls-cert`` …) if none runs;
     one that holds the home but does not answer yet is waited for, never started beside."""
     info = running(settings)

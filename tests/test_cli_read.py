@@ -88,8 +88,9 @@ def test_status_has_a_ready_column(corral, tmp_path: Path) -> None:
     wait_for(lambda: all(r["state"] == "RUNNING" for r in json.loads(
         corral("status", job, "--json", check=True).stdout)["tasks"][0]["replicas"]), timeout=60)
     lines = corral("status", job, check=True).stdout.splitlines()
-    header = lines[1].split("\t")
-    rows = [line.split("\t") for line in lines[2:]]
+    at = next(i for i, line in enumerate(lines) if line.startswith("REPLICA\t"))
+    header = lines[at].split("\t")
+    rows = [line.split("\t") for line in lines[at + 1:]]
     assert header[3] == "READY" and [r[3] for r in rows] == ["yes", "yes"]
     corral("cancel", job, check=True)
 
