@@ -49,7 +49,7 @@ class ServerState:
     streams: Streams = field(init=False)
 
     def __post_init__(self) -> None:
-        self.intake = Intake(self.sessions, self.clock, self.loop.submitted, arriving=self.loop.anticipate)
+        self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
         self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes)
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)
         self.auditor = Auditor(self.sessions, self.clock)

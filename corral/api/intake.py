@@ -51,12 +51,10 @@ class _Pending:
 
 class Intake:
     def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], float],
-                 stored: Callable[[SimpleNamespace], None], max_batch: int = 512,
-                 arriving: Callable[[], None] = lambda: None):
+                 stored: Callable[[SimpleNamespace], None], max_batch: int = 512):
         self.sessions = sessions
         self.clock = clock
         self.stored = stored  # hands each committed job to the control loop
-        self.arriving = arriving  # told of each submission before it is stored (``ControlLoop.anticipate``)
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -67,7 +65,6 @@ class Intake:
         ``more`` (a job array's other elements, sharing its name), of the list of all of them.
         ``audit``: entries stored in the job's transaction, their target set to it."""
         self._ensure_started()
-        self.arriving()  # engines get ready for its start while it is stored and scheduled
         singleton = any(kind == "singleton" for kind, _ in job.spec.scheduling.dependency)
         pending = _Pending(job, singleton, Future(), tuple(more), tuple(audit))
         self._queue.put(pending)

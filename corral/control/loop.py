@@ -61,7 +61,6 @@ from corral.control.scheduling import Scheduling
 from corral.control.supervisor import ProbeAnswered, Supervisor
 from corral.control.transitions import Transitions
 from corral.control.view import LoopView, Reads
-from corral.executors.contract import Anticipating
 from corral.metrics import Metrics
 from corral.settings import Settings
 from corral.site import Site
@@ -93,7 +92,6 @@ class ControlLoop:
         w = site.usage_weights
         self.ledger = Ledger(site.half_life_s, w.gpu, w.cpu, w.memory)
         self.inventory = Inventory(executor_registry.build(settings, site, self._wake.set))
-        self._anticipating = tuple(e for e in self.inventory.executors.values() if isinstance(e, Anticipating))
         self.book = book = Book()
         self.journal = Journal()
         moves = Transitions(book, self.journal)
@@ -388,15 +386,6 @@ class ControlLoop:
         cycle that carried it out is committed."""
         self.put(change)
         return change.future
-
-    def anticipate(self) -> None:
-        """A submission arrived (any API thread, before it is stored): engines that can get
-        ready for a start ahead of its placement begin now, so its launch waits less."""
-        for executor in self._anticipating:
-            try:
-                executor.anticipate()
-            except Exception:  # a hint only: the submission goes on without it
-                log.exception("%s could not get ready for a start", type(executor).__name__)
 
     def submitted(self, job: Job) -> None:
         """Hand a just-committed job to the loop (saves it a query); the periodic rescan of

@@ -15,7 +15,6 @@ with its optional interfaces), never by the infra's name:
                     replica starts (Ray's placement groups);
 * ``ExecProbes``  — run a probe command where the attempt runs;
 * ``Preparing``   — get ready for an attempt as soon as it is placed, before its start;
-* ``Anticipating`` — get ready for starts as soon as a job is submitted, before any placement;
 * ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
                     today; a cloud or Kubernetes node pool later), checked at submission
                     (``misfit``) and followed while the job runs.
@@ -233,15 +232,6 @@ class Preparing(Protocol):
     def prepare(self, key: str) -> None:
         """An attempt with this key was placed on one of its nodes and launches after the
         loop's next commit: get ready for it (never blocking; local: its cgroup)."""
-        ...
-
-
-@runtime_checkable
-class Anticipating(Protocol):
-    def anticipate(self) -> None:
-        """A job was just submitted: a start may follow within milliseconds. Begin what a
-        start would otherwise wait for (never blocking, cheap when called often; local: the
-        kernel's grace period for moving a process into a cgroup). Called on API threads."""
         ...
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import psutil
 
 ATTEMPT_VAR = "CORRAL_ATTEMPT"
-WARM_EVERY_S = 0.004  # below the shortest grace period seen here (5 ms): the window never closes between asks
 
 # ``corral_reap KEY``: SIGKILL every process of the attempt KEY on this node but the caller,
 # found by the key in their environment, until none is left (false if some outlive 5 s). It
@@ -151,7 +150,6 @@ class ProcessTrees:
                 self.base = None
         self._ahead = _Ahead(self.base, own / "cgroup.procs" if own is not None else None) \
             if self.base is not None else None
-        self._anticipated = 0.0
 
     @property
     def mode(self) -> str:
@@ -167,16 +165,6 @@ class ProcessTrees:
         start itself, the wait overlaps the wrapper's exec. Best effort: without write access
         to our own cgroup nothing happens."""
         if self._ahead is not None:
-            self._ahead.ask(warm=True)
-
-    def anticipate(self) -> None:
-        """A start may come soon (a job was just submitted): ``warm`` now, so the grace period
-        has passed by the time the wrapper moves itself, some ms later. A warm move keeps the
-        window open for about one grace period, so asks closer together than ``WARM_EVERY_S``
-        are dropped: a flood of submissions costs one move per ``WARM_EVERY_S`` at most, not one each."""
-        now = time.monotonic()
-        if self._ahead is not None and now - self._anticipated >= WARM_EVERY_S:
-            self._anticipated = now
             self._ahead.ask(warm=True)
 
     def expect(self, key: str) -> None:

@@ -80,11 +80,6 @@ class LocalExecutor(EventStream):
         next commit (see ``ProcessTrees.expect``)."""
         self.runner.trees.expect(key)
 
-    def anticipate(self) -> None:
-        """Optional: a job was just submitted; the cgroup move its start will make is made
-        cheap now (see ``ProcessTrees.anticipate``)."""
-        self.runner.trees.anticipate()
-
     def rendezvous_port(self, node: str) -> int:
         return free_port()
 
