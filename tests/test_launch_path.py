@@ -108,7 +108,6 @@ def test_the_fork_helper_refuses_what_popen_refuses_and_starts_nothing(tmp_path:
         with pytest.raises(ForkServerError):  # not a cgroup: the caller starts it the usual way
             forks.spawn(["true"], {"PATH": os.environ["PATH"]}, None, str(tmp_path / "log"), -1, str(tmp_path / "none"))
         assert trees.members("8.a.0.a1") == []
-        assert forks.poll(os.getpid()) is not None  # not its child: never reported as running forever
     finally:
         forks.close()
         trees.kill("8.a.0.a1")

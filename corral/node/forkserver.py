@@ -258,24 +258,18 @@ def _helper(fd: int) -> None:
         err_r, err_w = os.pipe()  # the child says when it leads its session
         entered = False
         try:
-            opened: list[int] = []
             try:
-                opened.append(os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666))
-                opened.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+                log_fd = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+                null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                 if req["cwd"]:
                     os.chdir(req["cwd"])
             except OSError as exc:
-                for fd_ in opened:
-                    os.close(fd_)
                 return {"errno": exc.errno, "failed": exc.strerror, "filename": exc.filename}
-            log_fd, null = opened
             if req["namespaces"]:
                 try:
                     entered = True
                     enter(req)
                 except OSError as exc:
-                    os.close(log_fd)
-                    os.close(null)
                     return {"errno": exc.errno, "error": str(exc)}
             os.dup2(null, 0)
             os.dup2(log_fd, 1)
@@ -325,21 +319,15 @@ def _helper(fd: int) -> None:
             elif op == "spawn":
                 answer(spawn(req))
             elif op == "poll":
-                try:
-                    done = os.waitid(os.P_PID, req["pid"], os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                except ChildProcessError:  # not (or no longer) a child of the helper: ended as far as it knows
-                    answer({"code": -1})
-                else:
-                    answer({"code": None if done is None else done.si_status})
+                done = os.waitid(os.P_PID, req["pid"], os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                answer({"code": None if done is None else done.si_status})
             elif op == "reap":
-                try:
-                    _, status = os.waitpid(req["pid"], 0)
-                except ChildProcessError:
-                    answer({"code": None})
-                else:
-                    answer({"code": code(status)})
+                _, status = os.waitpid(req["pid"], 0)
+                answer({"code": code(status)})
             else:
                 answer({"error": f"unknown request {op!r}"})
+        except ChildProcessError:
+            answer({"code": None})
         except OSError as exc:
             answer({"error": str(exc), "errno": exc.errno})
 
