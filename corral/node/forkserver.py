@@ -13,7 +13,7 @@ hosts file over ``/etc/hosts`` and names itself before it executes the wrapper.
 Python has no ``clone3``, and a raw one from the server (many threads) would be unsafe: the
 child would run Python while other threads' locks (malloc's among them) are copied held. So
 the call is made by a helper with one thread, started once per executor (``python -I`` on
-this file, without site: the standard library only), which the server asks over a socket, one request at a
+this file: the standard library only), which the server asks over a socket, one request at a
 time. Its children (the wrappers) are reaped only when the server asks (``wait``), as
 ``subprocess.Popen`` does, so a wrapper's pid (and process group) is not reused while the
 server may still signal it. The helper exits when the server closes its socket (or dies);
@@ -30,13 +30,12 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
-from typing import Any
+import threading
+from pathlib import Path
 
-if __name__ != "__main__":  # the server's side; the helper keeps to what it needs (a smaller copy at each clone)
-    import subprocess
-    import threading
-    from pathlib import Path
+from typing import Any
 
 
 class ForkServerError(OSError):
@@ -49,8 +48,7 @@ class ForkServer:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._proc = subprocess.Popen([sys.executable, "-I", "-S", str(Path(__file__).resolve()),
-                                           str(theirs.fileno())],
+            self._proc = subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), str(theirs.fileno())],
                                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         finally:
             theirs.close()
