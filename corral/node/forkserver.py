@@ -21,9 +21,7 @@ wrappers live on in their own sessions, as they do when the server stops.
 
 Anything the helper cannot do (no ``clone3``, a kernel that refuses the flags, the helper
 gone) is a ``ForkServerError`` before anything was started, and the caller starts the
-wrapper the usual way. A start is answered once the new process leads its own session (as
-``Popen`` answers once it runs); a program that then cannot be executed says why in its log
-and exits 127."""
+wrapper the usual way."""
 
 from __future__ import annotations
 
@@ -183,8 +181,8 @@ def _helper(fd: int) -> None:
     """Everything the new process needs is set up here, in the helper, before ``clone3``: its
     namespaces (the helper enters fresh ones and comes back after), stdio, umask, working
     directory, the program's path and the C arrays of its arguments and environment. The
-    child only calls ``setsid``, says so, and ``execve``: a child that ran more Python would
-    copy page after page of the helper's memory as it touched objects (several ms)."""
+    child only calls ``setsid`` and ``execve``: a child that ran more Python would copy page
+    after page of the helper's memory as it touched objects (several ms)."""
     import ctypes
     import shutil
     import signal
@@ -253,7 +251,7 @@ def _helper(fd: int) -> None:
         saved = [os.dup(0), os.dup(1), os.dup(2)]
         here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         umask = os.umask(req["umask"]) if req["umask"] >= 0 else None
-        err_r, err_w = os.pipe()  # the child says when it leads its session
+        err_r, err_w = os.pipe()  # close-on-exec: EOF once the program runs
         entered = False
         try:
             try:
@@ -279,7 +277,6 @@ def _helper(fd: int) -> None:
             pid = libc.syscall(number, buf, ctypes.c_size_t(len(args)))
             if pid == 0:  # the child: as little as possible before the program replaces it
                 libc.setsid()
-                os.write(err_w, b"s")  # in its own session: the server may signal its group from now on
                 libc.execve(path, argv, envp)
                 os.write(2, b"corral: could not execute " + path + b": " + os.strerror(ctypes.get_errno()).encode() + b"\n")
                 os._exit(127)
@@ -299,9 +296,6 @@ def _helper(fd: int) -> None:
         if pid < 0:
             os.close(err_r)
             return {"error": f"clone3: {os.strerror(errno)}"}
-        # Answered once the child leads its own session (as Popen answers once it runs), not
-        # after its exec: a program that cannot be executed says why in the log and exits 127.
-        os.read(err_r, 1)
         os.close(err_r)
         return {"pid": pid}
 
