@@ -150,7 +150,6 @@ class ProcessTrees:
                 self.base = None
         self._ahead = _Ahead(self.base, own / "cgroup.procs" if own is not None else None) \
             if self.base is not None else None
-        self.moves = True  # starts move their wrapper into its cgroup (see ``warm``); False: created inside
 
     @property
     def mode(self) -> str:
@@ -165,7 +164,7 @@ class ProcessTrees:
         one commit before the start, the wrapper's move of itself does not wait; made at the
         start itself, the wait overlaps the wrapper's exec. Best effort: without write access
         to our own cgroup nothing happens."""
-        if self._ahead is not None and self.moves:
+        if self._ahead is not None:
             self._ahead.ask(warm=True)
 
     def expect(self, key: str) -> None:
@@ -174,7 +173,7 @@ class ProcessTrees:
         gang's cgroups are all made before that wait begins, so none of its starts waits
         behind the move of another of its replicas."""
         if self._ahead is not None:
-            self._ahead.ask(make=key, warm=self.moves)
+            self._ahead.ask(make=key, warm=True)
 
     def forget_job(self, job_id: int) -> None:
         """The job ended: cgroups made for attempts of it that never started go (off the

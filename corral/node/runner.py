@@ -30,7 +30,6 @@ from pathlib import Path
 
 import psutil
 
-from corral.node.forkserver import ForkServer, ForkServerError
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
@@ -50,13 +49,11 @@ from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 # own. The hostname is written through /proc (no program to start; ``hostname`` only where
 # /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
 # forks later starts before the wrapper is in its cgroup, and the helper forked before the
-# move has exited by then. A wrapper created inside its cgroup (``forkserver``) gets
-# ``in:PATH``: nothing to move, PATH still the cgroup its reap reads.
+# move has exited by then.
 WRAPPER = REAP + r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
-corral_procs=${4#in:}
-if [ -n "$4" ] && [ "$corral_procs" = "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
+if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
 if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
 until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
@@ -74,7 +71,7 @@ if [ -n "$7" ]; then
 fi
 if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$corral_procs"; fi
+if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
 """
@@ -132,19 +129,11 @@ def _mount_namespaces() -> bool:
 
 
 class NodeRunner:
-    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, fork_helper: bool = False):
-        """``fork_helper``: start wrappers through a ``ForkServer`` (created in their cgroup and
-        namespaces, no move to wait for) where cgroups are in use; a long-lived server wants it,
-        a short-lived one (a Ray actor per attempt) would pay a helper per attempt."""
+    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str):
         self.runs_dir = runs_dir
         self.runtime_dir = runtime_dir
         self.trees = ProcessTrees(scope)
         self.hosts_mode = "mount-namespace" if _mount_namespaces() else "python"
-        self._forks: ForkServer | None = None
-        if fork_helper and self.trees.mode == "cgroup":
-            self._forks = ForkServer.create()
-            if self._forks is not None:
-                self.trees.moves = False  # nothing is moved into a cgroup at a start: no grace period to warm
         self._spawner: NamespaceSpawner | None = None  # made at the first start that needs it
         self._spawner_tried = False
         self._spawner_lock = threading.Lock()
@@ -190,21 +179,13 @@ class NodeRunner:
         self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key}
-        namespaces = hosts and self.hosts_mode == "mount-namespace"
-        if self._forks is not None and procs and self._forks.broken is None:
-            try:  # created inside its cgroup and namespaces: the wrapper starts with nothing to wait for
-                return self._forks.spawn(self._argv(key, job_id, setup, run, env, False, "in:" + procs, repo), env,
-                                         cwd or None, str(log_path), umask, str(Path(procs).parent),
-                                         str(self._ensure_hosts(job_id)) if namespaces else "",
-                                         _hostname(env) if namespaces else "", namespaces)
-            except ForkServerError:
-                pass  # nothing was started: the usual way below
 
         def fork(argv: list[str], workdir: str | None) -> subprocess.Popen:
             with open(log_path, "ab", buffering=0) as log:
                 return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         cwd=workdir, env=env, start_new_session=True, close_fds=True, umask=umask)
 
+        namespaces = hosts and self.hosts_mode == "mount-namespace"
         spawner = self._namespace_spawner() if namespaces else None
         if spawner is not None:
             argv = self._argv(key, job_id, setup, run, env, False, procs, repo)
@@ -225,9 +206,7 @@ class NodeRunner:
             return self._spawner
 
     def close(self) -> None:
-        """Stop the namespace thread and the fork helper, if they were started."""
-        if self._forks is not None:
-            self._forks.close()
+        """Stop the namespace thread, if one was started."""
         with self._spawner_lock:
             if self._spawner is not None:
                 self._spawner.close()

@@ -43,7 +43,7 @@ class LocalExecutor(EventStream):
         super().__init__(wake)
         self._nodes = list(nodes)
         self.settings = settings
-        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, fork_helper=True)
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
         self._pythonpath = base_pythonpath
         self._base_env = base_environment(os.environ)
         try:  # replicas create files as the user would, not with the server's private umask
