@@ -8,8 +8,8 @@
   ``--gap-ms`` without another move it first waits for an RCU grace period;
 * ``move, warmed 5 ms before``: the same with a no-op move of this process 5 ms earlier
   (what ``ProcessTrees.warm`` does at placement);
-* ``clone3 into cgroup``: the process created inside the cgroup (``CLONE_INTO_CGROUP``, what
-  ``corral.node.forkserver`` does): the lock is taken for reading only.
+* ``clone3 into cgroup``: the process created inside the cgroup (``CLONE_INTO_CGROUP``, Linux
+  5.7): the lock is taken for reading only, so there is no grace period to wait for.
 
 Prints the median and p90 of each, in ms, from the call until the process is in its cgroup.
 Needs root and a writable cgroup v2 mount; creates and removes ``corral-bench-cgroup`` there."""
