@@ -8,7 +8,8 @@ if os.environ.get("CORRAL_PERFTRACE") and os.environ.get("CORRAL_HOME"):
     _out = []
     _path = os.environ["CORRAL_PERFTRACE"]
     TARGETS = [
-        ("corral.api.intake", "Intake", "submit"), ("corral.api.intake", "Intake", "_store"),
+        ("corral.api.intake", "Intake", "submit"),
+        ("corral.api.intake", "Intake", "_store"),
         ("corral.control.loop", "ControlLoop", "cycle"), ("corral.control.loop", "ControlLoop", "submitted"),
         ("corral.control.loop", "ControlLoop", "_commit"), ("corral.control.loop", "ControlLoop", "_publish_view"),
         ("corral.control.commands", "Commands", "take"), ("corral.control.scheduling", "Scheduling", "run"),
