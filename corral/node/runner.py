@@ -44,18 +44,19 @@ from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 #
 # Those first acts are on every launch's critical path, so they overlap: moving a process
 # into a cgroup may wait for an RCU grace period in the kernel (cgroup_threadgroup_rwsem taken
-# for writing: 5-15 ms on a busy 2-core machine, see ProcessTrees.warm), so a background child
-# moves the wrapper ($$) into the attempt's cgroup while ``mount`` runs beside it, and the
-# hostname is written through /proc (no program to start; ``hostname`` only where
+# for writing: 5-15 ms on a busy 2-core machine, see ProcessTrees.warm), so ``mount`` (where
+# the wrapper binds the hosts file itself) starts in the background first and the wrapper
+# moves itself ($$) into the attempt's cgroup while it runs: the move needs no child of its
+# own. The hostname is written through /proc (no program to start; ``hostname`` only where
 # /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
-# forks later starts before the wrapper is in its cgroup, and the helpers forked before the
-# move have exited by then.
+# forks later starts before the wrapper is in its cgroup, and the helper forked before the
+# move has exited by then.
 WRAPPER = REAP + r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
 if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"; fi
-if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null & fi
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
+if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
 if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
 until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
