@@ -4,7 +4,7 @@ thread, name) of every call to FILE on SIGUSR2 and at exit. Functions a checkout
 skipped, so older checkouts can be traced too."""
 import os
 if os.environ.get("CORRAL_PERFTRACE") and os.environ.get("CORRAL_HOME"):
-    import atexit, functools, importlib, sys, threading, time
+    import atexit, functools, importlib, threading, time
     _out = []
     _path = os.environ["CORRAL_PERFTRACE"]
     TARGETS = [
