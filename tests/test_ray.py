@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import kill_leftovers, wait_for
+from conftest import cli_for, kill_leftovers, wait_for
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
@@ -53,17 +51,7 @@ def corral(lab: RayLab, tmp_path: Path, request):
     home.mkdir()
     marker = request.node.get_closest_marker("site")
     (home / "config.yaml").write_text(_config(lab, marker.args[0] if marker else ""))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env["CORRAL_HOME"] = str(home)
-
-    def run(*args: str, check: bool | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if check:
-            assert proc.returncode == 0, proc.stderr + proc.stdout
-        return proc
-
-    run.home = home
+    run = cli_for(home, timeout=120)
     yield run
     for job in json.loads(run("queue", "--json").stdout or "[]"):  # leave the cluster as found
         run("cancel", str(job["id"]))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import kill_leftovers, wait_for
+from conftest import cli_for, kill_leftovers, wait_for
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
@@ -54,18 +54,7 @@ partitions:
 
 
 def _runner(home: Path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env["CORRAL_HOME"] = str(home)
-
-    def run(*args: str, check: bool | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
-                              text=True, timeout=timeout)
-        if check:
-            assert proc.returncode == 0, proc.stderr + proc.stdout
-        return proc
-
-    run.home = home
-    return run
+    return cli_for(home, timeout=120)
 
 
 @pytest.fixture

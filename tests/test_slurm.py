@@ -17,21 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_for, wait_for
-
-LAB_ENV = Path(os.environ.get("CORRAL_SLURM_LAB", "/tmp/slurmlab")) / "slurm.env"
-
-
-def _slurm_env() -> dict[str, str]:
-    env = dict(os.environ)
-    if "SLURM_CONF" not in env and LAB_ENV.exists():
-        for line in LAB_ENV.read_text().splitlines():
-            line = line.removeprefix("export ").strip()
-            if line.startswith("SLURM_CONF="):
-                env["SLURM_CONF"] = line.split("=", 1)[1].strip("'\"")
-    return env
+from slurm_env import slurm_env
 
 
-ENV = _slurm_env()
+
+ENV = slurm_env()
 
 
 def _why_no_slurm() -> str | None:

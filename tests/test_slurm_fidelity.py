@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_for, wait_for
+from slurm_env import slurm_env
 
-LAB_ENV = Path(os.environ.get("CORRAL_SLURM_LAB", "/tmp/slurmlab")) / "slurm.env"
 SITE = """
 nodes:
   - {name: node, count: 2, gpus: 4, gpu_type: H100, cpus: 8, memory: 32}
@@ -25,17 +25,7 @@ partitions:
 """
 
 
-def _slurm_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
-    if "SLURM_CONF" not in env and LAB_ENV.exists():
-        for line in LAB_ENV.read_text().splitlines():
-            line = line.removeprefix("export ").strip()
-            if line.startswith("SLURM_CONF="):
-                env["SLURM_CONF"] = line.split("=", 1)[1].strip("'\"")
-    return env
-
-
-ENV = _slurm_env()
+ENV = slurm_env(keep_job_variables=False)
 
 
 def _slurm(*argv: str) -> str:
