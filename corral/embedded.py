@@ -80,7 +80,16 @@ def start(settings: Settings, timeout: float = 60.0, options: list[str] | None =
         if info and info.get("pid") == proc.pid and info["answering"]:
             return info
         time.sleep(0.05)
-    raise CorralError(f"the corral server did not come up in {timeout:.0f}s; see {settings.server_log}")
+    # Said not to have come up, it must not come up later behind the user's back (nor linger
+    # before it takes the home's lock, where `corral server stop` cannot see it): it is ended.
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    raise CorralError(f"the corral server did not come up in {timeout:.0f}s and was stopped; see "
+                      f"{settings.server_log}")
 
 
 def _answering(settings: Settings, info: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -176,3 +176,35 @@ def test_env_and_secret_without_a_value_take_this_shells(corral_home: Path, tmp_
         assert missing.returncode == 2 and "NOT_SET_ANYWHERE is not set in this shell" in missing.stderr
     finally:
         run.stop()
+
+
+def test_a_server_said_not_to_have_come_up_does_not_come_up_later(tmp_path: Path) -> None:
+    import psutil
+
+    from corral import embedded
+    from corral.client import CorralError
+    from corral.settings import Settings
+
+    home = tmp_path / "slow"
+    home.mkdir()
+    settings = Settings(home=home, db_url=f"sqlite:///{home / 'corral.db'}")
+    with pytest.raises(CorralError) as refused:
+        embedded.start(settings, timeout=0.05)  # no server imports its libraries that fast
+    assert "did not come up" in str(refused.value) and "was stopped" in str(refused.value)
+
+    def servers_of_home() -> list[int]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            try:
+                if "corral.server" in " ".join(proc.info["cmdline"] or []) and \
+                        proc.environ().get("CORRAL_HOME") == str(home):
+                    found.append(proc.pid)
+            except psutil.Error:
+                continue
+        return found
+
+    assert servers_of_home() == []
+    import time
+
+    time.sleep(3)  # it would have taken the home by now
+    assert servers_of_home() == [] and embedded.running(settings) is None

@@ -17,6 +17,7 @@ import subprocess
 from dataclasses import dataclass
 
 import hostlist
+import psutil
 
 TIMEOUT_S = 20.0
 
@@ -264,3 +265,32 @@ def _job(j: dict) -> JobInfo:
         shares.append(NodeShare(host, cpus or 1, int(node.get("memory_allocated") or 0), gpus, kind, ids))
     return JobInfo(str(j.get("job_id")), j.get("name", ""), str(j.get("job_state", "")), str(j.get("state_reason", "")),
                    tuple(shares))
+
+
+def srun_clients() -> dict[str, tuple[int, float]]:
+    """srun commands alive on this machine, by the ``--job-name`` they were given."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
+        try:
+            argv = proc.info["cmdline"] or []
+            if not argv or os.path.basename(argv[0]) != "srun":
+                continue
+            for arg in argv[1:]:
+                if arg.startswith("--job-name="):
+                    found[arg.split("=", 1)[1]] = (proc.pid, proc.info["create_time"])
+                    break
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def process_alive(pid: int, started: float | None) -> bool:
+    """``pid`` runs (not a zombie), and is the process that started at ``started`` (not a
+    later one given the same pid)."""
+    try:
+        proc = psutil.Process(pid)
+        if started is not None and abs(proc.create_time() - float(started)) > 0.05:
+            return False
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

@@ -22,9 +22,8 @@ by slurmstepd, so nothing is lost if the server dies), and the same wrapper as o
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
 what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 
-A stop signal reaches the attempt's process group from a small step beside it, as the local
-executor sends it (``scancel --signal`` would make slurmstepd log a cancel into the replica's
-log and record the step cancelled); SIGKILL cancels the step, and Slurm kills everything in it.
+A stop signal reaches the attempt's process group from a small step beside it
+(``sidesteps``); SIGKILL cancels the step, and Slurm kills everything in it.
 Slurm's variables are set over the step's own (``layout``), and srun gives the step the user's
 umask. After a server restart, steps are found again by name: a running one
 is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
@@ -48,16 +47,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
                                       Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
 from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
 from corral.executors.slurm.controller import Controller
-from corral.node.proctree import ATTEMPT_VAR, REAP
+from corral.executors.slurm.ports import HostPorts
+from corral.executors.slurm.sidesteps import SideSteps, fail, retrying
+from corral.node.proctree import ATTEMPT_VAR
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
-from corral.executors.slurm.cli import SlurmCli, SlurmError
+from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
 from corral.pool import NodeSpec
 from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
 from corral.runtime.batchenv import fill_job_id, job_files
@@ -72,12 +72,8 @@ RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > 
 # Run in a step beside an attempt's: signal $3 to the process group its wrapper leads (pid $1
 # on the node, a task slurmstepd made a group leader; it carries the attempt's key $2 in its
 # environment, so a reused pid is never hit), or to the wrapper alone if it leads none
-SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
-                'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
 ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
-PORT_BASE = 30000  # ports handed to replicas on a node when the declared one is taken there
-PORT_SPAN = 20000
 
 
 @dataclass
@@ -111,10 +107,11 @@ class SrunExecutor(EventStream):
         self._umask = user_umask()
         self._lock = threading.RLock()
         self._live: dict[str, Attempt] = {}
-        self._handed: dict[str, set[int]] = {}  # host -> ports given to replicas
+        self.ports = HostPorts()
         self._closed = threading.Event()
         self.own = own_allocation
         self.allocations = Allocations(self.cli, scope, settings.logs_dir, wake, own_allocation, forward)
+        self.side = SideSteps(self.cli, self.allocations, scope, self._base_env)
         # Built whether or not Slurm answers: while it does not, its partitions are DOWN with
         # why (``unreachable``), attempts to adopt wait for it, and the watcher asks again.
         self.controller = Controller(self.cli, wake)
@@ -211,39 +208,11 @@ class SrunExecutor(EventStream):
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
         _, host, addr = self.allocations.where(node)
-        with self._lock:
-            handed = self._handed.setdefault(host, set())
-            if previous is not None and previous.addr == addr and set(previous.ports) == set(ports):
-                handed.update(p for name, p in previous.ports.items() if p != ports[name])
-                return previous
-            # The declared ports themselves: the scheduler placed the replica where no other of
-            # corral's holds them on this address; only ports this executor handed out as
-            # rendezvous ports are off limits (the declared ones are not kept in ``handed``).
-            chosen, moved = {}, []
-            for name, wanted in ports.items():
-                port = wanted
-                if wanted in handed:
-                    port = self._next_port(host)
-                    handed.add(port)
-                    moved.append(f"{wanted} was given as a rendezvous port on {host}")
-                chosen[name] = port
-            return Binding(addr, chosen, "; ".join(moved))
+        return self.ports.bind(host, addr, ports, previous)
 
     def rendezvous_port(self, node: str) -> int:
         _, host, _ = self.allocations.where(node)
-        with self._lock:
-            port = self._next_port(host)
-            self._handed.setdefault(host, set()).add(port)
-            return port
-
-    def _next_port(self, host: str) -> int:
-        handed = self._handed.setdefault(host, set())
-        start = PORT_BASE + (len(handed) * 7919) % PORT_SPAN
-        for i in range(PORT_SPAN):
-            port = PORT_BASE + (start - PORT_BASE + i) % PORT_SPAN
-            if port not in handed:
-                return port
-        raise LaunchError(f"no port left on {host}")
+        return self.ports.rendezvous(host)
 
     # -- attempts ------------------------------------------------------------------------------
     def _step_name(self, key: str) -> str:
@@ -373,13 +342,13 @@ class SrunExecutor(EventStream):
         self.allocations.refresh()
         with self.allocations.lock:
             ids = list(self.allocations.by_id)
-        steps = _retrying(lambda: self.cli.steps(ids)) if ids else {}
-        clients = _srun_clients()  # srun commands still alive, by the step name they create
+        steps = retrying(lambda: self.cli.steps(ids)) if ids else {}
+        clients = srun_clients()  # srun commands still alive, by the step name they create
         for key, handle in attempts:
             step = self._step_name(key)
             slurm_id = (handle or {}).get("slurm") or ""
             pid, pid_started = int((handle or {}).get("pid") or 0), (handle or {}).get("started_at")
-            client_alive = bool(pid) and _alive(pid, pid_started)
+            client_alive = bool(pid) and process_alive(pid, pid_started)
             if not client_alive and step in clients:
                 # its handle was never stored (the server died while srun waited for its step):
                 # the srun is still there and will start it, so the attempt is not absent
@@ -445,16 +414,16 @@ class SrunExecutor(EventStream):
         if attempt is None:
             return False
         try:  # (a controller known not to answer is not asked: its srun is all there is to signal)
-            step_id = _retrying(lambda: self.cli.steps([attempt.slurm_id])).get(attempt.step) \
+            step_id = retrying(lambda: self.cli.steps([attempt.slurm_id])).get(attempt.step) \
                 if attempt.slurm_id and self.controller.why is None else None
         except SlurmError:
             step_id = None
             log.warning("could not find the step of %s to signal it; trying its srun", key)
         if signum == signals.SIGKILL:
             if step_id:
-                _retrying(lambda: self.cli.cancel(step_id) or _raise("scancel failed"), quiet=True)
+                retrying(lambda: self.cli.cancel(step_id) or fail("scancel failed"), quiet=True)
                 self._reap(attempt)
-            if attempt.pid and _alive(attempt.pid, attempt.pid_started):
+            if attempt.pid and process_alive(attempt.pid, attempt.pid_started):
                 try:  # a step not created yet is never created
                     os.kill(attempt.pid, signals.SIGKILL)
                 except ProcessLookupError:
@@ -467,63 +436,27 @@ class SrunExecutor(EventStream):
             threading.Thread(target=self._deliver, args=(attempt, step_id, name), daemon=True,
                              name=f"corral-srun-signal-{key}").start()
             return True
-        if attempt.pid and _alive(attempt.pid, attempt.pid_started):
+        if attempt.pid and process_alive(attempt.pid, attempt.pid_started):
             os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
             return True
         return False
 
     def _deliver(self, attempt: Attempt, step_id: str, name: str) -> None:
-        """Send signal ``name`` to the attempt's process group on its node, as the local
-        executor does, from a step of its own (``--overlap``: it takes nothing from the
-        replicas). Not through ``scancel --signal``: slurmstepd takes a TERM sent that way for
-        a cancel, writes ``*** STEP … CANCELLED ***`` into the replica's log and records the step
-        CANCELLED, though the replica may end well on it (an auxiliary stopped at the job's end).
-        Where that step cannot run, ``scancel --signal`` it is."""
-        pid = self.runner.started_pid(attempt.key)
+        """Signal ``name`` to the attempt's process group from a step beside it (``sidesteps``)."""
         try:
             _, host, _ = self.allocations.where(attempt.node)
         except LaunchError:
             host = ""
-        if pid and host:
-            argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1",
-                    f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet",
-                    f"--job-name=corral-{self.scope}-signal", *self.allocations.step_identity(attempt.slurm_id),
-                    "bash", "-c", SIGNAL_GROUP, "corral-signal",
-                    str(pid), attempt.key, name]
-            try:
-                done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
-                                      timeout=30, stdin=subprocess.DEVNULL)
-                if done.returncode == 0:
-                    return
-                log.info("could not signal %s from a step (%s); through scancel", attempt.key,
-                         (done.stderr or done.stdout).strip()[-200:])
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.info("could not signal %s from a step (%s); through scancel", attempt.key, exc)
-        _retrying(lambda: self.cli.cancel(step_id, signal=name) or _raise("scancel failed"), quiet=True)
+        self.side.signal_group(attempt.slurm_id, host, self.runner.started_pid(attempt.key), attempt.key, step_id,
+                               name)
 
     def _reap(self, attempt: Attempt) -> None:
-        """End what a killed step leaves on its node. Slurm kills the processes its proctrack
-        follows; with proctrack/linuxproc (or pgid) one that called setsid is not among them,
-        lives on, and if it holds the step's output the step never ends. A step of its own
-        (``--overlap``: it takes nothing from the replicas) kills every process carrying the
-        attempt's key there."""
+        """End what a killed step leaves on its node (``sidesteps``)."""
         try:
             _, host, _ = self.allocations.where(attempt.node)
         except LaunchError:
             return  # the allocation is over: Slurm ended what ran in it
-        argv = ["srun", f"--jobid={attempt.slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
-                "--gres=none", "--mem=16M", "--quiet", f"--job-name=corral-{self.scope}-reap",
-                *self.allocations.step_identity(attempt.slurm_id), "bash", "-c",
-                REAP + 'corral_reap "$1"', "corral-reap", attempt.key]
-        try:
-            done = subprocess.run(argv, env={**self._base_env, **self.cli.conf}, capture_output=True, text=True,
-                                  timeout=30, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("could not end what %s left on %s: %s", attempt.key, host, exc)
-            return
-        if done.returncode != 0:
-            log.warning("processes of %s on %s survived SIGKILL: %s", attempt.key, host,
-                        (done.stderr or done.stdout).strip()[-300:])
+        self.side.reap(attempt.slurm_id, host, attempt.key)
 
     def _allocation_ended(self, slurm_id: str) -> str | None:
         """Why Slurm ended the allocation the attempt ran in (an operator's scancel, a node
@@ -562,17 +495,7 @@ class SrunExecutor(EventStream):
             _, host, _ = self.allocations.where(handle.get("node", ""))
         except LaunchError as exc:
             return False, str(exc)
-        argv = ["srun", f"--jobid={handle.get('slurm')}", "--overlap", "--nodes=1", "--ntasks=1",
-                f"--nodelist={host}", "--gres=none", "--mem=16M", "--quiet", "--job-name=corral-probe",
-                *self.allocations.step_identity(str(handle.get("slurm") or "")), "bash", "-c", command]
-        try:
-            done = subprocess.run(argv, env={**env, **self.cli.conf},
-                                  cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False, f"timed out after {timeout:g}s"
-        except OSError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        return done.returncode == 0, f"exit code {done.returncode}"
+        return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout)
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)
@@ -627,7 +550,7 @@ class SrunExecutor(EventStream):
                 rc = attempt.proc.poll()
                 if rc is None:
                     continue  # srun waits for its step to be created
-            elif attempt.pid and _alive(attempt.pid, attempt.pid_started):
+            elif attempt.pid and process_alive(attempt.pid, attempt.pid_started):
                 continue
             # neither its step nor its srun is there: it ended (srun's own end may race the step's
             # listing, so look once more before reporting)
@@ -675,49 +598,3 @@ def _lost_with_allocation(ended: Observed, why: str, node: str) -> Observed:
     if ended.kind == Kind.ABSENT or (ended.kind == Kind.EXITED and ended.code is not None and ended.code < 128):
         return ended
     return Observed(ended.key, Kind.LOST, node=node or None, reason=why)
-
-
-def _raise(message: str):
-    raise SlurmError(message)
-
-
-def _retrying(call, tries: int = 3, quiet: bool = False):
-    """A Slurm call tried again on failure (a controller busy for a moment); the last error
-    is raised (or, ``quiet``, logged)."""
-    for attempt in range(tries):
-        try:
-            return call()
-        except SlurmError as exc:
-            if attempt == tries - 1:
-                if quiet:
-                    log.warning("Slurm call failed %d times: %s", tries, exc)
-                    return None
-                raise
-            time.sleep(0.5 * (attempt + 1))
-
-
-def _srun_clients() -> dict[str, tuple[int, float]]:
-    """srun commands alive on this machine, by the ``--job-name`` they were given."""
-    found = {}
-    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
-        try:
-            argv = proc.info["cmdline"] or []
-            if not argv or os.path.basename(argv[0]) != "srun":
-                continue
-            for arg in argv[1:]:
-                if arg.startswith("--job-name="):
-                    found[arg.split("=", 1)[1]] = (proc.pid, proc.info["create_time"])
-                    break
-        except (psutil.Error, OSError):
-            continue
-    return found
-
-
-def _alive(pid: int, started: float | None) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        if started is not None and abs(proc.create_time() - float(started)) > 0.05:
-            return False
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False

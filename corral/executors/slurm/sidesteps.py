@@ -1,0 +1,100 @@
+"""Small steps beside a replica's: ``srun --overlap`` steps in the replica's allocation, on
+its node, taking nothing from it (no GPUs, 16 MB), run as the allocation's account. Three
+things are done that way because only a process on the node can do them well: send a stop
+signal to the replica's process group (``scancel --signal`` would make slurmstepd log a cancel
+into the replica's log and record the step CANCELLED, though the replica may end well on
+it), end what a killed step left behind (a process that called setsid escapes Slurm's
+proctrack), and run an exec probe where the replica runs. Also here: a Slurm call retried
+while the controller is busy for a moment."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable
+
+from corral.executors.slurm.allocations import Allocations
+from corral.executors.slurm.cli import SlurmCli, SlurmError
+from corral.node.proctree import REAP
+
+log = logging.getLogger("corral.srun")
+
+# the attempt's process group, if that pid is still its wrapper's (its key in its environment)
+SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
+                'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
+
+
+def fail(message: str):
+    raise SlurmError(message)
+
+
+def retrying(call: Callable, tries: int = 3, quiet: bool = False):
+    """A Slurm call tried again on failure (a controller busy for a moment); the last error
+    is raised (or, ``quiet``, logged)."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except SlurmError as exc:
+            if attempt == tries - 1:
+                if quiet:
+                    log.warning("Slurm call failed %d times: %s", tries, exc)
+                    return None
+                raise
+            time.sleep(0.5 * (attempt + 1))
+
+
+class SideSteps:
+    def __init__(self, cli: SlurmCli, allocations: Allocations, scope: str, base_env: dict[str, str]):
+        self.cli, self.allocations, self.scope, self.base_env = cli, allocations, scope, base_env
+
+    def _argv(self, slurm_id: str, host: str, name: str, script: str, *args: str) -> list[str]:
+        return ["srun", f"--jobid={slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                "--gres=none", "--mem=16M", "--quiet", f"--job-name={name}",
+                *self.allocations.step_identity(slurm_id), "bash", "-c", script, *args]
+
+    def signal_group(self, slurm_id: str, host: str, pid: int | None, key: str, step_id: str, name: str) -> None:
+        """Send signal ``name`` to the attempt's process group on ``host``, as the local executor
+        does; where that step cannot run, ``scancel --signal`` the step."""
+        if pid and host:
+            argv = self._argv(slurm_id, host, f"corral-{self.scope}-signal", SIGNAL_GROUP, "corral-signal",
+                              str(pid), key, name)
+            try:
+                done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
+                                      timeout=30, stdin=subprocess.DEVNULL)
+                if done.returncode == 0:
+                    return
+                log.info("could not signal %s from a step (%s); through scancel", key,
+                         (done.stderr or done.stdout).strip()[-200:])
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.info("could not signal %s from a step (%s); through scancel", key, exc)
+        retrying(lambda: self.cli.cancel(step_id, signal=name) or fail("scancel failed"), quiet=True)
+
+    def reap(self, slurm_id: str, host: str, key: str) -> None:
+        """Kill every process carrying the attempt's key on ``host``: Slurm kills the processes
+        its proctrack follows, and with proctrack/linuxproc (or pgid) one that called setsid is
+        not among them; if it holds the step's output the step never ends."""
+        argv = self._argv(slurm_id, host, f"corral-{self.scope}-reap", REAP + 'corral_reap "$1"', "corral-reap", key)
+        try:
+            done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
+                                  timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("could not end what %s left on %s: %s", key, host, exc)
+            return
+        if done.returncode != 0:
+            log.warning("processes of %s on %s survived SIGKILL: %s", key, host,
+                        (done.stderr or done.stdout).strip()[-300:])
+
+    def probe(self, slurm_id: str, host: str, command: str, env: dict[str, str], cwd: str | None,
+              timeout: float) -> tuple[bool, str]:
+        """An exec probe run where the replica runs: (passed, what it said)."""
+        argv = self._argv(slurm_id, host, "corral-probe", command)
+        try:
+            done = subprocess.run(argv, env={**env, **self.cli.conf},
+                                  cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False, f"timed out after {timeout:g}s"
+        except OSError as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        return done.returncode == 0, f"exit code {done.returncode}"
