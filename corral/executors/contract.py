@@ -258,6 +258,7 @@ class ReplicaShape:
     cpus: float
     memory: float  # GB
     distinct: bool = False  # needs a node of its own (no other replica of its task beside it)
+    gpu_type: str | None = None  # the GPU type it asks for (None: any)
 
 
 @dataclass(frozen=True)

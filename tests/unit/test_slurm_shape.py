@@ -72,3 +72,19 @@ def test_a_jobs_allocation_is_found_by_its_name():
 ])
 def test_gres_detail_is_read(detail, expected):
     assert parse_gres(detail) == expected
+
+
+def test_a_gpu_type_no_node_of_the_partition_has_is_a_misfit_at_submission() -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from corral.executors.contract import ReplicaShape
+    from corral.executors.slurm.allocations import Allocations
+
+    kind = NodeKind(gpus=8, cpus=64, memory_mb=512_000, gpu_type="h100", gpu_types=("h100",))
+    allocations = Allocations(SimpleNamespace(node_kind=lambda target, timeout: kind), "t", Path("/nonexistent"),
+                              lambda: None)
+    why = allocations.misfit("gpu", [ReplicaShape(8, 4, 0, gpu_type="A100")], 2.0)
+    assert why is not None and "GPU type A100" in why and "h100" in why
+    assert allocations.misfit("gpu", [ReplicaShape(8, 4, 0, gpu_type="H100")], 2.0) is None  # any case
+    assert allocations.misfit("gpu", [ReplicaShape(0, 4, 0, gpu_type=None)], 2.0) is None

@@ -357,6 +357,12 @@ class Allocations:
             except SlurmError:
                 return None
             self._shapes[key] = seen
+        kinds = {t.lower() for t in seen[1].gpu_types}
+        wanted = sorted({r.gpu_type for r in replicas if r.gpu_type and r.gpus})
+        missing = [t for t in wanted if kinds and t.lower() not in kinds]
+        if missing:  # (a partition whose GRES name no type matches any)
+            return (f"no node of the Slurm partition has GPU type {', '.join(missing)} (its GPUs are "
+                    f"{', '.join(sorted(seen[1].gpu_types))})")
         try:
             slurmjob.pack([_replica(r) for r in replicas], seen[1])
         except ValueError as exc:

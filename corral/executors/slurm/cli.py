@@ -235,7 +235,7 @@ class SlurmCli:
         shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
                   for c, m, g in rows]
         return NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes), min(s[1] for s in shapes),
-                        shapes[0][2][1])
+                        shapes[0][2][1], tuple(sorted({s[2][1] for s in shapes if s[2][1]})))
 
     def node_facts(self, hosts: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Each node's address (NodeAddr, which its replicas listen on) and active features

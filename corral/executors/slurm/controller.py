@@ -81,7 +81,7 @@ class Controller:
         if "configuration source" in said or "Unable to process configuration file" in said or \
                 "could not open" in said.lower():
             missing = "" if conf else ": SLURM_CONF is not set in the server's environment and Slurm found no " \
-                                       "configuration of its own"
+                                       "configuration of its own (start the server with SLURM_CONF set)"
             return f"Slurm cannot be reached: no Slurm configuration{missing}{where}"
         first = next((part.strip() for part in said.split("*") if part.strip()), "no answer")
         return f"Slurm's controller does not answer: {first[:200]}{where}"

@@ -50,6 +50,7 @@ class NodeKind:
     cpus: int
     memory_mb: int
     gpu_type: str | None = None
+    gpu_types: tuple[str, ...] = ()  # every GPU type some node of the partition has
 
 
 def pack(replicas: list[Replica], node: NodeKind) -> Shape:
