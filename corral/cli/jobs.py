@@ -211,6 +211,8 @@ def cancel(args: Namespace) -> None:
             failed = max(failed, _code(exc))
             continue
         verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
+        if result.get("elements"):  # a whole array: say how many of its elements stop
+            verb += f" ({result['elements']} array element{'s' if result['elements'] != 1 else ''})"
         out.print(f"Job {result['id']}: {verb}")
     sys.exit(failed)
 
