@@ -153,3 +153,27 @@ def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
     assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
     (output,) = submit_dir.glob("slurm-*.out")
     assert output.stat().st_uid == ann.uid
+
+
+def test_the_jobs_variables_never_run_anything_with_the_servers_rights(served, tmp_path_factory) -> None:
+    """BASH_ENV, PATH and LD_PRELOAD of the job reach the job's own shell only: before, the
+    wrapper (root) started with them, so BASH_ENV ran a user's file as root, a fake setpriv on
+    the job's PATH ran as root, and so did an LD_PRELOAD library."""
+    corral, people = served
+    (ann, client), _ = people.values()
+    trap = corral.specs / "trap"
+    trap.mkdir(mode=0o755, exist_ok=True)
+    witness = corral.specs / "witness"
+    witness.mkdir(mode=0o777, exist_ok=True)
+    witness.chmod(0o777)
+    (trap / "bashenv.sh").write_text(f'echo "bashenv $(id -u)" >> {witness}/seen\n')
+    (trap / "setpriv").write_text(f'#!/bin/sh\necho "setpriv $(id -u)" >> {witness}/seen\nexec /usr/bin/setpriv "$@"\n')
+    (trap / "setpriv").chmod(0o755)
+    job = client.submit(f"run: bash -c 'echo ran'\nreadiness_probe: {{exec: 'true', period: 0.2s}}\n"
+                        f"envs: {{BASH_ENV: {trap}/bashenv.sh, PATH: '{trap}:/usr/bin:/bin'}}\n", name="envtrap",
+                        base_dir=str(corral.specs), scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    assert done["state"] == "SUCCEEDED", (done, corral.log(job))
+    seen = (witness / "seen").read_text().split("\n") if (witness / "seen").exists() else []
+    assert [line for line in seen if line.endswith(" 0")] == [], seen  # nothing as root
+    assert f"bashenv {ann.uid}" in seen, seen  # the job's own shell did take its BASH_ENV

@@ -208,7 +208,7 @@ def test_the_api_names_the_field_of_a_bad_world(server) -> None:
             time.sleep(0.2)
         words = server.get(f"/v1/jobs/{job['id']}/logs").text.split()
         try:
-            home = pwd.getpwnam(job["user"]).pw_dir
+            home = pwd.getpwnam(job.get("run_as") or job["user"]).pw_dir  # the account it runs as
         except KeyError:  # no account of that name here: /
             home = "/"
         assert words[-3:] == [home, "unset", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]

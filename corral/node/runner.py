@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 import subprocess
 import threading
 from pathlib import Path
@@ -51,10 +52,21 @@ from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 # /proc/sys is read-only). The ``wait`` is what keeps the tree whole: nothing the wrapper
 # forks later starts before the wrapper is in its cgroup, and the helper forked before the
 # move has exited by then.
+# The job's environment for a replica that runs as another account than the wrapper's: read by
+# the account's own shell from fd 4 (NUL-separated NAME=value, written by the server, opened
+# before the switch), never set in any process of the server's rights, where BASH_ENV, PATH or
+# LD_PRELOAD would run the job's code as root. A shell already of the job's account (a Slurm
+# step started with --uid) reads it from the file itself.
+LOAD_ENV = 'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&4; exec 4<&-; '
+# What a process of the server's rights starts with when it runs for another account's job.
+SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ENV_FILE_VAR = "CORRAL_ENV_FILE"
+
 WRAPPER = REAP + r"""
 trap : TERM INT HUP USR1 USR2 QUIT PIPE
 as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
-if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"; fi
+if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"
+elif [ -n "$CORRAL_ENV_FILE" ]; then """ + LOAD_ENV.replace("<&4; exec 4<&-", '< "$CORRAL_ENV_FILE"') + r"""fi
 if [ -n "$5" ]; then mount --bind "$5" /etc/hosts 2>/dev/null & fi
 if [ -n "$4" ]; then { printf '%s\n' "$$" > "$4"; } 2>/dev/null; fi
 if [ -n "$6" ]; then { printf '%s' "$6" > /proc/sys/kernel/hostname; } 2>/dev/null || hostname "$6" 2>/dev/null; fi
@@ -62,7 +74,8 @@ until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
-AS_USER='cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
+AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
+USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
 if [ -n "$7" ]; then
   mkdir -p "${7%/*}" && {
     flock 9 && if [ ! -d "$7/.git" ]; then
@@ -74,8 +87,8 @@ if [ -n "$7" ]; then
   } 9>"$7.lock" && cd "$7"; rc=$?
   [ "$rc" -eq 0 ] || echo "corral: could not clone $8${9:+ at $9} (exit $rc)" >&3
 fi
-if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop bash -c "$AS_USER" corral-replica "$PWD" "$script"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop bash -c "$AS_USER" corral-replica "$PWD" "$script"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
@@ -168,14 +181,15 @@ class NodeRunner:
         return self._argv(key, job_id, setup, run, env, hosts and self.hosts_mode == "mount-namespace", procs, repo)
 
     def _argv(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
-              namespaces: bool, procs: str, repo: tuple[str, str | None] | None) -> list[str]:
+              namespaces: bool, procs: str, repo: tuple[str, str | None] | None,
+              hostname: str | None = None) -> list[str]:
         hosts_file = ""
         argv = ["bash", "-c", WRAPPER, "corral-replica", str(self.run_dir(key)), setup or "", run or "", procs]
         name = ""
         if namespaces:
             hosts_file = str(self._ensure_hosts(job_id))
             argv = ["unshare", "--mount", "--uts", "--propagation", "private"] + argv
-            name = _hostname(env)
+            name = _hostname(env) if hostname is None else hostname
         argv += [hosts_file, name]
         if repo is not None:  # cloned by the wrapper (its output is the replica's log), once per job here
             url, ref = repo
@@ -197,6 +211,9 @@ class NodeRunner:
         self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
+        name = _hostname(env)
+        if account is not None:  # the wrapper keeps root's rights: it never sees the job's variables
+            env = self.server_side_env(key, env, account)
 
         def fork(argv: list[str], workdir: str | None) -> subprocess.Popen:
             with open(log_path, "ab", buffering=0) as log:
@@ -206,13 +223,34 @@ class NodeRunner:
         namespaces = hosts and self.hosts_mode == "mount-namespace"
         spawner = self._namespace_spawner() if namespaces else None
         if spawner is not None:
-            argv = self._argv(key, job_id, setup, run, env, False, procs, repo)
+            argv = self._argv(key, job_id, setup, run, env, False, procs, repo, name)
             workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
             try:
-                return spawner.start(str(self._ensure_hosts(job_id)), _hostname(env), lambda: fork(argv, workdir))
+                return spawner.start(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir))
             except NamespaceError:
                 pass  # nothing was started: the wrapper makes the namespaces itself
-        return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo), cwd or None)
+        return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
+
+    def write_env_file(self, key: str, env: dict[str, str], owner: UnixAccount | None = None) -> Path:
+        """The job's environment as the account's shell reads it (NUL-separated NAME=value), in
+        the attempt's run directory, readable by its reader alone (root, or ``owner``)."""
+        path = self.run_dir(key) / "env"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            if owner is not None:
+                os.fchown(fd, owner.uid, owner.gid)
+            os.write(fd, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items() if k != RUN_AS_VAR))
+        finally:
+            os.close(fd)
+        return path
+
+    def server_side_env(self, key: str, env: dict[str, str], account: UnixAccount,
+                        owner: UnixAccount | None = None) -> dict[str, str]:
+        """What a process of the server's rights gets when it starts another account's replica:
+        nothing of the job's (its variables go through ``write_env_file``)."""
+        path = self.write_env_file(key, env, owner)
+        return {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key, RUN_AS_VAR: env.get(RUN_AS_VAR, ""),
+                ENV_FILE_VAR: str(path)}
 
     def _namespace_spawner(self) -> NamespaceSpawner | None:
         with self._spawner_lock:
@@ -317,8 +355,17 @@ class NodeRunner:
         shutil.rmtree(self.runs_dir.parent / "workdirs" / str(job_id), ignore_errors=True)
 
     # -- probes and logs ----------------------------------------------------------------------
-    @staticmethod
-    def exec_probe(command: str, env: dict[str, str], cwd: str | None, timeout: float) -> tuple[bool, str]:
+    def exec_probe(self, command: str, env: dict[str, str], cwd: str | None, timeout: float,
+                   user_env: dict[str, str] | None = None) -> tuple[bool, str]:
+        """Run ``command`` with ``env``; with ``user_env`` (a probe of another account's replica)
+        the command starts with nothing of the job's and finds its variables in a private
+        file named by ``CORRAL_ENV_FILE``, read past the account switch."""
+        path = None
+        if user_env is not None:
+            fd, path = tempfile.mkstemp(dir=self.runs_dir, prefix=".probe-env-")  # 0600, the server's
+            with os.fdopen(fd, "wb") as out:
+                out.write(b"".join(f"{k}={v}".encode() + b"\0" for k, v in user_env.items()))
+            env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ENV_FILE_VAR: path}
         try:
             done = subprocess.run(["bash", "-c", command], env=env, cwd=cwd if cwd and os.path.isdir(cwd) else None,
                                   capture_output=True, timeout=timeout)
@@ -326,6 +373,9 @@ class NodeRunner:
             return False, f"timed out after {timeout:g}s"
         except OSError as exc:
             return False, f"{type(exc).__name__}: {exc}"
+        finally:
+            if path is not None:
+                os.unlink(path)
         return done.returncode == 0, f"exit code {done.returncode}"
 
     @staticmethod

@@ -39,9 +39,12 @@ def starting_environment(world: dict[str, Any] | None, user: str) -> dict[str, s
     """The environment a replica starts from, before the job's ``envs`` and corral's
     variables: the basics of a login, then what the job's export mode carried of the
     submitter's (a job stored without a world, submitted before corral kept one, gets the
-    basics alone)."""
+    basics alone). Who the replica is (USER, LOGNAME, HOME, SHELL) is its account's, never
+    the submitting shell's: a token's user may submit from a shell of another account."""
     env = login_basics(user)
+    who = {k: env[k] for k in ("USER", "LOGNAME", "HOME", "SHELL") if k in env}
     env.update((world or {}).get("environment") or {})
+    env.update(who)
     return env
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
-from corral.node.runner import (START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
+from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
 from corral.runtime.batchenv import job_files
@@ -167,14 +167,18 @@ class LocalExecutor(EventStream):
                    timeout: float) -> tuple[bool, str]:
         pid = int(handle.get("pid") or 0)
         run_as = handle.get("run_as")
-        if run_as:  # as the replica's account, never the server's
+        user_env = None
+        if run_as:  # as the replica's account, never the server's; its variables only past the switch
             uid, gid, groups = str(run_as).split(":")
-            command = f"exec setpriv --reuid={uid} --regid={gid} --groups={groups} -- bash -c {_quote(command)}"
+            command = (f"exec setpriv --reuid={uid} --regid={gid} --groups={groups} -- env -i PATH=/usr/bin:/bin "
+                       f"bash --noprofile --norc -c {_quote(_PROBE_AS_USER)} corral-probe {_quote(command)} "
+                       f'4<"${ENV_FILE_VAR}"')
+            user_env, env = env, {}
         if self.runner.hosts_mode == "mount-namespace" and pid > 0 and shutil.which("nsenter"):
             # in the attempt's mount namespace, so the probe resolves names as the replica does
             return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,
-                                          timeout)
-        return self.runner.exec_probe(command, env, cwd, timeout)
+                                          timeout, user_env)
+        return self.runner.exec_probe(command, env, cwd, timeout, user_env)
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)
@@ -256,6 +260,10 @@ class LocalExecutor(EventStream):
             self._emit(Observed(key, Kind.LOST, reason="the process ended while corral was down and left no exit code"))
         else:
             self._emit(Observed(key, Kind.EXITED, code=code))
+
+
+# an exec probe's shell of the replica's account: the job's variables, then the probe
+_PROBE_AS_USER = LOAD_ENV + 'eval "$1"'
 
 
 def _quote(text: str) -> str:

@@ -249,20 +249,26 @@ class Allocations:
     def step_identity(self, slurm_id: str) -> list[str]:
         """What ``srun`` run as root needs to start a step in another user's allocation: that
         user (Slurm refuses root's own steps there, and they would run as root)."""
+        owner = self.step_owner(slurm_id)
+        return [] if owner is None else [f"--uid={owner[0]}", f"--gid={owner[1]}"]
+
+    def step_owner(self, slurm_id: str) -> tuple[int, int] | None:
+        """(uid, gid) of the account a root server's steps in this allocation run as; None for
+        the server's own allocations and a server that is not root."""
         if os.geteuid() != 0 or not slurm_id:
-            return []
+            return None
         with self.lock:
             alloc = self.by_id.get(slurm_id)
         if alloc is None or alloc.job_id is None:
-            return []  # the server's own allocation
+            return None  # the server's own allocation
         if alloc.owner is None:  # found again after a restart: ask Slurm whose it is
             try:
                 uid, gid = self.cli.run("squeue", "-h", "-j", slurm_id, "-o", "%U %G").split()[:2]
                 alloc.owner = (int(uid), int(gid))
             except (SlurmError, ValueError):
-                return []
+                return None
         uid, gid = alloc.owner
-        return [] if uid == 0 else [f"--uid={uid}", f"--gid={gid}"]
+        return None if uid == 0 else (uid, gid)
 
     def _kind(self, partition: str | None) -> slurmjob.NodeKind:
         key = partition or ""

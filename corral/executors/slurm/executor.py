@@ -8,10 +8,9 @@ Where its nodes come from:
   the job on each, are the pool, named by their hostnames; many corral jobs share them
   under corral's queue and fair share.
 * **a job group as one Slurm job** — a partition with ``infra: slurm``: each job there is
-  submitted to Slurm as one allocation sized to its gang (``slurmjob``); while Slurm keeps
-  it pending, ``corral queue`` shows Slurm's reason; once it runs, its nodes join the pool
-  as ``s{slurm id}-{host}``, dedicated to that corral job, and the group runs
-  inside with corral's runtime. The allocation is cancelled when the job ends.
+  submitted to Slurm as one allocation sized to its gang (``slurmjob``); while Slurm keeps it
+  pending, ``corral queue`` shows Slurm's reason; once it runs, its nodes join the pool as
+  ``s{slurm id}-{host}``, dedicated to that corral job. It is cancelled when the job ends.
 
 Each attempt is ``srun --jobid J -N1 -n1 -w HOST`` with exactly the replica's CPUs, memory
 and GPUs (``--gres=gpu:N``, or ``--gres=none``: a step without it would take every GPU of
@@ -22,17 +21,15 @@ by slurmstepd, so nothing is lost if the server dies), and the same wrapper as o
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
 what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 
-A stop signal reaches the attempt's process group from a small step beside it
-(``sidesteps``); SIGKILL cancels the step, and Slurm kills everything in it.
-Slurm's variables are set over the step's own (``layout``), and srun gives the step the user's
-umask. After a server restart, steps are found again by name: a running one
-is adopted, an ended one reports its exit (from the exit file, else Slurm's accounting), and
-an attempt with neither a step, an ``srun`` alive nor a trace never started.
+A stop signal reaches the attempt's process group from a small step beside it (``sidesteps``);
+SIGKILL cancels the step. Slurm's variables are set over the step's own (``layout``), and srun
+gives the step the user's umask. After a server restart, steps are found again by name: a
+running one is adopted, an ended one reports its exit (from the exit file, else Slurm's
+accounting), and an attempt with neither a step, an ``srun`` alive nor a trace never started.
 
-A controller that does not answer (or a ``SLURM_CONF`` that is missing) never stops the
-server: the executor is built anyway and says why (``unreachable``, from ``controller``),
-its partitions are DOWN until Slurm answers, and what needs Slurm's word (finding its
-allocations again, adopting attempts) waits for it rather than guessing."""
+A controller that does not answer (or a missing ``SLURM_CONF``) never stops the server: the
+executor says why (``unreachable``, from ``controller``), its partitions are DOWN until Slurm
+answers, and what needs Slurm's word (its allocations, adopting attempts) waits for it."""
 
 from __future__ import annotations
 
@@ -273,7 +270,9 @@ class SrunExecutor(EventStream):
             argv.append(f"--mem={mem_mb}M")
         if launch.cwd:
             argv.append(f"--chdir={launch.cwd}")
-        client_env = {**env, **self.cli.conf}
+        # root's srun never carries another account's variables (BASH_ENV, LD_PRELOAD): its step reads them
+        client_env = {**(self.runner.server_side_env(launch.key, env, account, owner=account) if account else env),
+                      **self.cli.conf, RUN_AS_VAR: ""}
         srun_log = self._srun_log(launch.key)
         try:
             with open(srun_log, "ab") as out:
@@ -495,7 +494,8 @@ class SrunExecutor(EventStream):
             _, host, _ = self.allocations.where(handle.get("node", ""))
         except LaunchError as exc:
             return False, str(exc)
-        return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout)
+        return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout,
+                               self.runner.run_dir(handle["key"]))
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)

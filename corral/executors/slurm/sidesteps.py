@@ -12,12 +12,15 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from corral.executors.slurm.allocations import Allocations
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.node.proctree import REAP
+from corral.node.runner import LOAD_ENV, SAFE_PATH
 
 log = logging.getLogger("corral.srun")
 
@@ -87,9 +90,26 @@ class SideSteps:
                         (done.stderr or done.stdout).strip()[-300:])
 
     def probe(self, slurm_id: str, host: str, command: str, env: dict[str, str], cwd: str | None,
-              timeout: float) -> tuple[bool, str]:
-        """An exec probe run where the replica runs: (passed, what it said)."""
-        argv = self._argv(slurm_id, host, "corral-probe", command)
+              timeout: float, run_dir: Path) -> tuple[bool, str]:
+        """An exec probe run where the replica runs: (passed, what it said). In another
+        account's allocation root's srun starts it with nothing of the job's (BASH_ENV, PATH
+        or LD_PRELOAD there would run as root); the probe's shell, the account's, reads the
+        variables from a file in the attempt's run directory only that account may read."""
+        owner = self.allocations.step_owner(slurm_id)
+        if owner is None:
+            return self._probe(self._argv(slurm_id, host, "corral-probe", command), env, cwd, timeout)
+        fd, path = tempfile.mkstemp(dir=run_dir, prefix=".probe-env-")
+        try:
+            os.fchown(fd, *owner)
+            with os.fdopen(fd, "wb") as out:
+                out.write(b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))
+            script = LOAD_ENV.replace("<&4; exec 4<&-", '< "$2"') + 'eval "$1"'
+            argv = self._argv(slurm_id, host, "corral-probe", script, "corral-probe", command, path)
+            return self._probe(argv, {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, cwd, timeout)
+        finally:
+            os.unlink(path)
+
+    def _probe(self, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> tuple[bool, str]:
         try:
             done = subprocess.run(argv, env={**env, **self.cli.conf},
                                   cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, timeout=timeout)
