@@ -75,6 +75,12 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
     accounts = {a.name for a in policy.accounts}
     if sched.account is not None and accounts and account not in accounts:
         return Refusal("account", f"no account is named {account!r}{_suggest(account, accounts)}")
+    if sched.account is not None and not accounts and not any_account and account != site.account_of(user):
+        # no account tree: every user charges their own account, and charging another's would
+        # spend that user's fair share
+        return Refusal("account", f"this site declares no accounts, so {user} charges {user}'s own; "
+                                  f"charging {account!r} needs an account tree in config.yaml (accounts: "
+                                  "[{name, users}]) or the admin role")
     if partition.accounts is not None and account not in partition.accounts:
         return Refusal("account", f"partition {partition.name!r} accepts accounts {', '.join(partition.accounts)}; "
                                   f"the job charges {account!r} (set account:)")

@@ -60,3 +60,13 @@ def test_a_feature_or_nodelist_no_node_has_is_refused(site) -> None:
     assert isinstance(feature, Refusal) and "constraint h100" in feature.message
     listed = _admit(site, load_job("name: n\nnodelist: [gpu-9]\nrun: hostname\n").spec)
     assert isinstance(listed, Refusal) and "gpu-9" in listed.message
+
+
+def test_without_an_account_tree_a_user_charges_only_their_own(site) -> None:
+    own = admit(load_job("name: a\naccount: alice\nrun: x\n").spec, "alice", site, lambda i: True)
+    assert isinstance(own, Admitted) and own.account == "alice"
+    other = admit(load_job("name: b\naccount: bob\nrun: x\n").spec, "alice", site, lambda i: True)
+    assert isinstance(other, Refusal) and other.field == "account" and "'bob'" in other.message
+    by_admin = admit(load_job("name: c\naccount: bob\nrun: x\n").spec, "alice", site, lambda i: True,
+                     any_account=True)
+    assert isinstance(by_admin, Admitted) and by_admin.account == "bob"
