@@ -426,6 +426,10 @@ def _apply_env(spec: JobSpec, env: dict[str, str], docs: list[Document], issues:
                     doc = _task_doc(docs, task)
                     issues.append(SpecIssue(f"task {task.name!r}", f"{section}.{key}", doc.line_of((section, key)),
                                             f"has no value; pass one with --env {key}=VALUE"))
+        too_big = check_environment({**{k: v for k, v in merged.items() if v is not None},
+                                     **{k: v for k, v in secrets.items() if v is not None}})
+        if too_big is not None:  # (a process could not be started with it: refused now, not at launch)
+            issues.append(SpecIssue(f"task {task.name!r}", "envs", None, f"with its secrets and --env {too_big}"))
         tasks.append(task.model_copy(update={"envs": merged, "secrets": secrets}))
     if issues:
         raise SpecError(issues, source)

@@ -53,7 +53,9 @@ def from_instance_type(data: Any, where: str, info: ValidationInfo) -> Any:
     for ``drop_ignored`` to warn about."""
     if not isinstance(data, dict) or data.get("instance_type") is None:
         return data
-    kind = gpus_of(str(data["instance_type"]))
+    if not isinstance(data["instance_type"], str) or not 0 < len(data["instance_type"]) <= 128:
+        raise ValueError("instance_type is a cloud machine type's name, e.g. p4d.24xlarge")
+    kind = gpus_of(data["instance_type"])
     if kind is None:
         return data
     rest = {k: v for k, v in data.items() if k != "instance_type"}

@@ -88,3 +88,22 @@ def test_cloud_only_service_fields_are_warnings_not_refusals() -> None:
     assert any("external_load_balancers" in w for w in loaded.warnings)
     with pytest.raises(SpecError):  # a field corral does not know at all is still an error
         load_job("service:\n  readiness_probe: /health\n  replicaz: 2\n  ports: 8080\nrun: x\n")
+
+
+def test_envs_and_secrets_a_process_could_not_start_with_are_refused_at_submission() -> None:
+    big = "x" * (200 * 1024)
+    with pytest.raises(SpecError) as refused:
+        load_job("name: t\nrun: x\n", secrets={"S": big})
+    assert "envs" in str(refused.value) and "KiB" in str(refused.value)
+    many = {f"V{i}": "1" for i in range(5000)}
+    with pytest.raises(SpecError) as refused:
+        load_job("name: t\nrun: x\n", env=many)
+    assert "5000 variables" in str(refused.value)
+    assert load_job("name: t\nrun: x\n", env={"A": "1"}, secrets={"S": "2"}).spec.tasks[0].secrets == {"S": "2"}
+
+
+@pytest.mark.parametrize("value", ["[a, b]", "12", "'" + "x" * 200 + "'"])
+def test_an_instance_type_that_is_not_a_name_is_refused(value: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job(f"resources: {{instance_type: {value}}}\nrun: x\n")
+    assert "instance_type" in str(refused.value)
