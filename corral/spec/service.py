@@ -144,6 +144,11 @@ def check_ports(ports: dict[str, int]) -> dict[str, int]:
             raise ValueError(f"port name {name!r} must be letters, digits and '_'")
         if not 1 <= port <= 65535:
             raise ValueError(f"port {name}={port} is outside 1..65535")
+    upper = [name.upper() for name in ports]
+    twice = sorted({n for n in upper if upper.count(n) > 1})
+    if twice:  # both would be CORRAL_PORT_<NAME>
+        raise ValueError(f"port names {', '.join(n for n in ports if n.upper() in twice)} differ only in case: "
+                         f"both would be CORRAL_PORT_{twice[0]}")
     return ports
 
 

@@ -107,3 +107,9 @@ def test_an_instance_type_that_is_not_a_name_is_refused(value: str) -> None:
     with pytest.raises(SpecError) as refused:
         load_job(f"resources: {{instance_type: {value}}}\nrun: x\n")
     assert "instance_type" in str(refused.value)
+
+
+def test_port_names_that_differ_only_in_case_are_refused() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_job("name: t\nports: {http: 8000, HTTP: 8001}\nrun: x\n")
+    assert "CORRAL_PORT_HTTP" in str(refused.value)
