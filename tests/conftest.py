@@ -164,3 +164,22 @@ def cli_for(home: Path, env: dict[str, str] | None = None, cwd: Path | None = No
 
     run.env, run.home, run.work, run.stop = base, home, cwd, stop
     return run
+
+
+def cli_status(corral, job: str) -> dict:
+    """``corral status JOB --json`` through a ``cli_for`` runner."""
+    import json
+
+    return json.loads(corral("status", str(job), "--json", check=True).stdout)
+
+
+def cli_events(corral, job: str) -> list[dict]:
+    """``corral events JOB --json`` through a ``cli_for`` runner."""
+    import json
+
+    return json.loads(corral("events", str(job), "--json", check=True).stdout)
+
+
+def replicas_by_label(data: dict) -> dict[str, dict]:
+    """A job's replicas (``status --json``) by their ``task-rank`` label."""
+    return {f"{t['name']}-{r['rank']}": r for t in data["tasks"] for r in t["replicas"]}

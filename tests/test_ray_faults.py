@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_for, kill_leftovers, wait_for
+from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_by_label, wait_for
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
@@ -75,16 +75,7 @@ def corral(lab: RayLab, tmp_path: Path):
     lab.wait_nodes(len(lab.nodes), timeout=120)
 
 
-def status(corral, job: str) -> dict:
-    return json.loads(corral("status", job, "--json", check=True).stdout)
-
-
-def replicas(data: dict) -> dict[str, dict]:
-    return {f"{t['name']}-{r['rank']}": r for t in data["tasks"] for r in t["replicas"]}
-
-
-def events(corral, job: str) -> list[dict]:
-    return json.loads(corral("events", job, "--json", check=True).stdout)
+status, replicas, events = cli_status, replicas_by_label, cli_events
 
 
 def ray_nodes(corral) -> dict[str, str]:
