@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import POOL, submit, wait_state
+from conftest import POOL, shared_account, submit, wait_state
 
 
 def _bomb(levels: int = 9) -> str:
@@ -166,7 +166,7 @@ def real_server(corral_home: Path, tmp_path: Path, db_url: str):
     started = []
 
     def start(extra: str = "") -> Served:
-        (corral_home / "config.yaml").write_text(POOL + extra)
+        (corral_home / "config.yaml").write_text(POOL + extra + shared_account(POOL + extra))
         started.append(Served(corral_home, tmp_path, db_url, []))
         return started[-1]
 
