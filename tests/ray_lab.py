@@ -261,3 +261,17 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
         lab.stop()
         raise RuntimeError(f"the Ray lab did not come up: {exc}\n{logs}") from exc
     return lab
+
+
+def site_config(lab: RayLab, extra: str = "") -> str:
+    """config.yaml of a corral home beside the lab: a small local node and partition, and a
+    ``gpu`` partition on the lab's Ray cluster."""
+    return f"""
+nodes:
+  - {{name: here, cpus: 2, memory: 4}}
+infra:
+  ray: {{address: "{lab.address}"}}
+partitions:
+  - {{name: local, infra: local}}
+  - {{name: gpu, infra: ray}}
+{extra}"""

@@ -19,7 +19,7 @@ from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_b
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
-from ray_lab import RayLab, start_lab  # noqa: E402
+from ray_lab import RayLab, site_config, start_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,15 +34,7 @@ def lab():
 
 
 def _config(lab: RayLab, extra: str = "") -> str:
-    return f"""
-nodes:
-  - {{name: here, cpus: 2, memory: 4}}
-infra:
-  ray: {{address: "{lab.address}"}}
-partitions:
-  - {{name: local, infra: local}}
-  - {{name: gpu, infra: ray}}
-{extra}"""
+    return site_config(lab, extra)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_b
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
-from ray_lab import RayLab, start_lab  # noqa: E402
+from ray_lab import RayLab, site_config, start_lab  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +42,7 @@ def lab():
 
 
 def _config(lab: RayLab) -> str:
-    return f"""
-nodes:
-  - {{name: here, cpus: 2, memory: 4}}
-infra:
-  ray: {{address: "{lab.address}"}}
-partitions:
-  - {{name: local, infra: local}}
-  - {{name: gpu, infra: ray}}
-"""
+    return site_config(lab)
 
 
 def _runner(home: Path):
