@@ -134,7 +134,7 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
         if all(r is not None for r in reasons):
             where = f" in partition {partition.name!r}" if policy.partitions else ""
             hint = ""
-            if request.gpus and not any(n.gpus for n in site.nodes):
+            if request.gpus and not any(n.gpus for n in nodes):  # the pool checked (Ray nodes included)
                 hint = ("; this site has no GPUs (none was found here and config.yaml declares none): a "
                         "config.yaml in CORRAL_HOME can declare nodes and their GPUs (README: Configuration)")
             if len(reasons) == 1:
