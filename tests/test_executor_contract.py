@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,51 @@ def test_a_bad_stored_job_fails_alone_and_the_loop_keeps_scheduling(server, tmp_
     failed = wait_state(server, bad, "FAILED")
     assert failed["reason"] == "InvalidSpec" and "invalid stored job" in failed["message"]
     assert state.loop.failing_cycles == 0
+
+
+def test_a_node_that_does_not_answer_at_placement_loses_its_replica_not_the_cycle(server, monkeypatch) -> None:
+    """An engine that does not answer while a replica is bound (a Ray worker dead but not yet
+    declared so): the replica is lost with its node and its job requeued, once: the node gets
+    nothing new for a while. The cycle, and every other job placed in it, goes on."""
+    from corral.control import inventory
+    from corral.executors.contract import LaunchError
+
+    monkeypatch.setattr(inventory, "SILENT_S", 2.0)
+
+    loop = server.state.loop
+    executor = loop.inventory.executors["local"]
+    real_bind = executor.bind
+    silent = [1]
+
+    def bind(job_id, replica_id, node, ports, previous):  # on the loop's thread: its book is readable
+        job = loop.book.active.get(job_id)
+        if job is not None and job.name == "victim" and silent[0]:
+            silent[0] -= 1
+            raise LaunchError(f"could not pick ports on {node}: GetTimeoutError")
+        return real_bind(job_id, replica_id, node, ports, previous)
+
+    executor.bind = bind
+    try:
+        victim = submit(server, "name: victim\nrun: sleep 60\n")
+        bystander = submit(server, "name: bystander\nrun: sleep 60\n")
+        for job in (victim, bystander):
+            wait_state(server, job["id"], "RUNNING")
+    finally:
+        executor.bind = real_bind
+    assert silent == [0]
+    assert loop.failing_cycles == 0 and loop.last_error is None
+    seen = server.get(f"/v1/jobs/{victim['id']}").json()
+    assert seen["requeues"] == 1, seen
+    told = server.get(f"/v1/jobs/{victim['id']}/events").json()
+    lost = [e for e in told if "did not answer" in (e["message"] or "") and "GetTimeoutError" in e["message"]]
+    placed = [e for e in told if e["cause"] == "scheduled" and e["subject"] == "job"]
+    assert len(lost) == 1 and len(placed) == 2, told
+    node = lost[0]["message"].split("node ", 1)[1].split()[0]
+    waited = datetime.fromisoformat(placed[1]["ts"]) - datetime.fromisoformat(lost[0]["ts"])
+    # not placed on the silent node again at once (the pool's other node is free)
+    assert not placed[1]["message"].endswith(f" {node}") or waited.total_seconds() >= 1.9, told
+    for job in (victim, bystander):
+        server.post(f"/v1/jobs/{job['id']}/cancel")
 
 
 def test_health_reports_a_loop_that_keeps_failing(server) -> None:

@@ -4,8 +4,8 @@ in its own network namespace where this machine allows it), driven through the r
 
 * a raylet killed under a running replica: the replica restarts elsewhere and the old
   attempt is dead before the new one runs (its fence ends it), and nothing runs after cancel;
-* a worker that dies while its job's gang is being reserved: the replica is lost and the
-  job requeued, not failed;
+* a worker that dies while its job's gang is being placed or reserved: the replica is lost
+  and the job requeued, not failed;
 * the head's death: the server lives on (local partitions too), a new server starts while
   the head is down, and the Ray partition comes back with the head;
 * a home deleted and made again: its job 1 runs beside what the old home left on the nodes,
@@ -135,7 +135,8 @@ def test_a_worker_dying_during_a_gang_s_reservation_requeues_the_job(corral, lab
     told = [e["message"] or "" for e in events(corral, job)]
     assert requeued["state"] != "FAILED", told
     assert not any("could not reserve" in m for m in told), told
-    assert any("left the Ray cluster" in m for m in told), told
+    # the worker is found gone while the gang is reserved, or already when its ports are picked
+    assert any("left the Ray cluster" in m or "did not answer" in m for m in told), told
     lab.revive(victim)
     wait_for(lambda: status(corral, job)["state"] == "RUNNING", timeout=120)
 

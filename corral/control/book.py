@@ -29,6 +29,9 @@ class Book:
     ended_states: dict[int, str] = field(default_factory=dict)  # dependency targets that ended (final)
     engine_waiting: set[int] = field(default_factory=set)  # pending jobs an engine is provisioning
     unconfirmed: set[int] = field(default_factory=set)  # replicas whose engine confirms the start later
+    # placed replicas whose node's engine did not answer at placement (replica id -> its words):
+    # they are lost with their node instead of launched
+    unanswered: dict[int, str] = field(default_factory=dict)
     cancels_seen: set[int] = field(default_factory=set)
     timers: list[tuple[float, int]] = field(default_factory=list)  # (due, job id), a heap
     dirty: set[int] = field(default_factory=set)  # jobs to evaluate this cycle

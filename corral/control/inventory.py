@@ -9,11 +9,16 @@ found from its node, never from an infra's name.
 An executor whose engine can be unreachable (``Reachability``: a Ray cluster, a Slurm
 controller) says why while it is; every partition declared on that infra is then DOWN with
 that reason (its pending jobs wait, saying so), and comes back by itself when the engine
-answers again. The other infras run on."""
+answers again. The other infras run on.
+
+A node whose engine did not answer while a replica was bound to it (``silent``: a Ray worker
+that died and is not yet declared dead) gets nothing new for ``SILENT_S``, or until it
+leaves the pool, so a job requeued for it is not placed there again at once."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 
 from corral.control.records import ReplicaRec
@@ -23,6 +28,8 @@ from corral.pool import NodeSpec, node_views
 from corral.scheduler import NodeView
 
 log = logging.getLogger("corral.control")
+
+SILENT_S = 30.0  # a node that did not answer gets nothing new for this long (Ray declares death in 30 s)
 
 
 class Inventory:
@@ -37,6 +44,7 @@ class Inventory:
         self.down_nodes: dict[str, NodeSpec] = {}  # nodes an executor reported once and lost since
         self.down_infra: dict[str, str] = {}  # a DOWN node -> the infra it was on
         self._versions: tuple[int, ...] | None = None
+        self.silent: dict[str, float] = {}  # node -> until when (monotonic) it gets nothing new
 
     def refresh(self, force: bool = False) -> bool:
         """Take the executors' node lists and reachability when any changed; True if they did."""
@@ -66,8 +74,24 @@ class Inventory:
                 self.down_infra[old.name] = self.node_infra.get(old.name, DEFAULT)
         for node in nodes:
             self.down_nodes.pop(node.name, None)
+        for name in self.silent.keys() - infra.keys():  # it left: when it comes back, it is new
+            del self.silent[name]
         self.nodes, self.node_infra, self.views = nodes, infra, node_views(nodes)
         return True
+
+    def mark_silent(self, node: str) -> None:
+        """Its engine did not answer for it: nothing new is placed there for a while."""
+        if node in self.node_infra:
+            self.silent[node] = time.monotonic() + SILENT_S
+
+    def placeable(self) -> tuple[NodeView, ...]:
+        """The nodes the scheduler may place on: every node up but the silent ones."""
+        if not self.silent:
+            return self.views
+        clock = time.monotonic()
+        for name in [n for n, until in self.silent.items() if until <= clock]:
+            del self.silent[name]
+        return tuple(v for v in self.views if v.name not in self.silent)
 
     def _unreachable(self) -> dict[str, str]:
         out = {}

@@ -17,6 +17,7 @@ from corral.control.discovery import Discovery
 from corral.control.inventory import Inventory
 from corral.control.probing import Probes
 from corral.control.records import JobRec, ReplicaRec, TaskRec
+from corral.control.supervisor import AttemptEnded
 from corral.control.transitions import Transitions
 from corral.auth.accounts import account_to_start
 from corral.executors.contract import Handle, Launch, LaunchError, Reserving
@@ -61,7 +62,25 @@ class Launcher:
                 return str(exc)
         return None
 
+    def _lost_unanswered(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> bool:
+        """Replicas whose node did not answer at placement are lost with it (as if the engine
+        had reported them lost: the supervisor restarts them elsewhere or requeues the job);
+        True if there were any, and then none of the job's other replicas start this cycle."""
+        lost = [(r, self.book.unanswered.pop(r.id)) for r in replicas if r.id in self.book.unanswered]
+        for replica, why in lost:
+            self.book.touch(job.id)
+            self.book.sched_needed = True
+            self.inventory.refresh()  # the node may have left since
+            self.inventory.mark_silent(replica.node or "")  # if not: nothing new there for a while
+            ended = AttemptEnded(replica.id, None, True, why, node_up=False)
+            self.carrier.apply(job, self.carrier.supervisor.attempt_ended(job, replica, ended, now), now)
+        if lost:
+            self.book.launch_check.add(job.id)  # the others, if the job still starts
+        return bool(lost)
+
     def _launch(self, job: JobRec, replicas: list[ReplicaRec], now: float) -> None:
+        if self._lost_unanswered(job, replicas, now):
+            return
         refused = self._reserve(job, replicas)
         for replica in replicas:
             executor = self.inventory.of(replica)

@@ -66,20 +66,22 @@ class Scheduling:
         self._done_at = 0.0
 
     # -- what the scheduler reads ---------------------------------------------------------------
-    def free_views(self) -> tuple[NodeView, ...]:
-        pool = FreePool(self.inventory.views)
+    def free_views(self, placing: bool = False) -> tuple[NodeView, ...]:
+        """What is free on every node up; ``placing``: only nodes the scheduler may place on
+        (not those whose engine just did not answer for them)."""
+        pool = FreePool(self.inventory.placeable() if placing else self.inventory.views)
         up = self.inventory.node_infra
         for alloc in self.book.allocs.values():
             # a replica recorded on a node its executor does not report now (a server restarted
             # while Slurm or Ray does not answer): nothing is placed there; the executor says its fate
-            if alloc.node in up:
+            if alloc.node in up and alloc.node in pool.by_name:
                 pool.assume(alloc, ports=False)  # what runs holds its ports, whatever placed it
         return pool.views()
 
     def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
         pending = tuple(growth or ()) + tuple(job.request for job in self.book.pending.values())
         running = tuple(self._running_view(job) for job in self.book.active.values())
-        return Snapshot(self.free_views(), pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
+        return Snapshot(self.free_views(placing=True), pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)
 
     def _running_view(self, job: JobRec) -> RunningJob:
