@@ -22,6 +22,7 @@ starts with it.
     api:        {max_streams_per_user: 16}   # followed logs one user may hold open at once
     environment: {export: ALL, drop: [AWS_*]}  # a job's default --export; variables never carried
     identity:   {unix_accounts: {ann: ann_hpc}, service_account: null}   # jobs' Unix accounts (auth.accounts)
+    containers: {engine: podman, run_options: [--runtime, runc]}   # the nodes' container engine, its site-wide flags
 
 A partition with ``infra: NAME`` holds that infra's nodes (a Ray cluster's, found at run
 time; the nodes Slurm allocates for each of its jobs); each infra's section under ``infra:``
@@ -193,6 +194,29 @@ class EnvironmentConfig(_Strict):
         return value
 
 
+class ContainersConfig(_Strict):
+    """The container engine on the nodes (Podman or Docker, found on each node's PATH) and
+    options every container of this site gets (``--runtime runc``, ``--ulimit`` values the
+    machines need): the operator's, not a job's, so not limited to a job's allowlist."""
+
+    engine: str = "podman"
+    run_options: list[str] = []
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value) or ("/" in value and not value.startswith("/")):
+            raise ValueError(f"{value!r} is not a program name or an absolute path (podman, docker)")
+        return value
+
+    @field_validator("run_options", mode="before")
+    @classmethod
+    def _options(cls, value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError("run_options is a list of engine options like [--runtime, runc]")
+        return [word for entry in value for word in entry.split()]
+
+
 InfraConfig = _infra_config()
 
 
@@ -203,6 +227,7 @@ class SiteConfig(_Strict):
     api: ApiConfig = ApiConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
     identity: IdentityConfig = IdentityConfig()
+    containers: ContainersConfig = ContainersConfig()
     scheduler: SchedulerSettings = SchedulerSettings()
     partitions: list[PartitionEntry] = []
     accounts: list[AccountEntry] = []
@@ -234,6 +259,7 @@ class Site:
     api: ApiConfig = ApiConfig()
     environment: EnvironmentConfig = EnvironmentConfig()
     identity: IdentityConfig = IdentityConfig()  # which Unix account each user's jobs run as
+    containers: ContainersConfig = ContainersConfig()  # the nodes' container engine and its site-wide options
 
     def account_of(self, user: str) -> str:
         """The account a user charges by default: the first that lists them, else their own."""
@@ -292,7 +318,7 @@ def load_site(config_path: Path) -> Site:
                    if p.infra is not None and infras()[p.infra].provisions}
     return Site(nodes, _policy(config), config.scheduler.half_life, config.scheduler.usage_weights, operators,
                 used, config.retention, provisioned, {p.name: p.infra for p in config.partitions if p.infra is not None},
-                config.api, config.environment, config.identity)
+                config.api, config.environment, config.identity, config.containers)
 
 
 def _used_infras(config: SiteConfig) -> dict[str, Any]:

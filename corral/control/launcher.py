@@ -20,20 +20,22 @@ from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.control.supervisor import AttemptEnded
 from corral.control.transitions import Transitions
 from corral.auth.accounts import account_to_start
-from corral.executors.contract import Handle, Launch, LaunchError, Reserving
+from corral.executors.contract import Container, Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
 from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
 from corral.settings import Settings
+from corral.site import ContainersConfig
 from corral.states import JobState, ReplicaState
 
 
 class Launcher:
     def __init__(self, settings: Settings, book: Book, moves: Transitions, inventory: Inventory, carrier: Carrier,
-                 probes: Probes, discovery: Discovery, metrics: Metrics):
+                 probes: Probes, discovery: Discovery, metrics: Metrics, containers: ContainersConfig | None = None):
         self.settings, self.book, self.moves, self.inventory = settings, book, moves, inventory
         self.carrier, self.probes, self.discovery, self.metrics = carrier, probes, discovery, metrics
+        self.containers = containers or ContainersConfig()
 
     def launch_ready(self, now: float) -> None:
         """Launch every placed replica whose start order allows it."""
@@ -188,7 +190,23 @@ class Launcher:
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account)
+                      cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account,
+                      container=self._container(task, env))
+
+    def _container(self, task: TaskRec, env: dict[str, str]) -> Container | None:
+        """The task's container (``resources.image_id: docker:IMAGE``), with the site's engine
+        and options, the job's own options, and a private registry's login as SkyPilot users
+        write it (``SKYPILOT_DOCKER_USERNAME`` / ``_PASSWORD`` / ``_SERVER`` in envs or secrets)."""
+        resources = task.service.resources
+        if resources.image is None:
+            return None
+        docker = task.service.config.docker if task.service.config is not None else None
+        login = None
+        if env.get("SKYPILOT_DOCKER_USERNAME") and env.get("SKYPILOT_DOCKER_PASSWORD"):
+            server = env.get("SKYPILOT_DOCKER_SERVER") or resources.image.split("/", 1)[0]
+            login = (server, env["SKYPILOT_DOCKER_USERNAME"], env["SKYPILOT_DOCKER_PASSWORD"])
+        return Container(resources.image, self.containers.engine,
+                         tuple(self.containers.run_options) + (docker.run_options if docker else ()), login)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

@@ -103,7 +103,7 @@ class ControlLoop:
         self.endpoints = Endpoints(book, self.journal)
         self.discovery = Discovery(book, self.inventory, self.endpoints)
         self.launcher = Launcher(settings, book, moves, self.inventory, self.carrier, self.probes, self.discovery,
-                                 self.metrics)
+                                 self.metrics, site.containers)
         placer = Placer(book, moves, self.inventory)
         self.queue = Queue(book, moves)
         self.scaling = Scaling(book, moves, self.carrier, placer)

@@ -50,6 +50,18 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class Container:
+    """The container an attempt runs in, on the node's own engine (Podman, Docker): its
+    image, the site's and the job's run options, and the registry login for a private image
+    (server, user, password: never on a command line)."""
+
+    image: str
+    engine: str = "podman"
+    options: tuple[str, ...] = ()  # the site's (config.yaml containers.run_options), then the job's
+    login: tuple[str, str, str] | None = None
+
+
+@dataclass(frozen=True)
 class Launch:
     """Everything needed to run one attempt of one replica, on the node corral chose."""
 
@@ -72,6 +84,8 @@ class Launch:
     # the Unix account it runs as (uid, groups, home: ``auth.accounts``); None: the server's own.
     # An executor starts it as exactly that account, or refuses with a LaunchError.
     run_as: UnixAccount | None = None
+    # the container its setup and run execute in (``corral.node.container``); None: on the node
+    container: Container | None = None
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,7 @@ def _make_cgroup(path: Path) -> bool:
 class ProcessTrees:
     def __init__(self, scope: str):
         """``scope`` names this server's subtree (one per CORRAL_HOME)."""
+        self.scope = scope
         root, own = _cgroup2()
         self.base: Path | None = None
         if root is not None:

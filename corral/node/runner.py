@@ -32,6 +32,9 @@ from pathlib import Path
 import psutil
 
 from corral.auth.accounts import UnixAccount
+from corral.executors.contract import Container
+from corral.node import container as containers
+from corral.node.container import SHELL as CONTAINER_SHELL
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
@@ -76,6 +79,7 @@ exec 3>&2
 rc=0
 AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
 USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
+CONTAINER_SHELL='""" + CONTAINER_SHELL + r"""'
 if [ -n "$7" ]; then
   mkdir -p "${7%/*}" && {
     flock 9 && if [ ! -d "$7/.git" ]; then
@@ -87,8 +91,16 @@ if [ -n "$7" ]; then
   } 9>"$7.lock" && cd "$7"; rc=$?
   [ "$rc" -eq 0 ] || echo "corral: could not clone $8${9:+ at $9} (exit $rc)" >&3
 fi
-if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
-if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
+  mapfile -d '' -t c < "$1/pull"; "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null
+  if [ "$rc" -ne 0 ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; else
+    mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'
+    { "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_SHELL" corral-replica "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
+  fi
+else
+  if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+  if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
@@ -108,6 +120,8 @@ EXIT_FILE = "exit_code"
 STARTED_FILE = "started"
 START_TIME_TOLERANCE_S = 0.05
 RUN_AS_VAR = "CORRAL_RUN_AS"
+# what a Slurm step learns only when it starts, passed into its container then
+STEP_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURM_*")
 
 
 def run_as_value(account: UnixAccount | None) -> str:
@@ -173,11 +187,14 @@ class NodeRunner:
         return self.runs_dir / key
 
     def command(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
-                hosts: bool, procs: str = "", repo: tuple[str, str | None] | None = None) -> list[str]:
+                hosts: bool, procs: str = "", repo: tuple[str, str | None] | None = None,
+                container: Container | None = None, account: UnixAccount | None = None) -> list[str]:
         """The wrapper's command line for an attempt (run here, or by another engine on the
         node: the srun executor hands it to ``srun``); its run directory must not exist yet.
         With ``hosts`` (and namespaces allowed) the wrapper makes its own namespaces."""
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
+        if container is not None:  # the step's own variables (its GPUs, ids) exist only once it starts
+            self._container(key, job_id, container, env, account, None, STEP_VARIABLES)
         return self._argv(key, job_id, setup, run, env, hosts and self.hosts_mode == "mount-namespace", procs, repo)
 
     def _argv(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
@@ -198,7 +215,8 @@ class NodeRunner:
 
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
               cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
-              repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None) -> subprocess.Popen:
+              repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None,
+              container: Container | None = None) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running.
         With ``hosts``, where namespaces are allowed, it starts inside its own (made by
@@ -212,6 +230,8 @@ class NodeRunner:
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
         name = _hostname(env)
+        if container is not None:
+            self._container(key, job_id, container, env, account, log_path)
         if account is not None:  # the wrapper keeps root's rights: it never sees the job's variables
             env = self.server_side_env(key, env, account)
 
@@ -230,6 +250,22 @@ class NodeRunner:
             except NamespaceError:
                 pass  # nothing was started: the wrapper makes the namespaces itself
         return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
+
+    def _container(self, key: str, job_id: int, container: Container, env: dict[str, str],
+                   account: UnixAccount | None, log_path: Path | None, passthrough: tuple[str, ...] = ()) -> None:
+        """The attempt's container files in its run directory (``corral.node.container``)."""
+        binds = [str(self.job_dir(job_id)), env.get("CORRAL_CHECKPOINT_DIR", "")]
+        self.job_dir(job_id).mkdir(parents=True, exist_ok=True)
+        try:
+            skipped = containers.prepare(self.run_dir(key), container, scope=self.trees.scope, key=key,
+                                         job_id=job_id, env=env, hosts_file=str(self._ensure_hosts(job_id)),
+                                         hostname=_hostname(env), binds=binds, account=account,
+                                         locks=self.runs_dir.parent / "images", passthrough=passthrough)
+        except containers.ContainerError as exc:
+            raise OSError(str(exc)) from None
+        if skipped and log_path is not None:
+            with open(log_path, "a") as log:
+                log.write(f"corral: not passed into the container (a value with a line break): {', '.join(skipped)}\n")
 
     def write_env_file(self, key: str, env: dict[str, str], owner: UnixAccount | None = None) -> Path:
         """The job's environment as the account's shell reads it (NUL-separated NAME=value), in
@@ -290,6 +326,7 @@ class NodeRunner:
                 os.killpg(pid, 9)
             except (ProcessLookupError, PermissionError):
                 pass
+        containers.remove(self.run_dir(key))  # the engine's client is gone; its container is not
         return self.trees.kill(key, thorough=thorough)
 
     def forget(self, key: str) -> None:

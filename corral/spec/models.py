@@ -15,6 +15,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Discriminator, Fie
 from corral.scheduler.features import parse_constraint
 from corral.spec.batchstep import BatchStep
 from corral.spec.base import Duration, Strict
+from corral.spec.container import TaskConfig
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
 from corral.spec.source import shown
@@ -29,7 +30,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 NAME_RULE = "letters, digits, '-' and '_', starting with a letter or digit, at most 63 characters"
 
-IGNORED_TASK_FIELDS = frozenset({"file_mounts", "config", "volumes", "event_callback"})
+IGNORED_TASK_FIELDS = frozenset({"file_mounts", "volumes", "event_callback"})
 
 DEFAULT_GRACE_S = 10.0
 
@@ -112,6 +113,7 @@ class TaskSpec(Strict):
     exclusive: bool = False
     distinct_nodes: bool = False
     sbatch: BatchStep | None = None  # set for a Slurm batch script's tasks (corral/spec/sbatch.py)
+    config: TaskConfig | None = None  # SkyPilot's per-task config: its docker.run_options (spec/container.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -134,6 +136,20 @@ class TaskSpec(Strict):
     @classmethod
     def _ports(cls, value: dict[str, int]) -> dict[str, int]:
         return check_ports(value)
+
+    @model_validator(mode="after")
+    def _container(self, info: ValidationInfo) -> TaskSpec:
+        if self.resources.image_id is None:
+            if self.config is not None and self.config.docker is not None and self.config.docker.run_options:
+                warn(info, "config.docker.run_options is ignored: the task names no container image "
+                           "(resources.image_id: docker:IMAGE)")
+            return self
+        for field in ("envs", "secrets"):  # a container's environment is passed one line per variable
+            for name, value in getattr(self, field).items():
+                if value is not None and ("\n" in value or "\r" in value):
+                    raise ValueError(f"{field}.{name} spans several lines, which a container's environment "
+                                     "cannot carry; pass it as a file (file_mounts) instead")
+        return self
 
     @model_validator(mode="after")
     def _elastic_bounds(self) -> TaskSpec:

@@ -14,15 +14,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (BeforeValidator, SerializerFunctionWrapHandler, ValidationInfo,
-                      field_serializer, model_serializer, model_validator)
+                      field_serializer, field_validator, model_serializer, model_validator)
 
 from corral.spec.base import Strict
+from corral.spec.container import DOCKER_PREFIX, image_of
 from corral.spec.instances import gpus_of
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_memory
 
 # Cloud-only knobs: a SkyPilot file that sets them still runs here, with a warning.
 IGNORED_RESOURCE_FIELDS = frozenset({
-    "cloud", "region", "zone", "instance_type", "use_spot", "disk_size", "disk_tier", "image_id",
+    "cloud", "region", "zone", "instance_type", "use_spot", "disk_size", "disk_tier",
     "infra", "job_recovery", "labels", "accelerator_args", "network_tier",
     "autostop", "spot_recovery", "volumes",
 })
@@ -68,6 +69,22 @@ def from_instance_type(data: Any, where: str, info: ValidationInfo) -> Any:
     return rest
 
 
+def take_image(data: Any, where: str, info: ValidationInfo) -> tuple[Any, str | None]:
+    """``image_id`` out of a resources mapping: a container image (``docker:IMAGE``, checked),
+    or None; a cloud machine image (an AMI, a GCP image) is dropped with a warning."""
+    if not isinstance(data, dict) or "image_id" not in data:
+        return data, None
+    value = data["image_id"]
+    rest = {k: v for k, v in data.items() if k != "image_id"}
+    if value is None:
+        return rest, None
+    if isinstance(value, str) and value.startswith(DOCKER_PREFIX):
+        return rest, value  # checked by Resources' own validator, which names the field
+    warn(info, f"{where}image_id {value!r} is a cloud machine image: ignored (a container image is "
+               "written docker:IMAGE)")
+    return rest, None
+
+
 def _dump(value: tuple[str | None, int]) -> str | int:
     # Dumped in the written form, so a stored spec validates again unchanged.
     return value[1] if value[0] is None else f"{value[0]}:{value[1]}"
@@ -91,6 +108,26 @@ class Alternative(Strict):
         return _dump(value)
 
 
+def _images_of_alternatives(data: dict[str, Any], image: str | None,
+                            info: ValidationInfo) -> tuple[dict[str, Any], str | None]:
+    """An ``image_id`` written in ``any_of`` / ``ordered`` entries becomes the task's: a task
+    runs in one image whichever alternative it gets."""
+    for key in ("any_of", "ordered"):
+        entries = data.get(key)
+        if not isinstance(entries, list):
+            continue
+        kept = []
+        for i, entry in enumerate(entries):
+            entry, own = take_image(entry, f"resources.{key}[{i}].", info)
+            if own is not None and image is not None and own != image:
+                raise ValueError(f"resources.{key}[{i}].image_id {own!r} differs from {image!r}: a task runs in "
+                                 "one image whichever alternative it gets")
+            image = image or own
+            kept.append(entry)
+        data = {**data, key: kept}
+    return data, image
+
+
 def _accelerator_choices(value: Any) -> tuple[list[Any], bool] | None:
     """The alternatives an ``accelerators`` value lists and whether in order, or None for a
     single accelerator request."""
@@ -110,14 +147,35 @@ class Resources(Strict):
     memory: Memory = 0.0
     any_of: tuple[Alternative, ...] = ()  # alternatives, no preference between them
     ordered: tuple[Alternative, ...] = ()  # alternatives, the first that fits wins
+    # the container every replica runs in (``docker:IMAGE``, SkyPilot's form); one per task
+    image_id: str | None = None
 
     @model_validator(mode="before")
     @classmethod
     def _normalise(cls, data: Any, info: ValidationInfo) -> Any:
         data = from_instance_type(data, "resources.", info)
+        data, image = take_image(data, "resources.", info)
         data = drop_ignored(data, IGNORED_RESOURCE_FIELDS, "resources.", info)
         if not isinstance(data, dict):
             return data
+        data, image = _images_of_alternatives(data, image, info)
+        normal = cls._alternatives(data, info)
+        return {**normal, "image_id": image} if image and isinstance(normal, dict) else normal
+
+    @field_validator("image_id")
+    @classmethod
+    def _image(cls, value: str | None) -> str | None:
+        if value is not None:
+            image_of(value)
+        return value
+
+    @property
+    def image(self) -> str | None:
+        """The container image replicas run in (``image_id`` without ``docker:``), or None."""
+        return self.image_id[len(DOCKER_PREFIX):].strip() if self.image_id else None
+
+    @classmethod
+    def _alternatives(cls, data: dict[str, Any], info: ValidationInfo) -> Any:
         if "any_of" in data and "ordered" in data:
             raise ValueError("resources take any_of or ordered, not both")
         key = "any_of" if "any_of" in data else "ordered" if "ordered" in data else None
@@ -167,7 +225,8 @@ class Resources(Strict):
 
     @model_serializer(mode="wrap")
     def _dump_without_empty_lists(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {k: v for k, v in handler(self).items() if not (k in ("any_of", "ordered") and not v)}
+        return {k: v for k, v in handler(self).items()
+                if not (k in ("any_of", "ordered") and not v) and not (k == "image_id" and v is None)}
 
     @model_validator(mode="after")
     def _two_or_more(self) -> Resources:

@@ -144,3 +144,20 @@ def test_a_duplicate_key_is_an_error_with_both_lines() -> None:
         load_job("name: t\nrun: echo one\nresources: {cpus: 1}\nrun: echo two\n", source="dup.yaml")
     assert info.value.issues[0].line == 4 and "line 2" in info.value.issues[0].message
     assert "'run'" in info.value.issues[0].message
+
+
+def test_a_container_task_keeps_its_image_and_options_through_storage() -> None:
+    loaded = load_job((SPECS / "valid/container.yaml").read_text(), source="container.yaml")
+    (task,) = loaded.spec.tasks
+    assert task.resources.image == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert [a.accelerators for a in task.resources.alternatives] == [("H100", 1), ("A100", 1)]
+    assert task.config.docker.run_options == ("--shm-size", "16g", "--cap-add", "SYS_PTRACE",
+                                              "--ulimit", "memlock=-1:-1")
+    assert any("config.kubernetes is ignored" in w for w in loaded.warnings), loaded.warnings
+    stored = loaded.spec.model_dump(mode="json")
+    again = type(loaded.spec).model_validate(stored, context={})
+    assert again.model_dump(mode="json") == stored
+    # a cloud machine image is not a container: said, and dropped
+    cloud = load_job("name: t\nresources: {image_id: ami-0123456789abcdef0}\nrun: echo\n", source="t.yaml")
+    assert cloud.spec.tasks[0].resources.image is None
+    assert any("cloud machine image" in w for w in cloud.warnings), cloud.warnings

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
-from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
+from corral.node import container as containers
+from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
 from corral.runtime.batchenv import job_files
@@ -103,7 +104,8 @@ class LocalExecutor(EventStream):
             # exactly the replica's environment (runtime.environment), the account's login basics under it
             env = {**(account.env() if account else {}), **launch.env}
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
-                                     launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account)
+                                     launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account,
+                                     launch.container)
         except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
@@ -111,6 +113,9 @@ class LocalExecutor(EventStream):
         handle = {"pid": proc.pid, "started_at": started, "key": launch.key}
         if account is not None:
             handle["run_as"] = run_as_value(account)  # its probes run as it too
+        in_container = containers.named(self.runner.run_dir(launch.key))
+        if in_container is not None:
+            handle["container"] = list(in_container)  # engine and name: its exec probes run inside
         with self._lock:
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
@@ -167,6 +172,10 @@ class LocalExecutor(EventStream):
                    timeout: float) -> tuple[bool, str]:
         pid = int(handle.get("pid") or 0)
         run_as = handle.get("run_as")
+        if handle.get("container"):  # inside the replica's container, as its account
+            engine, name = handle["container"]
+            argv = containers.exec_argv(engine, name, command, run_as if run_as and os.geteuid() == 0 else None)
+            return self.runner.exec_probe(" ".join(_quote(a) for a in argv), {"PATH": SAFE_PATH}, None, timeout)
         user_env = None
         if run_as:  # as the replica's account, never the server's; its variables only past the switch
             uid, gid, groups = str(run_as).split(":")
@@ -259,7 +268,7 @@ class LocalExecutor(EventStream):
         if code is None:
             self._emit(Observed(key, Kind.LOST, reason="the process ended while corral was down and left no exit code"))
         else:
-            self._emit(Observed(key, Kind.EXITED, code=code))
+            self._emit(Observed(key, Kind.EXITED, code=code, reason=containers.pull_failure(self.runner.run_dir(key))))
 
 
 # an exec probe's shell of the replica's account: the job's variables, then the probe

@@ -23,7 +23,9 @@ import sys
 import threading
 from pathlib import Path
 
+from corral.executors.contract import Container
 from corral.executors.ray.fence import FENCED_FILE
+from corral.node import container as containers
 from corral.node.runner import NodeRunner, process_start_time
 
 
@@ -105,8 +107,12 @@ class ReplicaActor:
         os.close(fd)
         self._start_fence()
         repo = launch.get("repo")
+        boxed = launch.get("container")
+        container = Container(**{**boxed, "options": tuple(boxed["options"]),
+                                 "login": tuple(boxed["login"]) if boxed.get("login") else None}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
-                                      self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None)
+                                      self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None,
+                                      container=container)
         threading.Thread(target=self._reap, daemon=True).start()
         self.gpus = [int(float(g)) for g in gpus]
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,
@@ -185,6 +191,11 @@ class ReplicaActor:
         self.runner.publish(job_id, hosts, peers)
 
     def exec_probe(self, command: str, env: dict, cwd: str | None, timeout: float) -> tuple[bool, str]:
+        boxed = containers.named(self.runner.run_dir(self.key)) if self.key else None
+        if boxed is not None:  # inside the replica's container
+            argv = containers.exec_argv(boxed[0], boxed[1], command, None)
+            return self.runner.exec_probe(" ".join("'" + a.replace("'", "'\"'\"'") + "'" for a in argv),
+                                          {"PATH": env.get("PATH", "/usr/bin:/bin")}, None, timeout)
         if self.proc is not None and self.runner.hosts_mode == "mount-namespace" and not self.done.is_set():
             quoted = "'" + command.replace("'", "'\"'\"'") + "'"
             command = f"exec nsenter -t {self.proc.pid} -m -- bash -c {quoted}"

@@ -254,7 +254,8 @@ class SrunExecutor(EventStream):
         try:
             # a step of another account cannot make namespaces: its names resolve through the files
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,
-                                          launch.hosts and account is None, "", launch.repo)
+                                          launch.hosts and account is None, "", launch.repo, launch.container,
+                                          account)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
         wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + layout + wrapper

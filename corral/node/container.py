@@ -1,0 +1,194 @@
+"""An attempt's container, on the node's own engine (Podman; Docker takes the same words):
+what the attempt's wrapper runs instead of running setup and run on the node itself.
+
+Everything corral promises a replica holds inside: the node's network (its address, ports
+and peers are the same; ``--network host``), its name as hostname and the job's hosts file
+over ``/etc/hosts`` (so ``task-rank.job`` resolves from any program), the replica's
+environment (from a file only the engine reads, never a command line; host-specific paths
+such as ``PATH`` are the image's), its working directory, checkpoint and discovery
+directories bound at the same paths, its own Unix account (``--user``, where the engine
+runs with the server's rights for another account), its GPUs (CDI devices where the node
+has NVIDIA's CDI specs, renumbered from 0 as inside any container; elsewhere
+``CUDA_VISIBLE_DEVICES`` as given), and its signals (``--init`` forwards them to the
+replica's shell).
+
+The wrapper writes nothing of this: the run directory holds the engine's argv (NUL
+separated), the pull's, the environment file and the registry login, all made here before
+the wrapper starts. Each attempt's container is named for its attempt key and labelled with
+its job, task and rank, so ending an attempt (``remove``) and a server that restarted find
+it by name. A pull happens once per node for concurrent replicas (a lock per image), its
+progress in the replica's log; a failed pull leaves the registry's words for the exit."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from corral.auth.accounts import UnixAccount
+from corral.executors.contract import Container
+
+ARGV_FILE = "container"  # the engine's ``run`` up to and including the image (NUL separated)
+PULL_FILE = "pull"
+NAME_FILE = "container.name"  # engine and name, for ending it
+ENV_FILE = "container.env"
+AUTH_FILE = "auth.json"
+REASON_FILE = "reason"  # what a failed pull said
+CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
+# paths of the machine the job was submitted from: inside an image its own hold
+HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
+                       "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL", "MANPATH", "INFOPATH",
+                       "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+# The shell of the container: setup (in a subshell: its exit ends the attempt with its code),
+# then run, in the same container so what setup installed is there for run.
+SHELL = 'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || exit $?; fi; eval "$R"'
+
+
+class ContainerError(Exception):
+    """The node cannot run the container (no engine): the attempt is not started."""
+
+
+def name_of(scope: str, key: str) -> str:
+    return _SAFE.sub("-", f"corral-{scope}-{key}")[:250]
+
+
+def engine_path(container: Container) -> str:
+    path = shutil.which(container.engine)
+    if path is None:
+        raise ContainerError(f"the job runs in container image {container.image}, but this node has no "
+                             f"{container.engine} (config.yaml containers.engine names the container engine)")
+    return path
+
+
+def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
+            hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
+            locks: Path, passthrough: tuple[str, ...] = ()) -> list[str]:
+    """Write the attempt's container files into ``run_dir`` (which exists); the names of
+    variables that could not go in (a line break), for the replica's log. ``passthrough``:
+    variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
+    step's GPUs and ids), taken from the engine's own environment then."""
+    engine = engine_path(container)
+    name = name_of(scope, key)
+    skipped = sorted(k for k, v in env.items() if "\n" in v or "\r" in v or "\0" in v)
+    inside = {k: v for k, v in env.items() if k not in HOST_ONLY and k not in skipped}
+    argv = [engine, "run", "--rm", "--name", name, "--init", "--network", "host", "--no-hosts",
+            "--label", f"corral.scope={scope}", "--label", f"corral.key={key}", "--label", f"corral.job={job_id}",
+            "--label", f"corral.replica={env.get('CORRAL_TASK', '')}-{env.get('CORRAL_REPLICA', '')}"]
+    if hostname:
+        argv += ["--hostname", hostname]
+    if hosts_file:
+        argv += ["-v", f"{hosts_file}:/etc/hosts:ro"]
+    for path in dict.fromkeys(binds):  # the same path inside as outside, so every promised path holds
+        if path and os.path.isabs(path):
+            argv += ["-v", f"{path}:{path}"]
+    if account is not None and os.geteuid() == 0 and account.uid != 0:
+        argv += ["--user", f"{account.uid}:{account.gid}"]
+        for group in account.groups:
+            if group != account.gid:
+                argv += ["--group-add", str(group)]
+    inside, devices = _gpus(inside, passthrough)
+    for device in devices:
+        argv += ["--device", device]
+    options = list(container.options)
+    if "--shm-size" not in options and "--ipc" not in options:
+        argv += ["--ipc", "host"]  # replicas of a node share memory (NCCL, DataLoader workers) as outside
+    env_path = run_dir / ENV_FILE
+    _private(env_path, "".join(f"{k}={v}\n" for k, v in inside.items()))
+    argv += ["--env-file", str(env_path)]
+    for name in passthrough:
+        argv += ["--env", name]
+    argv += options + [container.image]
+    _nul(run_dir / ARGV_FILE, argv)
+    (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n")
+    pull = _pull_argv(run_dir, engine, container, locks)
+    _nul(run_dir / PULL_FILE, pull)
+    return skipped
+
+
+def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path) -> list[str]:
+    auth = ""
+    if container.login is not None:
+        server, user, password = container.login
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        auth = str(run_dir / AUTH_FILE)
+        _private(Path(auth), json.dumps({"auths": {server or "docker.io": {"auth": token}}}))
+    locks.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(container.image.encode()).hexdigest()[:24]
+    lock, private = locks / f"{digest}.lock", locks / f"{digest}.private"
+    # An image once pulled with a login is pulled again (the registry checks the login) for
+    # every job, also one without a login: a private image in the node's cache is no one's to
+    # run without the registry's yes (Kubernetes' AlwaysPullImages, for private images only).
+    script = ('if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
+              'echo "corral: pulling $2" >&2; "$1" pull ${3:+--authfile "$3"} "$2" || exit; '
+              'if [ -n "$3" ]; then : > "$4"; fi')
+    return ["flock", str(lock), "sh", "-c", script, "corral-pull", engine, container.image, auth, str(private)]
+
+
+def _gpus(env: dict[str, str], passthrough: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """The replica's GPUs as CDI devices where the node describes its NVIDIA GPUs for CDI:
+    inside, they are numbered from 0. Elsewhere (no toolkit, declared GPUs), or where the node
+    names them only at start (Slurm), the variable is passed as it is."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    if not visible or "CUDA_VISIBLE_DEVICES" in passthrough or not any(os.path.exists(p) for p in CDI_SPECS):
+        return env, []
+    ids = [g for g in visible.split(",") if g]
+    env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(ids)))}
+    return env, [f"nvidia.com/gpu={g}" for g in ids]
+
+
+def remove(run_dir: Path) -> None:
+    """End the attempt's container, if it made one (whatever its state); the engine's own
+    client may have been killed while the container ran on."""
+    try:
+        engine, name = (run_dir / NAME_FILE).read_text().split("\n")[:2]
+    except (OSError, ValueError):
+        return
+    try:
+        subprocess.run([engine, "rm", "--force", "--time", "0", "--ignore", name], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def pull_failure(run_dir: Path) -> str:
+    """What the registry said when the attempt's image could not be pulled ("" if it was)."""
+    try:
+        said = (run_dir / REASON_FILE).read_text().strip()
+    except OSError:
+        return ""
+    return f"image pull failed: {said}" if said else ""
+
+
+def named(run_dir: Path) -> tuple[str, str] | None:
+    try:
+        engine, name = (run_dir / NAME_FILE).read_text().split("\n")[:2]
+        return engine, name
+    except (OSError, ValueError):
+        return None
+
+
+def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:
+    """An exec probe inside the attempt's container, as the replica's account."""
+    user = []
+    if run_as:
+        uid, gid = str(run_as).split(":")[:2]
+        user = ["--user", f"{uid}:{gid}"]
+    return [engine, "exec", *user, name, "/bin/sh", "-c", command]
+
+
+def _private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _nul(path: Path, argv: list[str]) -> None:
+    path.write_bytes(b"".join(a.encode() + b"\0" for a in argv))

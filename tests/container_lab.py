@@ -1,0 +1,139 @@
+"""Containers for tests, without any network: a busybox image imported from this machine's
+``busybox-static`` (built once, kept in the engine's store), and a real private registry
+(the distribution registry from Debian's ``docker-registry``, htpasswd auth, on loopback)
+holding that image under a private name.
+
+Podman here needs ``--runtime runc`` (``crun`` fails on the hybrid cgroup layout) and
+explicit ulimits (the sandbox lacks CAP_SYS_RESOURCE): ``SITE`` is the config.yaml section
+that says so, as an operator of such machines would."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+MARKER = "/corral-image"  # a file only the image has: where it exists, the replica is inside
+SITE = """
+containers:
+  run_options: [--runtime, runc, --ulimit, nofile=20000:20000, --ulimit, nproc=4096:4096]
+"""
+APPLETS = ("sh", "ls", "cat", "echo", "id", "env", "sleep", "hostname", "pwd", "true", "false", "kill", "ps",
+           "mkdir", "touch", "grep", "test", "httpd", "wget", "nc", "cut", "sort", "head", "tail", "printf", "stat")
+PAGE = "served from a container\n"
+# named for what it holds, so a changed recipe is a new image, never a stale one from the store
+IMAGE = "localhost/corral-test/busybox:" + hashlib.sha256(repr((APPLETS, MARKER, PAGE)).encode()).hexdigest()[:12]
+
+
+def need_podman() -> str:
+    podman = shutil.which("podman")
+    if podman is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are needed to run containers (apt-get install podman runc)")
+    if not Path("/bin/busybox").exists():
+        pytest.skip("the test image is made from busybox-static (apt-get install busybox-static)")
+    return podman
+
+
+def ensure_image() -> str:
+    """The test image, imported once per machine (kept in the engine's image store)."""
+    podman = need_podman()
+    if subprocess.run([podman, "image", "exists", IMAGE]).returncode == 0:
+        return IMAGE
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "root"
+        for d in ("bin", "etc", "tmp", "www"):
+            (root / d).mkdir(parents=True)
+        (root / "tmp").chmod(0o1777)
+        shutil.copy("/bin/busybox", root / "bin" / "busybox")
+        for applet in APPLETS:
+            (root / "bin" / applet).symlink_to("busybox")
+        (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        (root / "etc" / "group").write_text("root:x:0:\n")
+        (root / MARKER.lstrip("/")).write_text("inside\n")
+        (root / "www" / "index.html").write_text(PAGE)
+        tar = Path(tmp) / "rootfs.tar"
+        with tarfile.open(tar, "w") as out:
+            out.add(root, arcname=".")
+        subprocess.run([podman, "import", "-q", "--change", "ENV=PATH=/bin", str(tar), IMAGE], check=True,
+                       capture_output=True)
+    return IMAGE
+
+
+def containers_of(scope_label: str | None = None) -> list[str]:
+    """Names of corral's containers on this machine (any state), of one home's scope or all."""
+    podman = need_podman()
+    label = f"label=corral.scope={scope_label}" if scope_label else "label=corral.key"
+    done = subprocess.run([podman, "ps", "-a", "--filter", label, "--format", "{{.Names}}"], capture_output=True,
+                          text=True, check=True)
+    return done.stdout.split()
+
+
+@dataclass
+class Registry:
+    address: str  # 127.0.0.1:PORT
+    user: str
+    password: str
+    proc: subprocess.Popen
+    conf: Path  # the registries.conf.d entry marking it insecure (plain HTTP)
+    root: Path
+
+    def image(self, name: str) -> str:
+        return f"{self.address}/{name}"
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.conf.unlink(missing_ok=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start_registry(private: str = "private/busybox:1") -> Registry:
+    """A registry on loopback that wants a login, holding the test image as ``private``."""
+    podman = need_podman()
+    server, htpasswd = shutil.which("docker-registry"), shutil.which("htpasswd")
+    if server is None or htpasswd is None:
+        pytest.skip("a private registry needs docker-registry and htpasswd (apt-get install docker-registry "
+                    "apache2-utils)")
+    image = ensure_image()
+    root = Path(tempfile.mkdtemp(prefix="corral-registry-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    user, password = "corral", "s3cret-" + os.urandom(4).hex()
+    subprocess.run([htpasswd, "-Bbc", str(root / "htpasswd"), user, password], check=True, capture_output=True)
+    (root / "config.yml").write_text(f"""version: 0.1
+log: {{level: error}}
+storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}
+http: {{addr: 127.0.0.1:{port}}}
+auth: {{htpasswd: {{realm: corral-test, path: {root / 'htpasswd'}}}}}
+""")
+    proc = subprocess.Popen([server, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
+                            stderr=open(root / "registry.log", "wb"), start_new_session=True)
+    conf = Path("/etc/containers/registries.conf.d") / f"corral-test-{port}.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(f'[[registry]]\nlocation = "127.0.0.1:{port}"\ninsecure = true\n')
+    registry = Registry(f"127.0.0.1:{port}", user, password, proc, conf, root)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                registry.stop()
+                raise RuntimeError(f"the registry did not start: {(root / 'registry.log').read_text()[-500:]}")
+            time.sleep(0.1)
+    target = registry.image(private)
+    subprocess.run([podman, "tag", image, target], check=True, capture_output=True)
+    subprocess.run([podman, "push", "-q", "--creds", f"{user}:{password}", target], check=True, capture_output=True)
+    subprocess.run([podman, "rmi", "-f", target], capture_output=True)  # only the registry has it now
+    return registry

@@ -1,0 +1,165 @@
+"""Replicas in containers (``resources.image_id: docker:IMAGE``) on the node's Podman, with
+real images and a real private registry (``container_lab``: no network needed):
+
+* a job group with one task in a container and one not: the client reaches the container's
+  server by its corral name and declared port, and inside, the replica has its environment,
+  host name, working directory, checkpoint directory and its exec probe;
+* a wrong image fails the replica with the registry's words, and leaves no container;
+* cancel, and a wrapper killed with SIGKILL, leave no container (the engine's client dies
+  first; the container is ended by name);
+* a private image runs with the login in the job's secrets, is refused without it, also
+  after another job pulled it with its login;
+* a server killed with SIGKILL: the next one adopts the running container (one container,
+  the same), and cancel ends it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import POOL, cli_for, cli_events, cli_status, submit, wait_for, wait_state
+from container_lab import IMAGE, MARKER, SITE, containers_of, ensure_image, start_registry
+
+
+@pytest.fixture(scope="module", autouse=True)
+def image() -> str:
+    return ensure_image()
+
+
+@pytest.fixture
+def db_url(tmp_path: Path) -> str:  # the store is not what these tests exercise: SQLite only
+    return f"sqlite:///{tmp_path / 'corral.db'}"
+
+
+@pytest.fixture
+def site_config() -> str:
+    return POOL + SITE
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _scope(server) -> str:
+    return server.state.loop.inventory.executors["local"].runner.trees.scope
+
+
+def _events(server, job_id: int) -> list[str]:
+    """What the job's events said, and its log (for a failure's message)."""
+    said = [f"{e['subject']}: {e['message'] or e['cause']}" for e in server.get(f"/v1/jobs/{job_id}/events").json()]
+    return said + [server.get(f"/v1/jobs/{job_id}/logs").text[-2000:]]
+
+
+def test_a_group_with_one_task_in_a_container_and_one_not(server, tmp_path: Path) -> None:
+    port = _free_port()
+    job = submit(server, f"""
+name: web
+execution: parallel
+primary_tasks: [client]
+---
+name: server
+resources: {{image_id: docker:{IMAGE}}}
+ports: {{http: {port}}}
+envs: {{GREETING: hello}}
+run: |
+  {{ echo "$GREETING $(id -u) $(hostname) $(pwd) $CORRAL_TASK $CORRAL_REPLICA $CORRAL_PORT_HTTP"
+    test -e {MARKER} && echo inside; }} > "$CORRAL_CHECKPOINT_DIR/seen.txt"
+  exec httpd -f -p "$CORRAL_PORT_HTTP" -h /www
+readiness_probe: {{exec: "test -e {MARKER}", period: 0.2s}}
+---
+name: client
+depends_on: [{{task: server, condition: ready}}]
+run: |
+  test ! -e {MARKER} && curl -sf "http://server-0.web:{port}/index.html" > "$CORRAL_CHECKPOINT_DIR/got.txt"
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, job["id"])
+    checkpoints = Path(server.state.settings.checkpoints_dir) / str(job["id"])
+    assert (checkpoints / "client" / "got.txt").read_text() == "served from a container\n"
+    seen = (checkpoints / "server" / "seen.txt").read_text().split("\n")
+    assert seen[0].split() == ["hello", str(os.getuid()), "server-0.web", str(Path.cwd()), "server", "0", str(port)]
+    assert seen[1] == "inside"
+    assert containers_of(_scope(server)) == []  # the server's container went with its job
+
+
+def test_a_wrong_image_fails_the_replica_with_the_registry_s_words(server) -> None:
+    job = submit(server, "name: typo\nresources: {image_id: docker:localhost/corral-test/no-such-image:1}\n"
+                         "run: echo never\n")
+    done = wait_state(server, job["id"], "FAILED", timeout=60)
+    assert "image pull failed" in done["message"] and "no-such-image" in done["message"], done
+    told = _events(server, job["id"])
+    assert any("image pull failed" in m for m in told), told
+    assert containers_of(_scope(server)) == []
+
+
+def test_cancel_and_a_killed_wrapper_leave_no_container(server) -> None:
+    spec = f"resources: {{image_id: docker:{IMAGE}}}\nrun: echo up; exec sleep 300\n"
+    first, second = submit(server, "name: first\n" + spec), submit(server, "name: second\n" + spec)
+    for job in (first, second):
+        wait_state(server, job["id"], "RUNNING", timeout=60)
+    scope = _scope(server)
+    wait_for(lambda: len(containers_of(scope)) == 2, timeout=30)
+    assert server.post(f"/v1/jobs/{first['id']}/cancel").status_code == 200
+    wait_state(server, first["id"], "CANCELLED", timeout=30)
+    pid = server.get(f"/v1/jobs/{second['id']}").json()["tasks"][0]["replicas"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)  # the wrapper dies: the engine's client with it, not the container
+    ended = wait_state(server, second["id"], "FAILED", timeout=30)
+    assert ended["exit_code"] == 137, ended
+    wait_for(lambda: containers_of(scope) == [], timeout=30)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    registry = start_registry()
+    yield registry
+    registry.stop()
+
+
+def test_a_private_image_runs_with_its_login_and_only_with_it(server, registry) -> None:
+    image = registry.image("private/busybox:1")
+    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}, "
+             f"SKYPILOT_DOCKER_SERVER: {registry.address}}}\n")
+    spec = f"resources: {{image_id: docker:{image}}}\nrun: test -e {MARKER}\n"
+    refused = submit(server, "name: nologin\n" + spec)
+    done = wait_state(server, refused["id"], "FAILED", timeout=60)
+    assert "image pull failed" in done["message"] and "unauthorized" in done["message"].lower(), done
+    allowed = submit(server, "name: login\n" + spec + login)
+    done = wait_state(server, allowed["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, allowed["id"])
+    logs = server.get(f"/v1/jobs/{allowed['id']}/logs").text
+    assert registry.password not in logs  # the login went to the engine in a private file, not the log
+    # the image is in this node's store now: a job without the login still may not use it
+    again = submit(server, "name: nologin2\n" + spec)
+    done = wait_state(server, again["id"], "FAILED", timeout=60)
+    assert "unauthorized" in done["message"].lower(), done
+
+
+def test_a_killed_server_s_successor_adopts_the_running_container(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SITE)
+    corral = cli_for(home, cwd=tmp_path, timeout=120)
+    (tmp_path / "c.yaml").write_text(f"name: boxed\nresources: {{image_id: docker:{IMAGE}}}\nrun: exec sleep 300\n")
+    try:
+        job = corral("launch", "-d", "c.yaml", check=True).stdout.strip()
+        wait_for(lambda: cli_status(corral, job)["state"] == "RUNNING", timeout=60)
+        before = containers_of()
+        mine = [n for n in before if f"-{job}.boxed.0.a1" in n]
+        assert len(mine) == 1, before
+        server_pid = json.loads(corral("server", "status", "--json", check=True).stdout)["pid"]
+        os.kill(server_pid, signal.SIGKILL)
+        wait_for(lambda: cli_status(corral, job)["state"] == "RUNNING", timeout=60)  # a new server answers
+        wait_for(lambda: any(e["cause"] == "adopted" for e in cli_events(corral, job)), timeout=60)
+        assert [n for n in containers_of() if f"-{job}.boxed." in n] == mine  # the same one, not a second
+        corral("cancel", job, check=True)
+        wait_for(lambda: cli_status(corral, job)["state"] == "CANCELLED", timeout=60)
+        wait_for(lambda: mine[0] not in containers_of(), timeout=30)
+    finally:
+        corral.stop()
