@@ -188,7 +188,8 @@ class Launcher:
         return Launch(key=replica.launch_key, job_id=job.id, label=replica.label, node=replica.node or "",
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
-                      cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account)
+                      cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account,
+                      file_mounts=tuple(sorted((task.spec.get("file_mounts") or {}).items())))
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

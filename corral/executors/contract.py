@@ -72,6 +72,7 @@ class Launch:
     # the Unix account it runs as (uid, groups, home: ``auth.accounts``); None: the server's own.
     # An executor starts it as exactly that account, or refuses with a LaunchError.
     run_as: UnixAccount | None = None
+    file_mounts: tuple[tuple[str, str], ...] = ()  # (remote path as written, absolute source): node.mounts
 
 
 @dataclass(frozen=True)

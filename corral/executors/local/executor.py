@@ -21,6 +21,7 @@ from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
+from corral.node.mounts import MountError, attach_as
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
@@ -102,9 +103,13 @@ class LocalExecutor(EventStream):
                               directory=False)
             # exactly the replica's environment (runtime.environment), the account's login basics under it
             env = {**(account.env() if account else {}), **launch.env}
+            if launch.file_mounts:  # as the account, into a record of the job's that is the account's
+                record = self.runner.mounts_dir(launch.job_id)
+                hand_over(record, account, self.settings.home)
+                attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
                                      launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account)
-        except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
+        except (OSError, ValueError, MountError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
         started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended

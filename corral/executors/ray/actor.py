@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 
 from corral.executors.ray.fence import FENCED_FILE
+from corral.node.mounts import attach, home_of_this_account
 from corral.node.runner import NodeRunner, process_start_time
 
 
@@ -95,6 +96,9 @@ class ReplicaActor:
         env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
         for directory in launch.get("dirs") or ():  # node-local unless the site mounts shared storage there
             Path(directory).mkdir(parents=True, exist_ok=True)
+        if launch.get("file_mounts"):  # this worker is the job's account: made here, recorded per job on the node
+            attach(self.runner.mounts_dir(job_id), [tuple(m) for m in launch["file_mounts"]],
+                   env.get("HOME") or home_of_this_account())
         self.log_file = self.logs / f"{self.key}.log"
         stale = self.runner.run_dir(self.key)
         if stale.exists():  # left by a server that crashed before its start was recorded: never ran here
