@@ -81,3 +81,64 @@ def test_refusals_name_the_mount(server, tmp_path: Path, mount: str, field: str,
     assert response.status_code == 422, response.text
     errors = response.json()["detail"]["errors"]
     assert any(e["field"] == field and words in e["message"] for e in errors), errors
+
+
+# -- as another Unix account (a root server, a throwaway user) --------------------------------------
+
+def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path: Path) -> None:
+    """A root server never reads a source on a user's behalf: one only root may read is refused
+    at submit naming the mount; a readable one is linked by the user (the link is theirs), and
+    a remote path the user may not create fails the replica with a sentence naming it."""
+    from unix_users import need_root, traversable_dir, unix_user
+
+    need_root()
+    from conformance.driver import Corral
+    from conformance.harnesses import PARTITION, LocalHarness
+    from conftest import kill_leftovers
+    from corral.client import Client, InvalidRequest
+
+    with traversable_dir() as root, unix_user("cidm") as ann:
+        home = root / "home"
+        home.mkdir()
+        (home / "config.yaml").write_text(LocalHarness().site())
+        corral = Corral(home, LocalHarness())
+        corral.start()
+        work = root / "submitted"
+        work.mkdir(mode=0o755)
+        (work / "public.txt").write_text("for everyone\n")
+        (work / "public.txt").chmod(0o644)
+        (work / "secret.txt").write_text("root only\n")
+        (work / "secret.txt").chmod(0o600)
+        client = Client(corral.client().url, corral.client().create_token(ann.name)["token"])
+        try:
+            def run(yaml: str, name: str) -> int:
+                return client.submit(yaml, name=name, base_dir=str(work),
+                                     scheduling={"partition": PARTITION})["job"]["id"]
+
+            with pytest.raises(InvalidRequest) as refused:
+                run(f"file_mounts: {{{root}/s: secret.txt}}\nrun: cat {root}/s\n", "steal")
+            assert any(e["field"] == f"file_mounts.{root}/s" and f"{ann.name} this job runs as cannot read "
+                       f"{work}/secret.txt" in e["message"] for e in refused.value.errors), refused.value.errors
+
+            job = run("file_mounts: {~/in/p.txt: public.txt}\nrun: cat ~/in/p.txt; stat -c 'link=%U' ~/in/p.txt; "
+                      "stat -c 'dir=%U' ~/in\n", "mine")
+            done = corral.wait_job(job, timeout=60)
+            log = corral.log(job)
+            assert done["state"] == "SUCCEEDED", str((done, log, corral.events(job)))
+            assert "for everyone" in log and f"link={ann.name}" in log and f"dir={ann.name}" in log, log
+            wait_for(lambda: not os.path.lexists(Path(ann.home) / "in"), timeout=15)
+
+            job = run(f"file_mounts: {{{root}/not-hers/p.txt: public.txt}}\nrun: echo ran\n", "nowhere")
+            done = corral.wait_job(job, timeout=60)
+            said = str(corral.events(job))
+            assert done["state"] == "FAILED" and "ran" not in corral.log(job), (done, said)
+            assert f"file_mounts.{root}/not-hers/p.txt: the Unix account {ann.name} cannot create" in said, said
+            assert not (root / "not-hers").exists()
+        finally:
+            client.close()
+            try:
+                corral.cancel_all()
+            finally:
+                corral.close_client()
+                corral("server", "stop", check=False)
+                kill_leftovers(home)

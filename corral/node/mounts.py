@@ -9,8 +9,8 @@ under a lock so concurrent replicas of the job on one node copy it once; the rem
 then links to that copy.
 
 Everything here runs as the job's Unix account, never with the server's rights on its behalf:
-the local and Slurm executors run this file as a program of that account (stdlib only, so a
-bare ``python3 -I`` runs it in a few milliseconds), the Ray actor (already of that account)
+the local and Slurm executors run this file's text as a program of that account (stdlib
+only, so a bare ``python3 -I`` runs it in some 20 ms), the Ray actor (already of that account)
 calls it in-process. A remote path the account may not create fails the replica's launch with
 a sentence naming the mount; anything already at a remote path that corral did not make for
 this job is never replaced. The record directory (one per job per node, the account's) lists
@@ -39,6 +39,7 @@ RECORD = "made.jsonl"
 LOCK = "lock"
 COPIES = "copies"
 
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 Archive = Callable[[str], bytes]  # a source's contents as a tar archive (its top entry: the source's name)
 
 
@@ -215,10 +216,20 @@ def _me() -> str:
         return str(os.getuid())
 
 
+# The job's account may not reach the server's interpreter nor this file (a virtualenv under
+# root's home): its text goes on the command line, run by that interpreter where the account
+# may execute it, else by the node's python3.
+_PICK = 'if [ -x "$0" ]; then exec "$0" "$@"; fi; exec python3 "$@"'
+
+
+def _program(*args: str) -> list[str]:
+    return ["sh", "-c", _PICK, sys.executable, "-I", "-c", Path(__file__).read_text(), *args]
+
+
 def command(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, run_dir: str = "") -> list[str]:
     """This file as a program attaching ``mounts`` as whoever runs it (then, after ``--``, a
     command it execs: ``main``)."""
-    argv = [sys.executable, "-I", os.path.abspath(__file__), "attach", str(record_dir), home, run_dir]
+    argv = _program("attach", str(record_dir), home, run_dir)
     for remote, source in mounts:
         argv += [remote, source]
     return argv
@@ -233,7 +244,7 @@ def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], ho
     import subprocess
 
     done = subprocess.run(command(record_dir, mounts, home), user=account.uid, group=account.gid,
-                          extra_groups=list(account.groups), cwd="/", env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                          extra_groups=list(account.groups), cwd="/", env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"},
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
@@ -256,8 +267,8 @@ def detach_as_owner(record_dir: Path) -> list[str]:
         groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
     except (KeyError, OSError):
         return []  # an account gone since: nothing may act for it
-    subprocess.run([sys.executable, "-I", os.path.abspath(__file__), "detach", str(record_dir)], user=owner,
-                   group=entry.pw_gid, extra_groups=groups, cwd="/", env={"PATH": "/usr/bin:/bin"},
+    subprocess.run(_program("detach", str(record_dir)), user=owner,
+                   group=entry.pw_gid, extra_groups=groups, cwd="/", env={"PATH": SAFE_PATH},
                    stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     shutil.rmtree(record_dir, ignore_errors=True)  # the record itself, in the server's directory
     return []
