@@ -163,3 +163,24 @@ def test_a_killed_server_s_successor_adopts_the_running_container(tmp_path: Path
         wait_for(lambda: mine[0] not in containers_of(), timeout=30)
     finally:
         corral.stop()
+
+
+def test_file_mounts_are_bound_into_the_container_and_nothing_is_made_on_the_node(server, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.txt").write_text("from a directory\n")
+    (tmp_path / "cfg.txt").write_text("from a file\n")
+    remote = f"/corral-test-{tmp_path.name}"
+    job = submit(server, f"""
+name: mounted
+resources: {{image_id: docker:{IMAGE}}}
+file_mounts:
+  {remote}: {data}
+  ~/cfg.txt: {tmp_path / 'cfg.txt'}
+run: cat {remote}/a.txt ~/cfg.txt > "$CORRAL_CHECKPOINT_DIR/seen.txt"; test -e {MARKER}
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, job["id"])
+    seen = Path(server.state.settings.checkpoints_dir) / str(job["id"]) / "mounted" / "seen.txt"
+    assert seen.read_text() == "from a directory\nfrom a file\n"
+    assert not os.path.lexists(remote)  # bound inside the container only: nothing made on the node

@@ -231,3 +231,30 @@ def peers_readable(job_dir: Path) -> None:
             os.chmod(job_dir / "peers.json", 0o644)
         except FileNotFoundError:
             pass
+
+
+# -- what a job's account may read ----------------------------------------------------------
+
+_CAN_READ = ('for p; do if [ -d "$p" ]; then { [ -r "$p" ] && [ -x "$p" ]; } || printf "%s\\0" "$p"; '
+             'else [ -r "$p" ] || printf "%s\\0" "$p"; fi; done')
+
+
+def unreadable_as(name: str | None, paths: list[str]) -> list[str]:
+    """The ``paths`` the Unix account ``name`` could not read (a directory: read and enter),
+    asked of the kernel by a process of that account: a root server never reads a file on an
+    account's behalf with its own rights. The server's own account (or a server that is not
+    root, whose jobs run as itself) is asked in this process."""
+    own, root = _this_process()
+    if name is None or name == own or not root:
+        return [p for p in paths if not os.access(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0))]
+    account = UnixAccount.lookup(name)
+    if account is None:
+        return list(paths)
+    import subprocess
+
+    done = subprocess.run(["bash", "--noprofile", "--norc", "-c", _CAN_READ, "corral-can-read", *paths],
+                          user=account.uid, group=account.gid, extra_groups=list(account.groups), cwd="/",
+                          env={"PATH": "/usr/bin:/bin"}, capture_output=True, timeout=30)
+    if done.returncode != 0:
+        return list(paths)
+    return [p for p in done.stdout.decode(errors="surrogateescape").split("\0") if p]

@@ -183,6 +183,7 @@ class Launcher:
         # no workdir (a job submitted without a directory): its user's home, as a login starts;
         # / for a user without an account here, never the directory the server runs in
         cwd = None if repo else (workdir or env.get("HOME") or "/")
+        mounts = tuple(sorted((task.spec.get("file_mounts") or {}).items()))
         try:
             account = account_to_start(job.run_as)
         except LookupError as exc:
@@ -191,9 +192,9 @@ class Launcher:
                       gpus=tuple(replica.gpus), cpus=replica.cpus, memory=replica.memory,
                       setup=task.spec.get("setup"), run=task.spec.get("run"), env=env,
                       cwd=cwd, repo=repo, dirs=(str(checkpoint),), run_as=account,
-                      container=self._container(task, env))
+                      container=self._container(task, env, mounts), file_mounts=mounts)
 
-    def _container(self, task: TaskRec, env: dict[str, str]) -> Container | None:
+    def _container(self, task: TaskRec, env: dict[str, str], mounts: tuple[tuple[str, str], ...]) -> Container | None:
         """The task's container (``resources.image_id: docker:IMAGE``), with the site's engine
         and options, the job's own options, and a private registry's login as SkyPilot users
         write it (``SKYPILOT_DOCKER_USERNAME`` / ``_PASSWORD`` / ``_SERVER`` in envs or secrets)."""
@@ -206,7 +207,7 @@ class Launcher:
             server = env.get("SKYPILOT_DOCKER_SERVER") or resources.image.split("/", 1)[0]
             login = (server, env["SKYPILOT_DOCKER_USERNAME"], env["SKYPILOT_DOCKER_PASSWORD"])
         return Container(resources.image, self.containers.engine,
-                         tuple(self.containers.run_options) + (docker.run_options if docker else ()), login)
+                         tuple(self.containers.run_options) + (docker.run_options if docker else ()), login, mounts)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

@@ -59,6 +59,7 @@ class Container:
     engine: str = "podman"
     options: tuple[str, ...] = ()  # the site's (config.yaml containers.run_options), then the job's
     login: tuple[str, str, str] | None = None
+    mounts: tuple[tuple[str, str], ...] = ()  # the task's file_mounts (remote, source): bound in the container
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Launch:
     run_as: UnixAccount | None = None
     # the container its setup and run execute in (``corral.node.container``); None: on the node
     container: Container | None = None
+    file_mounts: tuple[tuple[str, str], ...] = ()  # (remote path as written, absolute source): node.mounts
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,10 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for path in dict.fromkeys(binds):  # the same path inside as outside, so every promised path holds
         if path and os.path.isabs(path):
             argv += ["-v", f"{path}:{path}"]
+    home = env.get("HOME") or "/root"
+    for remote, source in container.mounts:  # file_mounts: the source itself, at the remote path
+        target = home + remote[1:] if remote.startswith("~/") else remote
+        argv += ["-v", f"{source}:{target}"]
     if account is not None and os.geteuid() == 0 and account.uid != 0:
         argv += ["--user", f"{account.uid}:{account.gid}"]
         for group in account.groups:

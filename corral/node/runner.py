@@ -35,6 +35,7 @@ from corral.auth.accounts import UnixAccount
 from corral.executors.contract import Container
 from corral.node import container as containers
 from corral.node.container import SHELL as CONTAINER_SHELL
+from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
@@ -386,7 +387,12 @@ class NodeRunner:
         digest = hashlib.sha1(f"{url}\0{ref or ''}".encode()).hexdigest()[:12]
         return self.runs_dir.parent / "workdirs" / str(job_id) / digest
 
+    def mounts_dir(self, job_id: int) -> Path:
+        """The record of what the job's ``file_mounts`` made on this node (``node.mounts``)."""
+        return self.runs_dir.parent / "mounts" / str(job_id)
+
     def cleanup_job(self, job_id: int) -> None:
+        detach_as_owner(self.mounts_dir(job_id))
         self.trees.forget_job(job_id)
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
         shutil.rmtree(self.runs_dir.parent / "workdirs" / str(job_id), ignore_errors=True)

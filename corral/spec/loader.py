@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from corral.spec.resources import IGNORED_RESOURCE_FIELDS, Alternative
+from corral.spec.mounts import resolve_sources
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
@@ -154,6 +155,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     home = (world.environment.get("HOME") if world is not None else None) or None
     if base_dir is not None or workdir is not None or world is not None:  # else: the file alone, checked
         spec = resolve_workdirs(spec, base_dir, workdir, home, docs, source)
+        spec = resolve_mounts(spec, base_dir, home, docs, source)
     if world is not None:
         mode = parse_export(world.export)
         spec = spec.model_copy(update={"world": World(cwd=base_dir, export=mode.text,
@@ -286,6 +288,24 @@ def resolve_workdirs(spec: JobSpec, base_dir: str | None, override: str | None, 
         tasks.append(task)
     if issues:
         raise SpecError(list(dict.fromkeys(issues)), source)  # --workdir's problem once, not once per task
+    return spec.model_copy(update={"tasks": tuple(tasks)})
+
+
+def resolve_mounts(spec: JobSpec, base_dir: str | None, home: str | None, docs: list[Document],
+                   source: str) -> JobSpec:
+    """Every task's ``file_mounts`` sources absolute (against the submit directory, as a
+    relative ``workdir``) and present, or a problem naming ``file_mounts.REMOTE``."""
+    issues, tasks = [], []
+    for task in spec.tasks:
+        if task.file_mounts:
+            mounts, problems = resolve_sources(task.file_mounts, base_dir, home)
+            doc = _task_doc(docs, task)
+            issues += [SpecIssue(f"task {task.name!r}", f"file_mounts.{remote}", doc.line_of(("file_mounts", remote)), why)
+                       for remote, why in problems.items()]
+            task = task.model_copy(update={"file_mounts": mounts})
+        tasks.append(task)
+    if issues:
+        raise SpecError(issues, source)
     return spec.model_copy(update={"tasks": tuple(tasks)})
 
 
@@ -443,7 +463,8 @@ def _validate(model: type[BaseModel], doc: Document, label: str, issues: list[Sp
     except ValidationError as exc:
         for err in exc.errors():
             # union members' tags (<path>, <repository>) are not fields the user wrote
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("<") and p.endswith(">")))
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("<") and p.endswith(">"))
+                        and p != "[key]")  # a mapping's key: the key itself names the field
             if not loc and isinstance(doc.data, dict):
                 # A whole-model check: point at the first field of the document it names.
                 named = [k for k in doc.data if isinstance(k, str) and re.search(rf"\b{re.escape(k)}\b", err["msg"])]

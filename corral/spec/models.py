@@ -18,6 +18,7 @@ from corral.spec.base import Duration, Strict
 from corral.spec.container import TaskConfig
 from corral.spec.quantity import parse_duration
 from corral.spec.resources import Resources, drop_ignored, warn
+from corral.spec.mounts import RemotePath, SourcePath, check_mounts
 from corral.spec.source import shown
 from corral.spec.recovery import from_job_recovery
 from corral.spec.world import World
@@ -30,7 +31,7 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 NAME_RULE = "letters, digits, '-' and '_', starting with a letter or digit, at most 63 characters"
 
-IGNORED_TASK_FIELDS = frozenset({"file_mounts", "volumes", "event_callback"})
+IGNORED_TASK_FIELDS = frozenset({"volumes", "event_callback"})
 
 DEFAULT_GRACE_S = 10.0
 
@@ -91,6 +92,8 @@ class TaskSpec(Strict):
     setup: str | None = None
     run: str | None = None
     workdir: Workdir | None = None  # a directory, or a git repository cloned for the job
+    # {remote path: file or directory where the job was submitted} (corral/spec/mounts.py)
+    file_mounts: dict[RemotePath, SourcePath] = {}
     # service semantics (corral/spec/service.py)
     ports: Ports = {}
     readiness_probe: Probe | None = None
@@ -176,6 +179,11 @@ class TaskSpec(Strict):
         if ref is not None:
             resolve_port(ref, info.data.get("ports") or {})
         return probe
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _file_mounts(cls, value: dict[str, str]) -> dict[str, str]:
+        return check_mounts(value)
 
     @field_validator("constraint")
     @classmethod

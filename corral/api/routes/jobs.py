@@ -20,7 +20,7 @@ from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
-from corral.auth.accounts import AccountRefusal
+from corral.auth.accounts import AccountRefusal, unreadable_as
 from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
@@ -112,6 +112,11 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     except AccountRefusal as exc:
         await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", str(exc))
         raise HTTPException(403, str(exc)) from None
+    if any(task.file_mounts for task in spec.tasks):  # the job's account reads them, never the server for it
+        refused = await run_in_threadpool(_unreadable_mounts, spec, run_as)
+        if refused:
+            return JSONResponse(status_code=422, content={"detail": {
+                "message": f"{source} is not a valid job", "errors": refused}})
     if body.array is not None:
         try:
             array = parse_array(body.array)
@@ -145,6 +150,16 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     body = SubmitResponse(job=JobOut.of(stored), warnings=loaded.warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _unreadable_mounts(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
+    """A problem for each ``file_mounts`` source the job's Unix account could not read."""
+    sources = sorted({source for task in spec.tasks for source in task.file_mounts.values()})
+    unreadable = set(unreadable_as(run_as, sources))
+    return [{"document": f"task {task.name!r}", "field": f"file_mounts.{remote}", "line": None,
+             "message": f"the Unix account {run_as} this job runs as cannot read {source}: a job mounts only what "
+                        f"its account may read"}
+            for task in spec.tasks for remote, source in task.file_mounts.items() if source in unreadable]
 
 
 async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState

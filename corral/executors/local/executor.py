@@ -22,6 +22,7 @@ from pathlib import Path
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
 from corral.node import container as containers
+from corral.node.mounts import MountError, attach_as
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
@@ -103,10 +104,14 @@ class LocalExecutor(EventStream):
                               directory=False)
             # exactly the replica's environment (runtime.environment), the account's login basics under it
             env = {**(account.env() if account else {}), **launch.env}
+            if launch.file_mounts and launch.container is None:  # as the account, in its job's record (a container binds them)
+                record = self.runner.mounts_dir(launch.job_id)
+                hand_over(record, account, self.settings.home)
+                attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
                                      launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account,
                                      launch.container)
-        except (OSError, ValueError) as exc:  # ValueError: an argument or env value Popen refuses
+        except (OSError, ValueError, MountError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
         started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended

@@ -26,6 +26,7 @@ from pathlib import Path
 from corral.executors.contract import Container
 from corral.executors.ray.fence import FENCED_FILE
 from corral.node import container as containers
+from corral.node.mounts import attach, home_of_this_account
 from corral.node.runner import NodeRunner, process_start_time
 
 
@@ -97,6 +98,9 @@ class ReplicaActor:
         env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
         for directory in launch.get("dirs") or ():  # node-local unless the site mounts shared storage there
             Path(directory).mkdir(parents=True, exist_ok=True)
+        if launch.get("file_mounts") and not launch.get("container"):  # made here as the job's account (a container binds them)
+            attach(self.runner.mounts_dir(job_id), [tuple(m) for m in launch["file_mounts"]],
+                   env.get("HOME") or home_of_this_account())
         self.log_file = self.logs / f"{self.key}.log"
         stale = self.runner.run_dir(self.key)
         if stale.exists():  # left by a server that crashed before its start was recorded: never ran here
@@ -109,7 +113,8 @@ class ReplicaActor:
         repo = launch.get("repo")
         boxed = launch.get("container")
         container = Container(**{**boxed, "options": tuple(boxed["options"]),
-                                 "login": tuple(boxed["login"]) if boxed.get("login") else None}) if boxed else None
+                                 "login": tuple(boxed["login"]) if boxed.get("login") else None,
+                                 "mounts": tuple(tuple(m) for m in boxed.get("mounts") or ())}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None,
                                       container=container)

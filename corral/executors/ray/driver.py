@@ -338,7 +338,8 @@ class RayDriver(EventStream):
         data = {"key": launch.key, "job_id": launch.job_id, "setup": launch.setup, "run": launch.run,
                 "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts,
                 "repo": list(launch.repo) if launch.repo else None, "dirs": list(launch.dirs),
-                "container": dataclasses.asdict(launch.container) if launch.container else None}
+                "container": dataclasses.asdict(launch.container) if launch.container else None,
+                "file_mounts": [list(m) for m in launch.file_mounts]}
         handle = {"actor": name, "key": launch.key, "node": launch.node, "scope": self.scope, "pending": True}
         with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
             self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,

@@ -52,6 +52,7 @@ from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocatio
 from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, fail, retrying
+from corral.node.mounts import command as mounts_command
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
@@ -237,6 +238,8 @@ class SrunExecutor(EventStream):
                 hand_over(Path(directory), account, self.settings.home)
             if launch.repo is not None and account is not None:  # the step clones it there as the account
                 hand_over(self.runner.repo_dir(launch.job_id, *launch.repo).parent, account, self.settings.home)
+            if launch.file_mounts:  # the step makes them on its node, as the account, in the job's record
+                hand_over(self.runner.mounts_dir(launch.job_id), account, self.settings.home)
         except OSError as exc:
             raise LaunchError(str(exc)) from exc
         batch = "CORRAL_SBATCH_NODES" in env
@@ -259,6 +262,9 @@ class SrunExecutor(EventStream):
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
         wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + layout + wrapper
+        if launch.file_mounts and launch.container is None:  # made by the step first (node.mounts); a container binds them
+            wrapper = mounts_command(self.runner.mounts_dir(launch.job_id), launch.file_mounts, env.get("HOME") or "",
+                                     str(self.runner.run_dir(launch.key))) + ["--"] + wrapper
         step = self._step_name(launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus

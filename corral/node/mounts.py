@@ -1,0 +1,307 @@
+"""A job's ``file_mounts`` on the node its replicas run on: each appears at its remote path
+for the replica's whole life, and what corral made for it goes when the job ends.
+
+Where the node sees the source (this machine, Slurm nodes on a shared filesystem, Ray nodes
+of one machine) the remote path becomes a symbolic link to it: nothing is copied, and a
+replica reads the submitter's file as it is. Where it does not, the source arrives as a tar
+archive (``archive``) and is unpacked once per job per node into the job's record directory,
+under a lock so concurrent replicas of the job on one node copy it once; the remote path
+then links to that copy.
+
+Everything here runs as the job's Unix account, never with the server's rights on its behalf:
+the local and Slurm executors run this file's text as a program of that account (stdlib
+only, so a bare ``python3 -I`` runs it in some 20 ms), the Ray actor (already of that account)
+calls it in-process. A remote path the account may not create fails the replica's launch with
+a sentence naming the mount; anything already at a remote path that corral did not make for
+this job is never replaced. The record directory (one per job per node, the account's) lists
+every link, directory and copy made, written before the link appears, so ``detach`` at the
+job's end, also after a server restart, removes exactly those: a link only while it still
+points where corral pointed it, a directory only while empty."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import pwd
+import shutil
+import socket
+import sys
+import tarfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+RECORD = "made.jsonl"
+LOCK = "lock"
+COPIES = "copies"
+
+SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+Archive = Callable[[str], bytes]  # a source's contents as a tar archive (its top entry: the source's name)
+
+
+class MountError(Exception):
+    """A mount that cannot appear; the message is one sentence naming ``file_mounts.REMOTE``."""
+
+
+def home_of_this_account() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir or "/"
+    except KeyError:
+        return os.environ.get("HOME") or "/"
+
+
+def expand(remote: str, home: str) -> str:
+    """A remote path as written (``/data``, ``~/data``) on this node: ``~`` is the replica's home."""
+    return os.path.join(home, remote[2:]) if remote.startswith("~/") else remote
+
+
+@contextmanager
+def _locked(record_dir: Path) -> Iterator[None]:
+    record_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(record_dir / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _records(record_dir: Path) -> list[dict]:
+    try:
+        text = (record_dir / RECORD).read_text()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash: what it named was not made yet
+        if isinstance(entry, dict) and isinstance(entry.get("path"), str):
+            out.append(entry)
+    return out
+
+
+def _record(record_dir: Path, **entry: str) -> None:
+    with open(record_dir / RECORD, "a") as out:
+        out.write(json.dumps({**entry, "host": socket.gethostname()}) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def copy_dir(record_dir: Path, source: str) -> Path:
+    """Where a source's copy lives on this node (the link's target), one per source per job."""
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    return record_dir / COPIES / digest / (os.path.basename(source.rstrip("/")) or "root")
+
+
+def _copy(record_dir: Path, source: str, archive: Archive | None, remote: str) -> str:
+    """The source unpacked on this node, once per job (the caller holds the job's lock)."""
+    target = copy_dir(record_dir, source)
+    if target.parent.joinpath(".complete").exists():
+        return str(target)
+    if archive is None:
+        raise MountError(f"file_mounts.{remote}: {source} is not visible on this node ({socket.gethostname()}) and "
+                         "nothing can copy it here: put it on a filesystem the nodes share")
+    try:
+        data = archive(source)
+    except Exception as exc:  # the engine's transport: its words, in one sentence
+        raise MountError(f"file_mounts.{remote}: {source} could not be copied to this node: {exc}") from None
+    shutil.rmtree(target.parent, ignore_errors=True)  # a copy cut short earlier
+    target.parent.mkdir(parents=True)
+    _record(record_dir, kind="copy", path=str(target.parent))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+        members = tar.getmembers()
+        top = os.path.basename(source.rstrip("/")) or "root"
+        for member in members:  # only what the archive says is the source: nothing outside it
+            name = member.name.lstrip("./")
+            outside = not (name == top or name.startswith(top + "/"))
+            if outside or (member.issym() and os.path.isabs(member.linkname)) or member.islnk() or member.isdev():
+                raise MountError(f"file_mounts.{remote}: the copy of {source} holds {member.name!r}, "
+                                 "which is not part of it")
+        if top != target.name:
+            raise MountError(f"file_mounts.{remote}: the copy of {source} is not named {target.name}")
+        tar.extractall(target.parent, members=members, filter="tar") if hasattr(tarfile, "data_filter") \
+            else tar.extractall(target.parent, members=members)
+    target.parent.joinpath(".complete").touch()
+    return str(target)
+
+
+def pack(source: str) -> bytes:
+    """A source as ``_copy`` unpacks it (read by the caller's own rights: run it as the job's account)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        tar.add(source, arcname=os.path.basename(source.rstrip("/")) or "root")
+    return out.getvalue()
+
+
+def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
+           sees: Callable[[str], bool] = os.path.exists, archive: Archive | None = None) -> list[str]:
+    """Make every ``(remote as written, absolute source)`` appear at its remote path on this
+    node, as this process's account; returns the paths linked. Idempotent for the job: a link
+    corral already made for it (another replica's, an earlier attempt's) is kept. Raises
+    ``MountError`` naming the mount."""
+    made = []
+    with _locked(record_dir):
+        ours = {(e["path"], e.get("target")) for e in _records(record_dir) if e.get("kind") == "link"}
+        for remote, source in mounts:
+            path = expand(remote, home)
+            target = source if sees(source) else _copy(record_dir, source, archive, remote)
+            if os.path.lexists(path):
+                if os.path.islink(path) and os.readlink(path) == target and (path, target) in ours:
+                    made.append(path)
+                    continue
+                raise MountError(f"file_mounts.{remote}: {path} already exists on this node and corral did not make "
+                                 "it for this job; corral replaces nothing: remove it, or mount somewhere else")
+            try:
+                _parents(record_dir, Path(path).parent)
+                _record(record_dir, kind="link", path=path, target=target)
+                os.symlink(target, path)
+            except OSError as exc:
+                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {path} on this node "
+                                 f"({exc.strerror or exc})") from None
+            made.append(path)
+    return made
+
+
+def _parents(record_dir: Path, directory: Path) -> None:
+    """Create the missing directories above a remote path, each recorded once made."""
+    missing = []
+    while not os.path.lexists(directory) and directory != directory.parent:
+        missing.append(directory)
+        directory = directory.parent
+    for each in reversed(missing):
+        try:
+            os.mkdir(each)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs
+        _record(record_dir, kind="dir", path=str(each))
+
+
+def detach(record_dir: Path) -> list[str]:
+    """Remove what ``attach`` made for the job on this node (latest first), then its record;
+    returns what was removed. Something changed since (a link pointing elsewhere, a directory
+    not empty) is left as it is."""
+    removed = []
+    if not record_dir.is_dir():
+        return removed
+    with _locked(record_dir):
+        for entry in reversed(_records(record_dir)):
+            path, kind = entry["path"], entry.get("kind")
+            try:
+                if kind == "link" and os.path.islink(path) and os.readlink(path) == entry.get("target"):
+                    os.unlink(path)
+                elif kind == "dir" and os.path.isdir(path) and not os.path.islink(path):
+                    os.rmdir(path)
+                elif kind == "copy" and Path(path).resolve().is_relative_to(record_dir.resolve()):
+                    shutil.rmtree(path)
+                else:
+                    continue
+            except OSError:
+                continue
+            removed.append(path)
+        (record_dir / RECORD).unlink(missing_ok=True)
+    shutil.rmtree(record_dir, ignore_errors=True)
+    return removed
+
+
+def _me() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+# The job's account may not reach the server's interpreter nor this file (a virtualenv under
+# root's home): its text goes on the command line, run by that interpreter where the account
+# may execute it, else by the node's python3.
+_PICK = 'if [ -x "$0" ]; then exec "$0" "$@"; fi; exec python3 "$@"'
+
+
+def _program(*args: str) -> list[str]:
+    return ["sh", "-c", _PICK, sys.executable, "-I", "-c", Path(__file__).read_text(), *args]
+
+
+def command(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, run_dir: str = "") -> list[str]:
+    """This file as a program attaching ``mounts`` as whoever runs it (then, after ``--``, a
+    command it execs: ``main``)."""
+    argv = _program("attach", str(record_dir), home, run_dir)
+    for remote, source in mounts:
+        argv += [remote, source]
+    return argv
+
+
+def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str) -> None:  # noqa: ANN001
+    """``attach`` as ``account`` (a ``UnixAccount``; None: this process's own, in it).
+    Raises ``MountError``."""
+    if account is None:
+        attach(record_dir, list(mounts), home)
+        return
+    import subprocess
+
+    done = subprocess.run(command(record_dir, mounts, home), user=account.uid, group=account.gid,
+                          extra_groups=list(account.groups), cwd="/", env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"},
+                          stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise MountError(said[-1].removeprefix("corral: ") if said else f"mounting failed (exit {done.returncode})")
+
+
+def detach_as_owner(record_dir: Path) -> list[str]:
+    """``detach`` as the account that owns the record (the job's): what it names is removed
+    with that account's rights only, whatever the record says."""
+    try:
+        owner = os.lstat(record_dir).st_uid
+    except FileNotFoundError:
+        return []
+    if owner == os.geteuid():
+        return detach(record_dir)
+    import subprocess
+
+    try:
+        entry = pwd.getpwuid(owner)
+        groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except (KeyError, OSError):
+        return []  # an account gone since: nothing may act for it
+    subprocess.run(_program("detach", str(record_dir)), user=owner,
+                   group=entry.pw_gid, extra_groups=groups, cwd="/", env={"PATH": SAFE_PATH},
+                   stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+    shutil.rmtree(record_dir, ignore_errors=True)  # the record itself, in the server's directory
+    return []
+
+
+def main(argv: list[str]) -> int:
+    """``attach RECORD_DIR HOME RUN_DIR REMOTE SOURCE … [-- COMMAND …]`` (then exec COMMAND)
+    or ``detach RECORD_DIR``; a mount that cannot appear is one line on stderr and exit 1,
+    recorded in RUN_DIR (when given) as the attempt's start and exit, so the engine that ran
+    this reports an attempt that failed, with its reason in the replica's log."""
+    if argv[:1] == ["detach"] and len(argv) == 2:
+        detach(Path(argv[1]))
+        return 0
+    if argv[:1] != ["attach"] or len(argv) < 3:
+        print("usage: mounts.py attach RECORD_DIR HOME RUN_DIR [REMOTE SOURCE]… [-- COMMAND…] | detach RECORD_DIR",
+              file=sys.stderr)
+        return 2
+    run_dir, rest = (argv[3], argv[4:]) if len(argv) > 3 else ("", [])
+    then = rest[rest.index("--") + 1:] if "--" in rest else []
+    pairs = rest[:rest.index("--")] if "--" in rest else rest
+    try:
+        attach(Path(argv[1]), list(zip(pairs[::2], pairs[1::2])), argv[2] or home_of_this_account())
+    except MountError as exc:
+        print(f"corral: {exc}", file=sys.stderr)
+        if run_dir:
+            for name, text in (("started", str(os.getpid())), ("exit_code", "1")):
+                with open(os.path.join(run_dir, name), "w") as out:
+                    out.write(text + "\n")
+        return 1
+    if then:
+        os.execvp(then[0], then)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

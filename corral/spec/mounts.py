@@ -1,0 +1,108 @@
+"""SkyPilot's ``file_mounts: {REMOTE_PATH: SOURCE}`` as corral accepts it.
+
+SOURCE is a file or a directory on the machine the job was submitted from (a relative one
+resolves against the submit directory, as a relative ``workdir`` does; ``~`` is the
+submitter's home); REMOTE_PATH is where every replica sees it: absolute, or ``~/…`` (the home
+of the account the replica runs as, resolved on its node). What corral cannot honour is
+refused at submission with a sentence, never dropped: cloud buckets (``s3://…`` or the
+dictionary form SkyPilot uses for storage), relative or ``..`` remote paths, and system
+directories a job must never shadow. The stored form has absolute sources, and validates
+again to itself. How a mount appears on a node is ``corral.node.mounts``."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
+
+from corral.spec.source import shown
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+# Directories whose contents the system itself needs: a job may not put anything there, nor
+# over them. A path below another (``/data``, ``/opt/x``, ``/var/tmp/x``, ``/tmp/x``) is the
+# job's to use.
+SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/boot", "/run", "/var/run")
+_LIB = re.compile(r"^/lib[^/]*(/|$)")  # /lib, /lib64, /libx32 …
+MAX_MOUNTS = 64
+
+
+def _remote(value: str) -> str:
+    text = value.strip()
+    if not text:
+        raise ValueError("a remote path is absolute (/data) or in the replica's home (~/data)")
+    if "\x00" in text:
+        raise ValueError("a remote path cannot hold a NUL byte")
+    if not (text.startswith("/") or text == "~" or text.startswith("~/")):
+        raise ValueError(f"{shown(value)} is relative: a remote path is absolute (/data) or in the replica's "
+                         "home (~/data)")
+    if ".." in text.split("/"):
+        raise ValueError(f"{shown(value)} holds '..': name the remote path directly")
+    if text == "~":
+        raise ValueError("~ is the replica's home itself: mount into it (~/data), not over it")
+    normal = ("~/" + os.path.normpath(text[2:]).lstrip("/")) if text.startswith("~/") else os.path.normpath(text)
+    normal = "/" + normal.lstrip("/") if normal.startswith("/") else normal  # normpath keeps a leading //
+    if normal in ("~/.", "~/"):
+        raise ValueError("~ is the replica's home itself: mount into it (~/data), not over it")
+    if normal == "/" or any(normal == d or normal.startswith(d + "/") for d in SYSTEM_DIRS) or _LIB.match(normal):
+        raise ValueError(f"{normal} is a system path a job may not shadow: mount under another directory "
+                         "(/data, /mnt/…, ~/…)")
+    return normal
+
+
+def _source(value: Any) -> Any:
+    if isinstance(value, dict):
+        where = value.get("source") or value.get("name")
+        raise ValueError("corral cannot mount buckets or SkyPilot storage"
+                         + (f" ({shown(str(where))})" if where else "")
+                         + ": the source is a file or directory on the machine you submit from; "
+                         "copy the bucket's data there, or read it from the bucket in setup or run")
+    if not isinstance(value, str):
+        raise ValueError("a source is a file or directory path on the machine you submit from")
+    text = value.strip()
+    if _SCHEME.match(text):
+        raise ValueError(f"{shown(text)} is a cloud bucket or URL, and corral cannot mount buckets: the source is "
+                         "a file or directory on the machine you submit from (copy the data there, or fetch it "
+                         "in setup or run)")
+    if not text or "\x00" in text:
+        raise ValueError("a source is a file or directory path on the machine you submit from")
+    return text
+
+
+RemotePath = Annotated[str, AfterValidator(_remote)]
+SourcePath = Annotated[str, BeforeValidator(_source)]
+
+
+def check_mounts(value: dict[str, str]) -> dict[str, str]:
+    """Two written keys that name one remote path (``/data`` and ``/data/``) are one mount."""
+    if len(value) > MAX_MOUNTS:
+        raise ValueError(f"at most {MAX_MOUNTS} file_mounts per task")
+    return value
+
+
+def resolve_sources(mounts: dict[str, str], base_dir: str | None, home: str | None) -> tuple[dict[str, str],
+                                                                                          dict[str, str]]:
+    """Each source made absolute against ``base_dir`` (``~``: ``home``) and checked to exist:
+    (the mounts in their stored form, {remote: why a source is refused})."""
+    out: dict[str, str] = {}
+    problems: dict[str, str] = {}
+    for remote, written in mounts.items():
+        text = written
+        if text == "~" or text.startswith("~/"):
+            text = (home or str(Path("~").expanduser())) + text[1:]
+        if not text.startswith("/") and base_dir is None:
+            problems[remote] = (f"{shown(written)} is relative, and the submission names no directory to resolve "
+                                "it against (cwd)")
+            out[remote] = written
+            continue
+        path = os.path.normpath(os.path.join(base_dir or "/", text))
+        path = "/" + path.lstrip("/")
+        out[remote] = path
+        if not os.path.lexists(path) or not os.path.exists(path):
+            against = f" (resolved against the submit directory {base_dir})" if not text.startswith("/") else ""
+            problems[remote] = f"{path} does not exist{against}: the source is a file or directory where you submit"
+        elif not (os.path.isfile(path) or os.path.isdir(path)):
+            problems[remote] = f"{path} is neither a file nor a directory"
+    return out, problems

@@ -1,0 +1,161 @@
+"""file_mounts: the spec's refusals and normal form, and the node side (``corral.node.mounts``)
+with real files: links made and removed exactly, nothing replaced, and the copy path for a
+node that does not see the source, copied once for concurrent replicas."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from corral.node.mounts import MountError, attach, copy_dir, detach, pack
+from corral.spec import SpecError, load_job
+from corral.spec.models import TaskSpec
+
+
+def _load(mounts: str, base: Path) -> TaskSpec:
+    return load_job(f"run: echo\nfile_mounts:\n{mounts}", base_dir=str(base)).spec.tasks[0]
+
+
+@pytest.mark.parametrize(("mounts", "field", "words"), [
+    ("  /data: s3://bucket/x", "file_mounts./data", "corral cannot mount buckets"),
+    ("  /data: gs://b", "file_mounts./data", "corral cannot mount buckets"),
+    ("  /data: https://example.com/x.tgz", "file_mounts./data", "corral cannot mount buckets"),
+    ("  /data: {source: r2://b, mode: MOUNT}", "file_mounts./data", "corral cannot mount buckets"),
+    ("  /data: {name: mybucket, store: s3}", "file_mounts./data", "corral cannot mount buckets"),
+    ("  data: /tmp", "file_mounts.data", "is relative"),
+    ("  /a/../etc: /tmp", "file_mounts./a/../etc", "holds '..'"),
+    ("  /etc/x: /tmp", "file_mounts./etc/x", "system path"),
+    ("  /: /tmp", "file_mounts./", "system path"),
+    ("  /usr: /tmp", "file_mounts./usr", "system path"),
+    ("  /lib64/x: /tmp", "file_mounts./lib64/x", "system path"),
+    ("  /var/run/x: /tmp", "file_mounts./var/run/x", "system path"),
+    ("  /data: ./absent", "file_mounts./data", "does not exist (resolved against the submit directory"),
+])
+def test_refused_at_submit_naming_the_mount(tmp_path: Path, mounts: str, field: str, words: str) -> None:
+    with pytest.raises(SpecError) as info:
+        _load(mounts, tmp_path)
+    assert any(i.field == field and words in i.message for i in info.value.issues), [str(i) for i in info.value.issues]
+
+
+def test_sources_stored_absolute_and_validate_again(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "cfg.yaml").write_text("x: 1\n")
+    task = _load("  /data/: ./data\n  ~/cfg.yaml: cfg.yaml\n  /var/tmp/x: data", tmp_path)
+    assert task.file_mounts == {"/data": str(tmp_path / "data"), "~/cfg.yaml": str(tmp_path / "cfg.yaml"),
+                                "/var/tmp/x": str(tmp_path / "data")}
+    stored = task.model_dump(mode="json", exclude_defaults=True)
+    assert TaskSpec.model_validate(stored) == task
+
+
+def test_volumes_still_warned_not_silent(tmp_path: Path) -> None:
+    loaded = load_job("run: echo\nvolumes: {/v: myvol}\n", base_dir=str(tmp_path))
+    assert any("volumes" in w for w in loaded.warnings)
+
+
+# -- the node side --------------------------------------------------------------------------------
+
+def test_links_made_then_exactly_removed(tmp_path: Path) -> None:
+    src_dir, src_file = tmp_path / "src", tmp_path / "f.txt"
+    src_dir.mkdir()
+    (src_dir / "a").write_text("A")
+    src_file.write_text("F")
+    home, record = tmp_path / "home", tmp_path / "record"
+    home.mkdir()
+    mounts = [(str(tmp_path / "remote/deep/d"), str(src_dir)), ("~/f.txt", str(src_file))]
+    attach(record, mounts, str(home))
+    assert (tmp_path / "remote/deep/d/a").read_text() == "A"
+    assert (home / "f.txt").read_text() == "F" and (home / "f.txt").is_symlink()
+    attach(record, mounts, str(home))  # another replica of the job, another attempt: kept
+    (tmp_path / "remote/mine").write_text("the user's")  # put beside by the job: not corral's
+    detach(record)
+    assert not (home / "f.txt").exists() and not (tmp_path / "remote/deep").exists()
+    assert (tmp_path / "remote/mine").read_text() == "the user's"
+    assert src_dir.joinpath("a").read_text() == "A" and src_file.read_text() == "F"  # sources untouched
+    assert not record.exists()
+
+
+def test_something_already_there_is_not_replaced(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "taken").write_text("precious")
+    os.symlink(str(tmp_path / "src"), tmp_path / "same-link")  # even a link to the same source: not corral's
+    for remote in ("taken", "same-link"):
+        with pytest.raises(MountError, match=f"file_mounts.{tmp_path}/{remote}: .* already exists .* corral did "
+                                             "not make it"):
+            attach(tmp_path / "record", [(str(tmp_path / remote), str(tmp_path / "src"))], str(tmp_path))
+    detach(tmp_path / "record")
+    assert (tmp_path / "taken").read_text() == "precious" and (tmp_path / "same-link").is_symlink()
+
+
+def test_a_link_changed_since_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    attach(tmp_path / "record", [(str(tmp_path / "m"), str(tmp_path / "src"))], str(tmp_path))
+    os.unlink(tmp_path / "m")
+    (tmp_path / "m").write_text("the job's own file now")
+    detach(tmp_path / "record")
+    assert (tmp_path / "m").read_text() == "the job's own file now"
+
+
+def test_a_path_that_cannot_be_created_says_which_mount(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        pytest.skip("root creates anywhere")
+    with pytest.raises(MountError, match=r"file_mounts\.~/x/y: the Unix account .* cannot create"):
+        attach(tmp_path / "record", [("~/x/y", str(tmp_path / "src"))], str(locked))
+
+
+def test_copy_path_when_the_node_does_not_see_the_source(tmp_path: Path) -> None:
+    """A node without the source: one copy per job per node, however many replicas start at
+    once, linked at the remote path; gone with the job."""
+    src = tmp_path / "dataset"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub/x.bin").write_bytes(b"\x00\x01" * 1000)
+    (src / "README").write_text("data")
+    record = tmp_path / "node-record"
+    fetched = []
+
+    def archive(source: str) -> bytes:
+        fetched.append(source)
+        return pack(source)
+
+    errors = []
+
+    def replica(i: int) -> None:
+        try:
+            attach(record, [("~/data", str(src))], str(tmp_path / f"home{i % 2}"), sees=lambda _: False,
+                   archive=archive)
+        except Exception as exc:  # pragma: no cover - the assertion below shows it
+            errors.append(exc)
+
+    for i in range(2):
+        (tmp_path / f"home{i}").mkdir()
+    threads = [threading.Thread(target=replica, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and fetched == [str(src)]  # copied once
+    copy = copy_dir(record, str(src))
+    for i in range(2):
+        link = tmp_path / f"home{i}/data"
+        assert os.readlink(link) == str(copy)
+        assert (link / "sub/x.bin").read_bytes() == b"\x00\x01" * 1000 and (link / "README").read_text() == "data"
+    detach(record)
+    assert not (tmp_path / "home0/data").exists() and not copy.exists() and src.joinpath("README").exists()
+
+
+def test_copy_refused_without_a_way_to_bring_it(tmp_path: Path) -> None:
+    with pytest.raises(MountError, match=r"file_mounts\./d: /nowhere is not visible on this node"):
+        attach(tmp_path / "r", [("/d", "/nowhere")], str(tmp_path), sees=lambda _: False)
+
+
+def test_an_archive_reaching_outside_its_source_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "evil").mkdir()
+    evil = pack(str(tmp_path / "evil"))
+    with pytest.raises(MountError, match="not named|not part of it"):
+        attach(tmp_path / "r", [(str(tmp_path / "m"), "/else/where")], str(tmp_path), sees=lambda _: False,
+               archive=lambda _: evil)
