@@ -15,6 +15,8 @@ from conformance.harnesses import PARTITION, LocalHarness
 from conftest import kill_leftovers
 from unix_users import need_root, traversable_dir, unix_user
 
+import container_lab
+
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[Corral, dict]]:
@@ -25,7 +27,7 @@ def served() -> Iterator[tuple[Corral, dict]]:
         home = root / "home"
         home.mkdir()
         harness = LocalHarness()
-        (home / "config.yaml").write_text(harness.site())
+        (home / "config.yaml").write_text(harness.site() + container_lab.SITE)
         corral = Corral(home, harness)
         corral.specs.chmod(0o755)
         corral.start()
@@ -177,3 +179,37 @@ def test_the_jobs_variables_never_run_anything_with_the_servers_rights(served, t
     seen = (witness / "seen").read_text().split("\n") if (witness / "seen").exists() else []
     assert [line for line in seen if line.endswith(" 0")] == [], seen  # nothing as root
     assert f"bashenv {ann.uid}" in seen, seen  # the job's own shell did take its BASH_ENV
+
+
+def test_a_container_runs_as_its_submitter_and_binds_nothing_it_may_not_reach(served, tmp_path) -> None:
+    """A job of another account in a container: inside, it is that account (the engine runs
+    with the server's rights, the container with the job's), its files in the workdir are its
+    own, and a directory it could not reach on the node is not bound for it."""
+    image = container_lab.ensure_image()
+    corral, people = served
+    (ann, client), _ = people.values()
+    spec = f"resources: {{image_id: docker:{image}}}\nrun: id -u; id -g; touch made; stat -c %u made\n"
+    own = corral.specs / f"ann-{tmp_path.name}"
+    own.mkdir()
+    os.chown(own, ann.uid, ann.gid)
+    job = client.submit(spec, name="boxed", base_dir=str(own), workdir=str(own),
+                        scheduling={"partition": PARTITION})["job"]["id"]
+    done = corral.wait_job(job, timeout=60)
+    log = corral.log(job)
+    assert done["state"] == "SUCCEEDED", (done, log)
+    assert log.split()[-3:] == [str(ann.uid), str(ann.gid), str(ann.uid)], log
+    assert (own / "made").stat().st_uid == ann.uid
+    # a directory ann could reach when she submitted, closed before her job starts
+    outer = corral.specs / f"closed-{job}"
+    inner = outer / "inner"
+    inner.mkdir(parents=True)
+    os.chown(inner, ann.uid, ann.gid)
+    outer.chmod(0o755)
+    held = client.submit(spec, name="closed", base_dir=str(inner), workdir=str(inner),
+                         scheduling={"partition": PARTITION, "hold": True})["job"]["id"]
+    outer.chmod(0o700)  # root's alone now: ann may not pass it on this node
+    client.release(held)
+    done = corral.wait_job(held, timeout=60)
+    log = corral.log(held)
+    assert done["state"] == "FAILED" and "may not reach" in log, (done, log)
+    assert not (inner / "made").exists()

@@ -48,6 +48,12 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 # The shell of the container: setup (in a subshell: its exit ends the attempt with its code),
 # then run, in the same container so what setup installed is there for run.
 SHELL = 'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || exit $?; fi; eval "$R"'
+# Run as the job's account before the engine (root's, for another account) binds paths: a bind
+# would let it reach a directory whose parents it may not pass on the node.
+READS = ('for p; do if [ ! -r "$p" ] || { [ -d "$p" ] && [ ! -x "$p" ]; }; then '
+         'echo "corral: the Unix account of the job may not reach $p, which its container would bind" >&2; '
+         'exit 126; fi; done')
+READS_FILE = "reads"
 
 
 class ContainerError(Exception):
@@ -109,6 +115,7 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
         argv += ["--env", name]
     argv += options + [container.image]
     _nul(run_dir / ARGV_FILE, argv)
+    _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n")
     pull = _pull_argv(run_dir, engine, container, locks)
     _nul(run_dir / PULL_FILE, pull)

@@ -34,7 +34,7 @@ import psutil
 from corral.auth.accounts import UnixAccount
 from corral.executors.contract import Container
 from corral.node import container as containers
-from corral.node.container import SHELL as CONTAINER_SHELL
+from corral.node.container import READS as CONTAINER_READS, SHELL as CONTAINER_SHELL
 from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
@@ -81,6 +81,7 @@ rc=0
 AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
 USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
 CONTAINER_SHELL='""" + CONTAINER_SHELL + r"""'
+CONTAINER_READS='""" + CONTAINER_READS + r"""'
 if [ -n "$7" ]; then
   mkdir -p "${7%/*}" && {
     flock 9 && if [ ! -d "$7/.git" ]; then
@@ -93,8 +94,11 @@ if [ -n "$7" ]; then
   [ "$rc" -eq 0 ] || echo "corral: could not clone $8${9:+ at $9} (exit $rc)" >&3
 fi
 if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
-  mapfile -d '' -t c < "$1/pull"; "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null
-  if [ "$rc" -ne 0 ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; else
+  mapfile -d '' -t c < "$1/reads"
+  # what the engine binds with root's rights, the job's account must reach itself
+  [ -z "$drop" ] || $drop $USER_ENV sh -c "$CONTAINER_READS" corral-reads "$PWD" "${c[@]}" 2>&3; rc=$?
+  [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null; }
+  if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
     mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'
     { "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_SHELL" corral-replica "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
   fi
