@@ -123,6 +123,24 @@ class Settings:
     def server_log(self) -> Path:
         return self.home / "server.log"
 
+    def drop_runtime_dir(self) -> None:
+        """At a server's stop: its discovery directory goes if no job's files are left in it
+        (only the batch-script shims, made again at the next start), so stopped homes leave
+        nothing on tmpfs. A job whose replicas outlive the server keeps it."""
+        path = self.runtime_dir
+        try:
+            left = [p.name for p in path.iterdir()]
+        except OSError:
+            return
+        if set(left) <= {"slurm-bin"}:
+            import shutil
+
+            shutil.rmtree(path / "slurm-bin", ignore_errors=True)
+            try:
+                path.rmdir()
+            except OSError:
+                pass
+
     def ensure_dirs(self) -> None:
         """CORRAL_HOME and everything corral keeps in it are its owner's alone: the database
         holds jobs' ``secrets``, logs may print them."""

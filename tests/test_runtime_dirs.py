@@ -71,3 +71,28 @@ def test_the_server_falls_back_to_its_home_when_shm_is_taken(tmp_path: Path, mon
         for entry in planted.iterdir():
             entry.unlink()
         planted.rmdir()
+
+
+def test_a_stopped_server_leaves_its_runtime_directory_only_to_jobs_still_running(tmp_path: Path) -> None:
+    """Homes come and go (every test makes one): a server that stops takes its discovery
+    directory on tmpfs with it, unless replicas that outlive it still read their files there."""
+    from conftest import cli_for, cli_status, wait_for
+
+    home = tmp_path / "home"
+    home.mkdir()
+    corral = cli_for(home, cwd=tmp_path)
+    runtime = Settings(home=home, db_url="sqlite://").runtime_dir
+    (tmp_path / "short.yaml").write_text("name: short\nrun: echo hi\n")
+    (tmp_path / "long.yaml").write_text("name: long\nrun: exec sleep 300\n")
+    try:
+        corral("launch", "short.yaml", check=True)
+        assert runtime.is_dir()
+        corral("server", "stop", check=True)
+        assert not runtime.exists()
+        job = corral("launch", "-d", "long.yaml", check=True).stdout.strip()
+        wait_for(lambda: cli_status(corral, job)["state"] == "RUNNING", timeout=30)
+        corral("server", "stop", check=True)
+        assert (runtime / job / "hosts").exists()  # its replica still runs, and reads them
+        corral("cancel", job, check=True)
+    finally:
+        corral.stop()

@@ -158,6 +158,7 @@ class ControlLoop:
         self.probes.close()
         self.endpoints.close()
         self.inventory.close()
+        self.settings.drop_runtime_dir()
         self._answer_asks()
 
     def notify(self) -> None:
