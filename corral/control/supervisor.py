@@ -21,7 +21,7 @@ decision out and journals it with its cause."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from corral.control import startorder
 from corral.control.decisions import (LIVE, Decision, End, Kill, Relaunch, Replace, RequeueJob, Restart, SetReady,
@@ -58,6 +58,8 @@ class Supervisor:
         self._last_failure: dict[str, str] = {}  # attempt key -> its readiness probe's last failure
         self._been_ready: set[str] = set()  # attempts whose readiness probe passed once
         self._warned: set[str] = set()  # attempts sent their time-limit warning
+        # attempts stopped for not becoming ready in time: their exit (143 after SIGTERM) says so
+        self._timed_out: dict[str, str] = {}
 
     def forget(self, key: str) -> None:
         """An attempt ended: drop what was kept about it."""
@@ -66,6 +68,7 @@ class Supervisor:
         self._last_failure.pop(key, None)
         self._been_ready.discard(key)
         self._warned.discard(key)
+        self._timed_out.pop(key, None)
 
     def watch(self, job: JobRec, replica: ReplicaRec) -> list[float]:
         """An attempt runs (launched, confirmed or adopted): the times at which ``review``
@@ -87,7 +90,10 @@ class Supervisor:
 
     # -- events ----------------------------------------------------------------------------
     def attempt_ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float) -> list[Decision]:
+        timed_out = self._timed_out.get(replica.launch_key)
         self.forget(replica.launch_key)
+        if timed_out:  # its exit is the stop signal's: what ended it is the timeout
+            event = replace(event, reason="; ".join(r for r in (timed_out, event.reason) if r))
         if replica.state.terminal or replica.state not in LIVE:
             return []
         asked = replica.stop_requested_at is not None
@@ -98,6 +104,8 @@ class Supervisor:
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)
             why = f"exit code {code}" if code is not None else f"lost ({event.reason or 'exit code unknown'})"
+            if timed_out:
+                why += f" ({timed_out})"
             return [Restart(replica.id, now + delay, code,
                             f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
                             f"(policy {policy.policy})")]
@@ -182,6 +190,7 @@ class Supervisor:
         if service.readiness_probe is not None and not replica.ready and replica.kill_at is None \
                 and key not in self._been_ready and now >= replica.started_at + service.startup_timeout:  # type: ignore[operator]
             last = self._last_failure.get(key, "no probe answered yet")
+            self._timed_out[key] = f"stopped: not ready {service.startup_timeout:g}s after start, its startup_timeout"
             out.append(Signal(replica.id, service.stop_signal, "startup_timeout",
                               f"readiness probe failing: {last}; not ready {service.startup_timeout:g}s after start",
                               service.grace_period))

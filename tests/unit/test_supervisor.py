@@ -186,6 +186,9 @@ def test_startup_timeout_signals_a_replica_never_ready() -> None:
     assert sup.review(job, 29.0, lambda n: True) == []
     [d] = sup.review(job, 30.0, lambda n: True)
     assert d.cause == "startup_timeout" and "connection refused" in d.message and d.grace == 4.0
+    # its exit is the stop signal's (143): what ended it is said, not only the code
+    [end] = sup.attempt_ended(job, r, AttemptEnded(1, 143), 31.0)
+    assert isinstance(end, End) and end.message == "exit code 143 (stopped: not ready 30s after start, its startup_timeout)"
 
 
 def test_a_replica_ready_once_has_no_startup_timeout_even_if_it_turns_unready() -> None:
