@@ -211,3 +211,27 @@ def test_a_time_limit_ends_a_batch_job_timeout(corral) -> None:
     job = corral("sbatch", "--parsable", "-p", "gpu", "slow.sbatch", check=True).stdout.strip()
     done = _wait(corral, job, timeout=120)
     assert done["state"] == "TIMEOUT", done
+
+
+def _allocation_state(slurm_id: str) -> str:
+    """The Slurm job's own state in accounting, once final."""
+    def final():
+        state = _slurm("sacct", "-n", "-P", "-X", "-j", slurm_id, "-o", "State").strip().split()
+        return state[0] if state and state[0] not in ("RUNNING", "PENDING", "COMPLETING") else None
+
+    return wait_for(final, timeout=60, interval=0.5)
+
+
+def test_slurm_s_accounting_ends_each_job_as_corral_does(corral) -> None:
+    """sacct agrees with corral: a job that succeeded COMPLETED, one that failed FAILED, one
+    cancelled CANCELLED (not every job COMPLETED because its holder exited 0)."""
+    ends = {}
+    for name, run in (("ok", "echo ok"), ("bad", "exit 3"), ("stopped", "exec sleep 300")):
+        (corral.work / f"{name}.yaml").write_text(f"name: acct-{name}\nrun: {run}\n")
+        ends[name] = corral("launch", "-d", "-p", "gpu", f"{name}.yaml", check=True).stdout.strip()
+    wait_for(lambda: _status(corral, ends["stopped"])["state"] == "RUNNING", timeout=120, interval=0.5)
+    corral("cancel", ends["stopped"], check=True)
+    seen = {name: _wait(corral, job)["state"] for name, job in ends.items()}
+    assert seen == {"ok": "SUCCEEDED", "bad": "FAILED", "stopped": "CANCELLED"}, seen
+    slurm = {name: _allocation_state(_slurm_id(corral, job)) for name, job in ends.items()}
+    assert slurm == {"ok": "COMPLETED", "bad": "FAILED", "stopped": "CANCELLED"}, slurm

@@ -122,7 +122,7 @@ class Carrier:
         self.moves.job_to(job, end.state, now, end.cause, end.message, exit_code=end.exit_code, message=end.message)
         self.book.active.pop(job.id, None)
         self.book.publish.discard(job.id)
-        self.effects.release(job.id)
+        self.effects.release(job.id, end.state.value)
 
     # -- what several steps do to replicas ------------------------------------------------------
     def stop(self, job: JobRec, replica: ReplicaRec, cause: str, now: float) -> None:

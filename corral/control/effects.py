@@ -14,7 +14,7 @@ import signal as signals
 from dataclasses import dataclass
 
 from corral.control.inventory import Inventory
-from corral.executors.contract import Handle
+from corral.executors.contract import Accounting, Handle
 
 log = logging.getLogger("corral.control")
 
@@ -36,6 +36,7 @@ class Forget:
 @dataclass(frozen=True)
 class Release:
     job_id: int
+    state: str = ""  # how the job ended ("" when it runs again), for engines that keep accounts
 
 
 Effect = SendSignal | Forget | Release
@@ -55,8 +56,12 @@ class Effects:
     def forget(self, infra: str, handle: Handle) -> None:
         self._queue.append(Forget(infra, handle))
 
-    def release(self, job_id: int) -> None:
-        self._queue.append(Release(job_id))
+    def release(self, job_id: int, state: str = "") -> None:
+        self._queue.append(Release(job_id, state))
+
+    def releasing(self) -> set[int]:
+        """Jobs whose release is queued (done after the commit)."""
+        return {e.job_id for e in self._queue if isinstance(e, Release)}
 
     def __bool__(self) -> bool:
         return bool(self._queue)
@@ -84,6 +89,8 @@ class Effects:
                     released = True
                     for executor in list(self.inventory.executors.values()):
                         try:
+                            if isinstance(executor, Accounting):
+                                executor.record_end(effect.job_id, effect.state)
                             executor.release(effect.job_id)
                             executor.cleanup_job(effect.job_id)
                         except Exception:

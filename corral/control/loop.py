@@ -309,7 +309,7 @@ class ControlLoop:
         self.journal.job(job.id, state=JobState.FAILED.value, ended_at=now, message=why)
         self.journal.event(job.id, now, "job", "internal_error", job.state.value, JobState.FAILED.value, why)
         book.publish.discard(job.id)
-        self.effects.release(job.id)
+        self.effects.release(job.id, JobState.FAILED.value)
 
     # -- a cycle whose writes were lost ---------------------------------------------------------
     def _lost_cycle(self) -> None:

@@ -145,8 +145,11 @@ class Provisioning:
             if job.partition in partitions:
                 keep.setdefault(id(partitions[job.partition][0]), set()).add(job.id)
         unreachable = {p for p in partitions if p in down}
+        # a job that ended this cycle is released after the commit, told how it ended (its
+        # engine's accounting records that); not pruned before, as if it had vanished
+        releasing = self.requeues.carrier.effects.releasing()
         for engine in {id(e): e for p, (e, _) in partitions.items() if p not in unreachable}.values():
-            engine.prune(keep.get(id(engine), set()))  # (one that does not answer is pruned once it does)
+            engine.prune(keep.get(id(engine), set()) | releasing)  # (one that does not answer is pruned once it does)
         book.engine_waiting = waiting
 
     def misfit(self, partition: str, tasks) -> str | None:  # noqa: ANN001 - spec TaskSpecs

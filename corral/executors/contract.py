@@ -237,6 +237,17 @@ class Reserving(Protocol):
 
 
 @runtime_checkable
+class Accounting(Protocol):
+    """An engine that keeps its own record of a job's end (Slurm's accounting, ``sacct``):
+    told how the job ended just before its ``release``, so that record agrees with corral's."""
+
+    def record_end(self, job_id: int, state: str) -> None:
+        """``state``: the job's final state (SUCCEEDED, FAILED, CANCELLED, TIMEOUT …); ""
+        when it is released to run again (a requeue, a pipeline's next stage)."""
+        ...
+
+
+@runtime_checkable
 class Reachability(Protocol):
     """An engine that can be unreachable while the server runs (a Ray cluster, a Slurm
     controller). Such an executor is built without contacting its engine and never raises

@@ -35,6 +35,10 @@ REQUEUED_STATES = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED")
 LIVE_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING", "SUSPENDED")
 ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
          "OUT_OF_MEMORY", "SPECIAL_EXIT")
+# corral's end states as Slurm's accounting should record its allocation's end
+CANCELLED_STATES = ("CANCELLED",)
+FAILED_STATES = ("FAILED", "TIMEOUT", "PREEMPTED")
+HOLDER_TRIES, HOLDER_RETRY_S = 5, 2.0  # the hold script signalled up to 5 times, 2 s apart, then cancelled
 SHAPE_TTL_S = 60.0  # how long a Slurm partition's node shape is trusted at submission
 
 
@@ -69,6 +73,7 @@ class Allocations:
         self._kinds: dict[str, slurmjob.NodeKind] = {}  # Slurm partition -> its node shape
         self._shapes: dict[str, tuple[float, slurmjob.NodeKind]] = {}  # the same, for submission checks
         self._kept: set[int] = set()  # jobs whose requeued allocation outlives their release
+        self._ends: dict[int, str] = {}  # job -> how it ended, until its allocation is released
         self.version = 0
         self.own = own_allocation
 
@@ -317,6 +322,12 @@ class Allocations:
         for job_id in gone:
             self.release(job_id)
 
+    def ended(self, job_id: int, state: str) -> None:
+        """How the corral job ended, for its allocation's end (``release``)."""
+        if state:
+            with self.lock:
+                self._ends[job_id] = state
+
     def release(self, job_id: int) -> None:
         with self.lock:
             if job_id in self._kept:
@@ -336,19 +347,32 @@ class Allocations:
                     self.cli.cancel(extra)
         except SlurmError:
             log.warning("could not look for other Slurm jobs of job %s", job_id)
-        # the job ended: its allocation completes (its batch script exits 0 on SIGUSR1, so
-        # Slurm's accounting does not call every corral job cancelled); cancelled if not
-        if not self.cli.cancel(slurm_id, signal="USR1", batch=True):
+        # the job ended: its allocation ends as the job did in Slurm's accounting (its batch
+        # script exits 0 on SIGUSR1: COMPLETED, 1 on SIGUSR2: FAILED; a cancelled job's is
+        # cancelled), so sacct agrees with corral
+        state = self._ends.pop(job_id, "")
+        if state in CANCELLED_STATES:
             self.cli.cancel(slurm_id)
-        else:
-            timer = threading.Timer(10.0, self._cancel_if_left, (slurm_id,))
-            timer.daemon = True
-            timer.start()
+            return
+        self._end_holder(slurm_id, "USR2" if state in FAILED_STATES else "USR1", 0)
 
-    def _cancel_if_left(self, slurm_id: str) -> None:
-        info = self.cli.jobs([slurm_id]).get(slurm_id)
-        if info is not None and info.state not in ENDED:
+    def _end_holder(self, slurm_id: str, signal: str, tries: int) -> None:
+        """Signal the allocation's hold script to end it; again a little later while it lives
+        (a signal sent before its batch step runs is lost, though scancel accepts it), and
+        cancel it once that has not worked for a while."""
+        if tries:
+            try:
+                info = self.cli.jobs([slurm_id]).get(slurm_id)
+            except SlurmError:
+                info = None
+            if info is None or info.state in ENDED:
+                return
+        if tries >= HOLDER_TRIES or not self.cli.cancel(slurm_id, signal=signal, batch=True):
             self.cli.cancel(slurm_id)
+            return
+        timer = threading.Timer(HOLDER_RETRY_S, self._end_holder, (slurm_id, signal, tries + 1))
+        timer.daemon = True
+        timer.start()
 
     def misfit(self, target: str | None, replicas: list[ReplicaShape], timeout: float) -> str | None:
         """Why no allocation of the Slurm partition ``target`` can hold these replicas (its node

@@ -197,6 +197,9 @@ class SrunExecutor(EventStream):
     def misfit(self, target: str | None, replicas: list[ReplicaShape], timeout: float) -> str | None:
         return self.allocations.misfit(target, replicas, timeout)
 
+    def record_end(self, job_id: int, state: str) -> None:
+        self.allocations.ended(job_id, state)
+
     def release(self, job_id: int) -> None:
         if self.controller.why is not None:
             return  # kept until Slurm answers: then pruned (the job is over), never left behind

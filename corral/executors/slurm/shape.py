@@ -124,10 +124,12 @@ def sbatch_args(shape: Shape, name: str, time_limit_s: float | None, grace_s: fl
 
 HOLD_SCRIPT = """#!/bin/bash
 # The allocation of a corral job: corral starts its replicas as job steps (srun) and ends
-# this job when the corral job ends (SIGUSR1: it completes). Nothing runs here but this wait.
-# The wait's sleep is ended with it, or it would outlive the job on the node.
+# this job when the corral job ends (SIGUSR1: it completes; SIGUSR2: the corral job failed, so
+# Slurm's accounting says FAILED). Nothing runs here but this wait. The wait's sleep is ended
+# with it, or it would outlive the job on the node.
 sleep infinity &
 trap 'kill $! 2>/dev/null; exit 0' USR1
+trap 'kill $! 2>/dev/null; exit 1' USR2
 trap 'kill $! 2>/dev/null; exit 143' TERM
 wait
 """
