@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import socket
 from pathlib import Path
 
@@ -184,3 +185,33 @@ run: cat {remote}/a.txt ~/cfg.txt > "$CORRAL_CHECKPOINT_DIR/seen.txt"; test -e {
     seen = Path(server.state.settings.checkpoints_dir) / str(job["id"]) / "mounted" / "seen.txt"
     assert seen.read_text() == "from a directory\nfrom a file\n"
     assert not os.path.lexists(remote)  # bound inside the container only: nothing made on the node
+
+
+def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_path: Path) -> None:
+    """A pull may take minutes: the replica says STARTING and why until its container runs
+    (here a node whose engine is slow to pull: a wrapper around podman)."""
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 3; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    launcher = server.state.loop.launcher
+    launcher.containers = launcher.containers.model_copy(update={"engine": str(slow)})
+    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}}}\n")
+    job = submit(server, f"name: slowpull\nresources: {{image_id: docker:{registry.image('private/busybox:1')}}}\n"
+                         f"run: sleep 1\n" + login)
+
+    def replica() -> dict:
+        return server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]
+
+    wait_for(lambda: any("STARTING until its container runs" in m for m in _events(server, job["id"])), timeout=30)
+    states = set()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        states.add(replica()["state"])
+        time.sleep(0.1)
+    assert states == {"STARTING"}, states  # the pull (3 s) is under way
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, job["id"])
+    told = _events(server, job["id"])
+    assert any("in container" in m for m in told), told  # confirmed when its container started

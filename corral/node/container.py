@@ -39,6 +39,7 @@ NAME_FILE = "container.name"  # engine and name, for ending it
 ENV_FILE = "container.env"
 AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
+RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
 CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
 # paths of the machine the job was submitted from: inside an image its own hold
 HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",

@@ -99,7 +99,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   [ -z "$drop" ] || $drop $USER_ENV sh -c "$CONTAINER_READS" corral-reads "$PWD" "${c[@]}" 2>&3; rc=$?
   [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null; }
   if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
-    mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'
+    mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'; : > "$1/running"
     { "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_SHELL" corral-replica "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
   fi
 else

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import logging
 import threading
+import time
 from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
@@ -124,7 +125,22 @@ class LocalExecutor(EventStream):
         with self._lock:
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
+        if in_container is not None:  # STARTING while its image is pulled; running once its container starts
+            threading.Thread(target=self._await_container, args=(launch.key, proc, handle), daemon=True,
+                             name=f"corral-container-{launch.key}").start()
+            return Started(handle, confirmed=False, detail=f"pid {proc.pid}")
         return Started(handle, detail=f"pid {proc.pid}")
+
+    def _await_container(self, key: str, proc: subprocess.Popen, handle: Handle) -> None:
+        """Confirm a container's start once its wrapper has the image (a pull may take
+        minutes); its exit, if it comes first, is reported by the watcher."""
+        marker = self.runner.run_dir(key) / containers.RUNNING_FILE
+        while not self._closed and proc.poll() is None:
+            if marker.exists():
+                self._emit(Observed(key, Kind.STARTED, handle=handle,
+                                    detail=f"pid {proc.pid}, in container {handle['container'][1]}"))
+                return
+            time.sleep(0.05)
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
         for key, handle in attempts:
