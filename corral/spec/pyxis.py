@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import asdict, dataclass
 
+from corral.spec.batchshell import shell_words
 from corral.spec.container import image_of
 
 # long name -> takes a value (the srun/sbatch spelling without "--")
@@ -228,8 +228,8 @@ def container_of(given: dict[str, str | bool], base: StepContainer | None = None
             raise PyxisError("--container-name", f"flag {flags!r} is not auto, create, exec or no_exec")
         if not _NAME.fullmatch(name):
             raise PyxisError("--container-name", f"{name!r} is not a container name (letters, digits, _ . -)")
-    if image is None and name is None and any(k in given for k in OPTIONS):
-        raise PyxisError("--container-image", f"--{next(iter(given))} needs a container: give --container-image")
+    if image is None and name is None:
+        raise PyxisError(f"--{next(iter(given))}", "needs --container-image (the image of the container it is for)")
     env = tuple(base.env) if base is not None else ()
     if "container-env" in given:
         env = tuple(v for v in str(given["container-env"]).split(","))
@@ -286,7 +286,7 @@ def script_steps(text: str) -> list[tuple[int, dict[str, str | bool] | PyxisErro
             continue
         for command in re.split(r"&&|\|\||[;&|]", line):
             try:
-                words = shlex.split(command, comments=True)
+                words = shell_words(command)
             except ValueError:
                 continue
             while words and words[0] in ("exec", "time", "nohup", "command", "then", "do", "else", "{", "("):

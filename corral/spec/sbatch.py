@@ -27,13 +27,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.scheduler.dependency import parse as parse_dependency
-from corral.spec.batchshell import HOLD, runner
+from corral.spec.batchshell import HOLD, runner, shell_words
 from corral.scheduler.features import parse_constraint
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
@@ -336,7 +335,7 @@ def directives(text: str) -> list[tuple[int, list[str]]]:
             if rest and not rest[0].isspace():
                 continue  # "#SBATCHX" is a comment to sbatch too
             try:
-                out.append((number, shlex.split(rest, comments=True)))
+                out.append((number, shell_words(rest)))
             except ValueError as exc:
                 out.append((number, [f"\0{exc}"]))
         elif stripped and not stripped.startswith("#"):
