@@ -261,6 +261,8 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
         env["CORRAL_SLURM_SHIMS"] = str(shims)
     if step.container is not None:  # #SBATCH --container-image: the script runs in it (``node.stepcontainer``)
         env["CORRAL_SBATCH_CONTAINER"] = json.dumps(step.container, sort_keys=True)
+        if shims is not None:  # kept where Slurm's own srun replaces the shims (the Slurm infra)
+            env["CORRAL_SBATCH_BOX"] = str(shims / "corral-container")
     return env
 
 

@@ -63,7 +63,7 @@ fi
 trap - TERM INT HUP QUIT USR1 USR2
 if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
 # #SBATCH --container-image: the script runs in that container (``corral.node.stepcontainer``)
-__box=; [ -z "${CORRAL_SBATCH_CONTAINER:-}" ] || __box="$CORRAL_SLURM_SHIMS/corral-container"
+__box=; [ -z "${CORRAL_SBATCH_CONTAINER:-}" ] || __box="$CORRAL_SBATCH_BOX"
 __env=()
 if [ -n "${CORRAL_SBATCH_EXPORT_NONE:-}" ]; then
   __env=(env -i)
