@@ -253,3 +253,24 @@ srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
     assert "first 0" in log and "second 1" in log and "third 1" in log, log
     assert "--container-name=tf: step 0 of this job already ran in container tf" in log
     assert "could not pull localhost/corral-test/none:1" in log
+
+
+def test_cancel_leaves_no_step_container(corral) -> None:
+    import time
+
+    from container_lab import containers_of
+
+    (corral.work / "long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} sleep 300
+""")
+    job_id = corral("sbatch", "long.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while not containers_of("step"):
+        assert time.monotonic() < deadline, corral("logs", job_id).stdout
+        time.sleep(0.2)
+    corral("cancel", job_id, check=True)
+    deadline = time.monotonic() + 60
+    while containers_of("step"):
+        assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
+        time.sleep(0.2)
