@@ -197,19 +197,6 @@ def remove(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def remove_attempt(engine: str, key: str) -> None:
-    """End every step container of an attempt (what a killed ``srun`` could not)."""
-    try:
-        found = subprocess.run([engine, "ps", "-aq", "--filter", f"label={LABEL}={key}"], capture_output=True,
-                               text=True, timeout=60, stdin=subprocess.DEVNULL)
-        ids = found.stdout.split()
-        if ids:
-            subprocess.run([engine, "rm", "--force", "--time", "0", "--ignore", *ids], capture_output=True,
-                           timeout=60, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-
 def run(container: StepContainer, key: str, env: dict[str, str], command: list[str]) -> int:
     """Run ``command`` in the container (the batch script's own, ``#SBATCH --container-image``)
     and return its exit code; the signals this process gets go to the engine's client, which
