@@ -400,3 +400,22 @@ def test_a_job_no_slurm_node_can_hold_is_refused_at_submit(slurm_home, tmp_path)
     assert refused.returncode == 2
     assert "16 GPUs" in refused.stderr and "8 GPUs" in refused.stderr  # what it asks, what a node has
     assert json.loads(corral("queue", "--json").stdout) == []  # nothing stored, nothing sent to Slurm
+
+
+def test_sbatch_container_image_runs_the_script_in_its_container_on_slurm(slurm_home, tmp_path):
+    # #SBATCH --container-image (Pyxis's): the batch script runs in that container on the
+    # Slurm node's Podman (the lab has no Pyxis), inside the job's Slurm step
+    from container_lab import MARKER, SITE as CONTAINERS, ensure_image
+
+    image = ensure_image()
+    (slurm_home.home / "config.yaml").write_text((slurm_home.home / "config.yaml").read_text() + CONTAINERS)
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "boxed.sbatch"
+    script.write_text(f"#!/bin/sh\n#SBATCH --container-image={image}\n#SBATCH --container-mounts={out}:/out\n"
+                      f"cat {MARKER} > /out/seen; echo \"$SLURM_JOB_ID\" >> /out/seen\n")
+    proc = subprocess.run([sys.executable, "-m", "corral.cli.main", "launch", "--slurm", str(script)],
+                          env=slurm_home.env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = (out / "seen").read_text().split()
+    assert seen[0] == "inside" and seen[1].isdigit()

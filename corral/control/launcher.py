@@ -10,6 +10,8 @@ time limit armed; the job is RUNNING once none of its replicas is still starting
 
 from __future__ import annotations
 
+import json
+
 from corral.control import startorder
 from corral.control.book import Book
 from corral.control.carrier import Carrier
@@ -225,7 +227,11 @@ class Launcher:
         shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
         keep = tuple({**task.spec.get("envs", {}), **task.spec.get("secrets", {}),
                       **((job.world or {}).get("environment") or {})})  # what --export=A,B carried
-        return batchenv.batch_env(task.service.sbatch, ctx, shims, keep)
+        env = batchenv.batch_env(task.service.sbatch, ctx, shims, keep)
+        # the site's engine and its options, for containers Pyxis's options ask for (``node.stepcontainer``)
+        env["CORRAL_CONTAINER_ENGINE"] = self.containers.engine
+        env["CORRAL_CONTAINER_OPTIONS"] = json.dumps(list(self.containers.run_options))
+        return env
 
 
 def _by_rank(replicas: list[ReplicaRec], count: int) -> tuple[str, ...]:

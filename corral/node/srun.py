@@ -227,8 +227,13 @@ def _restore_signals() -> None:
 
 
 def srun(argv: list[str]) -> int:
+    from corral.node import stepcontainer
+    from corral.spec import pyxis
+
     env = dict(os.environ)
     try:
+        given, argv = pyxis.split(argv)
+        container = pyxis.container_of(given)
         opts, command = parse_args(argv)
         if not command:
             raise UsageError("no command to run")
@@ -245,6 +250,23 @@ def srun(argv: list[str]) -> int:
         print(f"srun: error: {exc}", file=sys.stderr)
         return 1
     step = _step_id(env)
+    boxes: list[Path] = []  # each task's container files, when the step runs in a container
+    try:
+        return _run_step(opts, command, tasks, step, env, container, boxes, wait_s, kill_bad)
+    except stepcontainer.StepContainerError as exc:
+        print(f"srun: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for box in boxes:
+            stepcontainer.remove(box)
+
+
+def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step: int, env: dict[str, str],
+              container, boxes: list[Path], wait_s: int, kill_bad: bool) -> int:
+    from corral.node import stepcontainer
+
+    if container is not None and container.name:
+        stepcontainer.claim_name(env, container.name, str(step))
     cwd = opts.get("chdir") or os.getcwd()
     label = "label" in opts
     batch_only = env.get("CORRAL_SBATCH_BATCH_SIGNAL", "")
@@ -265,10 +287,24 @@ def srun(argv: list[str]) -> int:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     pumps = []
-    for task in tasks:
+    started = []
+    for task in tasks:  # every task's container made (and its image pulled) before any task starts
         task_env = _task_env(env, task, tasks, step, opts)
+        argv = command
+        if container is not None:  # Pyxis's options: the task runs in that container (``node.stepcontainer``)
+            box, pull, run = stepcontainer.prepare(container, f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.s{step}"
+                                                   f".t{task['rank']}", task_env, cwd)
+            boxes.append(box)
+            if len(boxes) == 1:  # one pull for the step: every task runs the same image
+                said = stepcontainer.pull(box, pull)
+                if said is not None:
+                    raise stepcontainer.StepContainerError(f"--container-image: could not pull {container.image}: "
+                                                           f"{said}")
+            argv = run + command
+        started.append((task, task_env, argv))
+    for task, task_env, argv in started:
         try:
-            proc = subprocess.Popen(command, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
+            proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
                                     stdout=subprocess.PIPE if label else None,
                                     stderr=subprocess.STDOUT if label else None)
         except OSError as exc:
@@ -376,8 +412,12 @@ def _clock(seconds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "corral-container":  # a batch script in its own container (``node.stepcontainer``)
+        from corral.node import stepcontainer
+
+        return stepcontainer.main(argv[1:])
     if not argv or argv[0] not in ("srun", "scontrol"):
-        print("usage: srun.py srun|scontrol ARGS", file=sys.stderr)
+        print("usage: srun.py srun|scontrol|corral-container ARGS", file=sys.stderr)
         return 2
     return srun(argv[1:]) if argv[0] == "srun" else scontrol(argv[1:])
 

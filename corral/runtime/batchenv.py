@@ -259,6 +259,10 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
         env["CORRAL_SBATCH_NTASKS_GIVEN"] = "1"
     if shims is not None:
         env["CORRAL_SLURM_SHIMS"] = str(shims)
+    if step.container is not None:  # #SBATCH --container-image: the script runs in it (``node.stepcontainer``)
+        env["CORRAL_SBATCH_CONTAINER"] = json.dumps(step.container, sort_keys=True)
+        if shims is not None:  # kept where Slurm's own srun replaces the shims (the Slurm infra)
+            env["CORRAL_SBATCH_BOX"] = str(shims / "corral-container")
     return env
 
 
@@ -268,15 +272,15 @@ def job_files(env: dict[str, str]) -> tuple[str, ...]:
     job's account, where its replicas run as another account than the server's."""
     if "SLURM_JOB_ID" not in env or "CORRAL_LAUNCH_KEY" not in env:
         return ()
-    return (f"sbatch.{env['CORRAL_LAUNCH_KEY']}", f"steps.{env['SLURM_JOB_ID']}")
+    return (f"sbatch.{env['CORRAL_LAUNCH_KEY']}", f"steps.{env['SLURM_JOB_ID']}", f"containers.{env['SLURM_JOB_ID']}")
 
 
 def ensure_shims(directory: Path) -> Path:
-    """Write ``srun`` and ``scontrol`` commands that run ``corral.node.srun`` with this
-    server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""
+    """Write ``srun``, ``scontrol`` and ``corral-container`` (a batch script in its container,
+    ``corral.node.stepcontainer``) commands that run ``corral.node.srun`` with this server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""
     directory.mkdir(parents=True, exist_ok=True)
     runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
-    for command in ("srun", "scontrol"):
+    for command in ("srun", "scontrol", "corral-container"):
         text = f"#!/bin/sh\nexec {_sh(sys.executable)} {_sh(str(runner))} {command} \"$@\"\n"
         path = directory / command
         if not path.exists() or path.read_text() != text:

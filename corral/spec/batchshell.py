@@ -29,7 +29,7 @@ def runner(text: str, args: tuple[str, ...]) -> str:
     quoted = " ".join(shlex.quote(a) for a in args)
     return (f"__script=\"$(dirname \"${{CORRAL_HOSTS_FILE:-${{TMPDIR:-/tmp}}/x}}\")/sbatch.$CORRAL_LAUNCH_KEY\"\n"
             f"cat > \"$__script\" <<'{marker}'\n{body}{marker}\n"
-            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"${{__env[@]}}\" \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
+            f"chmod 700 \"$__script\"\n{PRELUDE}setsid \"${{__env[@]}}\" $__box \"$__script\" {quoted} &\n__pid=$!\n{RELAY}")
 
 
 PRELUDE = """\
@@ -62,6 +62,8 @@ if [ -n "${CORRAL_SBATCH_ERROR:-}" ] && [ "${CORRAL_SBATCH_ERROR}" != "${CORRAL_
 fi
 trap - TERM INT HUP QUIT USR1 USR2
 if [ -n "${CORRAL_SBATCH_STEP_SIGNAL:-}" ]; then trap '' "${CORRAL_SBATCH_STEP_SIGNAL#SIG}"; fi
+# #SBATCH --container-image: the script runs in that container (``corral.node.stepcontainer``)
+__box=; [ -z "${CORRAL_SBATCH_CONTAINER:-}" ] || __box="$CORRAL_SBATCH_BOX"
 __env=()
 if [ -n "${CORRAL_SBATCH_EXPORT_NONE:-}" ]; then
   __env=(env -i)
@@ -97,3 +99,23 @@ for __i in $(seq 40); do
 done
 exit "$__rc"
 """
+
+
+def shell_words(text: str) -> list[str]:
+    """The words of one command line as bash splits them: a ``#`` starts a comment only at a
+    word's start (``nvcr.io#nvidia/pytorch``, enroot's image form, is one word, which
+    ``shlex``'s comment rule would cut); ValueError on an unclosed quote."""
+    quote = ""
+    cut = len(text)
+    for i, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = ""
+            elif char == "\\" and quote == '"':
+                continue
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or text[i - 1].isspace()) and not (i > 0 and text[i - 1] == "\\"):
+            cut = i
+            break
+    return shlex.split(text[:cut])

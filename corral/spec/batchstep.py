@@ -11,7 +11,7 @@ is produced by ``corral.spec.sbatch`` and read at launch by ``corral.runtime.bat
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -35,6 +35,8 @@ class BatchStep(_Strict):
     warn_signal: SignalName | None = None
     export_none: bool = False  # --export=NONE: the script starts without the submitter's variables
     args: tuple[str, ...] = ()  # the script's own arguments
+    # the script's own container (#SBATCH --container-image …): ``corral.spec.pyxis.StepContainer``
+    container: dict[str, Any] | None = None
 
     @field_validator("output", "error")
     @classmethod

@@ -24,20 +24,21 @@ limits, signals, requeue, dependencies and node constraints of corral apply:
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.scheduler.dependency import parse as parse_dependency
-from corral.spec.batchshell import HOLD, runner
+from corral.spec.batchshell import HOLD, runner, shell_words
 from corral.scheduler.features import parse_constraint
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE, NAME_RULE
 from corral.spec.service import STOP_SIGNALS
+from corral.spec import pyxis
 
 # -- values ---------------------------------------------------------------------------------
 
@@ -269,6 +270,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("nice", None, _nice, default="100"),
     Option("wait", "W", None),
     Option("parsable", None, None),
+    # Pyxis's options as directives: the batch script runs in that container (``corral.spec.pyxis``)
+    *(Option(name, None, _text if takes else None) for name, takes in pyxis.OPTIONS.items()),
     # every corral job starts on all its nodes at once, which is what this asks of Slurm
     Option("wait-all-nodes", None, _text, ignored="is how corral always starts a job (all its nodes at once)"),
     # accepted with a warning naming them: they change nothing a corral job could honour
@@ -332,7 +335,7 @@ def directives(text: str) -> list[tuple[int, list[str]]]:
             if rest and not rest[0].isspace():
                 continue  # "#SBATCHX" is a comment to sbatch too
             try:
-                out.append((number, shlex.split(rest, comments=True)))
+                out.append((number, shell_words(rest)))
             except ValueError as exc:
                 out.append((number, [f"\0{exc}"]))
         elif stripped and not stripped.startswith("#"):
@@ -431,6 +434,12 @@ def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", ar
     for line, words in directives(text):
         _read(words, line, given, issues, notes)
     given.update(overrides or {})
+    for line, found in pyxis.script_steps(text):  # srun lines' container options, read now
+        if isinstance(found, pyxis.PyxisError):
+            issues.append(SpecIssue("srun line", found.option, line, found.message))
+        elif "container-image" in given:
+            notes.append(f"line {line}: srun runs inside the batch script's container (--container-image), where, "
+                         "as with Pyxis, srun is not available")
     if issues:
         raise SpecError(issues, source)
     job = _to_job(text, given, source, submit_dir, args, environ or {}, issues, notes)
@@ -517,11 +526,13 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     chdir = _value(given, "chdir")
     if chdir is not None and not chdir.startswith("/"):
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
+    container = _container(given, problem)
     step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
             "submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none,
             "args": list(args), "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
     for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt), ("warn_signal", warn_signal),
-                       ("output", _value(given, "output")), ("error", _value(given, "error"))):
+                       ("output", _value(given, "output")), ("error", _value(given, "error")),
+                       ("container", container)):
         if value is not None:
             step[key] = value
     resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
@@ -570,6 +581,22 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     return BatchJob(documents, scheduling, str(array) if array is not None else None, notes,
                     wait=bool(_value(given, "wait", False)), parsable=bool(_value(given, "parsable", False)),
                     base_dir=submit_dir, export=export)
+
+
+def _container(given: dict[str, _Given], problem: Callable[[str, str], None]) -> dict[str, Any] | None:
+    """The batch script's container (``#SBATCH --container-image`` …) as its step stores it."""
+    options = {name: given[name].value for name in pyxis.OPTIONS if name in given}
+    if not options:
+        return None
+    try:
+        container = pyxis.container_of(options)
+    except pyxis.PyxisError as exc:
+        problem(exc.option.lstrip("-") if exc.option.lstrip("-") in given else next(iter(options)), exc.message)
+        return None
+    if container is None or container.image is None:
+        problem(next(iter(options)), "a batch script's container needs --container-image")
+        return None
+    return json.loads(container.to_json())
 
 
 def _script_name(source: str) -> str:

@@ -1,0 +1,234 @@
+"""A batch script's container, or one of its ``srun`` step's tasks' (Pyxis's options, read by
+``corral.spec.pyxis``), run on the node's own engine by the process that starts it: corral's
+``srun`` for a step's task, the batch shell for a script run with ``#SBATCH --container-image``.
+
+The container is an attempt's container in all but its owner (``corral.node.container``
+writes its engine argv: the node's network, the job's names over ``/etc/hosts``, the task's
+environment from a private file, ``--init`` for signals, the site's run options), plus what
+Pyxis asked: its mounts (``:ro`` read-only, ``tmpfs``), workdir, read-only root, the host's
+value for ``--container-env`` variables, the image's entrypoint only when asked. The job's
+directory (its hosts, peers and script files) and checkpoint directory are bound at their
+own paths, as for every container of corral's.
+
+Who it runs as: the engine is started by the step's own process, so with the job's account's
+rights and never more. A job of the server's account runs the engine as the server would; a
+job of another account (a root server runs it as that account) runs its own rootless engine,
+as enroot runs unprivileged under Pyxis. ``--container-remap-root`` then makes the account
+uid 0 inside a user namespace (rootless Podman's default), never real root; without it the
+account keeps its own uid inside (``--userns=keep-id``). A job that is root's own is root
+inside either way, as under Pyxis.
+
+``--container-name``: corral runs each step in a container of its own (removed when its task
+ends), so a name is recorded for the job, and a later step naming it again, which under Pyxis
+would reuse the first container's filesystem, is refused with a sentence."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from corral.executors.contract import Container
+from corral.node import container as engine_files
+from corral.spec.pyxis import StepContainer
+
+ENGINE_VAR = "CORRAL_CONTAINER_ENGINE"  # the site's engine (config.yaml containers.engine)
+OPTIONS_VAR = "CORRAL_CONTAINER_OPTIONS"  # the site's run options, JSON (containers.run_options)
+BATCH_VAR = "CORRAL_SBATCH_CONTAINER"  # the batch script's own container, JSON (StepContainer)
+LABEL = "corral.attempt"  # the attempt a step's container belongs to
+
+
+class StepContainerError(Exception):
+    """The task cannot run in its container: the sentence says why (the step fails)."""
+
+
+def names_file(env: dict[str, str]) -> Path | None:
+    hosts = env.get("CORRAL_HOSTS_FILE")
+    return Path(hosts).parent / f"containers.{env.get('SLURM_JOB_ID', '0')}" if hosts else None
+
+
+def claim_name(env: dict[str, str], name: str, step: str) -> None:
+    """Record that ``step`` named its container ``name``; StepContainerError if an earlier
+    step of the job did (a reuse of its filesystem, which corral does not keep)."""
+    path = names_file(env)
+    if path is None:
+        return
+    try:
+        with open(path, "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.seek(0)
+            known = dict(line.split(" ", 1) for line in handle.read().splitlines() if " " in line)
+            if name in known:
+                raise StepContainerError(
+                    f"--container-name={name}: step {known[name]} of this job already ran in container {name}; "
+                    "off Pyxis corral runs every step in a container of its own and keeps none after it, so a later "
+                    "step cannot reuse one's filesystem (do that step's work in the same srun command, or run on a "
+                    "Slurm site with Pyxis)")
+            handle.write(f"{name} {step}\n")
+    except OSError:
+        pass  # no record possible here: the step runs, as a first one would
+
+
+def login_for(container: StepContainer, env: dict[str, str], reference: str) -> tuple[str, str, str] | None:
+    """The registry login that pulls the image: enroot's ``USER@`` looked up in the account's
+    enroot credentials file (``$ENROOT_CONFIG_PATH/.credentials``, else
+    ``~/.config/enroot/.credentials``, netrc lines ``machine HOST login USER password P``),
+    else in the job's ``SKYPILOT_DOCKER_USERNAME``/``_PASSWORD`` (``_SERVER``) as SkyPilot users
+    write them; with no ``USER@``, the SkyPilot variables where they are set (as for
+    ``image_id``). StepContainerError when a ``USER@`` has no password anywhere."""
+    registry = reference.split("/", 1)[0]
+    sky_user, sky_password = env.get("SKYPILOT_DOCKER_USERNAME"), env.get("SKYPILOT_DOCKER_PASSWORD")
+    sky_server = env.get("SKYPILOT_DOCKER_SERVER") or registry
+    if container.user is None:
+        return (sky_server, sky_user, sky_password) if sky_user and sky_password else None
+    password = _netrc_password(env, registry, container.user)
+    if password is None and sky_user == container.user and sky_password:
+        password = sky_password
+    if password is None:
+        raise StepContainerError(
+            f"--container-image={container.user}@…: no password for {container.user} at {registry}: put "
+            f"'machine {registry} login {container.user} password …' in ~/.config/enroot/.credentials, or "
+            "SKYPILOT_DOCKER_USERNAME and SKYPILOT_DOCKER_PASSWORD in the job's environment")
+    return (registry, container.user, password)
+
+
+def _netrc_password(env: dict[str, str], registry: str, user: str) -> str | None:
+    base = env.get("ENROOT_CONFIG_PATH") or os.path.join(env.get("HOME") or "/nonexistent", ".config", "enroot")
+    try:
+        words = Path(base, ".credentials").read_text().split()
+    except OSError:
+        return None
+    entries: list[dict[str, str]] = []
+    for i, word in enumerate(words[:-1]):
+        if word == "machine":
+            entries.append({"machine": words[i + 1]})
+        elif word in ("login", "password") and entries:
+            entries[-1][word] = words[i + 1]
+    for entry in entries:
+        if entry.get("machine") == registry.split(":")[0] and entry.get("login") == user and "password" in entry:
+            password = entry["password"]
+            if password.startswith("$"):  # enroot substitutes these; corral reads variables only, runs nothing
+                password = env.get(password[1:].strip("{}"), "") if not password.startswith("$(") else ""
+            return password or None
+    return None
+
+
+def engine_options(container: StepContainer, cwd: str, env: dict[str, str]) -> list[str]:
+    """What Pyxis's options add to the engine's ``run`` (before the image)."""
+    out: list[str] = ["--label", f"{LABEL}={env.get('CORRAL_LAUNCH_KEY', '')}"]
+    for mount in container.mounts:
+        target = mount.target if mount.target.startswith("/") else os.path.normpath(os.path.join("/", mount.target))
+        if mount.source == "tmpfs":
+            out += ["--tmpfs", target]
+            continue
+        source = mount.source if mount.source.startswith("/") else os.path.normpath(os.path.join(cwd, mount.source))
+        if not os.path.exists(source):
+            raise StepContainerError(f"--container-mounts: {mount.source} does not exist on node "
+                                     f"{env.get('SLURMD_NODENAME', '')}".rstrip())
+        flags = [f for f in mount.flags if f not in ("bind", "rbind")]
+        out += ["-v", f"{source}:{target}" + (f":{','.join(flags)}" if flags else "")]
+    home = env.get("HOME")
+    if container.mount_home and home and os.path.isdir(home):
+        out += ["-v", f"{home}:{home}"]
+    if container.workdir:
+        out += ["-w", container.workdir]
+    if not container.writable:
+        out += ["--read-only"]
+    if not container.entrypoint:
+        out += ["--entrypoint", ""]  # as Pyxis by default: the command runs, not the image's entrypoint
+    for name in container.env:
+        out += ["--env", name]  # the host's value, over the image's
+    if os.geteuid() != 0 and not container.remap_root:
+        out += ["--userns", "keep-id"]  # rootless: the account's own uid inside, as under Pyxis
+    return out
+
+
+def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -> tuple[Path, list[str], list[str]]:
+    """(run directory, pull argv, run argv up to and including the image) of one task's
+    container; StepContainerError with the reason it cannot run."""
+    if container.image is None:
+        raise StepContainerError(f"--container-name={container.name}: no --container-image, and no earlier step's "
+                                 "container is kept to reuse (corral runs each step in a container of its own)")
+    engine = env.get(ENGINE_VAR) or "podman"
+    if shutil.which(engine, path=env.get("PATH")) is None and shutil.which(engine) is None:
+        raise StepContainerError(f"--container-image={container.image}: this node has no {engine} to run it "
+                                 "(config.yaml containers.engine names the container engine)")
+    site = tuple(json.loads(env.get(OPTIONS_VAR) or "[]"))
+    options = site + tuple(engine_options(container, cwd, env))
+    spec = Container(container.image, engine, options, login_for(container, env, container.image))
+    run_dir = Path(tempfile.mkdtemp(prefix="corral-step-"))
+    hosts = env.get("CORRAL_HOSTS_FILE") or None
+    binds = [str(Path(hosts).parent)] if hosts else []
+    binds += [env["CORRAL_CHECKPOINT_DIR"]] if os.path.isdir(env.get("CORRAL_CHECKPOINT_DIR", "")) else []
+    locks = Path(tempfile.gettempdir()) / f"corral-image-locks-{os.geteuid()}"
+    try:
+        engine_files.prepare(run_dir, spec, scope="step", key=key, job_id=int(env.get("SLURM_JOB_ID") or 0),
+                             env=env, hosts_file=hosts, hostname=env.get("CORRAL_HOSTNAME", ""), binds=binds,
+                             account=None, locks=locks)
+    except engine_files.ContainerError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise StepContainerError(str(exc)) from None
+    return run_dir, _read(run_dir / engine_files.PULL_FILE), _read(run_dir / engine_files.ARGV_FILE)
+
+
+def _read(path: Path) -> list[str]:
+    return [w.decode() for w in path.read_bytes().split(b"\0")[:-1]]
+
+
+def pull(run_dir: Path, argv: list[str]) -> str | None:
+    """Pull the image if the node lacks it (once per node, ``corral.node.container``); the
+    registry's words when it could not."""
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    if done.returncode == 0:
+        return None
+    lines = [line for line in done.stderr.splitlines() if "error" in line.lower()] or done.stderr.splitlines()
+    return (lines[-1] if lines else f"exit {done.returncode}")[:400]
+
+
+def remove(run_dir: Path) -> None:
+    """End the task's container (its client may have been killed while it ran) and its files."""
+    engine_files.remove(run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def run(container: StepContainer, key: str, env: dict[str, str], command: list[str]) -> int:
+    """Run ``command`` in the container (the batch script's own, ``#SBATCH --container-image``)
+    and return its exit code; the signals this process gets go to the engine's client, which
+    hands them to the container. Its files and container are gone when it returns."""
+    import signal
+
+    try:
+        box, pull_argv, argv = prepare(container, key, env, os.getcwd())
+    except StepContainerError as exc:
+        print(f"corral: error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        said = pull(box, pull_argv)
+        if said is not None:
+            print(f"corral: error: --container-image: could not pull {container.image}: {said}", file=sys.stderr)
+            return 1
+        proc = subprocess.Popen(argv + command, env=env)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except InterruptedError:
+                continue
+        return 128 - code if code < 0 else code
+    finally:
+        remove(box)
+
+
+def main(argv: list[str]) -> int:
+    """``corral-container SCRIPT ARGS``: the batch script in the container ``CORRAL_SBATCH_CONTAINER`` names."""
+    env = dict(os.environ)
+    container = StepContainer.from_json(env[BATCH_VAR])
+    return run(container, f"{env.get('CORRAL_LAUNCH_KEY', 'batch')}.batch", env, argv)

@@ -1,0 +1,276 @@
+"""Pyxis's container options in batch scripts run by ``corral sbatch``: the pure mapping
+(enroot image references, mounts, flags, refusals naming the option and the script line),
+and end to end on the local infra with the busybox test image (``container_lab``): an
+``srun --container-image … --container-mounts …`` step that sees its mount and the image,
+``#SBATCH --container-image`` running the whole script inside, a reused ``--container-name``
+refused, and the engine options a step's container gets."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import POOL, cli_for
+from corral.node import stepcontainer
+from corral.node.srun import parse_args
+from corral.spec import pyxis
+from corral.spec.loader import SpecError
+from corral.spec.pyxis import Mount, PyxisError, StepContainer, container_of, registry_reference, split
+from corral.spec.sbatch import load_batch
+
+
+# -- image references -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, reference, user", [
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3", None),
+    ("ubuntu", "docker.io/library/ubuntu", None),
+    ("ubuntu:22.04", "docker.io/library/ubuntu:22.04", None),
+    ("docker://ubuntu:22.04", "docker.io/library/ubuntu:22.04", None),
+    ("registry-1.docker.io#ubuntu", "docker.io/library/ubuntu", None),
+    ("myteam/trainer:v3", "docker.io/myteam/trainer:v3", None),
+    ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3", None),  # enroot's credentials guess
+    ("$oauthtoken@nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3", "$oauthtoken"),
+    ("ann@127.0.0.1:5000#team/img:1", "127.0.0.1:5000/team/img:1", "ann"),
+    ("localhost/corral-test/busybox:abc", "localhost/corral-test/busybox:abc", None),
+])
+def test_enroot_image_references_become_registry_references(given: str, reference: str, user: str | None) -> None:
+    assert registry_reference(given) == (reference, user)
+
+
+@pytest.mark.parametrize("given, words", [
+    ("/shared/images/pytorch.sqsh", "squashfs image file"),
+    ("./pytorch.sqsh", "squashfs image file"),
+    ("Ubuntu", "not an enroot image"),
+    ("dockerd://ubuntu", "local Docker daemon"),
+    ("", "names no image"),
+])
+def test_images_podman_cannot_run_are_refused_naming_the_option(given: str, words: str) -> None:
+    with pytest.raises(PyxisError) as err:
+        registry_reference(given)
+    assert err.value.option == "--container-image" and words in str(err.value)
+
+
+# -- srun's options ---------------------------------------------------------------------------
+
+def test_pyxis_options_are_taken_out_of_srun_s_arguments_and_mapped() -> None:
+    argv = ["-N", "2", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--ntasks-per-node", "1",
+            "--container-mounts=/data:/data:ro,/scratch:/work,tmpfs:/cache", "--container-workdir", "/work",
+            "--container-name=tf", "--container-env=PATH,HF_TOKEN", "--container-mount-home",
+            "--container-remap-root", "--container-readonly", "-l", "python", "train.py", "--container-image=x"]
+    given, rest = split(argv)
+    assert rest == ["-N", "2", "--ntasks-per-node", "1", "-l", "python", "train.py", "--container-image=x"]
+    opts, command = parse_args(rest)
+    assert opts == {"nodes": "2", "ntasks-per-node": "1", "label": "1"} and command == ["python", "train.py",
+                                                                                       "--container-image=x"]
+    box = container_of(given)
+    assert box == StepContainer(
+        image="nvcr.io/nvidia/pytorch:24.05-py3", mounts=(Mount("/data", "/data", ("ro",)), Mount("/scratch", "/work"),
+                                                          Mount("tmpfs", "/cache")),
+        workdir="/work", name="tf", env=("PATH", "HF_TOKEN"), mount_home=True, remap_root=True, writable=False)
+    assert StepContainer.from_json(box.to_json()) == box
+
+
+def test_a_step_container_s_engine_options(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    box = container_of({"container-image": "ubuntu",
+                        "container-mounts": f"{tmp_path / 'data'}:/data:ro,./data:/rw,tmpfs:/cache",
+                        "container-workdir": "/data", "container-readonly": True, "container-env": "HF_HOME"})
+    options = stepcontainer.engine_options(box, str(tmp_path), {"CORRAL_LAUNCH_KEY": "7.batch.0.a1",
+                                                                "HOME": str(tmp_path)})
+    text = " ".join(options)
+    assert f"-v {tmp_path / 'data'}:/data:ro" in text and f"-v {tmp_path / 'data'}:/rw " in text + " "
+    assert "--tmpfs /cache" in text and "-w /data" in text and "--read-only" in text
+    assert "--env HF_HOME" in text and "--label corral.attempt=7.batch.0.a1" in text
+    assert options[options.index("--entrypoint") + 1] == ""  # as Pyxis: the image's entrypoint is not run
+    assert f"{tmp_path}:{tmp_path}" not in text  # no home unless --container-mount-home
+    home = container_of({"container-image": "ubuntu", "container-mount-home": True, "container-entrypoint": True})
+    options = stepcontainer.engine_options(home, "/", {"HOME": str(tmp_path)})
+    assert f"{tmp_path}:{tmp_path}" in options and "--entrypoint" not in options
+    with pytest.raises(stepcontainer.StepContainerError, match="does not exist"):
+        stepcontainer.engine_options(container_of({"container-image": "ubuntu",
+                                                   "container-mounts": "/no/such/dir:/x"}), "/", {})
+
+
+@pytest.mark.parametrize("given, option, words", [
+    ({"container-image": "ubuntu", "container-mounts": "/a:/b:ro:x"}, "--container-mounts", "not SRC:DST"),
+    ({"container-image": "ubuntu", "container-mounts": "/a:/b:noexec"}, "--container-mounts", "mount flag 'noexec'"),
+    ({"container-image": "ubuntu", "container-mounts": "umount:/b"}, "--container-mounts", "unmounting"),
+    ({"container-image": "ubuntu", "container-mounts": "/a:/b:ro+rw"}, "--container-mounts", "ro and rw"),
+    ({"container-image": "ubuntu", "container-save": "/x.sqsh"}, "--container-save", "squashfs"),
+    ({"container-image": "ubuntu", "container-workdir": "work"}, "--container-workdir", "absolute path"),
+    ({"container-image": "ubuntu", "container-env": "A,1B"}, "--container-env", "'1B'"),
+    ({"container-image": "ubuntu", "container-name": "tf:sometimes"}, "--container-name", "auto, create"),
+    ({"container-image": "ubuntu", "container-writable": True, "container-readonly": True},
+     "--container-readonly", "both"),
+    ({"container-workdir": "/w"}, "--container-workdir", "needs --container-image"),
+])
+def test_malformed_container_options_are_refused_naming_the_option(given, option: str, words: str) -> None:
+    with pytest.raises(PyxisError) as err:
+        container_of(given)
+    assert err.value.option == option and words in err.value.message
+
+
+def test_a_user_at_image_takes_its_password_from_enroot_s_credentials_or_the_job_s_environment(tmp_path) -> None:
+    (tmp_path / ".credentials").write_text("machine nvcr.io login $oauthtoken password $NGC_KEY\n"
+                                           "machine 127.0.0.1 login ann password plain\n")
+    env = {"ENROOT_CONFIG_PATH": str(tmp_path), "NGC_KEY": "nvapi-123"}
+    ngc = container_of({"container-image": "$oauthtoken@nvcr.io#nvidia/pytorch:24.05-py3"})
+    assert stepcontainer.login_for(ngc, env, ngc.image) == ("nvcr.io", "$oauthtoken", "nvapi-123")
+    local = container_of({"container-image": "ann@127.0.0.1:5000#team/img:1"})
+    assert stepcontainer.login_for(local, env, local.image) == ("127.0.0.1:5000", "ann", "plain")
+    bob = container_of({"container-image": "bob@127.0.0.1:5000#team/img:1"})
+    sky = {"SKYPILOT_DOCKER_USERNAME": "bob", "SKYPILOT_DOCKER_PASSWORD": "pw"}
+    assert stepcontainer.login_for(bob, sky, bob.image) == ("127.0.0.1:5000", "bob", "pw")
+    with pytest.raises(stepcontainer.StepContainerError, match="no password for bob at 127.0.0.1:5000"):
+        stepcontainer.login_for(bob, env, bob.image)
+    plain = container_of({"container-image": "127.0.0.1:5000#team/img:1"})
+    assert stepcontainer.login_for(plain, {}, plain.image) is None
+    assert stepcontainer.login_for(plain, sky, plain.image) == ("127.0.0.1:5000", "bob", "pw")
+
+
+def test_a_site_with_pyxis_takes_the_options_itself() -> None:
+    assert pyxis.pass_through("      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n  [pyxis] the image")
+    assert not pyxis.pass_through("Usage: srun [OPTIONS(0)...]\n  -N, --nodes=N")
+
+
+# -- batch scripts ------------------------------------------------------------------------------
+
+def test_sbatch_container_directives_put_the_script_in_that_container() -> None:
+    job = load_batch("#!/bin/sh\n#SBATCH --container-image=nvcr.io#nvidia/pytorch:24.05-py3\n"
+                     "#SBATCH --container-mounts=/data:/data:ro\n#SBATCH --container-workdir=/data\necho\n",
+                     source="x.sbatch")
+    box = StepContainer.from_json(json.dumps(job.documents[0]["sbatch"]["container"]))
+    assert box.image == "nvcr.io/nvidia/pytorch:24.05-py3" and box.workdir == "/data"
+    assert box.mounts == (Mount("/data", "/data", ("ro",)),)
+    assert "container" not in load_batch("#!/bin/sh\n#SBATCH -N1\necho\n", source="x.sbatch").documents[0]["sbatch"]
+
+
+@pytest.mark.parametrize("text, line, option, words", [
+    ("#!/bin/sh\n#SBATCH -N 1\nsrun --container-image=/images/pt.sqsh python x.py\n", 3, "--container-image",
+     "squashfs"),
+    ("#!/bin/sh\n#SBATCH -N 1\necho start\nif true; then srun -n1 --container-image ubuntu \\\n"
+     "  --container-mounts=/a:/b:ro:x true; fi\n", 4, "--container-mounts", "not SRC:DST"),
+    ("#!/bin/sh\n#SBATCH -N 1\nsrun --container-image=ubuntu --container-save=/x.sqsh true\n", 3,
+     "--container-save", "squashfs"),
+    ("#!/bin/sh\n#SBATCH --container-image=/x.sqsh\necho\n", 2, "--container-image", "squashfs"),
+    ("#!/bin/sh\n#SBATCH --container-mounts=/a:/b\necho\n", 2, "--container-mounts", "needs --container-image"),
+])
+def test_container_mistakes_in_a_script_are_refused_with_their_option_and_line(text, line, option, words) -> None:
+    with pytest.raises(SpecError) as err:
+        load_batch(text, source="x.sbatch")
+    issue = err.value.issues[0]
+    assert (issue.line, issue.field) == (line, option) and words in issue.message, str(err.value)
+
+
+def test_srun_inside_a_containerised_script_is_warned_about() -> None:
+    job = load_batch("#!/bin/sh\n#SBATCH --container-image=ubuntu\nsrun --container-image=ubuntu true\n",
+                     source="x.sbatch")
+    assert any("line 3" in w and "srun is not available" in w for w in job.warnings)
+
+
+# -- end to end, on the local infra's Podman -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def corral(tmp_path_factory):
+    from container_lab import SITE, ensure_image
+
+    image = ensure_image()
+    work = tmp_path_factory.mktemp("pyxis")
+    home = work / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(POOL + SITE)
+    import corral as package
+    root = str(Path(package.__file__).resolve().parents[1])
+    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=work, timeout=120)
+    for name in [k for k in run.env if k.startswith("SLURM_")]:
+        del run.env[name]
+    run.image = image
+    yield run
+    run.stop()
+
+
+def test_an_srun_step_runs_in_its_container_with_its_mounts(corral) -> None:
+    from container_lab import MARKER, containers_of
+
+    data = corral.work / "data"
+    data.mkdir()
+    (data / "input.txt").write_text("from the node\n")
+    out = corral.work / "out"
+    out.mkdir()
+    registry, _, rest = corral.image.partition("/")
+    (corral.work / "step.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2 --ntasks-per-node=1
+test -e {MARKER} && echo "batch shell inside" || echo "batch shell on the node"
+srun --container-image={registry}#{rest} --container-mounts={data}:/data:ro,{out}:/out \\
+  sh -c 'cat /data/input.txt > /out/seen.$SLURM_PROCID; cat {MARKER} >> /out/seen.$SLURM_PROCID;
+         touch /data/x 2>/dev/null || echo read-only >> /out/seen.$SLURM_PROCID;
+         echo "$SLURMD_NODENAME $SLURM_STEP_ID" >> /out/seen.$SLURM_PROCID'
+echo "step exit $?"
+""")
+    proc = corral("sbatch", "--wait", "step.sbatch")
+    job_id = proc.stdout.split()[-1]
+    log = corral("logs", job_id).stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr + log
+    assert "batch shell on the node" in log and "step exit 0" in log
+    seen = [(out / f"seen.{rank}").read_text().splitlines() for rank in (0, 1)]
+    assert all(s[:3] == ["from the node", "inside", "read-only"] for s in seen), seen
+    assert seen[0][3] != seen[1][3] and seen[0][3].endswith(" 0")  # two nodes, one step (id 0)
+    assert not [n for n in containers_of("step")], "a step's containers are removed with it"
+
+
+def test_sbatch_container_image_runs_the_whole_script_inside(corral) -> None:
+    from container_lab import MARKER
+
+    out = corral.work / "whole"
+    out.mkdir()
+    (corral.work / "whole.sbatch").write_text(f"""#!/bin/sh
+#SBATCH --container-image={corral.image}
+#SBATCH --container-mounts={out}:/results
+#SBATCH --container-workdir=/results
+cat {MARKER} > seen.txt
+echo "$SLURM_JOB_ID $1 $(pwd)" >> seen.txt
+""")
+    proc = corral("sbatch", "--wait", "whole.sbatch", "arg1")
+    job_id = proc.stdout.split()[-1]
+    assert proc.returncode == 0, proc.stdout + proc.stderr + corral("logs", job_id).stdout
+    assert (out / "seen.txt").read_text().splitlines() == ["inside", f"{job_id} arg1 /results"]
+
+
+def test_a_reused_container_name_is_refused_and_a_missing_image_fails_the_step(corral) -> None:
+    (corral.work / "named.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} --container-name=tf true; echo "first $?"
+srun --container-name=tf true; echo "second $?"
+srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
+""")
+    proc = corral("sbatch", "--wait", "named.sbatch")
+    job_id = proc.stdout.split()[-1]
+    log = corral("logs", job_id).stdout
+    assert "first 0" in log and "second 1" in log and "third 1" in log, log
+    assert "--container-name=tf: step 0 of this job already ran in container tf" in log
+    assert "could not pull localhost/corral-test/none:1" in log
+
+
+def test_cancel_leaves_no_step_container(corral) -> None:
+    import time
+
+    from container_lab import containers_of
+
+    (corral.work / "long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} sleep 300
+""")
+    job_id = corral("sbatch", "long.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while not containers_of("step"):
+        assert time.monotonic() < deadline, corral("logs", job_id).stdout
+        time.sleep(0.2)
+    corral("cancel", job_id, check=True)
+    deadline = time.monotonic() + 60
+    while containers_of("step"):
+        assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
+        time.sleep(0.2)
