@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 from corral.executors.contract import Container
+from corral.settings import private_dir
 from corral.node import container as engine_files
 from corral.spec.pyxis import StepContainer
 
@@ -165,7 +166,11 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
     hosts = env.get("CORRAL_HOSTS_FILE") or None
     binds = [str(Path(hosts).parent)] if hosts else []
     binds += [env["CORRAL_CHECKPOINT_DIR"]] if os.path.isdir(env.get("CORRAL_CHECKPOINT_DIR", "")) else []
+    # the pull's lock and private-image marks: in a directory of this account's alone, never one
+    # another user could have planted in /tmp (a link there would have the pull write through it)
     locks = Path(tempfile.gettempdir()) / f"corral-image-locks-{os.geteuid()}"
+    if not private_dir(locks):
+        locks = run_dir / "locks"
     try:
         engine_files.prepare(run_dir, spec, scope="step", key=key, job_id=int(env.get("SLURM_JOB_ID") or 0),
                              env=env, hosts_file=hosts, hostname=env.get("CORRAL_HOSTNAME", ""), binds=binds,
