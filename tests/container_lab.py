@@ -43,11 +43,19 @@ def need_podman() -> str:
     return podman
 
 
-def ensure_image() -> str:
-    """The test image, imported once per machine (kept in the engine's image store)."""
+# the variant: an ENTRYPOINT of its own (which corral must set aside) and a "bash" that says
+# it ran (the busybox build has no bash applet), to show setup and run prefer bash
+ENTRYPOINT_IMAGE = IMAGE.replace("busybox:", "busybox-entrypoint:")
+FAKE_BASH = '#!/bin/sh\nexport RAN_BY_BASH=yes\nexec /bin/sh "$@"\n'
+
+
+def ensure_image(variant: str = "") -> str:
+    """The test image (or its ``entrypoint`` variant), imported once per machine (kept in the
+    engine's store)."""
     podman = need_podman()
-    if subprocess.run([podman, "image", "exists", IMAGE]).returncode == 0:
-        return IMAGE
+    image = ENTRYPOINT_IMAGE if variant == "entrypoint" else IMAGE
+    if subprocess.run([podman, "image", "exists", image]).returncode == 0:
+        return image
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "root"
         for d in ("bin", "etc", "tmp", "www"):
@@ -60,12 +68,16 @@ def ensure_image() -> str:
         (root / "etc" / "group").write_text("root:x:0:\n")
         (root / MARKER.lstrip("/")).write_text("inside\n")
         (root / "www" / "index.html").write_text(PAGE)
+        changes = ["--change", "ENV=PATH=/bin"]
+        if variant == "entrypoint":
+            (root / "bin" / "bash").write_text(FAKE_BASH)
+            (root / "bin" / "bash").chmod(0o755)
+            changes += ["--change", 'ENTRYPOINT ["/bin/echo", "FROM-ENTRYPOINT"]']
         tar = Path(tmp) / "rootfs.tar"
         with tarfile.open(tar, "w") as out:
             out.add(root, arcname=".")
-        subprocess.run([podman, "import", "-q", "--change", "ENV=PATH=/bin", str(tar), IMAGE], check=True,
-                       capture_output=True)
-    return IMAGE
+        subprocess.run([podman, "import", "-q", *changes, str(tar), image], check=True, capture_output=True)
+    return image
 
 
 def containers_of(scope_label: str | None = None) -> list[str]:

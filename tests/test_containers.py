@@ -215,3 +215,31 @@ def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_p
     assert done["state"] == "SUCCEEDED", _events(server, job["id"])
     told = _events(server, job["id"])
     assert any("in container" in m for m in told), told  # confirmed when its container started
+
+
+def test_the_image_s_entrypoint_is_set_aside_bash_runs_and_values_spanning_lines_arrive(server) -> None:
+    """SkyPilot files run as written in images with an ENTRYPOINT (vLLM's) and bash scripts;
+    values that span lines (SKYPILOT_NODE_IPS of a two-replica task, a PEM secret) arrive whole."""
+    image = ensure_image("entrypoint")
+    job = submit(server, f"""
+name: multi
+num_nodes: 2
+resources: {{image_id: docker:{image}}}
+secrets:
+  PEM: |
+    -----BEGIN KEY-----
+    it's two lines
+envs: {{GREETING: "hello 'quoted' world"}}
+run: |
+  printf 'bash=%s\\n' "$RAN_BY_BASH"
+  printf 'ips=%s\\n' "$(echo "$SKYPILOT_NODE_IPS" | wc -l)"
+  printf 'pem=%s\\n' "$(printf '%s' "$PEM" | tail -n 1)"
+  printf 'greeting=%s\\n' "$GREETING"
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, job["id"])
+    log = server.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "FROM-ENTRYPOINT" not in log, log
+    for replica in ("multi-0", "multi-1"):
+        mine = [line.split(" | ", 1)[1] for line in log.splitlines() if line.startswith(replica + " | ")]
+        assert mine == ["bash=yes", "ips=2", "pem=it's two lines", "greeting=hello 'quoted' world"], log

@@ -95,6 +95,7 @@ class Launcher:
                 started = executor.start(launch)
             except Exception as exc:  # any failure ends the attempt and frees what it held
                 message = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+                replica.ended = ("launch_failed", message)  # the job's own message names it
                 self.moves.replica_to(replica, ReplicaState.FAILED, "launch_failed", now, message, ended_at=now)
                 self.book.touch(job.id)
                 continue
@@ -105,8 +106,8 @@ class Launcher:
                 self.moves.journal.replica(replica.id, handle=started.handle)
                 if launch.container is not None:  # a pull may take minutes: STARTING says why
                     self.moves.event(job.id, now, replica.label, "pulling",
-                                     f"STARTING until its container runs: image {launch.container.image} "
-                                     f"is pulled first where {replica.node} lacks it")
+                                     f"STARTING until its container runs (image {launch.container.image}, "
+                                     f"pulled first if {replica.node} lacks it)")
                 continue
             self.running(job, replica, started.handle, now, "launched", None, launch, started.gpus, started.detail)
         if startorder.waiting(job):

@@ -37,6 +37,7 @@ ARGV_FILE = "container"  # the engine's ``run`` up to and including the image (N
 PULL_FILE = "pull"
 NAME_FILE = "container.name"  # engine and name, for ending it
 ENV_FILE = "container.env"
+PROFILE_FILE = "container.profile"  # the variables whose values span lines, as shell assignments
 AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
 RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
@@ -46,9 +47,17 @@ HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "V
                        "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL", "MANPATH", "INFOPATH",
                        "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # The shell of the container: setup (in a subshell: its exit ends the attempt with its code),
 # then run, in the same container so what setup installed is there for run.
 SHELL = 'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || exit $?; fi; eval "$R"'
+# What the container starts (its image's ENTRYPOINT set aside): the variables that span lines
+# (``PROFILE``), then ``SHELL`` in bash where the image has it (SkyPilot's scripts are bash),
+# else in its /bin/sh.
+PROFILE = "/run/corral-env"
+LAUNCH = (f'if [ -r {PROFILE} ]; then . {PROFILE}; fi; '
+          'if command -v bash >/dev/null 2>&1; then exec bash -c "$0" corral-replica "$@"; fi; '
+          'exec /bin/sh -c "$0" corral-replica "$@"')
 # Run as the job's account before the engine (root's, for another account) binds paths: a bind
 # would let it reach a directory whose parents it may not pass on the node.
 READS = ('for p; do if [ ! -r "$p" ] || { [ -d "$p" ] && [ ! -x "$p" ]; }; then '
@@ -75,16 +84,19 @@ def engine_path(container: Container) -> str:
 
 def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
             hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
-            locks: Path, passthrough: tuple[str, ...] = ()) -> list[str]:
+            locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False) -> list[str]:
     """Write the attempt's container files into ``run_dir`` (which exists); the names of
     variables that could not go in (a line break), for the replica's log. ``passthrough``:
     variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
     step's GPUs and ids), taken from the engine's own environment then."""
     engine = engine_path(container)
     name = name_of(scope, key)
-    skipped = sorted(k for k, v in env.items() if "\n" in v or "\r" in v or "\0" in v)
+    skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
     inside = {k: v for k, v in env.items() if k not in HOST_ONLY and k not in skipped}
-    argv = [engine, "run", "--rm", "--name", name, "--init", "--network", "host", "--no-hosts",
+    spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
+    inside = {k: v for k, v in inside.items() if k not in spanning}
+    argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + [
+            "--network", "host", "--no-hosts",
             "--label", f"corral.scope={scope}", "--label", f"corral.key={key}", "--label", f"corral.job={job_id}",
             "--label", f"corral.replica={env.get('CORRAL_TASK', '')}-{env.get('CORRAL_REPLICA', '')}"]
     if hostname:
@@ -111,6 +123,11 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
         argv += ["--ipc", "host"]  # replicas of a node share memory (NCCL, DataLoader workers) as outside
     env_path = run_dir / ENV_FILE
     _private(env_path, "".join(f"{k}={v}\n" for k, v in inside.items()))
+    if spanning:  # read by the container's own shell, as its account: its alone
+        profile = run_dir / PROFILE_FILE
+        _private(profile, "".join(f"export {k}={_quoted(v)}\n" for k, v in spanning.items()),
+                 account.uid if account is not None and os.geteuid() == 0 else None)
+        argv += ["-v", f"{profile}:{PROFILE}:ro"]
     argv += ["--env-file", str(env_path)]
     for name in passthrough:
         argv += ["--env", name]
@@ -168,6 +185,14 @@ def remove(run_dir: Path) -> None:
         pass
 
 
+def entry(run_dir: Path, command: list[str]) -> list[str]:
+    """``command`` as a container runs it directly (a Slurm step's): after the variables that
+    span lines, where there are any (read from ``PROFILE`` by the image's /bin/sh)."""
+    if not (run_dir / PROFILE_FILE).exists():
+        return command
+    return ["/bin/sh", "-c", f'. {PROFILE}; exec "$@"', "corral-entry", *command]
+
+
 def pull_failure(run_dir: Path) -> str:
     """What the registry said when the attempt's image could not be pulled ("" if it was)."""
     try:
@@ -194,9 +219,15 @@ def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[
     return [engine, "exec", *user, name, "/bin/sh", "-c", command]
 
 
-def _private(path: Path, text: str) -> None:
+def _quoted(value: str) -> str:
+    return "'" + value.replace("'", "'\\''") + "'"
+
+
+def _private(path: Path, text: str, owner: int | None = None) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
+        if owner is not None:
+            os.fchown(fd, owner, -1)
         os.write(fd, text.encode())
     finally:
         os.close(fd)

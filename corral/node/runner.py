@@ -34,7 +34,7 @@ import psutil
 from corral.auth.accounts import UnixAccount
 from corral.executors.contract import Container
 from corral.node import container as containers
-from corral.node.container import READS as CONTAINER_READS, SHELL as CONTAINER_SHELL
+from corral.node.container import LAUNCH as CONTAINER_LAUNCH, READS as CONTAINER_READS, SHELL as CONTAINER_SHELL
 from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
@@ -81,6 +81,7 @@ rc=0
 AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
 USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
 CONTAINER_SHELL='""" + CONTAINER_SHELL + r"""'
+CONTAINER_LAUNCH='""" + CONTAINER_LAUNCH + r"""'
 CONTAINER_READS='""" + CONTAINER_READS + r"""'
 if [ -n "$7" ]; then
   mkdir -p "${7%/*}" && {
@@ -100,7 +101,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null; }
   if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
     mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'; : > "$1/running"
-    { "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_SHELL" corral-replica "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
+    { "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
   fi
 else
   if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
@@ -270,7 +271,8 @@ class NodeRunner:
             raise OSError(str(exc)) from None
         if skipped and log_path is not None:
             with open(log_path, "a") as log:
-                log.write(f"corral: not passed into the container (a value with a line break): {', '.join(skipped)}\n")
+                log.write(f"corral: not passed into the container (a NUL in its value, or not a variable name): "
+                          f"{', '.join(skipped)}\n")
 
     def write_env_file(self, key: str, env: dict[str, str], owner: UnixAccount | None = None) -> Path:
         """The job's environment as the account's shell reads it (NUL-separated NAME=value), in

@@ -300,7 +300,7 @@ def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step:
                 if said is not None:
                     raise stepcontainer.StepContainerError(f"--container-image: could not pull {container.image}: "
                                                            f"{said}")
-            argv = run + command
+            argv = run + stepcontainer.engine_files.entry(box, command)
         started.append((task, task_env, argv))
     for task, task_env, argv in started:
         try:

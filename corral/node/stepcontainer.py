@@ -174,7 +174,7 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
     try:
         engine_files.prepare(run_dir, spec, scope="step", key=key, job_id=int(env.get("SLURM_JOB_ID") or 0),
                              env=env, hosts_file=hosts, hostname=env.get("CORRAL_HOSTNAME", ""), binds=binds,
-                             account=None, locks=locks)
+                             account=None, locks=locks, keep_entrypoint=container.entrypoint)
     except engine_files.ContainerError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise StepContainerError(str(exc)) from None
@@ -218,7 +218,7 @@ def run(container: StepContainer, key: str, env: dict[str, str], command: list[s
         if said is not None:
             print(f"corral: error: --container-image: could not pull {container.image}: {said}", file=sys.stderr)
             return 1
-        proc = subprocess.Popen(argv + command, env=env)
+        proc = subprocess.Popen(argv + engine_files.entry(box, command), env=env)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
         while True:

@@ -28,7 +28,10 @@ _IMAGE = re.compile(r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-]+[a-z
 CAPABILITIES = frozenset({"SYS_PTRACE", "IPC_LOCK", "SYS_NICE"})
 # option -> whether it takes a value
 _ALLOWED = {"--shm-size": True, "--ulimit": True, "-e": True, "--env": True, "--cap-add": True, "--ipc": True,
-            "--label": True, "-l": True, "--tmpfs": True, "--init": False, "--entrypoint": True}
+            "--label": True, "-l": True, "--tmpfs": True, "--init": False}
+# what corral sets in every replica: a run option does not override it
+_OURS = re.compile(r"(CORRAL_|SKYPILOT_|SLURM_).*|MASTER_ADDR|MASTER_PORT|RANK|LOCAL_RANK|NODE_RANK|WORLD_SIZE"
+                   r"|LOCAL_WORLD_SIZE|CUDA_VISIBLE_DEVICES|HOSTNAME")
 _WHY = {
     "--privileged": "it gives the container the whole node",
     "--user": "a container runs as the job's own account", "-u": "a container runs as the job's own account",
@@ -43,6 +46,7 @@ _WHY = {
     "--rm": "corral removes each attempt's container", "-d": "corral follows the container",
     "--detach": "corral follows the container", "--workdir": "the job's workdir is the container's",
     "-w": "the job's workdir is the container's",
+    "--entrypoint": "setup and run are what the container runs",
 }
 
 
@@ -90,6 +94,11 @@ def run_options(options: list[str]) -> tuple[str, ...]:
 def _check(flag: str, value: str) -> None:
     if flag == "--cap-add" and value.upper().removeprefix("CAP_") not in CAPABILITIES:
         raise ValueError(f"--cap-add {value} is not allowed (allowed: {', '.join(sorted(CAPABILITIES))})")
+    if flag in ("-e", "--env") and _OURS.fullmatch(value.split("=", 1)[0]):
+        raise ValueError(f"{flag} {value.split('=', 1)[0]} is not allowed: corral sets it in every replica "
+                         "(set your own variables in envs)")
+    if flag in ("-l", "--label") and value.startswith("corral."):
+        raise ValueError(f"{flag} {value.split('=', 1)[0]} is not allowed: corral's labels name each attempt's container")
     if flag == "--ipc" and value != "host":
         raise ValueError("--ipc takes only host (replicas of a node share memory as they do outside containers)")
 

@@ -146,12 +146,6 @@ class TaskSpec(Strict):
             if self.config is not None and self.config.docker is not None and self.config.docker.run_options:
                 warn(info, "config.docker.run_options is ignored: the task names no container image "
                            "(resources.image_id: docker:IMAGE)")
-            return self
-        for field in ("envs", "secrets"):  # a container's environment is passed one line per variable
-            for name, value in getattr(self, field).items():
-                if value is not None and ("\n" in value or "\r" in value):
-                    raise ValueError(f"{field}.{name} spans several lines, which a container's environment "
-                                     "cannot carry; pass it as a file (file_mounts) instead")
         return self
 
     @model_validator(mode="after")

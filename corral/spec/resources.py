@@ -80,6 +80,15 @@ def take_image(data: Any, where: str, info: ValidationInfo) -> tuple[Any, str | 
         return rest, None
     if isinstance(value, str) and value.startswith(DOCKER_PREFIX):
         return rest, value  # checked by Resources' own validator, which names the field
+    if isinstance(value, str) and "/" in value and not value.startswith("projects/"):
+        try:  # a registry path without SkyPilot's prefix: never run on the bare node instead
+            image_of(DOCKER_PREFIX + value)
+        except ValueError:
+            pass
+        else:
+            raise ValueError(f"{where.removeprefix('resources.')}image_id {value!r} reads as a container image: "
+                             f"write docker:{value} "
+                             "(without docker: SkyPilot takes it for a cloud machine image)")
     warn(info, f"{where}image_id {value!r} is a cloud machine image: ignored (a container image is "
                "written docker:IMAGE)")
     return rest, None
@@ -118,9 +127,9 @@ def _images_of_alternatives(data: dict[str, Any], image: str | None,
             continue
         kept = []
         for i, entry in enumerate(entries):
-            entry, own = take_image(entry, f"resources.{key}[{i}].", info)
+            entry, own = take_image(entry, f"{key}[{i}].", info)
             if own is not None and image is not None and own != image:
-                raise ValueError(f"resources.{key}[{i}].image_id {own!r} differs from {image!r}: a task runs in "
+                raise ValueError(f"{key}[{i}].image_id {own!r} differs from {image!r}: a task runs in "
                                  "one image whichever alternative it gets")
             image = image or own
             kept.append(entry)
