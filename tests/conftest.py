@@ -39,7 +39,16 @@ def reset_postgres(url: str) -> None:
     engine.dispose()
 
 
-@pytest.fixture(params=DB_PARAMS)
+def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001 - pytest's Metafunc
+    """Tests of what the store keeps (a module that sets ``ON_POSTGRESQL = True``: the store,
+    the API, claims, requeues, tokens, audit, usage) run on SQLite and on PostgreSQL where
+    ``CORRAL_TEST_DB_URL`` is set; tests of behaviour above the store run on SQLite."""
+    if "db_url" in metafunc.fixturenames:
+        both = getattr(metafunc.module, "ON_POSTGRESQL", False)
+        metafunc.parametrize("db_url", DB_PARAMS if both else ["sqlite"], indirect=True)
+
+
+@pytest.fixture
 def db_url(request, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'corral.db'}"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from conftest import bearer, submit, wait_state
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 def test_openapi_and_health(server) -> None:
     spec = server.get("/openapi.json").json()

@@ -20,6 +20,8 @@ from schemathesis import GenerationMode, checks  # noqa: E402
 
 from conftest import POOL, kill_leftovers  # noqa: E402
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 CHECKS = [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
           checks.response_schema_conformance, checks.response_headers_conformance, checks.negative_data_rejection]
 

@@ -13,6 +13,8 @@ from conftest import bearer, submit, wait_for, wait_state
 
 from corral.store.tables import ApiToken, AuditEntry, Job
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 class CommitRefused(Exception):
     pass

@@ -26,6 +26,8 @@ from conftest import POOL, kill_leftovers
 from corral.client import Client, Forbidden, Unauthorized, Unavailable
 from corral.credentials import read_local_token
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 SITE = POOL + """
 accounts:
   - {name: ml, users: [ann, bob]}

@@ -33,11 +33,6 @@ def image() -> str:
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:  # the store is not what these tests exercise: SQLite only
-    return f"sqlite:///{tmp_path / 'corral.db'}"
-
-
-@pytest.fixture
 def site_config() -> str:
     return POOL + SITE
 

@@ -14,6 +14,8 @@ from corral.executors.contract import Kind, Observed
 from corral.pool import NodeSpec
 from fake_executor import FakeExecutor
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 @pytest.fixture
 def fake_server(corral_home: Path, db_url: str) -> Iterator:

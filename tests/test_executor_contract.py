@@ -13,6 +13,8 @@ import pytest
 
 from conftest import POOL, submit, wait_for, wait_state
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 QOS_SITE = POOL + """
 qos:
   - {name: normal, max_gpus_per_user: 2}

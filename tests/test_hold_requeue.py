@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import POOL, bearer, kill_leftovers, submit, wait_for, wait_state
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 # preempt_mode cancel: only the durable requeue wish can bring a stopped job back
 SITE = POOL + """
 partitions:

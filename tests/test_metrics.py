@@ -9,6 +9,8 @@ from pathlib import Path
 from conftest import submit, wait_for, wait_state
 from prometheus_client.parser import text_string_to_metric_families
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 def scrape(server) -> dict[str, dict[tuple, float]]:
     response = server.get("/metrics")

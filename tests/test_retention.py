@@ -18,6 +18,8 @@ from corral.store import repository
 from corral.store.tables import Job
 from corral.store.database import make_engine, migrate, session_factory
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 def test_ended_jobs_files_go_after_retention_and_running_ones_stay(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path / "home", db_url=f"sqlite:///{tmp_path / 'c.db'}")

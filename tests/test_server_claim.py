@@ -20,6 +20,8 @@ from conftest import POOL
 
 from corral.store.database import SERVER_LOCK_KEY, redacted
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 
 def cli(home: Path, db_url: str, *args: str, module: str = "corral.cli.main") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}

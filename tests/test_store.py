@@ -9,6 +9,8 @@ from corral.spec import load_job
 from corral.store import repository
 from corral.store.database import make_engine, migrate, session_factory
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 GROUP = """
 name: g
 execution: parallel

@@ -14,6 +14,8 @@ from conftest import bearer, wait_for
 from corral.api.histogram import grid, spread, step_for
 from corral.store.repository import Run
 
+ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
+
 RUNS = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
 
 
