@@ -263,7 +263,8 @@ def main() -> None:
             priv_dir.mkdir()
             took_p, pulls_p, _ = corral_cold(client, priv_dir, image_p, args.replicas, secrets)
             print(f"\n{args.replicas}-replica group from a registry that wants a login (login in the job's secrets)")
-            print(f"  corral: {took_p:6.2f}s; pulls on this node: {pulls_p} (once per node would be 1)")
+            print(f"  corral: {took_p:6.2f}s; pulls on this node: {pulls_p} (once per job per task, the login's "
+                  f"scope: expected 2, for the group's 2 tasks)")
             remove_image(image_p)
     finally:
         daemon.stop(settings)
