@@ -77,6 +77,7 @@ class RayLab:
     # how each worker was started (its command line without the netns prefix, and its log), so
     # a killed one can come back as the same machine
     commands: dict[str, tuple[list[str], Path]] = field(default_factory=dict)
+    cgroups: bool = False  # workers see the machine's /sys (its cgroup mounts), see ``start_lab``
 
     @property
     def address(self) -> str:
@@ -122,7 +123,7 @@ class RayLab:
         What is left of its earlier life (a ``ray start`` whose raylet was killed) goes first."""
         self.kill(node)
         argv, log = self.commands[node.name]
-        node.proc = _start(argv, node.netns, log)
+        node.proc = _start(argv, node.netns, log, self.cgroups)
         if node.name != "head":  # the head comes up with the first worker's query
             self.wait_nodes(sum(n.alive() for n in self.nodes), timeout)
 
@@ -193,18 +194,24 @@ def _cleanup_leftovers() -> None:
             _run("ip", "link", "del", name, check=False)
 
 
-def _start(argv: list[str], netns: str | None, log: Path) -> subprocess.Popen:
-    if netns:
+def _start(argv: list[str], netns: str | None, log: Path, cgroups: bool = False) -> subprocess.Popen:
+    if netns and cgroups:  # the network namespace alone: the machine's mounts, /sys and its cgroups stay
+        argv = ["nsenter", f"--net=/run/netns/{netns}", "--"] + argv
+    elif netns:
         argv = ["ip", "netns", "exec", netns] + argv
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
-def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2, misses: int = 3) -> RayLab:
+def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2, misses: int = 3,
+              cgroups: bool = False) -> RayLab:
     """A head (no GPUs) and ``workers`` nodes with ``gpus`` declared GPUs of ``gpu_type``,
     labelled ``switch=leaf{i}``; a node is declared dead after ``misses`` missed health
-    checks, one a second."""
+    checks, one a second. With ``cgroups`` a worker enters only its network namespace
+    (``nsenter --net``), keeping the machine's /sys: ``ip netns exec`` mounts a sysfs of the
+    namespace without the cgroup mounts, where a container engine (runc) cannot start a
+    container (``no cgroup mount found in mountinfo``), as no real machine would lack them."""
     isolated = can_isolate()
     tag = str(os.getpid())
     temp = Path(tempfile.mkdtemp(prefix=f"crl{tag}-", dir="/tmp"))
@@ -223,7 +230,7 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
     # Ray's client server (ray://) needs ray[client]; without it Ray refuses the option. The
     # lab speaks to the GCS directly, so the port is only pinned to keep clear of 10001.
     client_port = ["--ray-client-server-port", str(port + 1)] if importlib.util.find_spec("grpc") else []
-    lab = RayLab(head_ip, port, isolated, tag, temp, bridge)
+    lab = RayLab(head_ip, port, isolated, tag, temp, bridge, cgroups=cgroups)
     try:
         argv = [RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
                 "--num-gpus", "0", "--temp-dir", str(temp), "--system-config",
@@ -253,7 +260,7 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
                     "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
                     "--labels", f"switch=leaf{i}", *common]
             lab.commands[f"worker{i}"] = (argv, temp / f"worker{i}.log")
-            proc = _start(argv, netns, temp / f"worker{i}.log")
+            proc = _start(argv, netns, temp / f"worker{i}.log", cgroups)
             lab.nodes.append(Node(f"worker{i}", ip, proc, netns, gpus, manager_port))
         lab.wait_nodes(workers + 1)
     except BaseException as exc:

@@ -84,11 +84,14 @@ def engine_path(container: Container) -> str:
 
 def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
             hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
-            locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False) -> list[str]:
+            locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False,
+            marks: Path | None = None) -> list[str]:
     """Write the attempt's container files into ``run_dir`` (which exists); the names of
     variables that could not go in (a line break), for the replica's log. ``passthrough``:
     variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
-    step's GPUs and ids), taken from the engine's own environment then."""
+    step's GPUs and ids), taken from the engine's own environment then. ``marks``: the job's
+    directory on the node (gone with the job), where a pull with a login is remembered for the
+    task's other replicas."""
     engine = engine_path(container)
     name = name_of(scope, key)
     skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
@@ -135,12 +138,17 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     _nul(run_dir / ARGV_FILE, argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n")
-    pull = _pull_argv(run_dir, engine, container, locks)
+    mark = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
+    pull = _pull_argv(run_dir, engine, container, locks, mark)
     _nul(run_dir / PULL_FILE, pull)
     return skipped
 
 
-def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path) -> list[str]:
+def _digest(image: str) -> str:
+    return hashlib.sha256(image.encode()).hexdigest()[:24]
+
+
+def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, mark: Path | None) -> list[str]:
     auth = ""
     if container.login is not None:
         server, user, password = container.login
@@ -148,15 +156,19 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path) ->
         auth = str(run_dir / AUTH_FILE)
         _private(Path(auth), json.dumps({"auths": {server or "docker.io": {"auth": token}}}))
     locks.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(container.image.encode()).hexdigest()[:24]
+    digest = _digest(container.image)
     lock, private = locks / f"{digest}.lock", locks / f"{digest}.private"
     # An image once pulled with a login is pulled again (the registry checks the login) for
     # every job, also one without a login: a private image in the node's cache is no one's to
     # run without the registry's yes (Kubernetes' AlwaysPullImages, for private images only).
+    # Once per job (per task: its login), not per replica: the task's replicas on this node and
+    # its restarts find the job's mark ($5) the registry's yes to its login.
     script = ('if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
+              'if [ -n "$3" ] && [ -n "$5" ] && [ -e "$5" ] && "$1" image exists "$2"; then exit 0; fi; '
               'echo "corral: pulling $2" >&2; "$1" pull ${3:+--authfile "$3"} "$2" || exit; '
-              'if [ -n "$3" ]; then : > "$4"; fi')
-    return ["flock", str(lock), "sh", "-c", script, "corral-pull", engine, container.image, auth, str(private)]
+              'if [ -n "$3" ]; then : > "$4" || exit; { [ -z "$5" ] || : > "$5"; } 2>/dev/null || :; fi')
+    return ["flock", str(lock), "sh", "-c", script, "corral-pull", engine, container.image, auth, str(private),
+            str(mark) if mark else ""]
 
 
 def _gpus(env: dict[str, str], passthrough: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:

@@ -266,7 +266,8 @@ class NodeRunner:
             skipped = containers.prepare(self.run_dir(key), container, scope=self.trees.scope, key=key,
                                          job_id=job_id, env=env, hosts_file=str(self._ensure_hosts(job_id)),
                                          hostname=_hostname(env), binds=binds, account=account,
-                                         locks=self.runs_dir.parent / "images", passthrough=passthrough)
+                                         locks=self.runs_dir.parent / "images", passthrough=passthrough,
+                                         marks=self.job_dir(job_id))
         except containers.ContainerError as exc:
             raise OSError(str(exc)) from None
         if skipped and log_path is not None:

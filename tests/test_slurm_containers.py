@@ -1,0 +1,112 @@
+"""Replicas in containers (``resources.image_id: docker:IMAGE``) on a real Slurm (the
+slurm-lab), started through the Slurm executor: each replica is a step whose wrapper runs the
+node's Podman, with the offline test image (``container_lab``).
+
+* inside, a replica has its environment, including what Slurm sets only when the step starts
+  (``SLURM_PROCID``, its GRES binding's ``CUDA_VISIBLE_DEVICES``: passed through then), and
+  its corral name resolves to its own server;
+* cancel ends the Slurm job and leaves no container.
+
+Skipped, with the reason, where no Slurm answers or the machine cannot run containers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_for, wait_for
+from container_lab import IMAGE, MARKER, SITE as CONTAINERS, containers_of, ensure_image
+from test_slurm import ENV, _squeue_ids, _why_no_slurm
+
+SITE = """
+partitions:
+  - {name: here, nodes: ["*"]}
+  - {name: gpu, infra: slurm, slurm_partition: gpu}
+""" + CONTAINERS
+
+
+@pytest.fixture(autouse=True, scope="module")
+def usable() -> None:
+    why = _why_no_slurm()
+    if why is not None:
+        pytest.skip(f"no usable Slurm here: {why}")
+    ensure_image()
+
+
+@pytest.fixture
+def corral(tmp_path: Path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SITE)
+    run = cli_for(home, {k: v for k, v in ENV.items() if k != "SLURM_JOB_ID"}, cwd=tmp_path, timeout=60)
+    run.env.pop("SLURM_JOB_ID", None)
+    yield run
+    for job in json.loads(run("queue", "--json").stdout or "[]"):  # its own jobs only: the lab is shared
+        run("cancel", str(job["id"]))
+    run.stop()
+
+
+def _status(corral, job: str) -> dict:
+    return json.loads(corral("status", job, "--json", check=True).stdout)
+
+
+def _slurm_job_of(corral, job: str) -> str:
+    """The Slurm job of the corral job, as its events name it (never by name in squeue: other
+    homes' servers name theirs alike)."""
+    for event in json.loads(corral("events", job, "--json", check=True).stdout):
+        if (event["message"] or "").startswith("asked for as Slurm job "):
+            return event["message"].split()[-1]
+    raise AssertionError(f"no Slurm job asked for job {job}")
+
+
+def _told(corral, job: str) -> str:
+    return corral("events", job).stdout[-3000:] + corral("logs", job).stdout[-2000:]
+
+
+def _mine(job: str, task: str) -> list[str]:
+    return [n for n in containers_of() if f"-{job}.{task}." in n]
+
+
+def test_a_container_step_sees_its_step_s_environment_and_its_name_and_cancel_leaves_none(corral,
+                                                                                         tmp_path: Path) -> None:
+    spec = tmp_path / "boxed.yaml"
+    spec.write_text(f"""
+name: boxed
+num_nodes: 2
+resources: {{image_id: docker:{IMAGE}, accelerators: H100:2}}
+run: |
+  test -e {MARKER} || exit 3
+  echo "seen $CORRAL_REPLICA procid=$SLURM_PROCID job=$SLURM_JOB_ID step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES host=$(hostname)"
+  port=$((18431 + CORRAL_REPLICA)); httpd -p "$port" -h /www
+  echo "resolved $CORRAL_REPLICA $(wget -q -O - "http://$CORRAL_HOSTNAME:$port/index.html")"
+  exec sleep 300
+""")
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    try:
+        logs = wait_for(lambda: (out := corral("logs", job).stdout).count("resolved ") == 2 and out, timeout=90,
+                        interval=0.5)
+    except AssertionError:
+        raise AssertionError(_told(corral, job)) from None
+    slurm_id = _slurm_job_of(corral, job)
+    replicas = {r["rank"]: r for t in _status(corral, job)["tasks"] for r in t["replicas"]}
+    seen = {}
+    for line in logs.splitlines():
+        if "seen " in line:
+            words = line.split("seen ", 1)[1].split()
+            seen[int(words[0])] = dict(w.split("=", 1) for w in words[1:])
+    assert sorted(seen) == [0, 1], logs
+    for rank, inside in seen.items():
+        assert inside["procid"] == str(rank), (rank, inside)  # the step's own, set when it started
+        assert inside["job"] == slurm_id and inside["step"].isdigit(), inside
+        # the step's GRES binding, passed in as Slurm set it (declared GPUs: no CDI devices here)
+        gpus = inside["gpus"].split(",")
+        assert len(gpus) == 2 and gpus == [str(g) for g in replicas[rank]["gpus"]], (inside, replicas[rank])
+        assert inside["host"] == f"boxed-{rank}.boxed", inside
+        assert f"resolved {rank} served from a container" in logs, logs
+    assert len(_mine(job, "boxed")) == 2
+    corral("cancel", job, check=True)
+    wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
+    wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
+    wait_for(lambda: _mine(job, "boxed") == [], timeout=30, interval=0.5)
