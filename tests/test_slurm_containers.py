@@ -110,3 +110,19 @@ run: |
     wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
     wait_for(lambda: _mine(job, "boxed") == [], timeout=30, interval=0.5)
+
+
+def test_a_container_of_an_allocation_slurm_ends_itself_is_removed(corral, tmp_path: Path) -> None:
+    """An operator's scancel of the allocation: the step ends under Slurm, the engine's
+    monitor (outside the step) would keep the container running; corral ends it."""
+    import subprocess
+
+    spec = tmp_path / "victim.yaml"
+    spec.write_text(f"name: victim\nresources: {{image_id: docker:{IMAGE}}}\nrun: exec sleep 300\n")
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: _status(corral, job)["state"] == "RUNNING" and len(_mine(job, "victim")) == 1, timeout=90,
+             interval=0.5)
+    slurm_id = _slurm_job_of(corral, job)
+    subprocess.run(["scancel", slurm_id], env={**ENV}, check=True)
+    wait_for(lambda: _status(corral, job)["state"] not in ("RUNNING", "STARTING"), timeout=90, interval=0.5)
+    wait_for(lambda: _mine(job, "victim") == [], timeout=30, interval=0.5)

@@ -132,8 +132,8 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
                  account.uid if account is not None and os.geteuid() == 0 else None)
         argv += ["-v", f"{profile}:{PROFILE}:ro"]
     argv += ["--env-file", str(env_path)]
-    for name in passthrough:
-        argv += ["--env", name]
+    for variable in passthrough:
+        argv += ["--env", variable]
     argv += options + [container.image]
     _nul(run_dir / ARGV_FILE, argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])

@@ -54,6 +54,7 @@ from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, fail, retrying
 from corral.node.mounts import command as mounts_command
 from corral.node.proctree import ATTEMPT_VAR
+from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
 from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
 from corral.pool import NodeSpec
@@ -391,6 +392,10 @@ class SrunExecutor(EventStream):
         """The attempt's step is gone: its exit from the wrapper's file, else the srun client's
         code, else Slurm's accounting once final (None: not final yet, ask again); never
         started: ABSENT."""
+        # a step Slurm ended itself (scancel, its time limit) leaves its container running under
+        # the engine's monitor, outside the step's processes: ended here, where the engine is the
+        # server machine's (a lab, one host); a node elsewhere keeps it until reaped (see README)
+        containers.remove(self.runner.run_dir(key))
         code = self.runner.exit_code(key)
         if code is not None:
             return Observed(key, Kind.EXITED, code=code)
@@ -465,7 +470,8 @@ class SrunExecutor(EventStream):
             _, host, _ = self.allocations.where(attempt.node)
         except LaunchError:
             return  # the allocation is over: Slurm ended what ran in it
-        self.side.reap(attempt.slurm_id, host, attempt.key)
+        self.side.reap(attempt.slurm_id, host, attempt.key,
+                       str(self.runner.run_dir(attempt.key) / containers.NAME_FILE))
 
     def _allocation_ended(self, slurm_id: str) -> str | None:
         """Why Slurm ended the allocation the attempt ran in (an operator's scancel, a node

@@ -20,6 +20,10 @@ from pathlib import Path
 from corral.executors.slurm.allocations import Allocations
 from corral.executors.slurm.cli import SlurmCli, SlurmError
 from corral.node.proctree import REAP
+
+# the attempt's container, named in the file "$2" (engine, then name), removed on its node
+UNBOX = ('if [ -n "$2" ] && [ -r "$2" ]; then { read -r e; read -r n; } < "$2"; '
+         '"$e" rm --force --time 0 --ignore "$n" >/dev/null 2>&1; fi')
 from corral.node.runner import LOAD_ENV, SAFE_PATH
 
 log = logging.getLogger("corral.srun")
@@ -74,11 +78,14 @@ class SideSteps:
                 log.info("could not signal %s from a step (%s); through scancel", key, exc)
         retrying(lambda: self.cli.cancel(step_id, signal=name) or fail("scancel failed"), quiet=True)
 
-    def reap(self, slurm_id: str, host: str, key: str) -> None:
+    def reap(self, slurm_id: str, host: str, key: str, boxed: str = "") -> None:
         """Kill every process carrying the attempt's key on ``host``: Slurm kills the processes
         its proctrack follows, and with proctrack/linuxproc (or pgid) one that called setsid is
-        not among them; if it holds the step's output the step never ends."""
-        argv = self._argv(slurm_id, host, f"corral-{self.scope}-reap", REAP + 'corral_reap "$1"', "corral-reap", key)
+        not among them; if it holds the step's output the step never ends. ``boxed``: the file
+        naming the attempt's container (engine, name), ended there too (its engine's monitor
+        is no process of the step's)."""
+        argv = self._argv(slurm_id, host, f"corral-{self.scope}-reap", REAP + 'corral_reap "$1"; rc=$?; ' + UNBOX + '; exit $rc',
+                          "corral-reap", key, boxed)
         try:
             done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
                                   timeout=30, stdin=subprocess.DEVNULL)
