@@ -282,3 +282,15 @@ partitions:
   - {{name: local, infra: local}}
   - {{name: gpu, infra: ray}}
 {extra}"""
+
+
+def leave_as_found(run, home: Path) -> None:  # noqa: ANN001 - conftest.cli_for's runner
+    """A test's end on the shared lab: its jobs cancelled and gone, its server stopped, and
+    whatever of its replicas is left killed."""
+    from conftest import kill_leftovers, wait_for
+
+    for job in json.loads(run("queue", "--json").stdout or "[]"):
+        run("cancel", str(job["id"]))
+    wait_for(lambda: json.loads(run("queue", "--json").stdout or "[]") == [], timeout=60)
+    run("server", "stop")
+    kill_leftovers(home)

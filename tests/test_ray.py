@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_by_label, wait_for
+from conftest import cli_events, cli_for, cli_status, replicas_by_label, wait_for
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
-from ray_lab import RayLab, site_config, start_lab  # noqa: E402
+from ray_lab import RayLab, leave_as_found, site_config, start_lab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,11 +45,7 @@ def corral(lab: RayLab, tmp_path: Path, request):
     (home / "config.yaml").write_text(_config(lab, marker.args[0] if marker else ""))
     run = cli_for(home, timeout=120)
     yield run
-    for job in json.loads(run("queue", "--json").stdout or "[]"):  # leave the cluster as found
-        run("cancel", str(job["id"]))
-    wait_for(lambda: json.loads(run("queue", "--json").stdout or "[]") == [], timeout=60)
-    run("server", "stop")
-    kill_leftovers(home)
+    leave_as_found(run, home)
 
 
 status, replicas, events = cli_status, replicas_by_label, cli_events

@@ -13,7 +13,6 @@ The raylet test kills a worker's raylet, so it runs last; one lab serves the mod
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -21,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_by_label, wait_for
+from conftest import cli_events, cli_for, cli_status, replicas_by_label, wait_for
 from container_lab import IMAGE, MARKER, SITE, containers_of, ensure_image
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
-from ray_lab import RayLab, site_config, start_lab  # noqa: E402
+from ray_lab import RayLab, leave_as_found, site_config, start_lab  # noqa: E402
 
 status, replicas, events = cli_status, replicas_by_label, cli_events
 
@@ -46,11 +45,7 @@ def corral(lab: RayLab, tmp_path: Path):
     (home / "config.yaml").write_text(site_config(lab, SITE))
     run = cli_for(home, cwd=tmp_path, timeout=120)
     yield run
-    for job in json.loads(run("queue", "--json").stdout or "[]"):  # leave the cluster as found
-        run("cancel", str(job["id"]))
-    wait_for(lambda: json.loads(run("queue", "--json").stdout or "[]") == [], timeout=60)
-    run("server", "stop")
-    kill_leftovers(home)
+    leave_as_found(run, home)
 
 
 def _mine(job: str, name: str) -> list[str]:

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_events, cli_for, cli_status, kill_leftovers, replicas_by_label, wait_for
+from conftest import cli_events, cli_for, cli_status, replicas_by_label, wait_for
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
-from ray_lab import RayLab, site_config, start_lab  # noqa: E402
+from ray_lab import RayLab, leave_as_found, site_config, start_lab  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +56,7 @@ def corral(lab: RayLab, tmp_path: Path):
     (home / "config.yaml").write_text(_config(lab))
     run = _runner(home)
     yield run
-    for job in json.loads(run("queue", "--json").stdout or "[]"):  # leave the cluster as found
-        run("cancel", str(job["id"]))
-    wait_for(lambda: json.loads(run("queue", "--json").stdout or "[]") == [], timeout=60)
-    run("server", "stop")
-    kill_leftovers(home)
+    leave_as_found(run, home)
     for node in lab.nodes:  # every node back, for the next test
         if not node.alive():
             lab.revive(node)
