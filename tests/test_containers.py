@@ -238,3 +238,26 @@ run: |
     for replica in ("multi-0", "multi-1"):
         mine = [line.split(" | ", 1)[1] for line in log.splitlines() if line.startswith(replica + " | ")]
         assert mine == ["bash=yes", "ips=2", "pem=it's two lines", "greeting=hello 'quoted' world"], log
+
+
+def test_cancel_during_a_pull_starts_nothing_and_leaves_nothing(server, registry, tmp_path: Path) -> None:
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    pulled = tmp_path / "pulled"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 30; touch {pulled}; fi\n'
+                    f'exec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    launcher = server.state.loop.launcher
+    launcher.containers = launcher.containers.model_copy(update={"engine": str(slow)})
+    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}}}\n")
+    job = submit(server, f"name: pullcancel\nresources: {{image_id: docker:{registry.image('private/busybox:1')}}}\n"
+                         f"run: touch {tmp_path / 'ran'}\n" + login)
+    wait_for(lambda: any("STARTING until its container runs" in m for m in _events(server, job["id"])), timeout=30)
+    time.sleep(1)  # the pull is under way
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    done = wait_state(server, job["id"], "CANCELLED", timeout=30)
+    assert done["state"] == "CANCELLED"
+    time.sleep(1)
+    assert not (tmp_path / "ran").exists() and not pulled.exists()  # the pull was ended with its attempt
+    assert containers_of(_scope(server)) == []
