@@ -80,6 +80,22 @@ def ensure_image(variant: str = "") -> str:
     return image
 
 
+def ensure_image_for(user: str, variant: str = "") -> str:
+    """The test image in a Unix account's own image store (its jobs run in containers of its
+    own, rootless engine), copied from root's without any network."""
+    image = ensure_image(variant)
+    podman = need_podman()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)
+        archive = Path(tmp) / "image.tar"
+        subprocess.run([podman, "save", "-q", "-o", str(archive), image], check=True, capture_output=True)
+        archive.chmod(0o644)
+        subprocess.run(["setpriv", "--reuid", user, "--regid", user, "--init-groups", "--", "env", "-i",
+                        f"HOME={os.path.expanduser('~' + user)}", f"USER={user}", "PATH=/usr/bin:/bin",
+                        podman, "load", "-q", "-i", str(archive)], check=True, capture_output=True, cwd=tmp)
+    return image
+
+
 def containers_of(scope_label: str | None = None) -> list[str]:
     """Names of corral's containers on this machine (any state), of one home's scope or all."""
     podman = need_podman()

@@ -185,10 +185,11 @@ def test_a_container_runs_as_its_submitter_and_binds_nothing_it_may_not_reach(se
     """A job of another account in a container: inside, it is that account (the engine runs
     with the server's rights, the container with the job's), its files in the workdir are its
     own, and a directory it could not reach on the node is not bound for it."""
-    image = container_lab.ensure_image()
     corral, people = served
     (ann, client), _ = people.values()
-    spec = f"resources: {{image_id: docker:{image}}}\nrun: id -u; id -g; touch made; stat -c %u made\n"
+    image = container_lab.ensure_image_for(ann.name)  # her own engine runs her containers, from her own store
+    spec = (f"resources: {{image_id: docker:{image}}}\n"
+            "run: head -n 1 /proc/self/uid_map > map; id -u; id -g; touch made; stat -c %u made\n")
     own = corral.specs / f"ann-{tmp_path.name}"
     own.mkdir()
     os.chown(own, ann.uid, ann.gid)
@@ -199,6 +200,8 @@ def test_a_container_runs_as_its_submitter_and_binds_nothing_it_may_not_reach(se
     assert done["state"] == "SUCCEEDED", (done, log)
     assert log.split()[-3:] == [str(ann.uid), str(ann.gid), str(ann.uid)], log
     assert (own / "made").stat().st_uid == ann.uid
+    # in a user namespace of her own engine: a setuid program in her image is root there only
+    assert "4294967295" not in (own / "map").read_text(), (own / "map").read_text()
     # a directory ann could reach when she submitted, closed before her job starts
     outer = corral.specs / f"closed-{job}"
     inner = outer / "inner"

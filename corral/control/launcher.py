@@ -213,8 +213,9 @@ class Launcher:
         if env.get("SKYPILOT_DOCKER_USERNAME") and env.get("SKYPILOT_DOCKER_PASSWORD"):
             server = env.get("SKYPILOT_DOCKER_SERVER") or resources.image.split("/", 1)[0]
             login = (server, env["SKYPILOT_DOCKER_USERNAME"], env["SKYPILOT_DOCKER_PASSWORD"])
+        # the site's options last: where a job's sets the same flag, the operator's stands
         return Container(resources.image, self.containers.engine,
-                         tuple(self.containers.run_options) + (docker.run_options if docker else ()), login, mounts)
+                         (docker.run_options if docker else ()) + tuple(self.containers.run_options), login, mounts)
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,11 +34,15 @@ from pathlib import Path
 from corral.auth.accounts import UnixAccount
 from corral.executors.contract import Container
 
+log = logging.getLogger("corral.node")
+
 ARGV_FILE = "container"  # the engine's ``run`` up to and including the image (NUL separated)
 PULL_FILE = "pull"
 NAME_FILE = "container.name"  # engine and name, for ending it
 ENV_FILE = "container.env"
 PROFILE_FILE = "container.profile"  # the variables whose values span lines, as shell assignments
+ROOTLESS_SHM = "8g"  # a tmpfs's size is a cap: memory is used only as it is written
+BOX_DIR = "box"  # in the run directory: the files another account's own engine reads
 AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
 RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
@@ -48,6 +53,7 @@ HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "V
                        "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_NAME = re.compile(r"corral-[A-Za-z0-9_.-]{1,240}")
 # The shell of the container: setup (in a subshell: its exit ends the attempt with its code),
 # then run, in the same container so what setup installed is there for run.
 SHELL = 'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || exit $?; fi; eval "$R"'
@@ -94,6 +100,19 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     task's other replicas."""
     engine = engine_path(container)
     name = name_of(scope, key)
+    # Another account's job, started by root: its own (rootless) engine runs its container, as
+    # it. Its binds are then resolved with its rights alone, a setuid program in its image is
+    # root only in its user namespace, and its images are in its own store (no other job's
+    # image, private or planted, answers for a name it asks for).
+    rootless = account is not None and os.geteuid() == 0 and account.uid != 0
+    box = run_dir
+    if rootless:
+        box = run_dir / BOX_DIR  # the files its engine reads: its own
+        box.mkdir(mode=0o700)
+        os.chown(box, account.uid, account.gid)
+        os.chmod(run_dir, 0o711)
+        locks, marks = box, None
+    owner = account.uid if rootless else None
     skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
     inside = {k: v for k, v in env.items() if k not in HOST_ONLY and k not in skipped}
     spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
@@ -106,6 +125,9 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
         argv += ["--hostname", hostname]
     if hosts_file:
         argv += ["-v", f"{hosts_file}:/etc/hosts:ro"]
+    for path in [*binds, hosts_file or "", *(s for _, s in container.mounts), *(r for r, _ in container.mounts)]:
+        if ":" in path or "," in path:  # the engine would read volume options after them
+            raise ContainerError(f"{path} holds ':' or ',', which a container's bind cannot take")
     for path in dict.fromkeys(binds):  # the same path inside as outside, so every promised path holds
         if path and os.path.isabs(path):
             argv += ["-v", f"{path}:{path}"]
@@ -113,21 +135,20 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for remote, source in container.mounts:  # file_mounts: the source itself, at the remote path
         target = home + remote[1:] if remote.startswith("~/") else remote
         argv += ["-v", f"{source}:{target}"]
-    if account is not None and os.geteuid() == 0 and account.uid != 0:
-        argv += ["--user", f"{account.uid}:{account.gid}"]
-        for group in account.groups:
-            if group != account.gid:
-                argv += ["--group-add", str(group)]
+    if rootless:
+        argv += ["--userns=keep-id"]  # the account's own uid and gid inside, as outside
     inside, devices = _gpus(inside, passthrough)
     for device in devices:
         argv += ["--device", device]
     options = list(container.options)
     if "--shm-size" not in options and "--ipc" not in options:
-        argv += ["--ipc", "host"]  # replicas of a node share memory (NCCL, DataLoader workers) as outside
-    env_path = run_dir / ENV_FILE
-    _private(env_path, "".join(f"{k}={v}\n" for k, v in inside.items()))
+        # replicas of a node share memory (NCCL, DataLoader workers) as outside; a rootless
+        # engine cannot join the node's IPC namespace: a /dev/shm as large as PyTorch wants
+        argv += ["--shm-size", ROOTLESS_SHM] if rootless else ["--ipc", "host"]
+    env_path = box / ENV_FILE
+    _private(env_path, "".join(f"{k}={v}\n" for k, v in inside.items()), owner)
     if spanning:  # read by the container's own shell, as its account: its alone
-        profile = run_dir / PROFILE_FILE
+        profile = box / PROFILE_FILE
         _private(profile, "".join(f"export {k}={_quoted(v)}\n" for k, v in spanning.items()),
                  account.uid if account is not None and os.geteuid() == 0 else None)
         argv += ["-v", f"{profile}:{PROFILE}:ro"]
@@ -135,26 +156,35 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for variable in passthrough:
         argv += ["--env", variable]
     argv += options + [container.image]
-    _nul(run_dir / ARGV_FILE, argv)
+    prefix = _account_env(account, key) if rootless else []
+    _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
-    (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n")
+    (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
     mark = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
-    pull = _pull_argv(run_dir, engine, container, locks, mark)
-    _nul(run_dir / PULL_FILE, pull)
+    pull = _pull_argv(box, engine, container, locks, mark, owner)
+    _nul(run_dir / PULL_FILE, prefix + pull)
     return skipped
+
+
+def _account_env(account: UnixAccount, key: str) -> list[str]:
+    """What the account's engine starts with (run through the wrapper's switch to it): its
+    home (the engine's store and runtime are there), nothing of the server's."""
+    return ["env", "-i", f"HOME={account.home}", f"USER={account.name}", "PATH=/usr/local/bin:/usr/bin:/bin",
+            f"CORRAL_ATTEMPT={key}"]
 
 
 def _digest(image: str) -> str:
     return hashlib.sha256(image.encode()).hexdigest()[:24]
 
 
-def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, mark: Path | None) -> list[str]:
+def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, mark: Path | None,
+               owner: int | None = None) -> list[str]:
     auth = ""
     if container.login is not None:
         server, user, password = container.login
         token = base64.b64encode(f"{user}:{password}".encode()).decode()
         auth = str(run_dir / AUTH_FILE)
-        _private(Path(auth), json.dumps({"auths": {server or "docker.io": {"auth": token}}}))
+        _private(Path(auth), json.dumps({"auths": {server or "docker.io": {"auth": token}}}), owner)
     locks.mkdir(parents=True, exist_ok=True)
     digest = _digest(container.image)
     lock, private = locks / f"{digest}.lock", locks / f"{digest}.private"
@@ -185,16 +215,60 @@ def _gpus(env: dict[str, str], passthrough: tuple[str, ...]) -> tuple[dict[str, 
 
 def remove(run_dir: Path) -> None:
     """End the attempt's container, if it made one (whatever its state); the engine's own
-    client may have been killed while the container ran on."""
+    client may have been killed while the container ran on. The file naming it may be the
+    job's account's (a Slurm step's run directory): its engine is run only if it is a real
+    engine nobody but root may change, and as the file's owner when that is not this process."""
+    path = run_dir / NAME_FILE
     try:
-        engine, name = (run_dir / NAME_FILE).read_text().split("\n")[:2]
+        owner = path.lstat().st_uid
+        lines = path.read_text().split("\n")
+        engine, name = lines[:2]
+        if owner == os.geteuid() and len(lines) > 2 and lines[2].isdigit():
+            owner = int(lines[2])  # written by this server: the account whose own engine runs it
     except (OSError, ValueError):
         return
+    if not _trusted_engine(engine) or not _SAFE_NAME.fullmatch(name):
+        log.warning("not removing container %r: %s is not an engine corral runs", name, engine)
+        return
+    argv = [engine, "rm", "--force", "--time", "0", "--ignore", name]
+    if owner != os.geteuid():  # a rootless container of the account's: its own engine removes it
+        argv = as_account(owner, argv)
+        if argv is None:
+            return
     try:
-        subprocess.run([engine, "rm", "--force", "--time", "0", "--ignore", name], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60)
     except (OSError, subprocess.SubprocessError):
         pass
+
+
+def _trusted_engine(engine: str) -> bool:
+    """An absolute path to podman or docker that only root may change (nor its directories)."""
+    if not os.path.isabs(engine) or os.path.basename(engine) not in ("podman", "docker"):
+        return False
+    path = Path(engine)
+    try:
+        for part in [path, *path.parents]:
+            info = part.stat()
+            if info.st_uid != 0 or info.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def as_account(uid: int, argv: list[str]) -> list[str] | None:
+    """``argv`` run as the Unix account ``uid`` (its groups, its home: a rootless engine's
+    store and runtime are there), from a process of root's; None if there is no such account."""
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return None
+    groups = ",".join(str(g) for g in os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return ["setpriv", f"--reuid={uid}", f"--regid={entry.pw_gid}", f"--groups={groups}", "--",
+            "env", "-i", f"HOME={entry.pw_dir}", f"USER={entry.pw_name}", "PATH=/usr/bin:/bin", *argv]
 
 
 def entry(run_dir: Path, command: list[str]) -> list[str]:
@@ -223,12 +297,12 @@ def named(run_dir: Path) -> tuple[str, str] | None:
 
 
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:
-    """An exec probe inside the attempt's container, as the replica's account."""
-    user = []
-    if run_as:
-        uid, gid = str(run_as).split(":")[:2]
-        user = ["--user", f"{uid}:{gid}"]
-    return [engine, "exec", *user, name, "/bin/sh", "-c", command]
+    """An exec probe inside the attempt's container: through the account's own engine where
+    it runs the container (``run_as`` "uid:gid:groups", from root)."""
+    argv = [engine, "exec", name, "/bin/sh", "-c", command]
+    if run_as and os.geteuid() == 0 and int(str(run_as).split(":")[0]) != 0:
+        return as_account(int(str(run_as).split(":")[0]), argv) or argv
+    return argv
 
 
 def _quoted(value: str) -> str:

@@ -20,7 +20,7 @@ from corral.spec.base import Strict
 
 DOCKER_PREFIX = "docker:"
 # [registry[:port]/]path[:tag][@digest], lowercase path components as the distribution spec has them
-_IMAGE = re.compile(r"(?:[A-Za-z0-9.-]+(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
+_IMAGE = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
                     r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
                     r"(?:@sha256:[a-f0-9]{64})?")
 
@@ -61,6 +61,17 @@ def image_of(value: str) -> str:
     return image
 
 
+def qualified(image: str) -> str:
+    """The image's full reference, as the node's engine is asked for it: a name without a
+    registry is Docker Hub's (``python:3.11`` → ``docker.io/library/python:3.11``), as Docker
+    reads it, never a short name the engine resolves on its own (against whatever images
+    other jobs left on the node, or a search list of registries)."""
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
+
+
 def run_options(options: list[str]) -> tuple[str, ...]:
     """A job's ``config.docker.run_options``, each ``--flag value``, ``--flag=value`` or a
     whole line of them (SkyPilot passes each entry to ``docker run`` as written); ValueError
@@ -85,6 +96,8 @@ def run_options(options: list[str]) -> tuple[str, ...]:
                 raise ValueError(f"run option {flag} needs a value")
             i += 1
             value = words[i]
+        if _ALLOWED[flag] and (not value or value.startswith("-")):
+            raise ValueError(f"run option {flag} needs a value, not {value!r}")
         _check(flag, value)
         out.extend([flag, value] if _ALLOWED[flag] else [flag])
         i += 1
@@ -94,6 +107,9 @@ def run_options(options: list[str]) -> tuple[str, ...]:
 def _check(flag: str, value: str) -> None:
     if flag == "--cap-add" and value.upper().removeprefix("CAP_") not in CAPABILITIES:
         raise ValueError(f"--cap-add {value} is not allowed (allowed: {', '.join(sorted(CAPABILITIES))})")
+    if flag in ("-e", "--env") and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value.split("=", 1)[0]):
+        raise ValueError(f"{flag} {value.split('=', 1)[0]!r} is not a variable name (patterns would bring in the "
+                         "node's own environment)")
     if flag in ("-e", "--env") and _OURS.fullmatch(value.split("=", 1)[0]):
         raise ValueError(f"{flag} {value.split('=', 1)[0]} is not allowed: corral sets it in every replica "
                          "(set your own variables in envs)")

@@ -35,6 +35,9 @@ def _remote(value: str) -> str:
         raise ValueError("a remote path is absolute (/data) or in the replica's home (~/data)")
     if "\x00" in text:
         raise ValueError("a remote path cannot hold a NUL byte")
+    if ":" in text or "," in text:  # a container engine would read volume options after them
+        raise ValueError(f"{shown(value)} holds ':' or ',': a remote path may not (a container's bind would read "
+                         "options there)")
     if not (text.startswith("/") or text == "~" or text.startswith("~/")):
         raise ValueError(f"{shown(value)} is relative: a remote path is absolute (/data) or in the replica's "
                          "home (~/data)")
@@ -68,6 +71,9 @@ def _source(value: Any) -> Any:
                          "in setup or run)")
     if not text or "\x00" in text:
         raise ValueError("a source is a file or directory path on the machine you submit from")
+    if ":" in text or "," in text:
+        raise ValueError(f"{shown(text)} holds ':' or ',': a source may not (a container's bind would read "
+                         "options there)")
     return text
 
 

@@ -17,7 +17,7 @@ from pydantic import (BeforeValidator, SerializerFunctionWrapHandler, Validation
                       field_serializer, field_validator, model_serializer, model_validator)
 
 from corral.spec.base import Strict
-from corral.spec.container import DOCKER_PREFIX, image_of
+from corral.spec.container import DOCKER_PREFIX, image_of, qualified
 from corral.spec.instances import gpus_of
 from corral.spec.quantity import parse_accelerators, parse_cpus, parse_memory
 
@@ -180,8 +180,9 @@ class Resources(Strict):
 
     @property
     def image(self) -> str | None:
-        """The container image replicas run in (``image_id`` without ``docker:``), or None."""
-        return self.image_id[len(DOCKER_PREFIX):].strip() if self.image_id else None
+        """The container image replicas run in: ``image_id`` without ``docker:``, its registry
+        written out (``corral.spec.container.qualified``); None without one."""
+        return qualified(self.image_id[len(DOCKER_PREFIX):].strip()) if self.image_id else None
 
     @classmethod
     def _alternatives(cls, data: dict[str, Any], info: ValidationInfo) -> Any:
