@@ -163,6 +163,9 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     mark = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
     pull = _pull_argv(box, engine, container, locks, mark, owner)
     _nul(run_dir / PULL_FILE, prefix + pull)
+    if rootless:  # read by the account where it runs the attempt itself (a Slurm step started as it)
+        for made in (ARGV_FILE, READS_FILE, NAME_FILE, PULL_FILE):
+            os.chown(run_dir / made, account.uid, account.gid)
     return skipped
 
 
