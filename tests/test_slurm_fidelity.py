@@ -235,3 +235,30 @@ def test_slurm_s_accounting_ends_each_job_as_corral_does(corral) -> None:
     assert seen == {"ok": "SUCCEEDED", "bad": "FAILED", "stopped": "CANCELLED"}, seen
     slurm = {name: _allocation_state(_slurm_id(corral, job)) for name, job in ends.items()}
     assert slurm == {"ok": "COMPLETED", "bad": "FAILED", "stopped": "CANCELLED"}, slurm
+
+
+def test_gpus_slurm_binds_past_the_first_ones_are_shown_and_nothing_stalls(corral) -> None:
+    """Slurm binds a step the host's GPU indices (4, 5 … when others hold 0-3), while the
+    node of an allocation counts its GPUs from 0: the replica shows Slurm's, and the
+    scheduler keeps placing the next jobs."""
+    nodes = _slurm("sinfo", "-h", "-N", "-p", "gpu", "-o", "%N").split()
+    holders = [_slurm("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", f"--nodelist={node}", "--job-name",
+                      f"{_prefix(corral.home)}busy", "--wrap", "sleep 300").strip() for node in sorted(set(nodes))]
+    try:
+        (corral.work / "one.yaml").write_text("resources: {accelerators: H100:1}\n"
+                                              "run: echo bound=$CUDA_VISIBLE_DEVICES; sleep 6\n")
+        first = corral("launch", "-d", "-p", "gpu", "--name", "bound0", "one.yaml", check=True).stdout.strip()
+        wait_for(lambda: _status(corral, first)["state"] == "RUNNING", timeout=120, interval=0.5)
+        # placed while the first holds the host's GPU 4 or later: the scheduler reads it without a fault
+        second = corral("launch", "-d", "-p", "gpu", "--name", "bound1", "one.yaml", check=True).stdout.strip()
+        wait_for(lambda: _status(corral, second)["state"] in ("RUNNING", "SUCCEEDED"), timeout=60, interval=0.5)
+        told = corral("events", first, check=True).stdout + corral("events", second, check=True).stdout
+        assert "a lost database write" not in told, told  # no cycle failed over the first's GPUs
+        for job in (first, second):
+            done = _wait(corral, job)
+            assert done["state"] == "SUCCEEDED", (done["state"], done.get("message"))
+            shown = done["tasks"][0]["replicas"][0]["gpus"]
+            log = corral("logs", job, check=True).stdout
+            assert f"bound={shown[0]}" in log and shown[0] >= 4, (shown, log)
+    finally:
+        _slurm("scancel", *[h for h in holders if h])

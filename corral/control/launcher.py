@@ -123,7 +123,10 @@ class Launcher:
             # the engine bound these GPUs (Ray picks indices itself): show and account those
             replica.gpus = tuple(int(g) for g in gpus)
             alloc = self.book.allocs.get(replica.id)
-            if alloc is not None:
+            node = next((v for v in self.inventory.views if v.name == replica.node), None)
+            # accounted as bound where they are the node's own indices (Ray's); a Slurm
+            # allocation's node counts its GPUs from 0, while Slurm binds the host's (4, 5 …)
+            if alloc is not None and node is not None and all(0 <= g < node.gpus for g in replica.gpus):
                 self.book.allocs[replica.id] = Allocation(alloc.task, alloc.rank, alloc.node, replica.gpus,
                                                           alloc.cpus, alloc.memory, alloc.ports)
             columns["gpus"] = list(replica.gpus)
