@@ -146,11 +146,18 @@ def test_ctrl_c_detaches_and_the_job_keeps_running(corral, tmp_path: Path) -> No
     release = tmp_path / "release"  # the job ends when the test says so, not after a sleep a slow CI may outlast
     run = f"echo started; while [ ! -e {release} ]; do sleep 0.1; done; echo finished"
     spec = write(tmp_path, "s.yaml", f"name: detachme\nrun: {run}\n")
+    # as from a terminal: SIGINT handled (a test run in the background inherits it ignored,
+    # and Python then never raises KeyboardInterrupt)
     proc = subprocess.Popen([sys.executable, "-m", "corral.cli.main", "launch", str(spec)], env=corral.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "detachme-0 | started"
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=10)
+    try:  # a busy CI machine can take seconds to run the exit; a hang would outlast this
+        _, stderr = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"Ctrl-C did not end `corral launch`: {proc.communicate()[1]}") from None
     assert proc.returncode == 130 and "corral logs" in stderr and "keeps running" in stderr
     assert status(corral, "detachme")["state"] == "RUNNING"
     release.touch()

@@ -261,3 +261,31 @@ def test_cancel_during_a_pull_starts_nothing_and_leaves_nothing(server, registry
     time.sleep(1)
     assert not (tmp_path / "ran").exists() and not pulled.exists()  # the pull was ended with its attempt
     assert containers_of(_scope(server)) == []
+
+
+def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_path: Path) -> None:
+    """A server killed during a pull: its successor adopts the attempt as STARTING (its image
+    is not there yet), and RUNNING once its container runs — never ready before it exists."""
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 8; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SITE.replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    corral = cli_for(home, cwd=tmp_path, timeout=120)
+    image = "localhost/corral-test/not-here-yet:1"  # absent: its pull (slow) starts
+    (tmp_path / "p.yaml").write_text(f"name: pulling\nresources: {{image_id: docker:{image}}}\nrun: exec sleep 300\n")
+    try:
+        job = corral("launch", "-d", "p.yaml", check=True).stdout.strip()
+        wait_for(lambda: any(e["cause"] == "pulling" for e in cli_events(corral, job)), timeout=60)
+        server_pid = json.loads(corral("server", "status", "--json", check=True).stdout)["pid"]
+        os.kill(server_pid, signal.SIGKILL)
+        wait_for(lambda: cli_status(corral, job)["state"] in ("STARTING", "RUNNING", "FAILED"), timeout=60)
+        replica = cli_status(corral, job)["tasks"][0]["replicas"][0]
+        assert replica["state"] == "STARTING", replica  # adopted while its image is still pulled
+        done = wait_for(lambda: (s := cli_status(corral, job))["state"] in ("FAILED", "RUNNING") and s, timeout=60)
+        assert done["state"] == "FAILED" and "image pull failed" in (done["message"] or ""), done
+    finally:
+        corral.stop()

@@ -126,19 +126,19 @@ class LocalExecutor(EventStream):
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
         if in_container is not None:  # STARTING while its image is pulled; running once its container starts
-            threading.Thread(target=self._await_container, args=(launch.key, proc, handle), daemon=True,
+            threading.Thread(target=self._await_container, args=(launch.key, proc.pid, handle), daemon=True,
                              name=f"corral-container-{launch.key}").start()
             return Started(handle, confirmed=False, detail=f"pid {proc.pid}")
         return Started(handle, detail=f"pid {proc.pid}")
 
-    def _await_container(self, key: str, proc: subprocess.Popen, handle: Handle) -> None:
+    def _await_container(self, key: str, pid: int, handle: Handle) -> None:
         """Confirm a container's start once its wrapper has the image (a pull may take
         minutes); its exit, if it comes first, is reported by the watcher."""
         marker = self.runner.run_dir(key) / containers.RUNNING_FILE
-        while not self._closed and proc.poll() is None:
+        while not self._closed and self._alive(pid, key, handle.get("started_at")):
             if marker.exists():
                 self._emit(Observed(key, Kind.STARTED, handle=handle,
-                                    detail=f"pid {proc.pid}, in container {handle['container'][1]}"))
+                                    detail=f"pid {pid}, in container {handle['container'][1]}"))
                 return
             time.sleep(0.05)
 
@@ -152,10 +152,20 @@ class LocalExecutor(EventStream):
                 self._emit(Observed(key, Kind.ABSENT, reason="no process was started for this attempt"))
                 continue
             if self._alive(pid, key, handle.get("started_at") if handle else None):
-                new = {"pid": pid, "started_at": process_start_time(pid), "key": key}
-                self._emit(Observed(key, Kind.STARTED, handle=new, detail=f"pid {pid}"))
+                # what the handle said of it stays: its account (its probes run as it), its container
+                new = {**(handle or {}), "pid": pid, "started_at": process_start_time(pid), "key": key}
+                boxed = containers.named(self.runner.run_dir(key))
+                if boxed is not None:
+                    new["container"] = list(boxed)
                 with self._lock:  # adopted again (a cycle's writes were lost): one watch is enough
                     watched = any(k == key for k, _ in self._watched.values())
+                if boxed is not None and not (self.runner.run_dir(key) / containers.RUNNING_FILE).exists():
+                    # still pulling its image: STARTING until its container runs
+                    if not watched:
+                        threading.Thread(target=self._await_container, args=(key, pid, new), daemon=True,
+                                         name=f"corral-container-{key}").start()
+                else:
+                    self._emit(Observed(key, Kind.STARTED, handle=new, detail=f"pid {pid}"))
                 if not watched:
                     self._watch(key, pid)
                 continue
