@@ -12,7 +12,7 @@ import pytest
 
 from conformance.driver import Corral
 from conformance.harnesses import PARTITION, LocalHarness
-from conftest import kill_leftovers
+from conftest import kill_leftovers, wait_for
 from unix_users import need_root, traversable_dir, unix_user
 
 import container_lab
@@ -216,3 +216,33 @@ def test_a_container_runs_as_its_submitter_and_binds_nothing_it_may_not_reach(se
     log = corral.log(held)
     assert done["state"] == "FAILED" and "may not reach" in log, (done, log)
     assert not (inner / "made").exists()
+
+
+def test_a_replica_s_probes_still_run_as_its_account_after_a_server_crash(served, tmp_path) -> None:
+    """The successor of a server killed with kill -9 adopts the replica with its account: its
+    exec probes go on running as her, never as the server's root."""
+    import time
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    own = corral.specs / f"probes-{tmp_path.name}"
+    own.mkdir()
+    os.chown(own, ann.uid, ann.gid)
+    probes = own / "probes"
+    spec = f"run: exec sleep 300\nliveness_probe: {{exec: 'id -u >> {probes}', period: 0.2s}}\n"
+    job = client.submit(spec, name="probed", base_dir=str(own), workdir=str(own),
+                        scheduling={"partition": PARTITION})["job"]["id"]
+    corral.wait_running(job)
+
+    def probed() -> bool:
+        return probes.exists() and len(probes.read_text().split()) >= 2
+
+    wait_for(probed, timeout=30)
+    corral.crash()
+    probes.unlink()
+    corral.start()
+    wait_for(probed, timeout=60)
+    time.sleep(0.5)
+    seen = set(probes.read_text().split())
+    corral("cancel", str(job))
+    assert seen == {str(ann.uid)}, seen
