@@ -53,6 +53,26 @@ def _events(server, job_id: int) -> list[str]:
     return said + [server.get(f"/v1/jobs/{job_id}/logs").text[-2000:]]
 
 
+def _slow_podman(tmp_path: Path, seconds: int, then: str = "") -> Path:
+    """A node whose engine is slow to pull: podman behind a script that waits first."""
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep {seconds}; {then or ":"}; fi\n'
+                    f'exec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    return slow
+
+
+def _private_job(server, registry, name: str, run: str, engine: Path) -> dict:
+    """A job of the registry's private image (its login in the job's secrets), on ``engine``."""
+    launcher = server.state.loop.launcher
+    launcher.containers = launcher.containers.model_copy(update={"engine": str(engine)})
+    login = f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}}}\n"
+    return submit(server, f"name: {name}\nresources: {{image_id: docker:{registry.image('private/busybox:1')}}}\n"
+                          f"run: {run}\n" + login)
+
+
 def test_a_group_with_one_task_in_a_container_and_one_not(server, tmp_path: Path) -> None:
     port = _free_port()
     job = submit(server, f"""
@@ -185,16 +205,7 @@ run: cat {remote}/a.txt ~/cfg.txt > "$CORRAL_CHECKPOINT_DIR/seen.txt"; test -e {
 def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_path: Path) -> None:
     """A pull may take minutes: the replica says STARTING and why until its container runs
     (here a node whose engine is slow to pull: a wrapper around podman)."""
-    import shutil
-
-    slow = tmp_path / "slow-podman"
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 3; fi\nexec {shutil.which("podman")} "$@"\n')
-    slow.chmod(0o755)
-    launcher = server.state.loop.launcher
-    launcher.containers = launcher.containers.model_copy(update={"engine": str(slow)})
-    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}}}\n")
-    job = submit(server, f"name: slowpull\nresources: {{image_id: docker:{registry.image('private/busybox:1')}}}\n"
-                         f"run: sleep 1\n" + login)
+    job = _private_job(server, registry, "slowpull", "sleep 1", _slow_podman(tmp_path, 3))
 
     def replica() -> dict:
         return server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]
@@ -241,18 +252,9 @@ run: |
 
 
 def test_cancel_during_a_pull_starts_nothing_and_leaves_nothing(server, registry, tmp_path: Path) -> None:
-    import shutil
-
-    slow = tmp_path / "slow-podman"
     pulled = tmp_path / "pulled"
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 30; touch {pulled}; fi\n'
-                    f'exec {shutil.which("podman")} "$@"\n')
-    slow.chmod(0o755)
-    launcher = server.state.loop.launcher
-    launcher.containers = launcher.containers.model_copy(update={"engine": str(slow)})
-    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}}}\n")
-    job = submit(server, f"name: pullcancel\nresources: {{image_id: docker:{registry.image('private/busybox:1')}}}\n"
-                         f"run: touch {tmp_path / 'ran'}\n" + login)
+    job = _private_job(server, registry, "pullcancel", f"touch {tmp_path / 'ran'}",
+                       _slow_podman(tmp_path, 30, f"touch {pulled}"))
     wait_for(lambda: any("STARTING until its container runs" in m for m in _events(server, job["id"])), timeout=30)
     time.sleep(1)  # the pull is under way
     assert server.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
@@ -266,11 +268,7 @@ def test_cancel_during_a_pull_starts_nothing_and_leaves_nothing(server, registry
 def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_path: Path) -> None:
     """A server killed during a pull: its successor adopts the attempt as STARTING (its image
     is not there yet), and RUNNING once its container runs — never ready before it exists."""
-    import shutil
-
-    slow = tmp_path / "slow-podman"
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 8; fi\nexec {shutil.which("podman")} "$@"\n')
-    slow.chmod(0o755)
+    slow = _slow_podman(tmp_path, 8)
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE.replace("containers:\n", f"containers:\n  engine: {slow}\n"))
