@@ -14,6 +14,21 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 16
+# what corral's own shell around a batch script prints before it fails the job (``spec.batchshell``)
+LAST_WORDS = "corral: the job failed: "
+
+
+def last_words(path: Path, tail: int = 4096) -> str:
+    """The sentence corral's shell printed last in a log when it failed the job itself (its
+    ``--output`` directory missing, say), or "": the reason an exit code alone does not give."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    said = [line[len(LAST_WORDS):].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
+    return said[-1][:500] if said else ""
 
 
 def rotated(path: Path) -> Path:
