@@ -153,6 +153,8 @@ def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
     assert done["state"] == "SUCCEEDED", (done, log)
     assert f"batch={ann.uid}" in log, log
     assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
+    if "steps=no" in log:  # and then it says why, naming the Python it could not run
+        assert f"the account {ann.name} may not run: install corral where every account may read it" in log, log
     (output,) = submit_dir.glob("slurm-*.out")
     assert output.stat().st_uid == ann.uid
 
