@@ -19,8 +19,9 @@ LAST_WORDS = "corral: the job failed: "
 
 
 def last_words(path: Path, tail: int = 4096) -> str:
-    """The sentence corral's shell printed last in a log when it failed the job itself (its
-    ``--output`` directory missing, say), or "": the reason an exit code alone does not give."""
+    """Why a replica failed where its exit code alone does not say: the sentence corral's shell
+    printed last when it failed the job itself (its ``--output`` directory missing, say), or
+    a port taken (``Address already in use``); "" otherwise."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
@@ -28,7 +29,12 @@ def last_words(path: Path, tail: int = 4096) -> str:
     except OSError:
         return ""
     said = [line[len(LAST_WORDS):].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
-    return said[-1][:500] if said else ""
+    if said:
+        return said[-1][:500]
+    if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
+        return ("its log says a port it binds is already in use on its node (replicas on one machine share a "
+                "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0)")
+    return ""
 
 
 def rotated(path: Path) -> Path:
