@@ -412,3 +412,69 @@ def _skip_if_cancelled_by_others(corral, job: str) -> None:  # noqa: ANN001
                                text=True, env=env).stdout.strip()
         if state.startswith("CANCELLED"):
             pytest.skip(f"Slurm job {slurm_id} was cancelled from outside this test (the shared lab's clean-up)")
+
+
+def test_a_cancel_while_slurm_s_controller_does_not_answer_leaves_no_step_running(tmp_path: Path) -> None:
+    """The controller goes silent while replicas run in Slurm steps, then their jobs are
+    cancelled. One stays silent: after the grace period the step is killed through its srun
+    client (which reaches the nodes' slurmd without the controller) and nothing of it runs on.
+    Before, the srun client was SIGKILLed and the step ran on unseen. For the other, Slurm
+    answers again within the grace period: the replica gets its stop signal then."""
+    if not _lab_answers():
+        pytest.skip("no slurm-lab answers here")
+    import re
+
+    conf = tmp_path / "slurm-etc"
+    shutil.copytree(LAB_CONF.parent, conf)
+    good = (conf / "slurm.conf").read_text()
+    bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                    for line in good.splitlines()) + "\n"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(SLURM_SITE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    lab = {**os.environ, "SLURM_CONF": str(LAB_CONF)}
+
+    def launch(name: str, grace: str) -> tuple[str, Path, str]:
+        said = tmp_path / f"said-{name}"
+        (tmp_path / f"{name}.yaml").write_text(
+            f"resources: {{accelerators: H100:1}}\ngrace_period: {grace}\n"
+            f"run: |\n  trap 'echo got-term >> {said}; exit 0' TERM\n  echo started >> {said}\n"
+            f"  while :; do sleep 0.2; done\n")
+        job = corral("launch", "-d", "-p", "gpu", "--name", name, str(tmp_path / f"{name}.yaml"),
+                     timeout=120).stdout.strip()
+        wait_for(lambda: said.exists() and "started" in said.read_text(), timeout=120, interval=0.5)
+        (slurm_id,) = set(re.findall(r"Slurm job (\d+)", corral("events", job).stdout))
+        return job, said, slurm_id
+
+    def steps(slurm_id: str) -> list[str]:  # asked of the real lab, which answers us
+        out = subprocess.run(["squeue", "-h", "-s", "-j", slurm_id, "-o", "%i"], capture_output=True, text=True,
+                             env=lab).stdout.split()
+        return [s for s in out if not s.endswith((".batch", ".extern"))]
+
+    def ended(job: str) -> dict:
+        return wait_for(lambda: (j := json.loads(corral("status", job, "--json").stdout))["state"]
+                        in ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=120, interval=1)
+
+    try:
+        silent, silent_said, silent_id = launch("silent", "3s")
+        back, back_said, back_id = launch("back", "60s")
+        assert steps(silent_id) and steps(back_id)
+        (conf / "slurm.conf").write_text(bad)
+        wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=90, interval=1)
+        corral("cancel", silent, back)
+        # the silent one's grace period over: its step is ended through its srun client, while
+        # corral, unable to learn its exit from Slurm, does not yet call it ended
+        wait_for(lambda: steps(silent_id) == [], timeout=60, interval=0.5)
+        assert json.loads(corral("status", silent, "--json").stdout)["state"] == "RUNNING"
+        assert "got-term" not in silent_said.read_text()  # (its stop signal could not be delivered in time)
+        assert "got-term" not in back_said.read_text() and steps(back_id)
+        (conf / "slurm.conf").write_text(good)  # Slurm answers within the other's grace period
+        wait_for(lambda: "got-term" in back_said.read_text(), timeout=50, interval=0.5)
+        assert ended(back)["state"] == "CANCELLED" and ended(silent)["state"] == "CANCELLED"
+        assert steps(back_id) == []
+        assert silent_said.read_text().count("started") == back_said.read_text().count("started") == 1
+    finally:
+        corral.stop()
+        _cancel_ours(home)

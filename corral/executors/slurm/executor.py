@@ -68,9 +68,8 @@ GPUS_FILE = "gpus"
 # Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
 # chooses them, not corral), by their indices on the node, then becomes the wrapper.
 RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
-# Run in a step beside an attempt's: signal $3 to the process group its wrapper leads (pid $1
-# on the node, a task slurmstepd made a group leader; it carries the attempt's key $2 in its
-# environment, so a reused pid is never hit), or to the wrapper alone if it leads none
+SIGNAL_RETRY_S = 1.0  # how often a stop signal waiting for Slurm's controller asks it again
+FORWARDED = (signals.SIGUSR1, signals.SIGUSR2, signals.SIGCONT, signals.SIGALRM)  # srun passes these on as they are
 ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 
@@ -425,44 +424,82 @@ class SrunExecutor(EventStream):
         key = handle["key"]
         with self._lock:
             attempt = self._live.get(key)
-        if attempt is None:
+        if attempt is None or not (attempt.slurm_id or self._srun_alive(attempt)):
             return False
-        try:  # (a controller known not to answer is not asked: its srun is all there is to signal)
-            step_id = retrying(lambda: self.cli.steps([attempt.slurm_id])).get(attempt.step) \
-                if attempt.slurm_id and self.controller.why is None else None
-        except SlurmError:
-            step_id = None
-            log.warning("could not find the step of %s to signal it; trying its srun", key)
-        if signum == signals.SIGKILL:
-            if step_id:
+        # Found and signalled off the loop's thread: a Slurm slow to answer never holds the loop.
+        # True even when it is not delivered: the loop then arms the SIGKILL deadline, so a stop
+        # is never silently dropped.
+        threading.Thread(target=self._deliver, args=(attempt, signum), daemon=True,
+                         name=f"corral-srun-signal-{key}").start()
+        return True
+
+    def _srun_alive(self, attempt: Attempt) -> bool:
+        return bool(attempt.pid) and process_alive(attempt.pid, attempt.pid_started)
+
+    def _deliver(self, attempt: Attempt, signum: int) -> None:
+        """Signal the attempt: its process group from a step beside it (``sidesteps``), SIGKILL
+        by cancelling its step; an attempt still waiting for its step by killing its srun."""
+        step_id, answered = None, False
+        if attempt.slurm_id and self.controller.why is None:  # (one known not to answer is not asked)
+            try:
+                step_id = retrying(lambda: self.cli.steps([attempt.slurm_id]).get(attempt.step))
+                answered = True
+            except SlurmError as exc:
+                log.warning("could not find the step of %s to signal it: %s", attempt.key, exc)
+        if step_id:
+            if signum == signals.SIGKILL:
                 retrying(lambda: self.cli.cancel(step_id) or fail("scancel failed"), quiet=True)
                 self._reap(attempt)
-            if attempt.pid and process_alive(attempt.pid, attempt.pid_started):
-                try:  # a step not created yet is never created
-                    os.kill(attempt.pid, signals.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            return True
-        if step_id:
-            name = signals.Signals(signum).name.removeprefix("SIG")
-            # True even when it is not delivered: the loop then arms the SIGKILL deadline, which
-            # is retried, so a stop is never silently dropped
-            threading.Thread(target=self._deliver, args=(attempt, step_id, name), daemon=True,
-                             name=f"corral-srun-signal-{key}").start()
-            return True
-        if attempt.pid and process_alive(attempt.pid, attempt.pid_started):
-            os.kill(attempt.pid, signals.SIGKILL)  # still waiting for its step: it never starts
-            return True
-        return False
+                self._kill_srun(attempt)
+            else:
+                self._signal_step(attempt, step_id, signum)
+            return
+        if answered or self.runner.started_pid(attempt.key) is None:
+            self._kill_srun(attempt)  # no step yet: it never starts
+            return
+        # Its step runs but Slurm cannot say which (its controller down or silent). Killing our
+        # srun client would leave the step running unseen; srun itself reaches the step through
+        # the nodes' slurmd, no controller needed: it passes on USR1, USR2, CONT and ALRM as they
+        # are, and on SIGTERM kills every process of the step. So a SIGKILL is that SIGTERM; a
+        # stop signal waits for Slurm to answer (the SIGKILL after the grace period does not).
+        if not self._srun_alive(attempt):
+            return
+        if signum == signals.SIGKILL:
+            os.kill(attempt.pid, signals.SIGTERM)
+        elif signum in FORWARDED:
+            os.kill(attempt.pid, signum)
+        else:
+            self._signal_when_answered(attempt, signum)
 
-    def _deliver(self, attempt: Attempt, step_id: str, name: str) -> None:
-        """Signal ``name`` to the attempt's process group from a step beside it (``sidesteps``)."""
+    def _signal_step(self, attempt: Attempt, step_id: str, signum: int) -> None:
         try:
             _, host, _ = self.allocations.where(attempt.node)
         except LaunchError:
             host = ""
         self.side.signal_group(attempt.slurm_id, host, self.runner.started_pid(attempt.key), attempt.key, step_id,
-                               name)
+                               signals.Signals(signum).name.removeprefix("SIG"))
+
+    def _kill_srun(self, attempt: Attempt) -> None:
+        if self._srun_alive(attempt):
+            try:
+                os.kill(attempt.pid, signals.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _signal_when_answered(self, attempt: Attempt, signum: int) -> None:
+        """Deliver a stop signal once Slurm's controller says which the attempt's step is (or
+        give up when the attempt ends, its SIGKILL having ended the step)."""
+        while self._srun_alive(attempt):
+            time.sleep(SIGNAL_RETRY_S)
+            if self.controller.why is not None:
+                continue
+            try:
+                step_id = self.cli.steps([attempt.slurm_id]).get(attempt.step)
+            except SlurmError:
+                continue
+            if step_id:
+                self._signal_step(attempt, step_id, signum)
+            return
 
     def _reap(self, attempt: Attempt) -> None:
         """End what a killed step leaves on its node (``sidesteps``)."""
