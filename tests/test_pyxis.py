@@ -2,8 +2,8 @@
 (enroot image references, mounts, flags, refusals naming the option and the script line),
 and end to end on the local infra with the busybox test image (``container_lab``): an
 ``srun --container-image … --container-mounts …`` step that sees its mount and the image,
-``#SBATCH --container-image`` running the whole script inside, a reused ``--container-name``
-refused, and the engine options a step's container gets."""
+``#SBATCH --container-image`` running the whole script inside, a ``--container-name`` kept
+for the job's later steps, and the engine options a step's container gets."""
 
 from __future__ import annotations
 
@@ -240,19 +240,40 @@ echo "$SLURM_JOB_ID $1 $(pwd)" >> seen.txt
     assert (out / "seen.txt").read_text().splitlines() == ["inside", f"{job_id} arg1 /results"]
 
 
-def test_a_reused_container_name_is_refused_and_a_missing_image_fails_the_step(corral) -> None:
+def test_a_named_container_keeps_its_files_for_the_job_s_later_steps(corral) -> None:
+    """--container-name, as Pyxis keeps it: a later step naming it (without an image) runs over
+    the files an earlier one wrote in it, on the same node; another node has its own; the
+    name is the job's, gone when it ends."""
+    import time
+
     (corral.work / "named.sbatch").write_text(f"""#!/bin/bash
-#SBATCH -N 1
-srun --container-image={corral.image} --container-name=tf true; echo "first $?"
-srun --container-name=tf true; echo "second $?"
+#SBATCH -N 2 --ntasks-per-node=1
+named="$(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"; echo "kept in $named"
+srun -N1 --container-image={corral.image} --container-name=tf sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
+echo "first $?"
+srun -N1 --container-name=tf sh -c 'cat /kept; test -e /corral-image && echo "image files there"'; echo "second $?"
+srun -N2 --container-image={corral.image} --container-name=tf:auto \\
+  sh -c 'cat /kept 2>/dev/null || echo "none on $SLURMD_NODENAME"' | sort
+srun -N1 --container-name=tf:create true; echo "create $?"
+srun -N1 --container-name=other true; echo "other $?"
 srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
 """)
     proc = corral("sbatch", "--wait", "named.sbatch")
     job_id = proc.stdout.split()[-1]
     log = corral("logs", job_id).stdout
-    assert "first 0" in log and "second 1" in log and "third 1" in log, log
-    assert "--container-name=tf: step 0 of this job already ran in container tf" in log
-    assert "could not pull localhost/corral-test/none:1" in log
+    assert "first 0" in log and "second 0" in log, log
+    lines = [line.split(" | ", 1)[-1] for line in log.splitlines()]
+    assert "written by step 0\nimage files there\n" in "\n".join(lines), log  # step 0's file, in step 1's container
+    assert lines.count("written by step 0") == 2, log  # by step 1, and by step 2 on the first node
+    assert any(line.startswith("none on ") for line in lines), log  # the second node has a container of its own
+    assert "create 1" in log and "this job already has a container tf on node" in log, log
+    assert "other 1" in log and "no container other on node" in log, log
+    assert "third 1" in log and "could not pull localhost/corral-test/none:1" in log, log
+    kept = Path(next(line for line in lines if line.startswith("kept in ")).split(" ", 2)[2])
+    deadline = time.monotonic() + 30
+    while kept.exists():  # removed with the job's directory when it ended
+        assert time.monotonic() < deadline, f"{kept} outlived the job"
+        time.sleep(0.2)
 
 
 def test_cancel_leaves_no_step_container(corral) -> None:

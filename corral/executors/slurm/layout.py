@@ -16,7 +16,8 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
     describes it (``corral.runtime.batchenv``; ``env`` is changed in place), as the ``env``
     command that starts it inside its step. Inside a real allocation Slurm sets the step's own
     variables (one node, one task) and the real ``srun`` reads them: the job's layout is set
-    over them (all the job's ``hosts``, its task counts), corral's srun shims are not used, and
+    over them (all the job's ``hosts``, its task counts), Slurm's own srun is used (through
+    corral's where a line gives Pyxis's options and the site has no Pyxis), and
     the script's own srun steps overlap the steps holding the job's nodes (``SLURM_OVERLAP``),
     as they would in a batch step. Who and where the job is (its id, partition, account) stay
     Slurm's."""
@@ -26,7 +27,9 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
         layout.pop("SLURM_NPROCS", None)
     for name in [k for k in env if k.startswith(("SLURM_", "SLURMD_"))]:
         del env[name]
-    env.pop("CORRAL_SLURM_SHIMS", None)
+    shims = env.pop("CORRAL_SLURM_SHIMS", None)
+    if shims:  # Slurm's own srun, through corral's where a line gives Pyxis's options (``node.slurmstep``)
+        env["CORRAL_SLURM_SHIMS"] = os.path.join(shims, "slurm")
     if hosts:
         layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
         layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
