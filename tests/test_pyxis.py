@@ -136,6 +136,67 @@ def test_a_site_with_pyxis_takes_the_options_itself() -> None:
     assert not pyxis.pass_through("Usage: srun [OPTIONS(0)...]\n  -N, --nodes=N")
 
 
+SLURM_HELP = """Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]] [ : [OPTIONS(N)...]] executable(N) [args(N)...]
+
+Parallel run options:
+  -A, --account=name          charge job to specified account
+  -N, --nodes=N               number of nodes on which to run (N = min[-max])
+  -o, --output=out            location of stdout redirection
+      --export=env_vars|NONE  environment variables passed to launcher with
+      --exclusive[=user|mcs]  allocate nodes in exclusive mode when
+  -l, --label                 prepend task number to lines of stdout/err
+      --container             Path to OCI container bundle
+"""
+PYXIS_HELP = SLURM_HELP + """
+Options provided by plugins:
+      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH
+                              [pyxis] the image to use for the container
+"""
+
+
+def _fake_srun(directory: Path, help_text: str) -> Path:
+    directory.mkdir()
+    (directory / "help.txt").write_text(help_text)
+    (directory / "srun").write_text(f'#!/bin/sh\n[ "$1" = --help ] && exec /bin/cat {directory / "help.txt"}\nexit 3\n')
+    (directory / "srun").chmod(0o755)
+    return directory / "srun"
+
+
+def test_on_slurm_pyxis_s_options_go_to_slurm_s_srun_only_where_the_site_has_pyxis(tmp_path: Path) -> None:
+    """A batch script's srun on a Slurm infra (``node.slurmstep``): Slurm's own srun (the next
+    one on PATH after corral's) gets the line untouched where its --help lists Pyxis's
+    options; elsewhere Slurm's srun keeps its own options (values read from its --help) and
+    each task runs the command in its container through corral."""
+    from corral.node import slurmstep
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "srun").write_text("#!/bin/sh\nexit 9\n")
+    (ours / "srun").chmod(0o755)
+    argv = ["-N", "2", "-o", "out.%t", "--exclusive", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+            "--container-mounts", "/data:/data:ro", "--container-name=tf:create", "-l", "--export", "ALL,A=1",
+            "python", "train.py", "--container-image=x"]
+    env = {"PATH": f"{ours}:{tmp_path / 'pyxis'}", "CORRAL_JOB_ID": "7", "CORRAL_CONTAINER_ENGINE": "podman"}
+    pyxis_srun = _fake_srun(tmp_path / "pyxis", PYXIS_HELP)
+    assert slurmstep.plan(argv, env, str(ours)) == [str(pyxis_srun), *argv]
+    plain_srun = _fake_srun(tmp_path / "plain", SLURM_HELP)
+    env["PATH"] = f"{ours}:{tmp_path / 'plain'}"
+    final = slurmstep.plan(argv, env, str(ours))
+    assert final[:8] == [str(plain_srun), "-N", "2", "-o", "out.%t", "--exclusive", "-l", "--export"], final
+    assert final[8] == "ALL,A=1" and final[10:12] == [str(Path(slurmstep.__file__).with_name("srun.py")),
+                                                      "task-container"], final
+    assert final[13:] == ["python", "train.py", "--container-image=x"], final
+    blob = json.loads(final[12])
+    box = StepContainer.from_json(json.dumps(blob["container"]))
+    assert box.image == "nvcr.io/nvidia/pytorch:24.05-py3" and box.mounts == (Mount("/data", "/data", ("ro",)),)
+    assert (box.name, box.name_flag) == ("tf", "create")
+    assert blob["context"] == {"CORRAL_JOB_ID": "7", "CORRAL_CONTAINER_ENGINE": "podman"}
+    assert slurmstep.plan(["-N", "1", "hostname"], env, str(ours)) == [str(plain_srun), "-N", "1", "hostname"]
+    with pytest.raises(PyxisError) as err:
+        slurmstep.plan(["--container-image=/x.sqsh", "true"], env, str(ours))
+    assert err.value.option == "--container-image"
+
+
 # -- batch scripts ------------------------------------------------------------------------------
 
 def test_sbatch_container_directives_put_the_script_in_that_container() -> None:

@@ -126,3 +126,51 @@ def test_a_container_of_an_allocation_slurm_ends_itself_is_removed(corral, tmp_p
     subprocess.run(["scancel", slurm_id], env={**ENV}, check=True)
     wait_for(lambda: _status(corral, job)["state"] not in ("RUNNING", "STARTING"), timeout=90, interval=0.5)
     wait_for(lambda: _mine(job, "victim") == [], timeout=30, interval=0.5)
+
+
+def test_a_batch_script_s_pyxis_steps_run_in_containers_on_a_slurm_without_pyxis(corral, tmp_path: Path) -> None:
+    """The lab's Slurm has no Pyxis: an srun line with Pyxis's options runs as a step of
+    Slurm's own (its -N, --ntasks-per-node, --export, -l as written), each task in its
+    container with its mounts, workdir and --container-env; a named container keeps what one
+    step wrote for the next; no container is left when the job ends."""
+    from container_lab import MARKER
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "input.txt").write_text("from the node\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    registry, _, rest = IMAGE.partition("/")
+    (tmp_path / "steps.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+export HF_HOME=/from/the/host PATH="$PATH"
+srun -N 2 --ntasks-per-node=1 -l --export=ALL,STEP_VAR=given --container-image={registry}#{rest} \\
+  --container-mounts={data}:/data:ro,{out}:/out --container-workdir=/out --container-env=HF_HOME \\
+  sh -c 'cat /data/input.txt {MARKER} > seen.$SLURM_PROCID; touch /data/x 2>/dev/null || echo read-only >> seen.$SLURM_PROCID
+         echo "$SLURMD_NODENAME $SLURM_STEP_ID $SLURM_JOB_ID $STEP_VAR $HF_HOME $(pwd)" >> seen.$SLURM_PROCID; echo done'
+echo "step exit $?"
+srun -N1 -n1 --container-image={IMAGE} --container-name=kept sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
+srun -N1 -n1 --container-name=kept cat /kept
+echo "batch $(srun -N1 -n1 hostname)"
+""")
+    job = corral("sbatch", "--parsable", "-p", "gpu", "steps.sbatch", check=True).stdout.strip()
+    try:
+        wait_for(lambda: _status(corral, job)["state"] not in ("PENDING", "STARTING", "RUNNING"), timeout=120,
+                 interval=0.5)
+    except AssertionError:
+        raise AssertionError(_told(corral, job)) from None
+    log = corral("logs", job).stdout
+    assert _status(corral, job)["state"] == "SUCCEEDED", _told(corral, job)
+    slurm_id = _slurm_job_of(corral, job)
+    assert "step exit 0" in log and "0: done" in log and "1: done" in log, log  # -l: Slurm's labels
+    seen = [(out / f"seen.{rank}").read_text().splitlines() for rank in (0, 1)]
+    for rank, lines in enumerate(seen):
+        assert lines[:3] == ["from the node", "inside", "read-only"], seen
+        node, step, slurm_job, var, hf_home, pwd = lines[3].split()
+        assert slurm_job == slurm_id and var == "given" and hf_home == "/from/the/host" and pwd == "/out", lines
+    assert seen[0][3].split()[0] != seen[1][3].split()[0], seen  # two nodes, one step of Slurm's
+    assert seen[0][3].split()[1] == seen[1][3].split()[1], seen
+    first = next(line.split("written by step ")[1] for line in log.splitlines() if "written by step " in line)
+    assert first.isdigit(), log  # the second step read what the first (Slurm's step id) wrote
+    assert "batch " in log  # a line without Pyxis's options is Slurm's srun as written
+    assert not [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")], containers_of("step")

@@ -143,6 +143,5 @@ def task(argv: list[str]) -> int:
     env = dict(os.environ)
     for name, value in blob["context"].items():
         env.setdefault(name, value)
-    key = (f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.s{env.get('SLURM_STEP_ID', '0')}"
-           f".t{env.get('SLURM_PROCID', '0')}")
+    key = stepcontainer.task_key(env, env.get("SLURM_STEP_ID", "0"), env.get("SLURM_PROCID", "0"))
     return stepcontainer.run(container, key, env, argv[1:], who="srun")

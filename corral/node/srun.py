@@ -290,8 +290,8 @@ def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step:
         task_env = _task_env(env, task, tasks, step, opts)
         argv = command
         if container is not None:  # Pyxis's options: the task runs in that container (``node.stepcontainer``)
-            box = stepcontainer.prepare(container, f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.s{step}"
-                                        f".t{task['rank']}", task_env, cwd)
+            box = stepcontainer.prepare(container, stepcontainer.task_key(env, str(step), str(task["rank"])),
+                                        task_env, cwd)
             boxes.append(box)
             box.ready(pull_image=len(boxes) == 1)  # one pull for the step: every task runs the same image
             argv = box.argv(command)

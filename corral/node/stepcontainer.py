@@ -45,6 +45,16 @@ BATCH_VAR = "CORRAL_SBATCH_CONTAINER"  # the batch script's own container, JSON 
 LABEL = "corral.attempt"  # the attempt a step's container belongs to
 
 
+def task_key(env: dict[str, str], step: str, rank: str) -> str:
+    """The key a step's task's container is named by: its attempt's, its step's and its rank,
+    and a digest of its job's directory, so that two corral homes' jobs of one id on one
+    machine never name two containers alike."""
+    import hashlib
+
+    home = hashlib.sha256((env.get("CORRAL_HOSTS_FILE") or "").encode()).hexdigest()[:6]
+    return f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.{home}.s{step}.t{rank}"
+
+
 class StepContainerError(Exception):
     """The task cannot run in its container: the sentence says why (the step fails)."""
 

@@ -22,9 +22,13 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
     as they would in a batch step. Who and where the job is (its id, partition, account) stay
     Slurm's."""
     layout = {k: env.pop(k) for k in list(env) if k in LAYOUT}
+    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
+             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
     if env.pop("CORRAL_SBATCH_NTASKS_GIVEN", None) is None:  # as sbatch: srun's count follows its own -N/-n
         layout.pop("SLURM_NTASKS", None)
         layout.pop("SLURM_NPROCS", None)
+        unset += ["SLURM_NTASKS", "SLURM_NPROCS"]  # the holding step's own (1) would be srun's -n
     for name in [k for k in env if k.startswith(("SLURM_", "SLURMD_"))]:
         del env[name]
     shims = env.pop("CORRAL_SLURM_SHIMS", None)
@@ -34,9 +38,6 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
         layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
         layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
     layout["SLURM_OVERLAP"] = "1"
-    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
-             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
     return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
 
 
