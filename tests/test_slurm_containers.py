@@ -174,3 +174,84 @@ echo "batch $(srun -N1 -n1 hostname)"
     assert first.isdigit(), log  # the second step read what the first (Slurm's step id) wrote
     assert "batch " in log  # a line without Pyxis's options is Slurm's srun as written
     assert not [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")], containers_of("step")
+
+
+def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """A root server, a batch script of another Unix account on the Slurm partition: its
+    Pyxis steps' containers are that account's (its own rootless engine: its uid inside, the
+    files it writes its own), its named container is kept for its next step and is its own,
+    and when the job ends no container of its steps is left in its engine, nor its named
+    container's files."""
+    import os
+    import subprocess
+    import sys
+
+    from conformance.driver import Corral
+    from conformance.harnesses import PARTITION, SlurmHarness
+    from container_lab import SITE as CONTAINER_SITE, ensure_image_for, need_podman
+    from corral.client import Client
+    from corral.spec.sbatch import load_batch
+    from unix_users import need_root, slurm_association, traversable_dir, unix_user
+
+    need_root()
+    podman = need_podman()
+    with traversable_dir() as root, unix_user("cspx") as ann, slurm_association(ann.name, {**ENV}):
+        def as_her(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", "--reuid", ann.name, "--regid", ann.name, "--init-groups", "--",
+                                   "env", "-i", f"HOME={ann.home}", f"USER={ann.name}", "PATH=/usr/bin:/bin",
+                                   *argv], capture_output=True, text=True, cwd="/")
+
+        if as_her(sys.executable, "-c", "import corral.node.slurmstep").returncode != 0:
+            pytest.skip(f"another account may not run this Python ({sys.executable}, in root's home?): a batch "
+                        "script's srun with Pyxis's options runs the server's Python as the job's account; run "
+                        "the tests with a Python every account may run")
+        image = ensure_image_for(ann.name)  # her own engine runs her containers, from her own store
+
+        def her_containers() -> list[str]:
+            done = as_her(podman, "ps", "-a", "--format", "{{.Names}}")
+            assert done.returncode == 0, done.stderr
+            return done.stdout.split()
+
+        home = root / "home"
+        home.mkdir()
+        harness = SlurmHarness()
+        (home / "config.yaml").write_text(harness.site() + CONTAINER_SITE)
+        corral = Corral(home, harness)
+        own = root / "ann"
+        own.mkdir()
+        os.chown(own, ann.uid, ann.gid)
+        corral.start()
+        admin = corral.client()
+        client = Client(admin.url, admin.create_token(ann.name)["token"])
+        try:
+            script = f"""#!/bin/bash
+#SBATCH -N 2
+echo "batch as $(id -u)"
+srun -N 2 --ntasks-per-node=1 --container-image={image} --container-mounts={own}:/out --container-workdir=/out \\
+  sh -c 'echo "task $SLURM_PROCID as $(id -u)"; touch made.$SLURM_PROCID'
+srun -N 1 --container-image={image} --container-name=kept sh -c 'id -u > /kept'
+srun -N 1 --container-name=kept sh -c 'echo "kept by $(cat /kept), read as $(id -u)"'
+echo "named $(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"
+"""
+            batch = load_batch(script, source="boxed.sbatch", submit_dir=str(own))
+            job = client.submit(batch.documents, source="boxed.sbatch", cwd=str(own),
+                                scheduling={**batch.scheduling, "partition": PARTITION},
+                                export=batch.export)["job"]["id"]
+            done = corral.wait_job(job, timeout=120)
+            log = corral.log(job)
+            assert done["state"] == "SUCCEEDED", (done, log)
+            uid = str(ann.uid)
+            assert f"batch as {uid}" in log and f"task 0 as {uid}" in log and f"task 1 as {uid}" in log, log
+            assert f"kept by {uid}, read as {uid}" in log, log  # step 1 wrote it in her container; step 2 read it
+            assert all((own / f"made.{rank}").stat().st_uid == ann.uid for rank in (0, 1))
+            named = Path(next(line for line in log.splitlines() if "named /" in line).split("named ", 1)[1])
+            wait_for(lambda: not named.exists(), timeout=30, interval=0.5)  # the job's, gone with it
+            assert not [n for n in her_containers() if n.startswith("corral-")], her_containers()
+        finally:
+            client.close()
+            try:
+                corral.cancel_all()
+            finally:
+                corral.close_client()
+                corral("server", "stop", check=False)
+                harness.cleanup(home)

@@ -182,6 +182,9 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
                                  "(config.yaml containers.engine names the container engine)")
     site = tuple(json.loads(env.get(OPTIONS_VAR) or "[]"))
     options = site + tuple(engine_options(container, cwd, env))
+    if os.geteuid() != 0 and "--shm-size" not in options and "--ipc" not in options:
+        # a rootless engine cannot join the node's IPC namespace: a /dev/shm as large as PyTorch wants
+        options += ("--shm-size", engine_files.ROOTLESS_SHM)
     login = login_for(container, env, container.image) if container.image else None
     spec = Container(image, engine, options, login)
     run_dir = Path(tempfile.mkdtemp(prefix="corral-step-"))
