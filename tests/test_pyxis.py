@@ -318,10 +318,12 @@ srun -N2 --container-image={corral.image} --container-name=tf:auto \\
 srun -N1 --container-name=tf:create true; echo "create $?"
 srun -N1 --container-name=other true; echo "other $?"
 srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
+exit 3
 """)
     proc = corral("sbatch", "--wait", "named.sbatch")
     job_id = proc.stdout.split()[-1]
     log = corral("logs", job_id).stdout
+    assert proc.returncode == 3, log  # a failed job: its named containers go with it all the same
     assert "first 0" in log and "second 0" in log, log
     lines = [line.split(" | ", 1)[-1] for line in log.splitlines()]
     assert "written by step 0\nimage files there\n" in "\n".join(lines), log  # step 0's file, in step 1's container
@@ -334,6 +336,29 @@ srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
     deadline = time.monotonic() + 30
     while kept.exists():  # removed with the job's directory when it ended
         assert time.monotonic() < deadline, f"{kept} outlived the job"
+        time.sleep(0.2)
+
+
+def test_a_cancelled_job_s_named_container_is_removed(corral) -> None:
+    import time
+
+    (corral.work / "named-long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} --container-name=tf sh -c 'echo x > /kept'
+echo "kept in $(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"
+srun --container-name=tf sleep 300
+""")
+    job_id = corral("sbatch", "named-long.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while "kept in " not in (log := corral("logs", job_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.2)
+    kept = Path(log.split("kept in ", 1)[1].split()[0])
+    assert (kept / "index").exists(), log
+    corral("cancel", job_id, check=True)
+    deadline = time.monotonic() + 30
+    while kept.exists():
+        assert time.monotonic() < deadline, f"{kept} outlived the cancelled job"
         time.sleep(0.2)
 
 

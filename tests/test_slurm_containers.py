@@ -255,3 +255,24 @@ echo "named $(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"
                 corral.close_client()
                 corral("server", "stop", check=False)
                 harness.cleanup(home)
+
+
+def test_cancel_ends_a_batch_script_s_pyxis_step_containers_on_slurm(corral, tmp_path: Path) -> None:
+    (tmp_path / "long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+srun -N 2 --ntasks-per-node=1 --container-image={IMAGE} --container-name=tf sleep 300
+""")
+    job = corral("sbatch", "--parsable", "-p", "gpu", "long.sbatch", check=True).stdout.strip()
+
+    def steps() -> list[str]:
+        return [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")]
+
+    try:
+        wait_for(lambda: len(steps()) == 2, timeout=90, interval=0.5)
+    except AssertionError:
+        raise AssertionError(_told(corral, job)) from None
+    slurm_id = _slurm_job_of(corral, job)
+    corral("cancel", job, check=True)
+    wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
+    wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
+    wait_for(lambda: steps() == [], timeout=30, interval=0.5)
