@@ -309,7 +309,7 @@ def test_a_named_container_keeps_its_files_for_the_job_s_later_steps(corral) -> 
 
     (corral.work / "named.sbatch").write_text(f"""#!/bin/bash
 #SBATCH -N 2 --ntasks-per-node=1
-named="$(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"; echo "kept in $named"
+echo "kept in $CORRAL_NAMED_CONTAINERS"
 srun -N1 --container-image={corral.image} --container-name=tf sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
 echo "first $?"
 srun -N1 --container-name=tf sh -c 'cat /kept; test -e /corral-image && echo "image files there"'; echo "second $?"
@@ -333,6 +333,7 @@ exit 3
     assert "other 1" in log and "no container other on node" in log, log
     assert "third 1" in log and "could not pull localhost/corral-test/none:1" in log, log
     kept = Path(next(line for line in lines if line.startswith("kept in ")).split(" ", 2)[2])
+    assert kept.is_relative_to(corral.home), kept  # on disk in the home, never the runtime directory's memory
     deadline = time.monotonic() + 30
     while kept.exists():  # removed with the job's directory when it ended
         assert time.monotonic() < deadline, f"{kept} outlived the job"
@@ -345,7 +346,7 @@ def test_a_cancelled_job_s_named_container_is_removed(corral) -> None:
     (corral.work / "named-long.sbatch").write_text(f"""#!/bin/bash
 #SBATCH -N 1
 srun --container-image={corral.image} --container-name=tf sh -c 'echo x > /kept'
-echo "kept in $(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"
+echo "kept in $CORRAL_NAMED_CONTAINERS"
 srun --container-name=tf sleep 300
 """)
     job_id = corral("sbatch", "named-long.sbatch", check=True).stdout.split()[-1]

@@ -152,6 +152,7 @@ echo "step exit $?"
 srun -N1 -n1 --container-image={IMAGE} --container-name=kept sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
 srun -N1 -n1 --container-name=kept cat /kept
 echo "batch $(srun -N1 -n1 hostname)"
+srun -N1 -n1 --export=NONE --container-image={IMAGE} sh -c 'test -e {MARKER} && echo "inside with $HF_HOME."'
 """)
     job = corral("sbatch", "--parsable", "-p", "gpu", "steps.sbatch", check=True).stdout.strip()
     try:
@@ -173,6 +174,7 @@ echo "batch $(srun -N1 -n1 hostname)"
     first = next(line.split("written by step ")[1] for line in log.splitlines() if "written by step " in line)
     assert first.isdigit(), log  # the second step read what the first (Slurm's step id) wrote
     assert "batch " in log  # a line without Pyxis's options is Slurm's srun as written
+    assert "inside with ." in log, log  # --export=NONE: none of the script's variables, a container all the same
     assert not [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")], containers_of("step")
 
 
@@ -231,7 +233,7 @@ srun -N 2 --ntasks-per-node=1 --container-image={image} --container-mounts={own}
   sh -c 'echo "task $SLURM_PROCID as $(id -u)"; touch made.$SLURM_PROCID'
 srun -N 1 --container-image={image} --container-name=kept sh -c 'id -u > /kept'
 srun -N 1 --container-name=kept sh -c 'echo "kept by $(cat /kept), read as $(id -u)"'
-echo "named $(dirname "$CORRAL_HOSTS_FILE")/named.$CORRAL_JOB_ID"
+echo "named $CORRAL_NAMED_CONTAINERS"
 """
             batch = load_batch(script, source="boxed.sbatch", submit_dir=str(own))
             job = client.submit(batch.documents, source="boxed.sbatch", cwd=str(own),

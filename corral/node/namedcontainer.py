@@ -9,9 +9,11 @@ own (its processes end with it) over the same files. A root filesystem carries n
 image's configuration, so the image's environment, working directory and entrypoint are kept
 beside it (``config.json``) and given to each run.
 
-Where and whose: in the job's directory (the directory of its hosts file), ``named.JOB``, one
-entry per node and name; that directory is removed by the server when the job ends, however
-it ends (exit, failure, cancel, a time limit), so a name is never seen by another job. It is
+Where and whose: on disk beside the job's git workdirs in the server's home (``NAMED_VAR``,
+which the Slurm nodes share with the server, as they share the job's other files; never the
+runtime directory, which may be memory), one entry per node and name; that directory is
+removed by the server when the job ends, however it ends (exit, failure, cancel, a time
+limit), so a name is never seen by another job. It is
 made by the step's own process, so its files are the job's account's, made with its rights
 (another account's, under a root server, through its own rootless engine). Nobody else may
 list it: its index (0600) maps names to directories named by a random token; the directories
@@ -30,6 +32,7 @@ from typing import Callable
 
 from corral.node.container import HOST_ONLY
 
+NAMED_VAR = "CORRAL_NAMED_CONTAINERS"  # where the job's named containers are kept (set at launch)
 INDEX = "index"
 CONFIG = "config.json"
 ROOTFS = "rootfs"
@@ -40,9 +43,8 @@ class NamedError(Exception):
 
 
 def base_dir(env: dict[str, str]) -> Path | None:
-    """The job's named containers on this node's view of the job's directory (None outside a job)."""
-    hosts, job = env.get("CORRAL_HOSTS_FILE"), env.get("CORRAL_JOB_ID")
-    return Path(hosts).parent / f"named.{job}" if hosts and job else None
+    """The job's named containers (None outside a job)."""
+    return Path(env[NAMED_VAR]) if env.get(NAMED_VAR) else None
 
 
 def ensure(env: dict[str, str], name: str, flag: str, image: str | None, engine: str,
@@ -57,7 +59,7 @@ def ensure(env: dict[str, str], name: str, flag: str, image: str | None, engine:
     if base is None:
         raise NamedError(f"--container-name={name}: outside a corral job there is no job to keep it for")
     try:
-        base.mkdir(mode=0o711, exist_ok=True)
+        base.mkdir(mode=0o711, parents=True, exist_ok=True)
         if base.stat().st_uid == os.geteuid():
             base.chmod(0o711)  # handed over private; a rootless engine's container root passes through it
         fd = os.open(base / INDEX, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)

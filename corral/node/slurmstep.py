@@ -30,7 +30,7 @@ from corral.spec import pyxis
 
 # what a step's task needs from the batch script's environment to run its container
 CONTEXT = ("CORRAL_CONTAINER_ENGINE", "CORRAL_CONTAINER_OPTIONS", "CORRAL_HOSTS_FILE", "CORRAL_CHECKPOINT_DIR",
-           "CORRAL_LAUNCH_KEY", "CORRAL_JOB_ID")
+           "CORRAL_LAUNCH_KEY", "CORRAL_JOB_ID", "CORRAL_NAMED_CONTAINERS")
 # srun options that take a value though its --help shows none (Slurm 22.05)
 _VALUED = {"container", "jobid", "mpi", "uid", "gid"}
 _HELP = re.compile(r"^\s+(?:-([A-Za-z]),\s+)?--([A-Za-z][\w-]*)(\[?=)?")

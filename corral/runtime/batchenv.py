@@ -279,8 +279,9 @@ def hand_over_job_files(job_dir: Path, env: dict[str, str], account, base: Path)
     files = [f"sbatch.{env['CORRAL_LAUNCH_KEY']}"] + ([f"steps.{env['SLURM_JOB_ID']}"] if "SLURM_JOB_ID" in env else [])
     for name in files:
         hand_over(job_dir / name, account, base, directory=False)
-    if env.get("CORRAL_JOB_ID"):
-        hand_over(job_dir / f"named.{env['CORRAL_JOB_ID']}", account, base)
+    named = env.get("CORRAL_NAMED_CONTAINERS")  # under the server's home (``node.namedcontainer``)
+    if named:
+        hand_over(Path(named), account, Path(named).parents[2])
 
 
 def ensure_shims(directory: Path) -> Path:
