@@ -226,6 +226,12 @@ def test_container_mistakes_in_a_script_are_refused_with_their_option_and_line(t
     assert (issue.line, issue.field) == (line, option) and words in issue.message, str(err.value)
 
 
+def test_a_container_option_the_shell_makes_at_run_time_is_checked_then() -> None:
+    job = load_batch('#!/bin/sh\n#SBATCH -N 1\nfor i in 1 2; do srun --container-name="n$i" --container-image="$IMG" '
+                     'true; done\n', source="x.sbatch")
+    assert not job.warnings
+
+
 def test_srun_inside_a_containerised_script_is_warned_about() -> None:
     job = load_batch("#!/bin/sh\n#SBATCH --container-image=ubuntu\nsrun --container-image=ubuntu true\n",
                      source="x.sbatch")

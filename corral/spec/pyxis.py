@@ -25,7 +25,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from corral.spec.batchshell import shell_words
-from corral.spec.container import image_of
+from corral.spec.imageref import image_of
 
 # long name -> takes a value (the srun/sbatch spelling without "--")
 OPTIONS: dict[str, bool] = {
@@ -296,6 +296,8 @@ def script_steps(text: str) -> list[tuple[int, dict[str, str | bool] | PyxisErro
                 continue
             try:
                 given, _ = split(words[1:])
+                if any("$" in str(v) or "`" in str(v) for v in given.values()):
+                    continue  # a value the shell makes at run time (--container-name=$NAME): checked then
                 if given:
                     container_of(given)
                     found.append((number, given))
