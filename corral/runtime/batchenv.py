@@ -294,9 +294,16 @@ def ensure_shims(directory: Path) -> Path:
     (directory / "slurm").mkdir(exist_ok=True)
     (directory / "slurm").chmod(0o711)  # run by the job's account, as the directory above (``open_discovery``)
     runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
-    texts = {command: f"#!/bin/sh\nexec {_sh(sys.executable)} {_sh(str(runner))} {command} \"$@\"\n"
-             for command in ("srun", "scontrol", "corral-container")}
-    texts["slurm/srun"] = SLURM_SRUN.replace("PYTHON", _sh(sys.executable)).replace("RUNNER", _sh(str(runner))) \
+    python = _sh(sys.executable)
+    texts = {}
+    for command in ("srun", "scontrol", "corral-container"):
+        # (a job of another account cannot run a Python kept in the server account's private
+        # home: say so, rather than the shell's bare "Permission denied")
+        texts[command] = (f"#!/bin/sh\nif [ ! -x {python} ]; then\n"
+                          f"  echo \"{command}: corral's {command} runs with the server's Python, $(printf %s {python}),"
+                          f" which the account $(id -un) may not run: install corral where every account may read it\" >&2\n"
+                          f"  exit 127\nfi\nexec {python} {_sh(str(runner))} {command} \"$@\"\n")
+    texts["slurm/srun"] = SLURM_SRUN.replace("PYTHON", python).replace("RUNNER", _sh(str(runner))) \
         .replace("HERE", _sh(str(directory / "slurm")))
     for command, text in texts.items():
         path = directory / command
@@ -312,7 +319,13 @@ def ensure_shims(directory: Path) -> Path:
 # a word starts with --container- (Pyxis's options): then corral.node.slurmstep decides (Slurm's
 # own where the site has Pyxis; else corral runs the step's containers inside Slurm's step).
 SLURM_SRUN = """#!/bin/sh
-case " $* " in *" --container-"*) exec PYTHON RUNNER slurm-srun "$@" ;; esac
+case " $* " in *" --container-"*)
+  if [ ! -x PYTHON ]; then
+    echo "srun: corral runs Pyxis's options with the server's Python, $(printf %s PYTHON), which the account $(id -un) may not run: install corral where every account may read it" >&2
+    exit 127
+  fi
+  exec PYTHON RUNNER slurm-srun "$@" ;;
+esac
 __here=HERE
 IFS=:
 for __dir in $PATH; do
