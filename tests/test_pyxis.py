@@ -2,8 +2,8 @@
 (enroot image references, mounts, flags, refusals naming the option and the script line),
 and end to end on the local infra with the busybox test image (``container_lab``): an
 ``srun --container-image … --container-mounts …`` step that sees its mount and the image,
-``#SBATCH --container-image`` running the whole script inside, a reused ``--container-name``
-refused, and the engine options a step's container gets."""
+``#SBATCH --container-image`` running the whole script inside, a ``--container-name`` kept
+for the job's later steps, and the engine options a step's container gets."""
 
 from __future__ import annotations
 
@@ -136,6 +136,67 @@ def test_a_site_with_pyxis_takes_the_options_itself() -> None:
     assert not pyxis.pass_through("Usage: srun [OPTIONS(0)...]\n  -N, --nodes=N")
 
 
+SLURM_HELP = """Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]] [ : [OPTIONS(N)...]] executable(N) [args(N)...]
+
+Parallel run options:
+  -A, --account=name          charge job to specified account
+  -N, --nodes=N               number of nodes on which to run (N = min[-max])
+  -o, --output=out            location of stdout redirection
+      --export=env_vars|NONE  environment variables passed to launcher with
+      --exclusive[=user|mcs]  allocate nodes in exclusive mode when
+  -l, --label                 prepend task number to lines of stdout/err
+      --container             Path to OCI container bundle
+"""
+PYXIS_HELP = SLURM_HELP + """
+Options provided by plugins:
+      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH
+                              [pyxis] the image to use for the container
+"""
+
+
+def _fake_srun(directory: Path, help_text: str) -> Path:
+    directory.mkdir()
+    (directory / "help.txt").write_text(help_text)
+    (directory / "srun").write_text(f'#!/bin/sh\n[ "$1" = --help ] && exec /bin/cat {directory / "help.txt"}\nexit 3\n')
+    (directory / "srun").chmod(0o755)
+    return directory / "srun"
+
+
+def test_on_slurm_pyxis_s_options_go_to_slurm_s_srun_only_where_the_site_has_pyxis(tmp_path: Path) -> None:
+    """A batch script's srun on a Slurm infra (``node.slurmstep``): Slurm's own srun (the next
+    one on PATH after corral's) gets the line untouched where its --help lists Pyxis's
+    options; elsewhere Slurm's srun keeps its own options (values read from its --help) and
+    each task runs the command in its container through corral."""
+    from corral.node import slurmstep
+
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "srun").write_text("#!/bin/sh\nexit 9\n")
+    (ours / "srun").chmod(0o755)
+    argv = ["-N", "2", "-o", "out.%t", "--exclusive", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+            "--container-mounts", "/data:/data:ro", "--container-name=tf:create", "-l", "--export", "ALL,A=1",
+            "python", "train.py", "--container-image=x"]
+    env = {"PATH": f"{ours}:{tmp_path / 'pyxis'}", "CORRAL_JOB_ID": "7", "CORRAL_CONTAINER_ENGINE": "podman"}
+    pyxis_srun = _fake_srun(tmp_path / "pyxis", PYXIS_HELP)
+    assert slurmstep.plan(argv, env, str(ours)) == [str(pyxis_srun), *argv]
+    plain_srun = _fake_srun(tmp_path / "plain", SLURM_HELP)
+    env["PATH"] = f"{ours}:{tmp_path / 'plain'}"
+    final = slurmstep.plan(argv, env, str(ours))
+    assert final[:8] == [str(plain_srun), "-N", "2", "-o", "out.%t", "--exclusive", "-l", "--export"], final
+    assert final[8] == "ALL,A=1" and final[10:12] == [str(Path(slurmstep.__file__).with_name("srun.py")),
+                                                      "task-container"], final
+    assert final[13:] == ["python", "train.py", "--container-image=x"], final
+    blob = json.loads(final[12])
+    box = StepContainer.from_json(json.dumps(blob["container"]))
+    assert box.image == "nvcr.io/nvidia/pytorch:24.05-py3" and box.mounts == (Mount("/data", "/data", ("ro",)),)
+    assert (box.name, box.name_flag) == ("tf", "create")
+    assert blob["context"] == {"CORRAL_JOB_ID": "7", "CORRAL_CONTAINER_ENGINE": "podman"}
+    assert slurmstep.plan(["-N", "1", "hostname"], env, str(ours)) == [str(plain_srun), "-N", "1", "hostname"]
+    with pytest.raises(PyxisError) as err:
+        slurmstep.plan(["--container-image=/x.sqsh", "true"], env, str(ours))
+    assert err.value.option == "--container-image"
+
+
 # -- batch scripts ------------------------------------------------------------------------------
 
 def test_sbatch_container_directives_put_the_script_in_that_container() -> None:
@@ -163,6 +224,12 @@ def test_container_mistakes_in_a_script_are_refused_with_their_option_and_line(t
         load_batch(text, source="x.sbatch")
     issue = err.value.issues[0]
     assert (issue.line, issue.field) == (line, option) and words in issue.message, str(err.value)
+
+
+def test_a_container_option_the_shell_makes_at_run_time_is_checked_then() -> None:
+    job = load_batch('#!/bin/sh\n#SBATCH -N 1\nfor i in 1 2; do srun --container-name="n$i" --container-image="$IMG" '
+                     'true; done\n', source="x.sbatch")
+    assert not job.warnings
 
 
 def test_srun_inside_a_containerised_script_is_warned_about() -> None:
@@ -240,19 +307,66 @@ echo "$SLURM_JOB_ID $1 $(pwd)" >> seen.txt
     assert (out / "seen.txt").read_text().splitlines() == ["inside", f"{job_id} arg1 /results"]
 
 
-def test_a_reused_container_name_is_refused_and_a_missing_image_fails_the_step(corral) -> None:
+def test_a_named_container_keeps_its_files_for_the_job_s_later_steps(corral) -> None:
+    """--container-name, as Pyxis keeps it: a later step naming it (without an image) runs over
+    the files an earlier one wrote in it, on the same node; another node has its own; the
+    name is the job's, gone when it ends."""
+    import time
+
     (corral.work / "named.sbatch").write_text(f"""#!/bin/bash
-#SBATCH -N 1
-srun --container-image={corral.image} --container-name=tf true; echo "first $?"
-srun --container-name=tf true; echo "second $?"
+#SBATCH -N 2 --ntasks-per-node=1
+echo "kept in $CORRAL_NAMED_CONTAINERS"
+srun -N1 --container-image={corral.image} --container-name=tf sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
+echo "first $?"
+srun -N1 --container-name=tf sh -c 'cat /kept; test -e /corral-image && echo "image files there"'; echo "second $?"
+srun -N2 --container-image={corral.image} --container-name=tf:auto \\
+  sh -c 'cat /kept 2>/dev/null || echo "none on $SLURMD_NODENAME"' | sort
+srun -N1 --container-name=tf:create true; echo "create $?"
+srun -N1 --container-name=other true; echo "other $?"
 srun --container-image=localhost/corral-test/none:1 true; echo "third $?"
+exit 3
 """)
     proc = corral("sbatch", "--wait", "named.sbatch")
     job_id = proc.stdout.split()[-1]
     log = corral("logs", job_id).stdout
-    assert "first 0" in log and "second 1" in log and "third 1" in log, log
-    assert "--container-name=tf: step 0 of this job already ran in container tf" in log
-    assert "could not pull localhost/corral-test/none:1" in log
+    assert proc.returncode == 3, log  # a failed job: its named containers go with it all the same
+    assert "first 0" in log and "second 0" in log, log
+    lines = [line.split(" | ", 1)[-1] for line in log.splitlines()]
+    assert "written by step 0\nimage files there\n" in "\n".join(lines), log  # step 0's file, in step 1's container
+    assert lines.count("written by step 0") == 2, log  # by step 1, and by step 2 on the first node
+    assert any(line.startswith("none on ") for line in lines), log  # the second node has a container of its own
+    assert "create 1" in log and "this job already has a container tf on node" in log, log
+    assert "other 1" in log and "no container other on node" in log, log
+    assert "third 1" in log and "could not pull localhost/corral-test/none:1" in log, log
+    kept = Path(next(line for line in lines if line.startswith("kept in ")).split(" ", 2)[2])
+    assert kept.is_relative_to(corral.home), kept  # on disk in the home, never the runtime directory's memory
+    deadline = time.monotonic() + 30
+    while kept.exists():  # removed with the job's directory when it ended
+        assert time.monotonic() < deadline, f"{kept} outlived the job"
+        time.sleep(0.2)
+
+
+def test_a_cancelled_job_s_named_container_is_removed(corral) -> None:
+    import time
+
+    (corral.work / "named-long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} --container-name=tf sh -c 'echo x > /kept'
+echo "kept in $CORRAL_NAMED_CONTAINERS"
+srun --container-name=tf sleep 300
+""")
+    job_id = corral("sbatch", "named-long.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while "kept in " not in (log := corral("logs", job_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.2)
+    kept = Path(log.split("kept in ", 1)[1].split()[0])
+    assert (kept / "index").exists(), log
+    corral("cancel", job_id, check=True)
+    deadline = time.monotonic() + 30
+    while kept.exists():
+        assert time.monotonic() < deadline, f"{kept} outlived the cancelled job"
+        time.sleep(0.2)
 
 
 def test_cancel_leaves_no_step_container(corral) -> None:

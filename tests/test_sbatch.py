@@ -297,16 +297,20 @@ def test_batch_environment() -> None:
 
     on_slurm = slurmjob.batch_env(s, ctx, Path("/x"))
     assert on_slurm["CORRAL_SLURM_SHIMS"] == "/x"
-    # in a real allocation: the real srun, with Slurm's own variables, the job's layout set over the step's
+    # in a real allocation: the real srun (through corral's only for Pyxis's options, ``node.slurmstep``),
+    # with Slurm's own variables, the job's layout set over the step's
     command = batch_layout(on_slurm, ["h1", "h0"], {"h1": 6, "h0": 6})
-    assert "CORRAL_SLURM_SHIMS" not in on_slurm and not any(k.startswith("SLURM") for k in on_slurm)
+    assert on_slurm["CORRAL_SLURM_SHIMS"] == "/x/slurm" and not any(k.startswith("SLURM") for k in on_slurm)
     assert on_slurm["CORRAL_SBATCH_OUTPUT"] == "/sub/slurm-8_1.out"
     assert command[0] == "env" and "SLURM_JOB_NODELIST=h1,h0" in command and "SLURM_OVERLAP=1" in command
     assert "SLURM_PROCID=0" in command and "SLURM_JOB_ID=9" not in command  # the job's identity stays Slurm's
     assert "SLURM_NTASKS=4" in command  # asked for (-n 4): set over the step's
     unasked = slurmjob.batch_env(BatchStep(role="batch", nodes=2, ntasks=2, ntasks_given=False, submit_dir="/sub"), ctx,
                                  Path("/x"))
-    assert not any(a.startswith("SLURM_NTASKS=") for a in batch_layout(unasked, ["h1", "h0"], {}))  # srun's own -n decides
+    command = batch_layout(unasked, ["h1", "h0"], {})
+    assert not any(a.startswith("SLURM_NTASKS=") for a in command)  # srun's own -n decides
+    # ... not the holding step's own count (1), which would be srun's -n: srun -N2 would run one task
+    assert "SLURM_NTASKS" in command[command.index("-u", command.index("SLURM_DISTRIBUTION")):]
 
 
 # -- the scheduler: constraints, distinct nodes, whole nodes, array throttles ---------------------

@@ -126,3 +126,155 @@ def test_a_container_of_an_allocation_slurm_ends_itself_is_removed(corral, tmp_p
     subprocess.run(["scancel", slurm_id], env={**ENV}, check=True)
     wait_for(lambda: _status(corral, job)["state"] not in ("RUNNING", "STARTING"), timeout=90, interval=0.5)
     wait_for(lambda: _mine(job, "victim") == [], timeout=30, interval=0.5)
+
+
+def test_a_batch_script_s_pyxis_steps_run_in_containers_on_a_slurm_without_pyxis(corral, tmp_path: Path) -> None:
+    """The lab's Slurm has no Pyxis: an srun line with Pyxis's options runs as a step of
+    Slurm's own (its -N, --ntasks-per-node, --export, -l as written), each task in its
+    container with its mounts, workdir and --container-env; a named container keeps what one
+    step wrote for the next; no container is left when the job ends."""
+    from container_lab import MARKER
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "input.txt").write_text("from the node\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    registry, _, rest = IMAGE.partition("/")
+    (tmp_path / "steps.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+export HF_HOME=/from/the/host PATH="$PATH"
+srun -N 2 --ntasks-per-node=1 -l --export=ALL,STEP_VAR=given --container-image={registry}#{rest} \\
+  --container-mounts={data}:/data:ro,{out}:/out --container-workdir=/out --container-env=HF_HOME \\
+  sh -c 'cat /data/input.txt {MARKER} > seen.$SLURM_PROCID; touch /data/x 2>/dev/null || echo read-only >> seen.$SLURM_PROCID
+         echo "$SLURMD_NODENAME $SLURM_STEP_ID $SLURM_JOB_ID $STEP_VAR $HF_HOME $(pwd)" >> seen.$SLURM_PROCID; echo done'
+echo "step exit $?"
+srun -N1 -n1 --container-image={IMAGE} --container-name=kept sh -c 'echo "written by step $SLURM_STEP_ID" > /kept'
+srun -N1 -n1 --container-name=kept cat /kept
+echo "batch $(srun -N1 -n1 hostname)"
+srun -N1 -n1 --export=NONE --container-image={IMAGE} sh -c 'test -e {MARKER} && echo "inside with $HF_HOME."'
+""")
+    job = corral("sbatch", "--parsable", "-p", "gpu", "steps.sbatch", check=True).stdout.strip()
+    try:
+        wait_for(lambda: _status(corral, job)["state"] not in ("PENDING", "STARTING", "RUNNING"), timeout=120,
+                 interval=0.5)
+    except AssertionError:
+        raise AssertionError(_told(corral, job)) from None
+    log = corral("logs", job).stdout
+    assert _status(corral, job)["state"] == "SUCCEEDED", _told(corral, job)
+    slurm_id = _slurm_job_of(corral, job)
+    assert "step exit 0" in log and "0: done" in log and "1: done" in log, log  # -l: Slurm's labels
+    seen = [(out / f"seen.{rank}").read_text().splitlines() for rank in (0, 1)]
+    for rank, lines in enumerate(seen):
+        assert lines[:3] == ["from the node", "inside", "read-only"], seen
+        node, step, slurm_job, var, hf_home, pwd = lines[3].split()
+        assert slurm_job == slurm_id and var == "given" and hf_home == "/from/the/host" and pwd == "/out", lines
+    assert seen[0][3].split()[0] != seen[1][3].split()[0], seen  # two nodes, one step of Slurm's
+    assert seen[0][3].split()[1] == seen[1][3].split()[1], seen
+    first = next(line.split("written by step ")[1] for line in log.splitlines() if "written by step " in line)
+    assert first.isdigit(), log  # the second step read what the first (Slurm's step id) wrote
+    assert "batch " in log  # a line without Pyxis's options is Slurm's srun as written
+    assert "inside with ." in log, log  # --export=NONE: none of the script's variables, a container all the same
+    assert not [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")], containers_of("step")
+
+
+def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behind(tmp_path: Path) -> None:
+    """A root server, a batch script of another Unix account on the Slurm partition: its
+    Pyxis steps' containers are that account's (its own rootless engine: its uid inside, the
+    files it writes its own), its named container is kept for its next step and is its own,
+    and when the job ends no container of its steps is left in its engine, nor its named
+    container's files."""
+    import os
+    import subprocess
+    import sys
+
+    from conformance.driver import Corral
+    from conformance.harnesses import PARTITION, SlurmHarness
+    from container_lab import SITE as CONTAINER_SITE, ensure_image_for, need_podman
+    from corral.client import Client
+    from corral.spec.sbatch import load_batch
+    from unix_users import need_root, slurm_association, traversable_dir, unix_user
+
+    need_root()
+    podman = need_podman()
+    with traversable_dir() as root, unix_user("cspx") as ann, slurm_association(ann.name, {**ENV}):
+        def as_her(*argv: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["setpriv", "--reuid", ann.name, "--regid", ann.name, "--init-groups", "--",
+                                   "env", "-i", f"HOME={ann.home}", f"USER={ann.name}", "PATH=/usr/bin:/bin",
+                                   *argv], capture_output=True, text=True, cwd="/")
+
+        if as_her(sys.executable, "-c", "import corral.node.slurmstep").returncode != 0:
+            pytest.skip(f"another account may not run this Python ({sys.executable}, in root's home?): a batch "
+                        "script's srun with Pyxis's options runs the server's Python as the job's account; run "
+                        "the tests with a Python every account may run")
+        image = ensure_image_for(ann.name)  # her own engine runs her containers, from her own store
+
+        def her_containers() -> list[str]:
+            done = as_her(podman, "ps", "-a", "--format", "{{.Names}}")
+            assert done.returncode == 0, done.stderr
+            return done.stdout.split()
+
+        home = root / "home"
+        home.mkdir()
+        harness = SlurmHarness()
+        (home / "config.yaml").write_text(harness.site() + CONTAINER_SITE)
+        corral = Corral(home, harness)
+        own = root / "ann"
+        own.mkdir()
+        os.chown(own, ann.uid, ann.gid)
+        corral.start()
+        admin = corral.client()
+        client = Client(admin.url, admin.create_token(ann.name)["token"])
+        try:
+            script = f"""#!/bin/bash
+#SBATCH -N 2
+echo "batch as $(id -u)"
+srun -N 2 --ntasks-per-node=1 --container-image={image} --container-mounts={own}:/out --container-workdir=/out \\
+  sh -c 'echo "task $SLURM_PROCID as $(id -u)"; touch made.$SLURM_PROCID'
+srun -N 1 --container-image={image} --container-name=kept sh -c 'id -u > /kept'
+srun -N 1 --container-name=kept sh -c 'echo "kept by $(cat /kept), read as $(id -u)"'
+echo "named $CORRAL_NAMED_CONTAINERS"
+"""
+            batch = load_batch(script, source="boxed.sbatch", submit_dir=str(own))
+            job = client.submit(batch.documents, source="boxed.sbatch", cwd=str(own),
+                                scheduling={**batch.scheduling, "partition": PARTITION},
+                                export=batch.export)["job"]["id"]
+            done = corral.wait_job(job, timeout=120)
+            log = corral.log(job)
+            assert done["state"] == "SUCCEEDED", (done, log)
+            uid = str(ann.uid)
+            assert f"batch as {uid}" in log and f"task 0 as {uid}" in log and f"task 1 as {uid}" in log, log
+            assert f"kept by {uid}, read as {uid}" in log, log  # step 1 wrote it in her container; step 2 read it
+            assert all((own / f"made.{rank}").stat().st_uid == ann.uid for rank in (0, 1))
+            named = Path(next(line for line in log.splitlines() if "named /" in line).split("named ", 1)[1])
+            wait_for(lambda: not named.exists(), timeout=30, interval=0.5)  # the job's, gone with it
+            assert not [n for n in her_containers() if n.startswith("corral-")], her_containers()
+        finally:
+            client.close()
+            try:
+                corral.cancel_all()
+            finally:
+                corral.close_client()
+                corral("server", "stop", check=False)
+                harness.cleanup(home)
+
+
+def test_cancel_ends_a_batch_script_s_pyxis_step_containers_on_slurm(corral, tmp_path: Path) -> None:
+    (tmp_path / "long.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+srun -N 2 --ntasks-per-node=1 --container-image={IMAGE} --container-name=tf sleep 300
+""")
+    job = corral("sbatch", "--parsable", "-p", "gpu", "long.sbatch", check=True).stdout.strip()
+
+    def steps() -> list[str]:
+        return [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")]
+
+    try:
+        wait_for(lambda: len(steps()) == 2, timeout=90, interval=0.5)
+    except AssertionError:
+        raise AssertionError(_told(corral, job)) from None
+    slurm_id = _slurm_job_of(corral, job)
+    corral("cancel", job, check=True)
+    wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
+    wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
+    wait_for(lambda: steps() == [], timeout=30, interval=0.5)

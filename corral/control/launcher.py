@@ -25,6 +25,7 @@ from corral.auth.accounts import account_to_start
 from corral.executors.contract import Container, Handle, Launch, LaunchError, Reserving
 from corral.metrics import Metrics
 from corral.runtime import batchenv
+from corral.node.namedcontainer import NAMED_VAR
 from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
 from corral.settings import Settings
@@ -236,6 +237,9 @@ class Launcher:
         # the site's engine and its options, for containers Pyxis's options ask for (``node.stepcontainer``)
         env["CORRAL_CONTAINER_ENGINE"] = self.containers.engine
         env["CORRAL_CONTAINER_OPTIONS"] = json.dumps(list(self.containers.run_options))
+        # named containers' files (``node.namedcontainer``): on disk, removed with the job's git
+        # workdirs when it ends (``NodeRunner.cleanup_job``)
+        env[NAMED_VAR] = str(self.settings.runs_dir.parent / "workdirs" / str(job.id) / "named")
         return env
 
 

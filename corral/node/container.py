@@ -31,8 +31,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from corral.auth.accounts import UnixAccount
-from corral.executors.contract import Container
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
+    from corral.auth.accounts import UnixAccount
+    from corral.executors.contract import Container
 
 log = logging.getLogger("corral.node")
 

@@ -250,7 +250,7 @@ def srun(argv: list[str]) -> int:
         print(f"srun: error: {exc}", file=sys.stderr)
         return 1
     step = _step_id(env)
-    boxes: list[Path] = []  # each task's container files, when the step runs in a container
+    boxes: list = []  # each task's container (``stepcontainer.Box``), when the step runs in one
     try:
         return _run_step(opts, command, tasks, step, env, container, boxes, wait_s, kill_bad)
     except stepcontainer.StepContainerError as exc:
@@ -258,15 +258,13 @@ def srun(argv: list[str]) -> int:
         return 1
     finally:
         for box in boxes:
-            stepcontainer.remove(box)
+            box.remove()
 
 
 def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step: int, env: dict[str, str],
-              container, boxes: list[Path], wait_s: int, kill_bad: bool) -> int:
+              container, boxes: list, wait_s: int, kill_bad: bool) -> int:
     from corral.node import stepcontainer
 
-    if container is not None and container.name:
-        stepcontainer.claim_name(env, container.name, str(step))
     cwd = opts.get("chdir") or os.getcwd()
     label = "label" in opts
     batch_only = env.get("CORRAL_SBATCH_BATCH_SIGNAL", "")
@@ -292,15 +290,11 @@ def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step:
         task_env = _task_env(env, task, tasks, step, opts)
         argv = command
         if container is not None:  # Pyxis's options: the task runs in that container (``node.stepcontainer``)
-            box, pull, run = stepcontainer.prepare(container, f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.s{step}"
-                                                   f".t{task['rank']}", task_env, cwd)
+            box = stepcontainer.prepare(container, stepcontainer.task_key(env, str(step), str(task["rank"])),
+                                        task_env, cwd)
             boxes.append(box)
-            if len(boxes) == 1:  # one pull for the step: every task runs the same image
-                said = stepcontainer.pull(box, pull)
-                if said is not None:
-                    raise stepcontainer.StepContainerError(f"--container-image: could not pull {container.image}: "
-                                                           f"{said}")
-            argv = run + stepcontainer.engine_files.entry(box, command)
+            box.ready(pull_image=len(boxes) == 1)  # one pull for the step: every task runs the same image
+            argv = box.argv(command)
         started.append((task, task_env, argv))
     for task, task_env, argv in started:
         try:
@@ -416,8 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         from corral.node import stepcontainer
 
         return stepcontainer.main(argv[1:])
+    if argv and argv[0] in ("slurm-srun", "task-container"):  # Slurm's own srun, Pyxis's options off Pyxis
+        from corral.node import slurmstep
+
+        return slurmstep.main(argv[1:]) if argv[0] == "slurm-srun" else slurmstep.task(argv[1:])
     if not argv or argv[0] not in ("srun", "scontrol"):
-        print("usage: srun.py srun|scontrol|corral-container ARGS", file=sys.stderr)
+        print("usage: srun.py srun|scontrol|corral-container|slurm-srun|task-container ARGS", file=sys.stderr)
         return 2
     return srun(argv[1:]) if argv[0] == "srun" else scontrol(argv[1:])
 

@@ -18,24 +18,25 @@ uid 0 inside a user namespace (rootless Podman's default), never real root; with
 account keeps its own uid inside (``--userns=keep-id``). A job that is root's own is root
 inside either way, as under Pyxis.
 
-``--container-name``: corral runs each step in a container of its own (removed when its task
-ends), so a name is recorded for the job, and a later step naming it again, which under Pyxis
-would reuse the first container's filesystem, is refused with a sentence."""
+``--container-name``: a named container's filesystem is kept for the job on each node and
+every step naming it runs over it (``corral.node.namedcontainer``), as under Pyxis; each task
+still runs in a container of its own, removed when it ends."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
-from corral.executors.contract import Container
 from corral.settings import private_dir
 from corral.node import container as engine_files
+from corral.node import namedcontainer
 from corral.spec.pyxis import StepContainer
 
 ENGINE_VAR = "CORRAL_CONTAINER_ENGINE"  # the site's engine (config.yaml containers.engine)
@@ -44,35 +45,18 @@ BATCH_VAR = "CORRAL_SBATCH_CONTAINER"  # the batch script's own container, JSON 
 LABEL = "corral.attempt"  # the attempt a step's container belongs to
 
 
+def task_key(env: dict[str, str], step: str, rank: str) -> str:
+    """The key a step's task's container is named by: its attempt's, its step's and its rank,
+    and a digest of its job's directory, so that two corral homes' jobs of one id on one
+    machine never name two containers alike."""
+    import hashlib
+
+    home = hashlib.sha256((env.get("CORRAL_HOSTS_FILE") or "").encode()).hexdigest()[:6]
+    return f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.{home}.s{step}.t{rank}"
+
+
 class StepContainerError(Exception):
     """The task cannot run in its container: the sentence says why (the step fails)."""
-
-
-def names_file(env: dict[str, str]) -> Path | None:
-    hosts = env.get("CORRAL_HOSTS_FILE")
-    return Path(hosts).parent / f"containers.{env.get('SLURM_JOB_ID', '0')}" if hosts else None
-
-
-def claim_name(env: dict[str, str], name: str, step: str) -> None:
-    """Record that ``step`` named its container ``name``; StepContainerError if an earlier
-    step of the job did (a reuse of its filesystem, which corral does not keep)."""
-    path = names_file(env)
-    if path is None:
-        return
-    try:
-        with open(path, "a+") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            handle.seek(0)
-            known = dict(line.split(" ", 1) for line in handle.read().splitlines() if " " in line)
-            if name in known:
-                raise StepContainerError(
-                    f"--container-name={name}: step {known[name]} of this job already ran in container {name}; "
-                    "off Pyxis corral runs every step in a container of its own and keeps none after it, so a later "
-                    "step cannot reuse one's filesystem (do that step's work in the same srun command, or run on a "
-                    "Slurm site with Pyxis)")
-            handle.write(f"{name} {step}\n")
-    except OSError:
-        pass  # no record possible here: the step runs, as a first one would
 
 
 def login_for(container: StepContainer, env: dict[str, str], reference: str) -> tuple[str, str, str] | None:
@@ -149,19 +133,66 @@ def engine_options(container: StepContainer, cwd: str, env: dict[str, str]) -> l
     return out
 
 
-def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -> tuple[Path, list[str], list[str]]:
-    """(run directory, pull argv, run argv up to and including the image) of one task's
-    container; StepContainerError with the reason it cannot run."""
-    if container.image is None:
-        raise StepContainerError(f"--container-name={container.name}: no --container-image, and no earlier step's "
-                                 "container is kept to reuse (corral runs each step in a container of its own)")
+@dataclass
+class Box:
+    """One task's container, made by ``prepare``: ``ready`` gets its image (or its named
+    container's filesystem), then ``argv(command)`` runs it; ``remove`` ends it."""
+
+    run_dir: Path
+    container: StepContainer
+    env: dict[str, str]
+    engine: str
+    site: tuple[str, ...]
+    pull_argv: list[str]
+    run_argv: list[str]  # the engine's run, up to and including the image
+    prefix: list[str] = field(default_factory=list)  # the image's entrypoint, where asked (a named container)
+
+    def ready(self, pull_image: bool = True) -> None:
+        """Pull the image if the node lacks it (``pull_image``: not for a step's later tasks,
+        the first one pulled it), or find or make the job's named container on this node;
+        StepContainerError with the reason the task cannot run."""
+        box = self.container
+        if box.name is None:
+            said = pull(self.run_dir, self.pull_argv) if pull_image else None
+            if said is not None:
+                raise StepContainerError(f"--container-image: could not pull {box.image}: {said}")
+            return
+        try:
+            directory = namedcontainer.ensure(self.env, box.name, box.name_flag.replace("auto", ""), box.image,
+                                              self.engine, lambda: pull(self.run_dir, self.pull_argv), self.site)
+        except namedcontainer.NamedError as exc:
+            raise StepContainerError(str(exc)) from None
+        self.run_argv = self.run_argv[:-1] + namedcontainer.run_options(directory, self.env, box.env, box.workdir)
+        self.prefix = namedcontainer.entrypoint(directory) if box.entrypoint else []
+
+    def argv(self, command: list[str]) -> list[str]:
+        return self.run_argv + engine_files.entry(self.run_dir, self.prefix + command)
+
+    def remove(self, client_done: bool = False) -> None:
+        """End the task's container (its client may have been killed while it ran) and its files.
+        ``client_done``: the engine's client ended by itself, its ``--rm`` has removed it."""
+        if client_done:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        else:
+            remove(self.run_dir)
+
+
+def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -> Box:
+    """One task's container; StepContainerError with the reason it cannot run."""
     engine = env.get(ENGINE_VAR) or "podman"
+    image = container.image or "localhost/corral-named-container"  # a named one's: its filesystem, not an image
     if shutil.which(engine, path=env.get("PATH")) is None and shutil.which(engine) is None:
-        raise StepContainerError(f"--container-image={container.image}: this node has no {engine} to run it "
+        raise StepContainerError(f"--container-image={image}: this node has no {engine} to run it "
                                  "(config.yaml containers.engine names the container engine)")
     site = tuple(json.loads(env.get(OPTIONS_VAR) or "[]"))
     options = site + tuple(engine_options(container, cwd, env))
-    spec = Container(container.image, engine, options, login_for(container, env, container.image))
+    if os.geteuid() != 0 and "--shm-size" not in options and "--ipc" not in options:
+        # a rootless engine cannot join the node's IPC namespace: a /dev/shm as large as PyTorch wants
+        options += ("--shm-size", engine_files.ROOTLESS_SHM)
+    login = login_for(container, env, container.image) if container.image else None
+    # the attempt's Container (``executors.contract``) in all but its class: a step's task starts
+    # in about 0.1 s without loading the models that module brings
+    spec = SimpleNamespace(image=image, engine=engine, options=options, login=login, mounts=())
     run_dir = Path(tempfile.mkdtemp(prefix="corral-step-"))
     hosts = env.get("CORRAL_HOSTS_FILE") or None
     binds = [str(Path(hosts).parent)] if hosts else []
@@ -178,7 +209,8 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
     except engine_files.ContainerError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise StepContainerError(str(exc)) from None
-    return run_dir, _read(run_dir / engine_files.PULL_FILE), _read(run_dir / engine_files.ARGV_FILE)
+    return Box(run_dir, container, env, engine_files.engine_path(spec), site,
+               _read(run_dir / engine_files.PULL_FILE), _read(run_dir / engine_files.ARGV_FILE))
 
 
 def _read(path: Path) -> list[str]:
@@ -202,23 +234,26 @@ def remove(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def run(container: StepContainer, key: str, env: dict[str, str], command: list[str]) -> int:
-    """Run ``command`` in the container (the batch script's own, ``#SBATCH --container-image``)
-    and return its exit code; the signals this process gets go to the engine's client, which
+def run(container: StepContainer, key: str, env: dict[str, str], command: list[str], who: str = "corral") -> int:
+    """Run ``command`` in the container (the batch script's own, ``#SBATCH --container-image``;
+    a task of a step Slurm's own srun started, ``corral.node.slurmstep``) and return its exit
+    code (``who`` says its errors); the signals this process gets go to the engine's client, which
     hands them to the container. Its files and container are gone when it returns."""
     import signal
 
     try:
-        box, pull_argv, argv = prepare(container, key, env, os.getcwd())
+        box = prepare(container, key, env, os.getcwd())
     except StepContainerError as exc:
-        print(f"corral: error: {exc}", file=sys.stderr)
+        print(f"{who}: error: {exc}", file=sys.stderr)
         return 1
+    done = False
     try:
-        said = pull(box, pull_argv)
-        if said is not None:
-            print(f"corral: error: --container-image: could not pull {container.image}: {said}", file=sys.stderr)
+        try:
+            box.ready()
+        except StepContainerError as exc:
+            print(f"{who}: error: {exc}", file=sys.stderr)
             return 1
-        proc = subprocess.Popen(argv + engine_files.entry(box, command), env=env)
+        proc = subprocess.Popen(box.argv(command), env=env)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
         while True:
@@ -227,9 +262,11 @@ def run(container: StepContainer, key: str, env: dict[str, str], command: list[s
                 break
             except InterruptedError:
                 continue
+        # the client exited by itself, having run the command: with --rm, after removing the container
+        done = code >= 0 and code not in (125, 126, 127)
         return 128 - code if code < 0 else code
     finally:
-        remove(box)
+        box.remove(client_done=done)
 
 
 def main(argv: list[str]) -> int:

@@ -266,35 +266,74 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
     return env
 
 
-def job_files(env: dict[str, str]) -> tuple[str, ...]:
-    """The files a batch script's shell writes beside its job's runtime files (the script itself,
-    ``spec.batchshell``; its steps' counter, ``node.srun``): made in advance, and handed to the
-    job's account, where its replicas run as another account than the server's."""
-    if "SLURM_JOB_ID" not in env or "CORRAL_LAUNCH_KEY" not in env:
-        return ()
-    return (f"sbatch.{env['CORRAL_LAUNCH_KEY']}", f"steps.{env['SLURM_JOB_ID']}", f"containers.{env['SLURM_JOB_ID']}")
+def hand_over_job_files(job_dir: Path, env: dict[str, str], account, base: Path) -> None:
+    """Make what a batch script's replica writes beside its job's runtime files, and hand it to
+    the job's account (``corral.auth.accounts.hand_over``), where its replicas run as another
+    account than the server's: the script itself (``spec.batchshell``), its steps' counter
+    (``node.srun``, off Slurm) and the directory of its named containers
+    (``node.namedcontainer``)."""
+    from corral.auth.accounts import hand_over
+
+    if "CORRAL_SBATCH_NODES" not in env or "CORRAL_LAUNCH_KEY" not in env:
+        return
+    files = [f"sbatch.{env['CORRAL_LAUNCH_KEY']}"] + ([f"steps.{env['SLURM_JOB_ID']}"] if "SLURM_JOB_ID" in env else [])
+    for name in files:
+        hand_over(job_dir / name, account, base, directory=False)
+    named = env.get("CORRAL_NAMED_CONTAINERS")  # under the server's home (``node.namedcontainer``)
+    if named:
+        hand_over(Path(named), account, Path(named).parents[2])
 
 
 def ensure_shims(directory: Path) -> Path:
     """Write ``srun``, ``scontrol`` and ``corral-container`` (a batch script in its container,
-    ``corral.node.stepcontainer``) commands that run ``corral.node.srun`` with this server's Python (which has corral and its libraries), whatever the job's PYTHONPATH."""
+    ``corral.node.stepcontainer``) commands that run ``corral.node.srun`` with this server's
+    Python (which has corral and its libraries), whatever the job's PYTHONPATH; and in
+    ``slurm/``, the ``srun`` a batch script runs on a Slurm infra: Slurm's own, through
+    ``corral.node.slurmstep`` when a line gives Pyxis's options (``SLURM_SRUN``)."""
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / "slurm").mkdir(exist_ok=True)
+    (directory / "slurm").chmod(0o711)  # run by the job's account, as the directory above (``open_discovery``)
     runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
+    python = _sh(sys.executable)
+    texts = {}
     for command in ("srun", "scontrol", "corral-container"):
-        python = _sh(sys.executable)
         # (a job of another account cannot run a Python kept in the server account's private
         # home: say so, rather than the shell's bare "Permission denied")
-        text = (f"#!/bin/sh\nif [ ! -x {python} ]; then\n"
-                f"  echo \"{command}: corral's {command} runs with the server's Python, $(printf %s {python}),"
-                f" which the account $(id -un) may not run: install corral where every account may read it\" >&2\n"
-                f"  exit 127\nfi\nexec {python} {_sh(str(runner))} {command} \"$@\"\n")
+        texts[command] = (f"#!/bin/sh\nif [ ! -x {python} ]; then\n"
+                          f"  echo \"{command}: corral's {command} runs with the server's Python, $(printf %s {python}),"
+                          f" which the account $(id -un) may not run: install corral where every account may read it\" >&2\n"
+                          f"  exit 127\nfi\nexec {python} {_sh(str(runner))} {command} \"$@\"\n")
+    texts["slurm/srun"] = SLURM_SRUN.replace("PYTHON", python).replace("RUNNER", _sh(str(runner))) \
+        .replace("HERE", _sh(str(directory / "slurm")))
+    for command, text in texts.items():
         path = directory / command
         if not path.exists() or path.read_text() != text:
-            temp = directory / f".{command}.tmp"
+            temp = path.parent / f".{path.name}.tmp"
             temp.write_text(text)
             temp.chmod(0o755)
             temp.replace(path)
     return directory
+
+
+# A batch script's srun on a Slurm infra: Slurm's own (the next srun on PATH), untouched unless
+# a word starts with --container- (Pyxis's options): then corral.node.slurmstep decides (Slurm's
+# own where the site has Pyxis; else corral runs the step's containers inside Slurm's step).
+SLURM_SRUN = """#!/bin/sh
+case " $* " in *" --container-"*)
+  if [ ! -x PYTHON ]; then
+    echo "srun: corral runs Pyxis's options with the server's Python, $(printf %s PYTHON), which the account $(id -un) may not run: install corral where every account may read it" >&2
+    exit 127
+  fi
+  exec PYTHON RUNNER slurm-srun "$@" ;;
+esac
+__here=HERE
+IFS=:
+for __dir in $PATH; do
+  if [ -n "$__dir" ] && [ "$__dir" != "$__here" ] && [ -x "$__dir/srun" ]; then unset IFS; exec "$__dir/srun" "$@"; fi
+done
+echo "srun: command not found" >&2
+exit 127
+"""
 
 
 def _sh(text: str) -> str:

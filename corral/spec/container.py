@@ -17,12 +17,7 @@ from typing import Any
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from corral.spec.base import Strict
-
-DOCKER_PREFIX = "docker:"
-# [registry[:port]/]path[:tag][@digest], lowercase path components as the distribution spec has them
-_IMAGE = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-]+[a-z0-9]+)*"
-                    r"(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-                    r"(?:@sha256:[a-f0-9]{64})?")
+from corral.spec.imageref import DOCKER_PREFIX, image_of, qualified  # noqa: F401 (re-exported)
 
 # Linux capabilities a job may add: profilers, RDMA memory pinning, real-time priorities.
 CAPABILITIES = frozenset({"SYS_PTRACE", "IPC_LOCK", "SYS_NICE"})
@@ -48,28 +43,6 @@ _WHY = {
     "-w": "the job's workdir is the container's",
     "--entrypoint": "setup and run are what the container runs",
 }
-
-
-def image_of(value: str) -> str:
-    """The image of an ``image_id`` written ``docker:IMAGE``; ValueError with the reason."""
-    image = value[len(DOCKER_PREFIX):].strip()
-    if not image:
-        raise ValueError("image_id docker: names no image (write docker:REPOSITORY[:TAG])")
-    if len(image) > 255 or not _IMAGE.fullmatch(image):
-        raise ValueError(f"image_id {value!r} is not an image reference like docker:nvcr.io/nvidia/pytorch:24.05-py3 "
-                         "(repository names are lowercase)")
-    return image
-
-
-def qualified(image: str) -> str:
-    """The image's full reference, as the node's engine is asked for it: a name without a
-    registry is Docker Hub's (``python:3.11`` → ``docker.io/library/python:3.11``), as Docker
-    reads it, never a short name the engine resolves on its own (against whatever images
-    other jobs left on the node, or a search list of registries)."""
-    first, _, rest = image.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return image
-    return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
 
 
 def run_options(options: list[str]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from corral.spec.batchshell import shell_words
-from corral.spec.container import image_of
+from corral.spec.imageref import image_of
 
 # long name -> takes a value (the srun/sbatch spelling without "--")
 OPTIONS: dict[str, bool] = {
@@ -65,6 +65,7 @@ class StepContainer:
     mounts: tuple[Mount, ...] = ()
     workdir: str | None = None
     name: str | None = None
+    name_flag: str = ""  # --container-name=NAME:FLAG: auto (""), create, exec or no_exec
     env: tuple[str, ...] = ()  # variables the host's value wins for (--container-env)
     mount_home: bool = False
     remap_root: bool = False
@@ -220,7 +221,7 @@ def container_of(given: dict[str, str | bool], base: StepContainer | None = None
         image, user = registry_reference(str(given["container-image"]))
     elif base is not None:
         image, user = base.image, base.user
-    name = given.get("container-name")
+    name, flags = given.get("container-name"), ""
     if name is not None:
         name = str(name).split(":", 1)[0]
         flags = str(given["container-name"]).partition(":")[2]
@@ -247,7 +248,7 @@ def container_of(given: dict[str, str | bool], base: StepContainer | None = None
         image=image, user=user,
         mounts=(base.mounts if base and "container-mounts" not in given else ())
         + (parse_mounts(str(given["container-mounts"])) if "container-mounts" in given else ()),
-        workdir=workdir, name=name if name is not None else None, env=env,
+        workdir=workdir, name=name, name_flag=flags if name is not None else "", env=env,
         mount_home=flag("container-mount-home", "no-container-mount-home", base.mount_home if base else False),
         remap_root=flag("container-remap-root", "no-container-remap-root", base.remap_root if base else False),
         writable=flag("container-writable", "container-readonly", base.writable if base else True),
@@ -295,6 +296,8 @@ def script_steps(text: str) -> list[tuple[int, dict[str, str | bool] | PyxisErro
                 continue
             try:
                 given, _ = split(words[1:])
+                if any("$" in str(v) or "`" in str(v) for v in given.values()):
+                    continue  # a value the shell makes at run time (--container-name=$NAME): checked then
                 if given:
                     container_of(given)
                     found.append((number, given))

@@ -27,7 +27,7 @@ from corral.node.mounts import MountError, attach_as
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
 from corral.pool import NodeSpec
-from corral.runtime.batchenv import job_files
+from corral.runtime.batchenv import hand_over_job_files
 from corral.runtime.discovery import loopback_address
 from corral.settings import Settings
 
@@ -100,9 +100,7 @@ class LocalExecutor(EventStream):
             if account is not None:
                 hand_over(log_file, account, self.settings.home, directory=False)
                 open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
-                for name in job_files(launch.env):  # a batch script's, beside its job's files
-                    hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
-                              directory=False)
+                hand_over_job_files(self.runner.job_dir(launch.job_id), launch.env, account, self.runner.runtime_dir)
             # exactly the replica's environment (runtime.environment), the account's login basics under it
             env = {**(account.env() if account else {}), **launch.env}
             if launch.file_mounts and launch.container is None:  # as the account, in its job's record (a container binds them)

@@ -59,7 +59,7 @@ from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process
 from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
 from corral.pool import NodeSpec
 from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
-from corral.runtime.batchenv import fill_job_id, job_files
+from corral.runtime.batchenv import fill_job_id, hand_over_job_files
 
 log = logging.getLogger("corral.srun")
 
@@ -290,9 +290,7 @@ class SrunExecutor(EventStream):
                     run_dir = self.runner.run_dir(launch.key)
                     os.chown(run_dir, account.uid, account.gid)
                     open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
-                    for name in job_files(env):  # a batch script's, beside its job's files
-                        hand_over(self.runner.job_dir(launch.job_id) / name, account, self.runner.runtime_dir,
-                                  directory=False)
+                    hand_over_job_files(self.runner.job_dir(launch.job_id), env, account, self.runner.runtime_dir)
                 # srun gives the step its own umask (SLURM_UMASK): the user's, not the server's private one
                 proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                         env=client_env, start_new_session=True, close_fds=True,

@@ -16,24 +16,28 @@ def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) ->
     describes it (``corral.runtime.batchenv``; ``env`` is changed in place), as the ``env``
     command that starts it inside its step. Inside a real allocation Slurm sets the step's own
     variables (one node, one task) and the real ``srun`` reads them: the job's layout is set
-    over them (all the job's ``hosts``, its task counts), corral's srun shims are not used, and
+    over them (all the job's ``hosts``, its task counts), Slurm's own srun is used (through
+    corral's where a line gives Pyxis's options and the site has no Pyxis), and
     the script's own srun steps overlap the steps holding the job's nodes (``SLURM_OVERLAP``),
     as they would in a batch step. Who and where the job is (its id, partition, account) stay
     Slurm's."""
     layout = {k: env.pop(k) for k in list(env) if k in LAYOUT}
+    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
+             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
+             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
     if env.pop("CORRAL_SBATCH_NTASKS_GIVEN", None) is None:  # as sbatch: srun's count follows its own -N/-n
         layout.pop("SLURM_NTASKS", None)
         layout.pop("SLURM_NPROCS", None)
+        unset += ["SLURM_NTASKS", "SLURM_NPROCS"]  # the holding step's own (1) would be srun's -n
     for name in [k for k in env if k.startswith(("SLURM_", "SLURMD_"))]:
         del env[name]
-    env.pop("CORRAL_SLURM_SHIMS", None)
+    shims = env.pop("CORRAL_SLURM_SHIMS", None)
+    if shims:  # Slurm's own srun, through corral's where a line gives Pyxis's options (``node.slurmstep``)
+        env["CORRAL_SLURM_SHIMS"] = os.path.join(shims, "slurm")
     if hosts:
         layout["SLURM_JOB_NODELIST"] = layout["SLURM_NODELIST"] = hostlist(hosts)
         layout["SLURM_JOB_CPUS_PER_NODE"] = compressed_counts([cpus.get(h, 1) for h in hosts])
     layout["SLURM_OVERLAP"] = "1"
-    unset = ["SLURM_STEP_ID", "SLURM_STEPID", "SLURM_STEP_NODELIST", "SLURM_STEP_NUM_NODES",
-             "SLURM_STEP_NUM_TASKS", "SLURM_STEP_TASKS_PER_NODE", "SLURM_CPU_BIND", "SLURM_CPU_BIND_LIST",
-             "SLURM_CPU_BIND_TYPE", "SLURM_DISTRIBUTION"]
     return ["env"] + [a for name in unset for a in ("-u", name)] + [f"{k}={v}" for k, v in sorted(layout.items())]
 
 
