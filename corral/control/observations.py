@@ -94,7 +94,7 @@ class Observations:
         if lost and event.node and self.inventory.refresh():  # its node may have left: never restart there
             self.book.sched_needed = True
         ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, event.reason,
-                             self.inventory.up(replica.node))
+                             self.inventory.up(replica.node), event.kind == Kind.EXITED and event.permanent)
         self.carrier.apply(job, self.supervisor.attempt_ended(job, replica, ended, now), now)
 
     def _started(self, infra: str, job: JobRec, replica, event: Observed, now: float) -> None:  # noqa: ANN001
