@@ -8,6 +8,8 @@ archive (``archive``) and is unpacked once per job per node into the job's recor
 under a lock so concurrent replicas of the job on one node copy it once; the remote path
 then links to that copy.
 
+A container binds the source where the node sees it, else that same copy (``here``).
+
 Everything here runs as the job's Unix account, never with the server's rights on its behalf:
 the local and Slurm executors run this file's text as a program of that account (stdlib
 only, so a bare ``python3 -I`` runs it in some 20 ms), the Ray actor (already of that account)
@@ -137,6 +139,22 @@ def pack(source: str) -> bytes:
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         tar.add(source, arcname=os.path.basename(source.rstrip("/")) or "root")
     return out.getvalue()
+
+
+def lacking(record_dir: Path, mounts: list[tuple[str, str]], sees: Callable[[str], bool] = os.path.exists) -> list[str]:
+    """The sources this node neither sees nor holds a copy of for the job: what must be sent."""
+    return sorted({source for _, source in mounts if not sees(source)
+                   and not copy_dir(record_dir, source).parent.joinpath(".complete").exists()})
+
+
+def here(record_dir: Path, mounts: list[tuple[str, str]], *, sees: Callable[[str], bool] = os.path.exists,
+         archive: Archive | None = None) -> list[tuple[str, str]]:
+    """Each ``(remote, source)`` with the source as this node has it: itself where the node sees
+    it, else its copy for the job (unpacked once, recorded for ``detach``). A container binds
+    these. Raises ``MountError`` naming the mount."""
+    with _locked(record_dir):
+        return [(remote, source if sees(source) else _copy(record_dir, source, archive, remote))
+                for remote, source in mounts]
 
 
 def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
