@@ -153,6 +153,8 @@ def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
     assert done["state"] == "SUCCEEDED", (done, log)
     assert f"batch={ann.uid}" in log, log
     assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
+    if "steps=no" in log:  # and then it says why, naming the Python it could not run
+        assert f"the account {ann.name} may not run: install corral where every account may read it" in log, log
     (output,) = submit_dir.glob("slurm-*.out")
     assert output.stat().st_uid == ann.uid
 
@@ -246,3 +248,23 @@ def test_a_replica_s_probes_still_run_as_its_account_after_a_server_crash(served
     seen = set(probes.read_text().split())
     corral("cancel", str(job))
     assert seen == {str(ann.uid)}, seen
+
+
+def test_a_working_directory_the_submitter_cannot_enter_is_refused_at_submit(served, tmp_path) -> None:
+    from corral.client import InvalidRequest
+
+    corral, people = served
+    (ann, client), _ = people.values()
+    closed = tmp_path / "closed"  # root's, mode 0700: the server could enter it, ann cannot
+    closed.mkdir(mode=0o700)
+    before = len(corral.client().jobs())
+    for given in ({"base_dir": str(closed)}, {"base_dir": str(corral.specs), "workdir": str(closed)}):
+        with pytest.raises(InvalidRequest) as refused:
+            client.submit("run: pwd\n", name="nosy", scheduling={"partition": PARTITION}, **given)
+        assert refused.value.status == 422, refused.value
+        assert f"{ann.name} this job runs as cannot enter {closed}" in str(refused.value), refused.value
+    assert len(corral.client().jobs()) == before  # nothing stored
+    # one it may enter is taken
+    job = client.submit("run: pwd\n", name="fine", base_dir=str(corral.specs),
+                        scheduling={"partition": PARTITION})["job"]["id"]
+    assert corral.wait_job(job, timeout=60)["state"] == "SUCCEEDED"

@@ -262,3 +262,14 @@ def test_gpus_slurm_binds_past_the_first_ones_are_shown_and_nothing_stalls(corra
             assert f"bound={shown[0]}" in log and shown[0] >= 4, (shown, log)
     finally:
         _slurm("scancel", *[h for h in holders if h])
+
+
+def test_replicas_of_one_port_where_the_lab_s_nodes_share_an_address_are_refused_with_a_sentence(corral) -> None:
+    # the lab's nodes are loopback addresses of one machine: one port space for them all, so
+    # two replicas listening on port 8000 could never both start; refused at once, never held
+    (corral.work / "port.yaml").write_text("name: port2\nnum_nodes: 2\nports: {http: 8000}\n"
+                                           "run: python3 -m http.server 8000\n")
+    out = corral("launch", "-d", "-p", "gpu", "port.yaml")
+    assert out.returncode != 0, out.stdout
+    assert "2 replicas declare port 8000" in out.stderr and "address" in out.stderr, out.stderr
+    assert corral("queue", "--json", check=True).stdout.strip() in ("[]", "")

@@ -180,6 +180,9 @@ def test_the_sites_default_export_applies_when_the_submission_names_none(tmp_pat
         assert env["MINE"] == "mine" and env["A"] == "unset"
         env = seen(run("launch", "--name", "e", "--export=ALL", "show.yaml", check=True))
         assert env["A"] == "a" and env["OTHER"] == "unset"  # the site never carries what it drops
+        named = run("launch", "--name", "f", "--export=MINE,OTHER", "show.yaml", check=True)
+        assert seen(named)["OTHER"] == "unset"
+        assert "--export: OTHER is not carried: this site drops it" in named.stderr, named.stderr  # said, not silent
     finally:
         run.stop()
 

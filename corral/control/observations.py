@@ -20,6 +20,7 @@ from corral.control.records import JobRec
 from corral.control.supervisor import AttemptEnded, Supervisor
 from corral.control.transitions import Transitions
 from corral.executors.contract import Kind, Observed
+from corral.runtime.logs import last_words
 from corral.states import ReplicaState
 
 log = logging.getLogger("corral.control")
@@ -93,7 +94,10 @@ class Observations:
         lost = event.kind == Kind.LOST
         if lost and event.node and self.inventory.refresh():  # its node may have left: never restart there
             self.book.sched_needed = True
-        ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, event.reason,
+        reason = event.reason
+        if event.kind == Kind.EXITED and event.code and not reason:  # what corral's shell said, if it failed it
+            reason = last_words(self.launcher.settings.log_file(job.id, replica.label))
+        ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, reason,
                              self.inventory.up(replica.node), event.kind == Kind.EXITED and event.permanent)
         self.carrier.apply(job, self.supervisor.attempt_ended(job, replica, ended, now), now)
 

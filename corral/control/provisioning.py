@@ -46,7 +46,7 @@ def request_of(job, target: str | None) -> ProvisionRequest:  # noqa: ANN001 - a
     # replicas of a task declaring ports each need a node of their own: two cannot listen on
     # one port of one node's address
     replicas = tuple(ReplicaShape(t.gpus, t.cpus, t.memory, t.service.distinct_nodes or bool(t.service.ports),
-                                  t.gpu_type if t.gpus else None)
+                                  t.gpu_type if t.gpus else None, tuple(t.service.ports.values()))
                      for t in stage for _ in range(t.num_nodes))
     return ProvisionRequest(job.id, replicas, next((t.gpu_type for t in stage if t.gpu_type), None), job.time_limit,
                             max((t.grace_period for t in stage), default=10.0), target, job.account, job.qos,
@@ -160,6 +160,6 @@ class Provisioning:
             return None  # (an engine that does not answer cannot tell: the job waits for it)
         engine, target = found
         replicas = [ReplicaShape(t.resources.gpus, t.resources.cpus, t.resources.memory, bool(t.ports),
-                                 t.resources.gpu_type if t.resources.gpus else None)
+                                 t.resources.gpu_type if t.resources.gpus else None, tuple(t.ports.values()))
                     for t in tasks for _ in range(t.num_nodes)]
         return engine.misfit(target or None, replicas, 2.0)

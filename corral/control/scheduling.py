@@ -34,7 +34,7 @@ from corral.metrics import Metrics
 from corral.store.tables import REASON_LENGTH
 from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
 from corral.scheduler.applier import apply_plan
-from corral.scheduler.placement import FreePool
+from corral.scheduler.placement import FreePool, port_shortage
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.states import JobState, ReplicaState
@@ -208,16 +208,32 @@ class Scheduling:
             job = book.pending.get(job_id)
             # a partition whose engine does not answer: that is why, whatever the plan saw
             self.set_reason(job_id, Reason.PARTITION_DOWN.value if job is not None and job.partition in down
-                            else reason.value)
+                            else reason.value, self._constraint(snapshot, job_id) if reason is Reason.CONSTRAINT
+                            else None)
 
-    def set_reason(self, job_id: int, reason: str) -> None:
+    @staticmethod
+    def _constraint(snapshot: Snapshot, job_id: int) -> str | None:
+        """The sentence behind a BadConstraints reason where it is a port two replicas of the
+        job would hold on one address of the nodes provisioned for it (a Slurm allocation)."""
+        job = next((j for j in snapshot.pending if j.id == job_id), None)
+        if job is None:
+            return None
+        own = [n for n in snapshot.nodes if n.dedicated_to == job_id]
+        why = port_shortage(own, job) if own else None  # (elsewhere submission refused it with this sentence)
+        return why and f"cannot start on the nodes provisioned for it: {why}"
+
+    def set_reason(self, job_id: int, reason: str, why: str | None = None) -> None:
         """The reason a job waits: the whole sentence in memory (the loop's view shows it), and
         as much as the store's column holds (an engine's own reason can be longer; PostgreSQL
-        refuses a longer value, and a refused write would fail the whole cycle)."""
+        refuses a longer value, and a refused write would fail the whole cycle). ``why``, a
+        sentence behind a short reason, becomes the job's message."""
         if self.book.reasons.get(job_id) != reason:
             self.book.reasons[job_id] = reason
             stored = reason if len(reason) <= REASON_LENGTH else reason[:REASON_LENGTH - 1] + "…"
-            self.moves.journal.job(job_id, reason=stored)
+            if why is not None:
+                self.moves.journal.job(job_id, reason=stored, message=why)
+            else:
+                self.moves.journal.job(job_id, reason=stored)
 
     @staticmethod
     def _claim(s: Session, job_ids: list[int]) -> set[int]:

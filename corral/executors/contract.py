@@ -292,6 +292,7 @@ class ReplicaShape:
     memory: float  # GB
     distinct: bool = False  # needs a node of its own (no other replica of its task beside it)
     gpu_type: str | None = None  # the GPU type it asks for (None: any)
+    ports: tuple[int, ...] = ()  # the ports it declares (it listens on them on its node's address)
 
 
 @dataclass(frozen=True)

@@ -281,7 +281,13 @@ def ensure_shims(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
     for command in ("srun", "scontrol", "corral-container"):
-        text = f"#!/bin/sh\nexec {_sh(sys.executable)} {_sh(str(runner))} {command} \"$@\"\n"
+        python = _sh(sys.executable)
+        # (a job of another account cannot run a Python kept in the server account's private
+        # home: say so, rather than the shell's bare "Permission denied")
+        text = (f"#!/bin/sh\nif [ ! -x {python} ]; then\n"
+                f"  echo \"{command}: corral's {command} runs with the server's Python, $(printf %s {python}),"
+                f" which the account $(id -un) may not run: install corral where every account may read it\" >&2\n"
+                f"  exit 127\nfi\nexec {python} {_sh(str(runner))} {command} \"$@\"\n")
         path = directory / command
         if not path.exists() or path.read_text() != text:
             temp = directory / f".{command}.tmp"

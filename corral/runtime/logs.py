@@ -14,6 +14,27 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 16
+# what corral's own shell around a batch script prints before it fails the job (``spec.batchshell``)
+LAST_WORDS = "corral: the job failed: "
+
+
+def last_words(path: Path, tail: int = 4096) -> str:
+    """Why a replica failed where its exit code alone does not say: the sentence corral's shell
+    printed last when it failed the job itself (its ``--output`` directory missing, say), or
+    a port taken (``Address already in use``); "" otherwise."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    said = [line[len(LAST_WORDS):].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
+    if said:
+        return said[-1][:500]
+    if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
+        return ("its log says a port it binds is already in use on its node (replicas on one machine share a "
+                "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0)")
+    return ""
 
 
 def rotated(path: Path) -> Path:

@@ -38,7 +38,7 @@ trap '' TERM INT HUP QUIT USR1 USR2
 __tees=()
 __file() {  # as Slurm: a file whose directory does not exist fails the job, nothing is created for it
   if [ ! -d "$(dirname "$2")" ]; then
-    echo "corral: the job failed: its $1 file $2 cannot be created: directory $(dirname "$2") does not exist (Slurm fails such a job too; create the directory, then submit again)" >&2
+    echo "corral: the job failed: its $1 file $2 cannot be created: directory $(dirname "$2") does not exist; Slurm fails such a job too: create the directory, then submit again" >&2
     exit 1
   fi
   if ! { : >> "$2"; } 2>/dev/null; then

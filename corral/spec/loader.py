@@ -17,7 +17,7 @@ from corral.spec.mounts import resolve_sources
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
-from corral.spec.world import World, check_environment, parse_export, select
+from corral.spec.world import World, check_environment, dropped, parse_export, select
 
 
 
@@ -158,6 +158,9 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
         spec = resolve_mounts(spec, base_dir, home, docs, source)
     if world is not None:
         mode = parse_export(world.export)
+        # a variable asked for by name that the site never carries: say so rather than drop it unseen
+        warnings += [f"--export: {name} is not carried: this site drops it (environment.drop in its config.yaml)"
+                     for name in dropped(mode.names, drop)]
         spec = spec.model_copy(update={"world": World(cwd=base_dir, export=mode.text,
                                                       environment=select(world.environment, mode, drop))})
     return LoadedJob(spec, warnings)

@@ -53,6 +53,12 @@ def session_only(name: str, extra: tuple[str, ...] = ()) -> bool:
     return _matcher(SESSION_ONLY + extra).match(name) is not None  # type: ignore[union-attr]
 
 
+def dropped(names: tuple[str, ...], drop: tuple[str, ...]) -> list[str]:
+    """Which of ``names`` the site's ``drop`` patterns never let a job carry."""
+    matcher = _matcher(drop)
+    return [n for n in names if matcher is not None and matcher.match(n)]
+
+
 @dataclass(frozen=True)
 class Export:
     """A parsed ``--export``: everything (``all``) or nothing of the submitter's environment,

@@ -122,3 +122,5 @@ def test_a_missing_output_directory_fails_the_job_and_is_not_created(corral: Cor
     assert not (work / "nowhere").exists()
     log = corral.log(job)
     assert f"directory {work}/nowhere does not exist" in log and "never" not in log, log
+    # and the job's own message says so, not an exit code alone
+    assert f"directory {work}/nowhere does not exist" in (done.get("message") or ""), describe(done)

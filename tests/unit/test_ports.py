@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from corral.control.lifecycle import JobView, ReplicaView, TaskView, evaluate
 from corral.control.decisions import EndJob
+from corral.control.scheduling import Scheduling
 from corral.runtime.discovery import port_domain
 from corral.scheduler import NodeView, PendingJob, Policy, RunningJob, Snapshot, TaskRequest, schedule
 from corral.scheduler.applier import apply_starts
@@ -86,8 +87,12 @@ def test_the_scheduler_waits_and_says_resources_then_starts_once_the_port_is_fre
 def test_a_gang_its_nodes_can_never_hold_by_ports_waits_with_bad_constraints():
     # the nodes provisioned for a job (say a Slurm lab's, all on this machine) share one address
     nodes = tuple(NodeView(f"s1-gpu00{i}", 8, 32, 256, "H100", address="loopback", dedicated_to=1) for i in (1, 2))
-    plan = schedule(Snapshot(nodes, (PendingJob(1, (server(),)),)), 0.0)
+    snapshot = Snapshot(nodes, (PendingJob(1, (server(),)),))
+    plan = schedule(snapshot, 0.0)
     assert not plan.starts and plan.reasons[1].value == "BadConstraints"
+    # and the job's message says which port and why, not only Slurm's one word
+    why = Scheduling._constraint(snapshot, 1)
+    assert why is not None and "2 replicas declare port 8000" in why and "provisioned for it" in why
     # without nodes yet (an engine provisions them), nothing is said of its ports
     plan = schedule(Snapshot((), (PendingJob(2, (server(),)),)), 0.0)
     assert plan.reasons[2].value != "BadConstraints"

@@ -88,3 +88,24 @@ def test_a_gpu_type_no_node_of_the_partition_has_is_a_misfit_at_submission() -> 
     assert why is not None and "GPU type A100" in why and "h100" in why
     assert allocations.misfit("gpu", [ReplicaShape(8, 4, 0, gpu_type="H100")], 2.0) is None  # any case
     assert allocations.misfit("gpu", [ReplicaShape(0, 4, 0, gpu_type=None)], 2.0) is None
+
+
+def test_more_replicas_of_one_port_than_the_partition_has_addresses_is_a_misfit_at_submission() -> None:
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from corral.executors.contract import ReplicaShape
+    from corral.executors.slurm.allocations import Allocations
+
+    def misfit(spaces: int, replicas: list) -> str | None:
+        kind = NodeKind(gpus=8, cpus=64, memory_mb=512_000, gpu_type="h100", gpu_types=("h100",), port_spaces=spaces)
+        allocations = Allocations(SimpleNamespace(node_kind=lambda target, timeout: kind), "t", Path("/nonexistent"),
+                                  lambda: None)
+        return allocations.misfit("gpu", replicas, 2.0)
+
+    two = [ReplicaShape(0, 1, 0, distinct=True, ports=(8000,)) for _ in range(2)]
+    why = misfit(1, two)
+    assert why is not None and "2 replicas declare port 8000" in why and "1 address" in why
+    assert misfit(2, two) is None  # two addresses: one each
+    assert misfit(0, two) is None  # addresses not known: Slurm decides, the reason says it later
+    assert misfit(1, [ReplicaShape(0, 1, 0, ports=(8000,)), ReplicaShape(0, 1, 0, ports=(9000,))]) is None

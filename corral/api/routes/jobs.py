@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
@@ -20,7 +21,7 @@ from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
 from corral.admission import Refusal
-from corral.auth.accounts import AccountRefusal, unreadable_as
+from corral.auth.accounts import AccountRefusal, account_to_start, unreadable_as
 from corral.auth.roles import Identity, Role
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
@@ -112,11 +113,13 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     except AccountRefusal as exc:
         await run_in_threadpool(state.auditor.record, who, "submit", None, "refused", str(exc))
         raise HTTPException(403, str(exc)) from None
-    if any(task.file_mounts for task in spec.tasks):  # the job's account reads them, never the server for it
-        refused = await run_in_threadpool(_unreadable_mounts, spec, run_as)
-        if refused:
-            return JSONResponse(status_code=422, content={"detail": {
-                "message": f"{source} is not a valid job", "errors": refused}})
+    # the job's account reads its mounts and enters its directories, never the server for it
+    # (asked of another account through a process: off the event loop; of this one, at once)
+    refused = (await run_in_threadpool(_unreadable, spec, run_as) if _switches(run_as)
+               or any(task.file_mounts for task in spec.tasks) else _unreadable(spec, run_as))
+    if refused:
+        return JSONResponse(status_code=422, content={"detail": {
+            "message": f"{source} is not a valid job", "errors": refused}})
     if body.array is not None:
         try:
             array = parse_array(body.array)
@@ -152,14 +155,33 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
 
-def _unreadable_mounts(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
-    """A problem for each ``file_mounts`` source the job's Unix account could not read."""
-    sources = sorted({source for task in spec.tasks for source in task.file_mounts.values()})
-    unreadable = set(unreadable_as(run_as, sources))
-    return [{"document": f"task {task.name!r}", "field": f"file_mounts.{remote}", "line": None,
-             "message": f"the Unix account {run_as} this job runs as cannot read {source}: a job mounts only what "
-                        f"its account may read"}
-            for task in spec.tasks for remote, source in task.file_mounts.items() if source in unreadable]
+def _switches(run_as: str) -> bool:
+    try:
+        return account_to_start(run_as) is not None
+    except LookupError:
+        return True  # (asked through a process, which says it cannot)
+
+
+def _unreadable(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
+    """A problem for each ``file_mounts`` source the job's Unix account could not read, and
+    each working directory on this machine it could not enter (one it cannot see here may be
+    a node's own: the node says so at start)."""
+    sources = {source for task in spec.tasks for source in task.file_mounts.values()}
+    workdirs = {task.workdir for task in spec.tasks if task.workdir and os.path.isdir(task.workdir)}
+    if not sources and not workdirs:
+        return []
+    unreadable = set(unreadable_as(run_as, sorted(sources | workdirs)))
+    if not unreadable:
+        return []
+    mounts = [{"document": f"task {task.name!r}", "field": f"file_mounts.{remote}", "line": None,
+               "message": f"the Unix account {run_as} this job runs as cannot read {source}: a job mounts only "
+                          f"what its account may read"}
+              for task in spec.tasks for remote, source in task.file_mounts.items() if source in unreadable]
+    dirs = [{"document": f"task {task.name!r}", "field": "workdir", "line": None,
+             "message": f"the Unix account {run_as} this job runs as cannot enter {task.workdir}: a job runs only "
+                        f"where its account may read (the submit directory when the task names no workdir)"}
+            for task in spec.tasks if task.workdir in unreadable]
+    return mounts + dirs
 
 
 async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState

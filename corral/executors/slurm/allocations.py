@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -397,8 +398,19 @@ class Allocations:
             slurmjob.pack([_replica(r) for r in replicas], seen[1])
         except ValueError as exc:
             return str(exc)
-        return None
+        return _port_misfit(replicas, seen[1].port_spaces)
 
 
 def _replica(shape: ReplicaShape) -> slurmjob.Replica:
     return slurmjob.Replica(shape.gpus, shape.cpus, shape.memory, shape.distinct)
+
+
+def _port_misfit(replicas: list[ReplicaShape], spaces: int) -> str | None:
+    """Which declared port more replicas hold than the partition's nodes have addresses (on
+    one address, only one of them could listen on it), or None."""
+    holders = Counter(p for r in replicas for p in set(r.ports))
+    for port, count in sorted(holders.items()):
+        if spaces and count > spaces:
+            return (f"{count} replicas declare port {port}, and the Slurm partition's nodes have {spaces} "
+                    f"address(es); two replicas cannot listen on one port of one address")
+    return None

@@ -228,14 +228,19 @@ class SlurmCli:
         them holds what fits it). Refused when Slurm has no such partition."""
         from corral.executors.slurm.shape import NodeKind
 
-        argv = ["sinfo", "-h", "-o", "%c|%m|%G"] + (["-p", partition] if partition else [])
-        rows = [line.split("|") for line in self.run(*argv, timeout=timeout).splitlines() if line.count("|") == 2]
+        from corral.runtime.discovery import port_domain
+
+        # one row per node (-N): its address too, since the port spaces of the partition's
+        # nodes bound how many replicas may hold one declared port
+        argv = ["sinfo", "-N", "-h", "-o", "%c|%m|%G|%o"] + (["-p", partition] if partition else [])
+        rows = [line.split("|") for line in self.run(*argv, timeout=timeout).splitlines() if line.count("|") == 3]
         if not rows:
             raise SlurmRefused(f"Slurm has no nodes in partition {partition or '(its default)'}")
         shapes = [(int(c.rstrip("+")), int(m.rstrip("+")) if m.rstrip("+").isdigit() else 0, parse_gres(g))
-                  for c, m, g in rows]
+                  for c, m, g, _ in rows]
         return NodeKind(min(s[2][0] for s in shapes), min(s[0] for s in shapes), min(s[1] for s in shapes),
-                        shapes[0][2][1], tuple(sorted({s[2][1] for s in shapes if s[2][1]})))
+                        shapes[0][2][1], tuple(sorted({s[2][1] for s in shapes if s[2][1]})),
+                        len({port_domain(a.strip()) for *_, a in rows if a.strip()}))
 
     def node_facts(self, hosts: list[str]) -> dict[str, tuple[str, tuple[str, ...]]]:
         """Each node's address (NodeAddr, which its replicas listen on) and active features

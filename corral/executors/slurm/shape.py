@@ -51,6 +51,7 @@ class NodeKind:
     memory_mb: int
     gpu_type: str | None = None
     gpu_types: tuple[str, ...] = ()  # every GPU type some node of the partition has
+    port_spaces: int = 0  # how many distinct addresses (port spaces) its nodes have (0: not known)
 
 
 def pack(replicas: list[Replica], node: NodeKind) -> Shape:
