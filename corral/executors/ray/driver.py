@@ -249,7 +249,8 @@ class RayDriver(EventStream):
                 "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts,
                 "repo": list(launch.repo) if launch.repo else None, "dirs": list(launch.dirs),
                 "container": dataclasses.asdict(launch.container) if launch.container else None,
-                "file_mounts": [list(m) for m in launch.file_mounts]}
+                "file_mounts": [list(m) for m in launch.file_mounts],
+                "reader": [launch.run_as.uid, launch.run_as.gid, list(launch.run_as.groups)] if launch.run_as else None}
         handle = {"actor": name, "key": launch.key, "node": launch.node, "scope": self.scope, "pending": True}
         with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
             self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
@@ -316,7 +317,9 @@ class RayDriver(EventStream):
         """The sources its node lacks go through Ray's object store (``sources``); then it starts."""
         data = entry["data"]
         try:
-            archives = self._sources.archives(entry["job"], need, [tuple(m) for m in data["file_mounts"]])
+            reader = data.get("reader")
+            archives = self._sources.archives(entry["job"], need, [tuple(m) for m in data["file_mounts"]],
+                                              (reader[0], reader[1], tuple(reader[2])) if reader else None)
         except Exception as exc:
             archives = {source: f"{source} could not be sent to the node: {_short(exc)}" for source in need}
         with self._lock:
