@@ -9,7 +9,7 @@ real ``corral`` command and server, with the offline test image (``container_lab
 * a pull the registry refuses (a private image without its login, from a real registry on
   the lab's bridge) fails the replica with the registry's words, once: not restarted;
 * a replica whose image is being pulled (an engine slow to pull) is STARTING, and RUNNING
-  once its container runs;
+  once its container runs, also when a server killed meanwhile adopts it;
 * file_mounts whose sources no worker sees (``lab.hidden``: each worker has its own empty
   tmpfs there) reach every replica, in a container and not, copied once per job per node
   through Ray's object store, and are gone when the job ends; a source over the configured
@@ -165,6 +165,36 @@ def test_a_replica_on_ray_is_starting_while_its_image_is_pulled(corral, registry
     wait_for(lambda: replicas(status(corral, job))["pulled-0"]["state"] == "RUNNING", timeout=30)
     done = _ended(corral, job)
     assert done["state"] == "SUCCEEDED", _told(corral, job)
+    assert any("in its container" in m for m in _told(corral, job)), _told(corral, job)
+
+
+def test_a_replica_pulling_when_the_server_is_killed_is_adopted_starting_then_runs(corral, registry,
+                                                                                   tmp_path: Path) -> None:
+    """A server killed during a pull on Ray: its successor adopts the attempt (its actor) as
+    STARTING, confirms it once its container runs, and starts no second one."""
+    import json
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 10; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    config = corral.home / "config.yaml"
+    config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    spec = tmp_path / "adopted.yaml"
+    spec.write_text(f"name: adopted\nresources: {{image_id: docker:{registry.image('private/raypull:1')}, "
+                    f"accelerators: H100:1}}\nrun: test -e {MARKER} && sleep 3\n" + _login(registry))
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "corral: pulling" in corral("logs", job).stdout, timeout=60)
+    os.kill(json.loads(corral("server", "status", "--json", check=True).stdout)["pid"], signal.SIGKILL)
+    seen = {replicas(status(corral, job))["adopted-0"]["state"]}  # a new server answers and adopts it
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # its pull (10 s) still under way
+        seen.add(replicas(status(corral, job))["adopted-0"]["state"])
+    assert seen == {"STARTING"}, seen
+    wait_for(lambda: replicas(status(corral, job))["adopted-0"]["state"] == "RUNNING", timeout=60)
+    done = _ended(corral, job)
+    assert done["state"] == "SUCCEEDED" and replicas(done)["adopted-0"]["restarts"] == 0, _told(corral, job)
+    assert corral("logs", job).stdout.count("corral: pulling") == 1  # the same attempt: never started twice
     assert any("in its container" in m for m in _told(corral, job)), _told(corral, job)
 
 
