@@ -124,8 +124,9 @@ class Registry:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_registry(private: str = "private/busybox:1") -> Registry:
-    """A registry on loopback that wants a login, holding the test image as ``private``."""
+def start_registry(private: str = "private/busybox:1", host: str = "127.0.0.1") -> Registry:
+    """A registry on ``host`` (loopback; a Ray lab's bridge for its workers) that wants a
+    login, holding the test image as ``private``."""
     podman = need_podman()
     server, htpasswd = shutil.which("docker-registry"), shutil.which("htpasswd")
     if server is None or htpasswd is None:
@@ -134,26 +135,26 @@ def start_registry(private: str = "private/busybox:1") -> Registry:
     image = ensure_image()
     root = Path(tempfile.mkdtemp(prefix="corral-registry-"))
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port = s.getsockname()[1]
     user, password = "corral", "s3cret-" + os.urandom(4).hex()
     subprocess.run([htpasswd, "-Bbc", str(root / "htpasswd"), user, password], check=True, capture_output=True)
     (root / "config.yml").write_text(f"""version: 0.1
 log: {{level: error}}
 storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}
-http: {{addr: 127.0.0.1:{port}}}
+http: {{addr: {host}:{port}}}
 auth: {{htpasswd: {{realm: corral-test, path: {root / 'htpasswd'}}}}}
 """)
     proc = subprocess.Popen([server, "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
                             stderr=open(root / "registry.log", "wb"), start_new_session=True)
     conf = Path("/etc/containers/registries.conf.d") / f"corral-test-{port}.conf"
     conf.parent.mkdir(parents=True, exist_ok=True)
-    conf.write_text(f'[[registry]]\nlocation = "127.0.0.1:{port}"\ninsecure = true\n')
-    registry = Registry(f"127.0.0.1:{port}", user, password, proc, conf, root)
+    conf.write_text(f'[[registry]]\nlocation = "{host}:{port}"\ninsecure = true\n')
+    registry = Registry(f"{host}:{port}", user, password, proc, conf, root)
     deadline = time.monotonic() + 20
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 break
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:

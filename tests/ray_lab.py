@@ -78,6 +78,7 @@ class RayLab:
     # a killed one can come back as the same machine
     commands: dict[str, tuple[list[str], Path]] = field(default_factory=dict)
     cgroups: bool = False  # workers see the machine's /sys (its cgroup mounts), see ``start_lab``
+    hidden: Path | None = None  # a directory of this machine that no worker sees (``start_lab``)
 
     @property
     def address(self) -> str:
@@ -109,6 +110,15 @@ class RayLab:
         except subprocess.TimeoutExpired:
             pass
 
+    def node_dir(self, node: Node) -> Path:
+        """Where corral keeps its files on a worker of a ``hide`` lab (its CORRAL_RAY_DIR)."""
+        return self.temp / f"w{self.workers.index(node)}"
+
+    def sees(self, node: Node, path: str) -> bool:
+        """Whether ``path`` exists as the worker sees it (in its own mount namespace)."""
+        return _run("nsenter", f"--mount=/proc/{node.proc.pid}/ns/mnt", "--", "test", "-e", path,
+                    check=False).returncode == 0
+
     def raylet(self, node: Node) -> int:
         """The pid of the node's raylet (a child of its ``ray start``)."""
         for line in _run("ps", "-eo", "pid=,ppid=,comm=", check=False).stdout.splitlines():
@@ -137,6 +147,8 @@ class RayLab:
             if self.bridge:
                 _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.temp, ignore_errors=True)
+        if self.hidden is not None:
+            shutil.rmtree(self.hidden, ignore_errors=True)
 
     def wait_nodes(self, count: int, timeout: float = 60.0) -> list[dict]:
         """Ray's view of its alive nodes, once ``count`` are up (asked in a subprocess, so
@@ -205,13 +217,17 @@ def _start(argv: list[str], netns: str | None, log: Path, cgroups: bool = False)
 
 
 def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2, misses: int = 3,
-              cgroups: bool = False) -> RayLab:
+              cgroups: bool = False, hide: bool = False) -> RayLab:
     """A head (no GPUs) and ``workers`` nodes with ``gpus`` declared GPUs of ``gpu_type``,
     labelled ``switch=leaf{i}``; a node is declared dead after ``misses`` missed health
     checks, one a second. With ``cgroups`` a worker enters only its network namespace
     (``nsenter --net``), keeping the machine's /sys: ``ip netns exec`` mounts a sysfs of the
     namespace without the cgroup mounts, where a container engine (runc) cannot start a
-    container (``no cgroup mount found in mountinfo``), as no real machine would lack them."""
+    container (``no cgroup mount found in mountinfo``), as no real machine would lack them.
+    With ``hide`` (root only) each worker runs in a mount namespace of its own where
+    ``lab.hidden``, a directory of this machine, is an empty tmpfs: files there are the
+    submitting machine's alone, as on a cluster without a shared filesystem; and corral's
+    node directories are its own (``lab.node_dir``)."""
     isolated = can_isolate()
     tag = str(os.getpid())
     temp = Path(tempfile.mkdtemp(prefix=f"crl{tag}-", dir="/tmp"))
@@ -231,6 +247,14 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
     # lab speaks to the GCS directly, so the port is only pinned to keep clear of 10001.
     client_port = ["--ray-client-server-port", str(port + 1)] if importlib.util.find_spec("grpc") else []
     lab = RayLab(head_ip, port, isolated, tag, temp, bridge, cgroups=cgroups)
+    # what a worker starts under to lose sight of lab.hidden (private: its mounts stay its own)
+    unseen: list[str] = []
+    if hide:
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            raise RuntimeError("hiding a directory from the lab's workers needs root and unshare")
+        lab.hidden = Path(tempfile.mkdtemp(prefix=f"crl{tag}-hidden-", dir="/tmp"))
+        unseen = ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+                  'mount -t tmpfs -o size=1m,mode=0700 corral-lab-hidden "$0" && exec "$@"', str(lab.hidden)]
     try:
         argv = [RAY, "start", "--head", "--node-ip-address", head_ip, "--port", str(port), "--num-cpus", "1",
                 "--num-gpus", "0", "--temp-dir", str(temp), "--system-config",
@@ -255,7 +279,9 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
                 _run("ip", "netns", "exec", netns, "ip", "route", "add", "default", "via", head_ip)
             lab.wait_nodes(i + 1)  # one at a time: raylets starting together on one machine can time out
             manager_port = port + 10 + i
-            argv = [RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
+            # its own directories for corral's files (CORRAL_RAY_DIR), as a machine of its own has
+            own = ["env", f"CORRAL_RAY_DIR={temp / f'w{i}'}"] if hide else []
+            argv = unseen + own + [RAY, "start", "--address", lab.address, "--node-ip-address", ip, "--num-cpus", str(cpus),
                     "--node-manager-port", str(manager_port),
                     "--num-gpus", str(gpus), "--resources", json.dumps({f"accelerator_type:{gpu_type}": gpus}),
                     "--labels", f"switch=leaf{i}", *common]

@@ -142,3 +142,29 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
                 corral.close_client()
                 corral("server", "stop", check=False)
                 kill_leftovers(home)
+
+
+def test_a_source_sent_to_another_node_is_read_with_the_account_s_rights() -> None:
+    """What a node that does not see a source is sent (a Ray worker elsewhere) is packed
+    with the job's account's rights, never the root server's: its secret stays unread, its
+    own file arrives whole, and one over the limit is not packed at all."""
+    import io
+    import tarfile
+
+    from corral.node.mounts import pack_as
+    from unix_users import need_root, traversable_dir, unix_user
+
+    need_root()
+    with traversable_dir() as root, unix_user("cidp") as ann:
+        reader = (ann.uid, ann.gid, tuple(ann.groups))
+        (root / "public.txt").write_text("for everyone\n")
+        (root / "public.txt").chmod(0o644)
+        (root / "secret.txt").write_text("root only\n")
+        (root / "secret.txt").chmod(0o600)
+        with pytest.raises(OSError, match="Permission denied"):
+            pack_as(reader, str(root / "secret.txt"), 1 << 20)
+        packed = pack_as(reader, str(root / "public.txt"), 1 << 20)
+        with tarfile.open(fileobj=io.BytesIO(packed)) as tar:
+            assert tar.extractfile("public.txt").read() == b"for everyone\n"
+        assert pack_as(reader, str(root / "public.txt"), 4) is None  # 13 bytes, over a 4-byte limit
+        assert pack_as(None, str(root / "secret.txt"), 1 << 20)  # the server's own rights read it

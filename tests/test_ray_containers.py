@@ -6,6 +6,14 @@ real ``corral`` command and server, with the offline test image (``container_lab
   container, on the other: the client reaches the server by its corral name and declared
   port, the server's exec readiness probe runs inside the container, and no container is
   left when the job ends;
+* a pull the registry refuses (a private image without its login, from a real registry on
+  the lab's bridge) fails the replica with the registry's words, once: not restarted;
+* a replica whose image is being pulled (an engine slow to pull) is STARTING, and RUNNING
+  once its container runs, also when a server killed meanwhile adopts it;
+* file_mounts whose sources no worker sees (``lab.hidden``: each worker has its own empty
+  tmpfs there) reach every replica, in a container and not, copied once per job per node
+  through Ray's object store, and are gone when the job ends; a source over the configured
+  limit fails its replica with a sentence naming the mount;
 * a raylet killed under a running container replica: its fence ends the attempt and its
   container before the next attempt runs (never alive twice), and cancel leaves no container.
 
@@ -21,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_events, cli_for, cli_status, replicas_by_label, wait_for
-from container_lab import IMAGE, MARKER, SITE, containers_of, ensure_image
+from container_lab import IMAGE, MARKER, SITE, containers_of, ensure_image, start_registry
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
@@ -33,16 +41,28 @@ status, replicas, events = cli_status, replicas_by_label, cli_events
 @pytest.fixture(scope="module")
 def lab():
     ensure_image()  # before the lab: a missing podman skips without starting Ray
-    lab = start_lab(workers=2, gpus=4, misses=20, cgroups=True)  # the fence, not Ray's health checks, ends a lost attempt
+    # the fence, not Ray's health checks, ends a lost attempt; lab.hidden: what no worker sees
+    lab = start_lab(workers=2, gpus=4, misses=20, cgroups=True, hide=os.geteuid() == 0)
     yield lab
     lab.stop()
+
+
+@pytest.fixture(scope="module")
+def registry(lab: RayLab):
+    registry = start_registry("private/raypull:1", host=lab.head_ip)  # on the bridge: the workers reach it
+    yield registry
+    registry.stop()
+
+
+LIMIT = 'file_mounts_max_gb: 0.001'  # 1 MB: what a worker that does not see a source is sent at most
 
 
 @pytest.fixture
 def corral(lab: RayLab, tmp_path: Path):
     home = tmp_path / "home"
     home.mkdir()
-    (home / "config.yaml").write_text(site_config(lab, SITE))
+    (home / "config.yaml").write_text(site_config(lab, SITE).replace(f'address: "{lab.address}"',
+                                                                     f'address: "{lab.address}", {LIMIT}'))
     run = cli_for(home, cwd=tmp_path, timeout=120)
     yield run
     leave_as_found(run, home)
@@ -94,6 +114,146 @@ run: |
     assert any(e["subject"] == "server-0" and e["cause"] == "ready" for e in events(corral, "web")), \
         _told(corral, "web")
     wait_for(lambda: _mine("1", "server") == [], timeout=30)  # the server's container went with its job
+
+
+def _login(registry) -> str:  # noqa: ANN001
+    return (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}, "
+            f"SKYPILOT_DOCKER_SERVER: {registry.address}}}\n")
+
+
+def _ended(corral, job: str, timeout: float = 120) -> dict:
+    return wait_for(lambda: (s := status(corral, job))["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and s,
+                    timeout=timeout)
+
+
+def test_a_pull_the_registry_refuses_fails_the_replica_with_its_words_once(corral, registry, tmp_path: Path) -> None:
+    spec = tmp_path / "refused.yaml"
+    spec.write_text(f"""
+name: refused
+resources: {{image_id: docker:{registry.image('private/raypull:1')}, accelerators: H100:1}}
+restart: {{policy: on_failure, max_restarts: 3, backoff: {{initial: 0s}}}}
+run: echo never
+""")
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    done = _ended(corral, job)
+    assert done["state"] == "FAILED", done
+    assert "image pull failed" in done["message"] and "unauthorized" in done["message"].lower(), done
+    assert replicas(done)["refused-0"]["restarts"] == 0, done  # a refusal is not pulled again and again
+    assert any("unauthorized" in m.lower() for m in _told(corral, job)), _told(corral, job)
+    log = corral("logs", job).stdout
+    assert log.count("corral: pulling") == 1 and "never" not in log.replace("echo never", ""), log
+
+
+def test_a_replica_on_ray_is_starting_while_its_image_is_pulled(corral, registry, tmp_path: Path) -> None:
+    import shutil
+
+    slow = tmp_path / "slow-podman"  # a node whose engine is slow to pull
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 5; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    config = corral.home / "config.yaml"
+    config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    spec = tmp_path / "pulled.yaml"
+    spec.write_text(f"name: pulled\nresources: {{image_id: docker:{registry.image('private/raypull:1')}, "
+                    f"accelerators: H100:1}}\nrun: test -e {MARKER} && sleep 2\n" + _login(registry))
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "corral: pulling" in corral("logs", job).stdout, timeout=60)
+    seen = set()
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # the pull (5 s) is under way
+        seen.add(replicas(status(corral, job))["pulled-0"]["state"])
+    assert seen == {"STARTING"}, seen
+    wait_for(lambda: replicas(status(corral, job))["pulled-0"]["state"] == "RUNNING", timeout=30)
+    done = _ended(corral, job)
+    assert done["state"] == "SUCCEEDED", _told(corral, job)
+    assert any("in its container" in m for m in _told(corral, job)), _told(corral, job)
+
+
+def test_a_replica_pulling_when_the_server_is_killed_is_adopted_starting_then_runs(corral, registry,
+                                                                                   tmp_path: Path) -> None:
+    """A server killed during a pull on Ray: its successor adopts the attempt (its actor) as
+    STARTING, confirms it once its container runs, and starts no second one."""
+    import json
+    import shutil
+
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 10; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    config = corral.home / "config.yaml"
+    config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    spec = tmp_path / "adopted.yaml"
+    spec.write_text(f"name: adopted\nresources: {{image_id: docker:{registry.image('private/raypull:1')}, "
+                    f"accelerators: H100:1}}\nrun: test -e {MARKER} && sleep 3\n" + _login(registry))
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "corral: pulling" in corral("logs", job).stdout, timeout=60)
+    os.kill(json.loads(corral("server", "status", "--json", check=True).stdout)["pid"], signal.SIGKILL)
+    seen = {replicas(status(corral, job))["adopted-0"]["state"]}  # a new server answers and adopts it
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # its pull (10 s) still under way
+        seen.add(replicas(status(corral, job))["adopted-0"]["state"])
+    assert seen == {"STARTING"}, seen
+    wait_for(lambda: replicas(status(corral, job))["adopted-0"]["state"] == "RUNNING", timeout=60)
+    done = _ended(corral, job)
+    assert done["state"] == "SUCCEEDED" and replicas(done)["adopted-0"]["restarts"] == 0, _told(corral, job)
+    assert corral("logs", job).stdout.count("corral: pulling") == 1  # the same attempt: never started twice
+    assert any("in its container" in m for m in _told(corral, job)), _told(corral, job)
+
+
+def test_file_mounts_reach_ray_nodes_that_do_not_see_them(corral, lab: RayLab, tmp_path: Path) -> None:
+    if lab.hidden is None:
+        pytest.skip("hiding a directory from the workers needs root")
+    src = lab.hidden / f"src-{tmp_path.name}"  # this machine's alone: no worker sees it
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "a.txt").write_text("shard\n")
+    (src / "cfg.txt").write_text("lr: 0.1\n")
+    remote = f"{lab.hidden}/mnt-{tmp_path.name}"  # a path of each worker's own (its tmpfs there)
+    mounts = f"file_mounts: {{{remote}/data: {src}/data, {remote}/cfg.txt: {src}/cfg.txt}}"
+    spec = tmp_path / "files.yaml"
+    spec.write_text(f"""
+name: files
+execution: parallel
+---
+name: boxed
+num_nodes: 2
+resources: {{image_id: docker:{IMAGE}, accelerators: H100:2}}
+{mounts}
+run: test -e {MARKER} && echo "boxed $(cat {remote}/data/a.txt) $(cat {remote}/cfg.txt)"
+---
+name: bare
+num_nodes: 2
+resources: {{accelerators: H100:2}}
+{mounts}
+run: |
+  test ! -e {src} || exit 4
+  echo "bare $(cat {remote}/data/a.txt) $(cat {remote}/cfg.txt)"
+""")
+    done = corral("launch", "-p", "gpu", str(spec), timeout=180)
+    log = corral("logs", "files").stdout
+    assert done.returncode == 0, log[-3000:] + done.stderr[-2000:]
+    assert log.count("boxed shard lr: 0.1") == 2 and log.count("bare shard lr: 0.1") == 2, log
+    nodes = {r["node"] for r in replicas(status(corral, "files")).values()}
+    assert len(nodes) == 2  # 8 GPUs: both workers
+    for source in (f"{src}/data", f"{src}/cfg.txt"):  # once per job per node, whatever its replicas there
+        assert log.count(f"corral: copied {source} to this node") == len(nodes), log
+    for worker in lab.workers:  # gone with the job: the links, what corral made for them, the copies
+        wait_for(lambda: not lab.sees(worker, f"{remote}/data") and not lab.sees(worker, remote), timeout=30)
+        assert not list(lab.node_dir(worker).glob("corral-ray-*/mounts/1")), list(lab.node_dir(worker).rglob("*"))
+
+
+def test_a_source_over_the_limit_fails_its_replica_naming_the_mount(corral, lab: RayLab, tmp_path: Path) -> None:
+    if lab.hidden is None:
+        pytest.skip("hiding a directory from the workers needs root")
+    big = lab.hidden / f"big-{tmp_path.name}"
+    big.mkdir()
+    (big / "weights.bin").write_bytes(os.urandom(2 * 2**20))  # 2 MB, over the 1 MB limit
+    spec = tmp_path / "big.yaml"
+    spec.write_text(f"name: big\nresources: {{accelerators: H100:1}}\nfile_mounts: {{/opt/big-{tmp_path.name}: {big}}}\n"
+                    "restart: {policy: on_failure, backoff: {initial: 0s}}\nrun: echo never\n")
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    done = _ended(corral, job)
+    assert done["state"] == "FAILED", done
+    said = done["message"]
+    assert f"file_mounts./opt/big-{tmp_path.name}" in said and "1.0 MB" in said and "file_mounts_max_gb" in said, said
+    assert replicas(done)["big-0"]["restarts"] == 0, done
 
 
 def _beats(path: Path) -> list[str]:

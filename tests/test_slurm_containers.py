@@ -5,7 +5,10 @@ node's Podman, with the offline test image (``container_lab``).
 * inside, a replica has its environment, including what Slurm sets only when the step starts
   (``SLURM_PROCID``, its GRES binding's ``CUDA_VISIBLE_DEVICES``: passed through then), and
   its corral name resolves to its own server;
-* cancel ends the Slurm job and leaves no container.
+* cancel ends the Slurm job and leaves no container;
+* a replica whose image is being pulled (an engine slow to pull, a private registry) is
+  STARTING, and RUNNING once its container runs; a pull the registry refuses fails the
+  replica with its words, without a restart.
 
 Skipped, with the reason, where no Slurm answers or the machine cannot run containers."""
 
@@ -17,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_for, wait_for
-from container_lab import IMAGE, MARKER, SITE as CONTAINERS, containers_of, ensure_image
+from container_lab import IMAGE, MARKER, SITE as CONTAINERS, containers_of, ensure_image, start_registry
 from test_slurm import ENV, _squeue_ids, _why_no_slurm
 
 SITE = """
@@ -278,3 +281,45 @@ srun -N 2 --ntasks-per-node=1 --container-image={IMAGE} --container-name=tf slee
     wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
     wait_for(lambda: steps() == [], timeout=30, interval=0.5)
+
+
+@pytest.fixture(scope="module")
+def registry():
+    registry = start_registry("private/slurmpull:1")
+    yield registry
+    registry.stop()
+
+
+def test_a_step_pulling_its_image_is_starting_and_a_refused_pull_fails_once(corral, registry,
+                                                                            tmp_path: Path) -> None:
+    import shutil
+    import time
+
+    slow = tmp_path / "slow-podman"  # a node whose engine is slow to pull
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 5; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow.chmod(0o755)
+    config = corral.home / "config.yaml"
+    config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    image = registry.image("private/slurmpull:1")
+    login = (f"secrets: {{SKYPILOT_DOCKER_USERNAME: {registry.user}, SKYPILOT_DOCKER_PASSWORD: {registry.password}, "
+             f"SKYPILOT_DOCKER_SERVER: {registry.address}}}\n")
+    spec = tmp_path / "pulled.yaml"
+    spec.write_text(f"name: pulled\nresources: {{image_id: docker:{image}}}\nrun: test -e {MARKER} && sleep 2\n" + login)
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "corral: pulling" in corral("logs", job).stdout, timeout=90, interval=0.3)
+    seen = set()
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # the pull (5 s) is under way
+        seen.add(_status(corral, job)["tasks"][0]["replicas"][0]["state"])
+    assert seen == {"STARTING"}, seen
+    done = wait_for(lambda: (s := _status(corral, job))["state"] in ("SUCCEEDED", "FAILED") and s, timeout=60,
+                    interval=0.5)
+    assert done["state"] == "SUCCEEDED", _told(corral, job)
+    assert "in container" in corral("events", job).stdout, _told(corral, job)
+    spec.write_text(f"name: refused\nresources: {{image_id: docker:{image}}}\nrun: echo never\n"
+                    "restart: {policy: on_failure, max_restarts: 3, backoff: {initial: 0s}}\n")
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    done = wait_for(lambda: (s := _status(corral, job))["state"] in ("SUCCEEDED", "FAILED") and s, timeout=90,
+                    interval=0.5)
+    assert done["state"] == "FAILED" and "unauthorized" in (done["message"] or "").lower(), done
+    assert done["tasks"][0]["replicas"][0]["restarts"] == 0, done

@@ -40,6 +40,7 @@ class AttemptEnded:
     lost: bool = False
     reason: str | None = None
     node_up: bool = True  # its node is still in the inventory
+    permanent: bool = False  # a new attempt would fail the same way (a registry refused its image)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Supervisor:
         policy = job.task(replica.task).service.restart
         code = None if event.lost else event.code
         ending = job.cancel_requested or job.ended_by is not None  # nothing restarts: the job is ending
-        if not asked and not ending and job.state != JobState.PREEMPTED \
+        if not asked and not ending and job.state != JobState.PREEMPTED and not event.permanent \
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)
             why = f"exit code {code}" if code is not None else f"lost ({event.reason or 'exit code unknown'})"
@@ -122,6 +123,8 @@ class Supervisor:
         message = f"exit code {code}" if code is not None else f"lost: {event.reason or 'exit code unknown'}"
         if event.reason and code is not None:
             message += f" ({event.reason})"
+        if event.permanent and policy.should_restart(code, replica.restarts) and not asked and not ending:
+            message += "; not restarted: every new attempt would meet the same refusal"
         return [End(replica.id, state, cause, message, code)]
 
     def probe_answered(self, job: JobRec, replica: ReplicaRec, event: ProbeAnswered, now: float) -> list[Decision]:

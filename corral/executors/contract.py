@@ -114,7 +114,10 @@ class Binding:
 
 
 class Kind(str, Enum):
-    STARTED = "started"  # the attempt runs (reported by adopt for one still alive, or a late confirmation)
+    # the attempt runs (reported by adopt for one still alive, or a late confirmation); an
+    # attempt in a container runs once its container does: while its image is pulled it is
+    # not started yet, and its executor confirms it (``Started.confirmed`` False) only then
+    STARTED = "started"
     EXITED = "exited"  # its process ended with ``code``
     LOST = "lost"  # it ended and its exit code cannot be known (node died, no record)
     ABSENT = "absent"  # adopt found no trace: it never started
@@ -130,6 +133,9 @@ class Observed:
     node: str | None = None
     gpus: tuple[int, ...] | None = None  # STARTED: the GPUs the engine bound, when it chose them
     detail: str = ""  # STARTED: as ``Started.detail``
+    # EXITED: it failed for a reason every new attempt would meet again (a registry refused its
+    # image: ``corral.node.container.refused``), so its restart policy is not asked
+    permanent: bool = False
 
 
 Wake = Callable[[], None]

@@ -48,6 +48,7 @@ ROOTLESS_SHM = "8g"  # a tmpfs's size is a cap: memory is used only as it is wri
 BOX_DIR = "box"  # in the run directory: the files another account's own engine reads
 AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
+PULL_OUT_FILE = "pull.out"  # the engine's own words while it pulls
 RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
 CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
 # paths of the machine the job was submitted from: inside an image its own hold
@@ -193,18 +194,43 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
         _private(Path(auth), json.dumps({"auths": {server or "docker.io": {"auth": token}}}), owner)
     locks.mkdir(parents=True, exist_ok=True)
     digest = _digest(container.image)
-    lock, private = locks / f"{digest}.lock", locks / f"{digest}.private"
+    lock, private, failed = locks / f"{digest}.lock", locks / f"{digest}.private", locks / f"{digest}.failed"
     # An image once pulled with a login is pulled again (the registry checks the login) for
     # every job, also one without a login: a private image in the node's cache is no one's to
     # run without the registry's yes (Kubernetes' AlwaysPullImages, for private images only).
     # Once per job (per task: its login), not per replica: the task's replicas on this node and
     # its restarts find the job's mark ($5) the registry's yes to its login.
-    script = ('if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
+    # A pull that fails leaves its words ($6) for the replicas that waited for it on this node:
+    # they fail with them rather than each pulling again (one failed pull, not one per replica);
+    # a replica that comes later pulls anew. The engine's progress goes to the replica's log as
+    # it pulls (stdout); only the registry's words go to stderr, for the wrapper's reason.
+    script = ('before=$(cat "$6" 2>/dev/null); exec 9>>"$7" && flock 9 || exit; '
+              'if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
               'if [ -n "$3" ] && [ -n "$5" ] && [ -e "$5" ] && "$1" image exists "$2"; then exit 0; fi; '
-              'echo "corral: pulling $2" >&2; "$1" pull ${3:+--authfile "$3"} "$2" || exit; '
+              'now=$(cat "$6" 2>/dev/null); if [ -n "$now" ] && [ "$now" != "$before" ]; then '
+              'echo "corral: the pull of $2 that a replica beside this one made on this node just failed"; '
+              'printf "%s\\n" "${now#* }" >&2; exit 125; fi; '
+              'echo "corral: pulling $2"; { "$1" pull ${3:+--authfile "$3"} "$2" 2>&1; echo "$?" > "$8.rc"; } | tee "$8"; '
+              'rc=$(cat "$8.rc" 2>/dev/null || echo 1); '
+              'if [ "$rc" -ne 0 ]; then said=$(grep -i error "$8" | tail -n 1 | cut -c 1-400); '
+              '{ printf "%s %s\\n" "$$-$(date +%s%N)" "$said" > "$6"; } 2>/dev/null; printf "%s\\n" "$said" >&2; '
+              'exit "$rc"; fi; rm -f "$6" 2>/dev/null; '
               'if [ -n "$3" ]; then : > "$4" || exit; { [ -z "$5" ] || : > "$5"; } 2>/dev/null || :; fi')
-    return ["flock", str(lock), "sh", "-c", script, "corral-pull", engine, container.image, auth, str(private),
-            str(mark) if mark else ""]
+    return ["sh", "-c", script, "corral-pull", engine, container.image, auth, str(private),
+            str(mark) if mark else "", str(failed), str(lock), str(run_dir / PULL_OUT_FILE)]
+
+
+# What a registry says when it refuses an image for good: a new attempt would meet the same
+# words (a wrong name or tag, a login it does not take), so it is not pulled again and again.
+# Anything else (a registry that does not answer, a timeout, a server error) may pass.
+REFUSALS = ("manifest unknown", "name unknown", "not found", "unauthorized", "denied", "authentication required",
+            "invalid reference format", "invalid username/password", "requested access to the resource is denied")
+
+
+def refused(reason: str) -> bool:
+    """Whether a failed pull's words (``pull_failure``) are a registry's lasting refusal."""
+    said = reason.lower()
+    return any(words in said for words in REFUSALS)
 
 
 def _gpus(env: dict[str, str], passthrough: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
@@ -283,6 +309,18 @@ def entry(run_dir: Path, command: list[str]) -> list[str]:
     if not (run_dir / PROFILE_FILE).exists():
         return command
     return ["/bin/sh", "-c", f'. {PROFILE}; exec "$@"', "corral-entry", *command]
+
+
+def ended(run_dir: Path) -> tuple[str, bool]:
+    """What an ended attempt's pull said ("" when its image was there) and whether it is a
+    lasting refusal (``refused``): what its executor reports with its exit."""
+    said = pull_failure(run_dir)
+    return said, bool(said) and refused(said)
+
+
+def running(run_dir: Path) -> bool:
+    """Whether the attempt's container runs (or ran): its image is there and the engine starts it."""
+    return (run_dir / RUNNING_FILE).exists()
 
 
 def pull_failure(run_dir: Path) -> str:

@@ -8,6 +8,8 @@ archive (``archive``) and is unpacked once per job per node into the job's recor
 under a lock so concurrent replicas of the job on one node copy it once; the remote path
 then links to that copy.
 
+A container binds the source where the node sees it, else that same copy (``here``).
+
 Everything here runs as the job's Unix account, never with the server's rights on its behalf:
 the local and Slurm executors run this file's text as a program of that account (stdlib
 only, so a bare ``python3 -I`` runs it in some 20 ms), the Ray actor (already of that account)
@@ -131,12 +133,68 @@ def _copy(record_dir: Path, source: str, archive: Archive | None, remote: str) -
     return str(target)
 
 
+def size_of(source: str, stop: int) -> int:
+    """The bytes of a file, or of everything under a directory (links not followed); counting
+    stops past ``stop``."""
+    if not os.path.isdir(source) or os.path.islink(source):
+        return os.lstat(source).st_size
+    total = 0
+    for root, dirs, files in os.walk(source):
+        for name in files + dirs:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            if total > stop:
+                return total
+    return total
+
+
+TOO_LARGE = 3  # what ``pack_as`` exits with for a source over its limit
+
+
+def pack_as(account: tuple[int, int, tuple[int, ...]] | None, source: str, limit: int) -> bytes | None:
+    """``pack`` of a source no larger than ``limit`` bytes (None when it is larger), read with
+    the rights of ``account`` (uid, gid, groups: the job's, where this process is root for
+    others) or this process's own. Raises OSError with the reader's words."""
+    if account is None:
+        return None if size_of(source, limit) > limit else pack(source)
+    import subprocess
+
+    uid, gid, groups = account
+    done = subprocess.run(_program("pack", source, str(limit)), user=uid, group=gid, extra_groups=list(groups),
+                          cwd="/", env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=600)
+    if done.returncode == TOO_LARGE:
+        return None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise OSError(said[-1].removeprefix("corral: ") if said else f"packing failed (exit {done.returncode})")
+    return done.stdout
+
+
 def pack(source: str) -> bytes:
     """A source as ``_copy`` unpacks it (read by the caller's own rights: run it as the job's account)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         tar.add(source, arcname=os.path.basename(source.rstrip("/")) or "root")
     return out.getvalue()
+
+
+def lacking(record_dir: Path, mounts: list[tuple[str, str]], sees: Callable[[str], bool] = os.path.exists) -> list[str]:
+    """The sources this node neither sees nor holds a copy of for the job: what must be sent."""
+    return sorted({source for _, source in mounts if not sees(source)
+                   and not copy_dir(record_dir, source).parent.joinpath(".complete").exists()})
+
+
+def here(record_dir: Path, mounts: list[tuple[str, str]], *, sees: Callable[[str], bool] = os.path.exists,
+         archive: Archive | None = None) -> list[tuple[str, str]]:
+    """Each ``(remote, source)`` with the source as this node has it: itself where the node sees
+    it, else its copy for the job (unpacked once, recorded for ``detach``). A container binds
+    these. Raises ``MountError`` naming the mount."""
+    with _locked(record_dir):
+        return [(remote, source if sees(source) else _copy(record_dir, source, archive, remote))
+                for remote, source in mounts]
 
 
 def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
@@ -276,11 +334,20 @@ def detach_as_owner(record_dir: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """``attach RECORD_DIR HOME RUN_DIR REMOTE SOURCE … [-- COMMAND …]`` (then exec COMMAND)
-    or ``detach RECORD_DIR``; a mount that cannot appear is one line on stderr and exit 1,
+    or ``detach RECORD_DIR`` or ``pack SOURCE LIMIT`` (its archive to stdout); a mount that cannot appear is one line on stderr and exit 1,
     recorded in RUN_DIR (when given) as the attempt's start and exit, so the engine that ran
     this reports an attempt that failed, with its reason in the replica's log."""
     if argv[:1] == ["detach"] and len(argv) == 2:
         detach(Path(argv[1]))
+        return 0
+    if argv[:1] == ["pack"] and len(argv) == 3:  # a source as this account reads it, to stdout
+        try:
+            if size_of(argv[1], int(argv[2])) > int(argv[2]):
+                return TOO_LARGE
+            sys.stdout.buffer.write(pack(argv[1]))
+        except OSError as exc:
+            print(f"corral: {exc.strerror or exc}", file=sys.stderr)
+            return 1
         return 0
     if argv[:1] != ["attach"] or len(argv) < 3:
         print("usage: mounts.py attach RECORD_DIR HOME RUN_DIR [REMOTE SOURCE]… [-- COMMAND…] | detach RECORD_DIR",

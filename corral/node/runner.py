@@ -98,7 +98,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   mapfile -d '' -t c < "$1/reads"
   # what the engine binds with root's rights, the job's account must reach itself
   [ -z "$drop" ] || $drop $USER_ENV sh -c "$CONTAINER_READS" corral-reads "$PWD" "${c[@]}" 2>&3; rc=$?
-  [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; $drop "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; cat "$1/pull.err" >&3 2>/dev/null; }
+  [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; $drop "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; [ "$rc" -eq 0 ] || cat "$1/pull.err" >&3 2>/dev/null; }
   if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
     mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'; : > "$1/running"
     { $drop "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?

@@ -297,7 +297,8 @@ class LocalExecutor(EventStream):
         if code is None:
             self._emit(Observed(key, Kind.LOST, reason="the process ended while corral was down and left no exit code"))
         else:
-            self._emit(Observed(key, Kind.EXITED, code=code, reason=containers.pull_failure(self.runner.run_dir(key))))
+            said, permanent = containers.ended(self.runner.run_dir(key))
+            self._emit(Observed(key, Kind.EXITED, code=code, reason=said, permanent=permanent))
 
 
 # an exec probe's shell of the replica's account: the job's variables, then the probe

@@ -5,6 +5,12 @@ this machine. Detached and named after the attempt key, it outlives the corral s
 finds it again by name after a restart. Only plain data crosses Ray: no corral object is
 pickled into the actor but its launch dictionary.
 
+A job's ``file_mounts`` whose sources the node does not see (another machine, a worker in a
+namespace of its own) are sent by the driver through Ray's object store when the actor asks
+for them (``start`` answers ``need`` before anything starts), and unpacked once per job on
+the node (``corral.node.mounts``). A container attempt tells the driver when its container
+runs (``until_running``): until then its image is being pulled and the replica is starting.
+
 Beside each attempt the actor starts its *fence* (``fence``): should the actor's worker or
 the node's raylet die, the fence ends the attempt's process tree, so a replica whose node
 left the cluster does not run on beside its next attempt.
@@ -26,7 +32,7 @@ from pathlib import Path
 from corral.executors.contract import Container
 from corral.executors.ray.fence import FENCED_FILE
 from corral.node import container as containers
-from corral.node.mounts import attach, home_of_this_account
+from corral.node.mounts import MountError, attach, here, home_of_this_account, lacking
 from corral.node.runner import NodeRunner, process_start_time
 
 
@@ -76,6 +82,7 @@ class ReplicaActor:
         self.lock = threading.Lock()  # a status asked while the start runs waits for it
         self.gpus: list[int] = []
         self.fenced: str | None = None
+        self.reason, self.permanent = "", False  # what its failed pull (or mounts) said, and if it lasts
 
     def start(self, launch: dict, hosts: str, peers: str) -> dict:
         with self.lock:
@@ -98,9 +105,11 @@ class ReplicaActor:
         env["PYTHONPATH"] = str(RESOLVER_DIR) + (os.pathsep + path if path else "")
         for directory in launch.get("dirs") or ():  # node-local unless the site mounts shared storage there
             Path(directory).mkdir(parents=True, exist_ok=True)
-        if launch.get("file_mounts") and not launch.get("container"):  # made here as the job's account (a container binds them)
-            attach(self.runner.mounts_dir(job_id), [tuple(m) for m in launch["file_mounts"]],
-                   env.get("HOME") or home_of_this_account())
+        mounts = [tuple(m) for m in launch.get("file_mounts") or ()]
+        record = self.runner.mounts_dir(job_id)
+        sent = launch.get("archives")
+        if mounts and sent is None and lacking(record, mounts):  # nothing started: the driver sends them first
+            return {"need": lacking(record, mounts)}
         self.log_file = self.logs / f"{self.key}.log"
         stale = self.runner.run_dir(self.key)
         if stale.exists():  # left by a server that crashed before its start was recorded: never ran here
@@ -109,26 +118,74 @@ class ReplicaActor:
         fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         os.fchmod(fd, 0o600)  # the replica's output is its user's alone
         os.close(fd)
+        boxed = launch.get("container")
+        try:  # made here as the job's account: linked on the node, or bound into its container
+            mounts = self._mounts(record, mounts, sent or {}, boxed is not None, env.get("HOME"))
+        except MountError as exc:  # as a failed start elsewhere: the attempt ends, its reason said
+            self._say(f"corral: {exc}")
+            self.code, self.reason, self.permanent = 1, str(exc), True
+            self.done.set()
+            return {"failed": str(exc)}
         self._start_fence()
         repo = launch.get("repo")
-        boxed = launch.get("container")
         container = Container(**{**boxed, "options": tuple(boxed["options"]),
                                  "login": tuple(boxed["login"]) if boxed.get("login") else None,
-                                 "mounts": tuple(tuple(m) for m in boxed.get("mounts") or ())}) if boxed else None
+                                 "mounts": tuple(mounts)}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None,
                                       container=container)
         threading.Thread(target=self._reap, daemon=True).start()
         self.gpus = [int(float(g)) for g in gpus]
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,
-                "gpus": self.gpus, "names": self.runner.hosts_mode}
+                "gpus": self.gpus, "names": self.runner.hosts_mode, "pulling": self._pulling()}
+
+    def _mounts(self, record: Path, mounts: list[tuple[str, str]], sent: dict, boxed: bool,
+                home: str | None) -> list[tuple[str, str]]:
+        """The job's file_mounts on this node, the sources it does not see unpacked from what
+        the driver sent (once per job here: the job's lock); for a container, the paths it binds."""
+        import ray
+
+        def archive(source: str) -> bytes:
+            shipped = sent.get(source)
+            if isinstance(shipped, str):  # refused on the submitting side (too large, unreadable)
+                raise MountError(shipped)
+            if not shipped:
+                raise MountError(f"{source} was not sent to this node")
+            data = ray.get(shipped[0], timeout=600)
+            self._say(f"corral: copied {source} to this node ({len(data)} bytes, compressed)")
+            return data
+
+        if not mounts:
+            return []
+        if boxed:
+            return here(record, mounts, archive=archive)
+        attach(record, mounts, home or home_of_this_account(), archive=archive)
+        return mounts
+
+    def _say(self, line: str) -> None:
+        if self.log_file is not None:
+            with open(self.log_file, "a") as out:
+                out.write(line + "\n")
+
+    def _pulling(self) -> bool:
+        """Its container does not run yet (its image is being pulled)."""
+        run_dir = self.runner.run_dir(self.key or "")
+        return containers.named(run_dir) is not None and not containers.running(run_dir)
+
+    def until_running(self) -> bool:
+        """Once its container runs: True; False if the attempt ended first."""
+        while not self.done.wait(0.05):
+            if not self._pulling():
+                return True
+        return False
 
     def _start_fence(self) -> None:
         """Before the attempt starts: its fence, watching this worker (a pipe only it holds
         the read end of) and the raylet (this worker's parent)."""
         read, write = os.pipe()
         said = os.open(self.logs / f"{self.key}.fence", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG")}
+        # CORRAL_RAY_DIR too: the fence finds the attempt's run directory where the actor made it
+        env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "CORRAL_RAY_DIR")}
         try:
             self.fence = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.fence", str(read),
                                            str(os.getppid()), self.scope, self.key or ""],
@@ -148,6 +205,7 @@ class ReplicaActor:
         self.runner.end_tree(self.key, self.proc.pid)
         code = self.runner.exit_code(self.key)
         self.code = code if code is not None else (128 - rc if rc < 0 else rc)
+        self.reason, self.permanent = containers.ended(self.runner.run_dir(self.key))
         try:
             self.fenced = (self.runner.run_dir(self.key) / FENCED_FILE).read_text() or "fenced"
         except OSError:
@@ -167,15 +225,19 @@ class ReplicaActor:
 
     def _status(self) -> dict:
         if self.proc is None:
-            return {"state": "absent"}
+            return {"state": "exited", **self._end()} if self.done.is_set() else {"state": "absent"}
         if not self.done.is_set():
-            return {"state": "running", "node_pid": self.proc.pid, "gpus": self.gpus}
-        return {"state": "exited", "code": self.code, "fenced": self.fenced}
+            return {"state": "running", "node_pid": self.proc.pid, "gpus": self.gpus, "pulling": self._pulling()}
+        return {"state": "exited", **self._end()}
 
-    def wait(self) -> int | str | None:
-        """The attempt's exit code, or why its fence ended it (a loss: its node is failing)."""
+    def _end(self) -> dict:
+        return {"code": self.code, "fenced": self.fenced, "reason": self.reason, "permanent": self.permanent}
+
+    def wait(self) -> dict:
+        """How the attempt ended: its exit code, what its pull said, or why its fence ended it
+        (``fenced``: a loss, its node is failing)."""
         self.done.wait()
-        return self.fenced or self.code
+        return self._end()
 
     def signal(self, signum: int) -> bool:
         if self.proc is None or self.done.is_set():

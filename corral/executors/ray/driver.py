@@ -8,17 +8,14 @@ decides placement; Ray realises it.
   node that joins is schedulable; one that leaves is DOWN, and its attempts are lost (their
   fences end them on the node: ``fence``).
 * Each replica's resources are held in Ray's accounting by a placement group pinned to the
-  node corral chose (a bundle label selector on ``ray.io/node-id``), so no other Ray user can
-  take them between decision and start. A gang's groups are all made ready before any of
-  its replicas starts, and all removed if one cannot be (all or none); a replica whose node
-  leaves the cluster meanwhile is reported lost at its start, so its restart policy (or the
-  job's requeue) decides, as for any lost replica. A restart reuses its replica's group:
-  same node, same GPUs.
+  node corral chose, a gang's all or none (``groups``).
 * Each attempt is a detached actor named after its key (``actor.ReplicaActor``) that runs
   ``setup``/``run`` as a process on that node with the same environment contract as locally;
   ``CUDA_VISIBLE_DEVICES`` are the GPUs Ray assigned.
-* Logs are pulled from the node into the server's log directory while attempts run, so
-  ``corral logs`` works unchanged and keeps what a dead node wrote before it died.
+* Logs are pulled from the node into the server's log directory while attempts run
+  (``logcopy``). A replica in a container is STARTED once its container runs (its image
+  pulled), and its exit carries what a failed pull said. Its node is sent the job's
+  file_mounts it does not see through Ray's object store (``sources``).
 * After a server (or driver) restart the actors are found again by name: running ones are
   adopted, ended ones report their exit, and none is started twice.
 
@@ -38,12 +35,14 @@ from typing import Any
 
 from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
                                       Wake)
+from corral.executors.ray import logcopy
+from corral.executors.ray.groups import Groups
+from corral.executors.ray.sources import Sources
 from corral.pool import NodeSpec
 from corral.runtime.discovery import port_domain
 
 log = logging.getLogger("corral.ray")
 
-RESERVE_TIMEOUT_S = 30.0
 START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
 POLL_S = 0.5
@@ -86,18 +85,19 @@ class RayDriver(EventStream):
         self._gone_nodes: set[str] = set()
         self._node_ids: dict[str, tuple[str, str]] = {}  # name -> (Ray node id, IP)
         self._version = 0
-        self._groups: dict[tuple[int, str], Any] = {}  # (job, label) -> its placement group
         self._live: dict[str, dict] = {}  # key -> {"actor", "ref", "job", "node", "label", "offset"}
-        self._starting: dict[str, dict] = {}  # key -> {"ref", "actor", "handle", "job", "label", "deadline"}
+        self._starting: dict[str, dict] = {}  # key -> {"ref", "actor", "handle", "job", "label", "deadline", "data"}
+        self._sending: dict[str, dict] = {}  # starts waiting for their file_mounts sources to be sent
+        self._pulling: dict[str, dict] = {}  # key -> {"ref", "handle", "gpus", "detail"}: running once its container does
+        self._sources = Sources(ray, config.file_mounts_max_gb)
         self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
         self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
         self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
-        self._earlier: dict[int, list[str]] | None = None  # job -> placement groups of an earlier server
         self._closed = threading.Event()
         self._kick = threading.Event()  # a start was sent: the watcher stops waiting on older refs
         self._suspects: set[str] = set()  # Ray node ids whose raylet died, before Ray says so
-        self._doomed: dict[tuple[int, str], tuple[str, str]] = {}  # (job, label) -> (node, why) lost at reserve
         self.answered = time.monotonic()  # when Ray last answered a look at its nodes
+        self._holds = Groups(self)
         self._refresh_nodes()
         self._thread = threading.Thread(target=self._watch, name="corral-ray-watcher", daemon=True)
         self._thread.start()
@@ -210,113 +210,23 @@ class RayDriver(EventStream):
             self._port_pool[node] = [p for p in found[len(wanted) + extra:] if p not in self._handed[node]]
         return ports
 
-    # -- reservations ----------------------------------------------------------------------------
+    # -- reservations (``groups``) -------------------------------------------------------------
     def reserve(self, job_id: int, generation: int, slots) -> None:
-        made, waits = [], []
-        for label, node, gpus, cpus, memory in slots:
-            name = f"corral-{self.scope}-j{job_id}g{generation}-{label}-{node}"
-            with self._lock:
-                existing = self._groups.get((job_id, label))
-                self._doomed.pop((job_id, label), None)
-                gone = node in self._gone_nodes
-            if existing is not None and existing[0] == name:
-                continue
-            if gone:
-                self._doom(job_id, label, node)
-                continue
-            try:
-                pg = self._ray.util.get_placement_group(name)  # made before a server restart
-            except ValueError:
-                bundle: dict[str, float] = {"CPU": cpus}
-                if len(gpus):
-                    bundle["GPU"] = float(len(gpus))
-                if memory > 0:
-                    bundle["memory"] = float(int(memory * 2**30))
-                pg = self._ray.util.placement_group([bundle], strategy="STRICT_PACK", name=name, lifetime="detached",
-                                                    bundle_label_selector=[{"ray.io/node-id": self._node_id(node)}])
-                made.append(pg)
-            waits.append(((job_id, label), name, pg, node))
-        pending = {pg.ready(): entry for entry in waits for pg in [entry[2]]}
-        deadline = time.monotonic() + RESERVE_TIMEOUT_S
-        try:
-            while pending and time.monotonic() < deadline:
-                ready, _ = self._ray.wait(list(pending), num_returns=len(pending), timeout=1.0)
-                for ref in ready:
-                    self._ray.get(ref, timeout=CALL_TIMEOUT_S)
-                    pending.pop(ref)
-                gone = self._refresh_nodes_and_gone()
-                for ref, (slot, _, pg, node) in list(pending.items()):
-                    if node in gone:  # a node that died meanwhile: its replica is lost, not the gang refused
-                        pending.pop(ref)
-                        waits.remove((slot, _, pg, node))
-                        self._remove_group(pg)
-                        self._doom(job_id, slot[1], node)
-            if pending:
-                raise TimeoutError(f"{len(pending)} not ready")
-        except Exception as exc:
-            for pg in made:  # all or none: nothing of the gang stays held
-                self._remove_group(pg)
-            with self._lock:
-                for label, *_ in slots:
-                    self._doomed.pop((job_id, label), None)
-            raise LaunchError(f"Ray could not reserve {len(slots)} replica(s) within {RESERVE_TIMEOUT_S:g}s: "
-                              f"{_short(exc)}") from exc
-        with self._lock:
-            for slot, name, pg, _ in waits:
-                old = self._groups.get(slot)
-                if old is not None and old[0] != name:  # placed again elsewhere: the old hold goes
-                    self._remove_group(old[1])
-                self._groups[slot] = (name, pg)
-
-    def _doom(self, job_id: int, label: str, node: str) -> None:
-        with self._lock:
-            self._doomed[(job_id, label)] = (node, f"node {node} left the Ray cluster while the job's replicas "
-                                                   "were being reserved")
+        self._holds.reserve(job_id, generation, slots)
 
     def release(self, job_id: int) -> None:
         with self._lock:
-            mine = [k for k in self._groups if k[0] == job_id]
-            groups = [self._groups.pop(k)[1] for k in mine]
             self._docs.pop(job_id, None)
-            for slot in [k for k in self._doomed if k[0] == job_id]:
-                self._doomed.pop(slot)
-        for pg in groups:
-            self._remove_group(pg)
-        for name in self._earlier_groups().pop(job_id, []):  # made before a server restart
-            try:
-                self._remove_group(self._ray.util.get_placement_group(name))
-            except ValueError:
-                pass
-
-    def _earlier_groups(self) -> dict[int, list[str]]:
-        """Live placement groups of this scope that an earlier server made, by job: read from
-        Ray's table once (it keeps removed groups too, so reading it per job would grow)."""
-        if self._earlier is None:
-            self._earlier = {}
-            prefix = f"corral-{self.scope}-j"
-            for info in self._ray.util.placement_group_table().values():
-                name = str(info.get("name", ""))
-                if name.startswith(prefix) and info.get("state") != "REMOVED":
-                    job = name[len(prefix):].split("g", 1)[0]
-                    if job.isdigit():
-                        self._earlier.setdefault(int(job), []).append(name)
-        return self._earlier
-
-    def _remove_group(self, pg) -> None:
-        try:
-            self._ray.util.remove_placement_group(pg)
-        except Exception:
-            log.debug("placement group already gone", exc_info=True)
+        self._holds.release(job_id)
 
     # -- attempts ------------------------------------------------------------------------------
     def _actor_name(self, key: str) -> str:
         return f"corral-{self.scope}-{key}"
 
     def start(self, launch: Launch) -> Started:
+        group, doomed = self._holds.held(launch.job_id, launch.label)
         with self._lock:
-            group = self._groups.get((launch.job_id, launch.label))
             hosts, peers = self._docs.get(launch.job_id, ("", "{}"))
-            doomed = self._doomed.pop((launch.job_id, launch.label), None)
         if doomed is not None:  # lost like any replica whose node died: its restart policy decides
             node, why = doomed
             self._emit(Observed(launch.key, Kind.LOST, node=node, reason=why))
@@ -339,12 +249,13 @@ class RayDriver(EventStream):
                 "env": launch.env, "cwd": launch.cwd, "hosts": launch.hosts,
                 "repo": list(launch.repo) if launch.repo else None, "dirs": list(launch.dirs),
                 "container": dataclasses.asdict(launch.container) if launch.container else None,
-                "file_mounts": [list(m) for m in launch.file_mounts]}
+                "file_mounts": [list(m) for m in launch.file_mounts],
+                "reader": [launch.run_as.uid, launch.run_as.gid, list(launch.run_as.groups)] if launch.run_as else None}
         handle = {"actor": name, "key": launch.key, "node": launch.node, "scope": self.scope, "pending": True}
         with self._lock:  # the watcher confirms the start (STARTED) or reports it failed (LOST)
             self._starting[launch.key] = {"ref": actor.start.remote(data, hosts, peers), "actor": actor,
                                           "handle": handle, "job": launch.job_id, "label": launch.label,
-                                          "deadline": time.monotonic() + START_TIMEOUT_S}
+                                          "deadline": time.monotonic() + START_TIMEOUT_S, "data": data}
         self._kick.set()
         return Started(handle, confirmed=False, detail=f"actor {name}")
 
@@ -366,11 +277,59 @@ class RayDriver(EventStream):
             self._emit(Observed(key, Kind.LOST, node=node,
                                 reason=f"could not start on {node}: {_short(exc)}"))
             return
+        if "need" in info:  # its node does not see some of the job's file_mounts: sent first, then started
+            with self._lock:
+                self._sending[key] = entry
+            threading.Thread(target=self._send, args=(key, entry, info["need"]), daemon=True).start()
+            return
+        self._track(key, entry["actor"], entry["job"], node, entry["label"], 0)
+        if "failed" in info:  # its mounts could not appear: its end (and why) comes with its wait
+            return
         handle.pop("pending", None)
         handle.update(node_pid=info["node_pid"], gpus=info["gpus"])
-        self._track(key, entry["actor"], entry["job"], node, entry["label"], 0)
-        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node, gpus=tuple(info["gpus"]),
-                            detail=f"pid {info['node_pid']} on {node}"))
+        self._started(key, entry["actor"], handle, node, info["gpus"], f"pid {info['node_pid']} on {node}",
+                      info.get("pulling"))
+
+    def _started(self, key: str, actor, handle: Handle, node: str, gpus, detail: str, pulling: bool) -> None:
+        """STARTED, or once its container runs when its image is still being pulled (STARTING)."""
+        if pulling:
+            with self._lock:
+                self._pulling[key] = {"ref": actor.until_running.remote(), "handle": handle, "node": node,
+                                      "gpus": gpus, "detail": detail}
+            self._kick.set()
+            return
+        self._emit(Observed(key, Kind.STARTED, handle=handle, node=node, gpus=tuple(gpus) if gpus is not None else None,
+                            detail=detail))
+
+    def _running(self, key: str, ref) -> None:
+        with self._lock:
+            entry = self._pulling.pop(key, None)
+            live = key in self._live
+        try:
+            runs = bool(self._ray.get(ref, timeout=CALL_TIMEOUT_S))
+        except Exception:
+            runs = False  # its actor died: its wait says so
+        if entry is not None and runs and live:
+            self._started(key, None, entry["handle"], entry["node"], entry["gpus"],
+                          entry["detail"] + ", in its container", False)
+
+    def _send(self, key: str, entry: dict, need: list[str]) -> None:
+        """The sources its node lacks go through Ray's object store (``sources``); then it starts."""
+        data = entry["data"]
+        try:
+            reader = data.get("reader")
+            archives = self._sources.archives(entry["job"], need, [tuple(m) for m in data["file_mounts"]],
+                                              (reader[0], reader[1], tuple(reader[2])) if reader else None)
+        except Exception as exc:
+            archives = {source: f"{source} could not be sent to the node: {_short(exc)}" for source in need}
+        with self._lock:
+            if self._sending.pop(key, None) is None:
+                return  # killed meanwhile: it never starts
+            hosts, peers = self._docs.get(entry["job"], ("", "{}"))
+            self._starting[key] = {**entry, "ref": entry["actor"].start.remote({**data, "archives": archives}, hosts,
+                                                                               peers),
+                                   "deadline": time.monotonic() + START_TIMEOUT_S}
+        self._kick.set()
 
     def _track(self, key: str, actor, job_id: int, node: str, label: str, offset: int) -> None:
         with self._lock:
@@ -401,7 +360,7 @@ class RayDriver(EventStream):
                 continue
             job_id, label = _job_and_label(key)
             node = (handle or {}).get("node") or ""
-            offset = _offset_file(self._log_file(job_id, label), key)
+            offset = logcopy.offset_file(self._log_file(job_id, label), key)
             if status["state"] == "absent":
                 self._ray.kill(actor, no_restart=True)
                 self._emit(Observed(key, Kind.ABSENT, reason="its Ray actor never started the process"))
@@ -411,25 +370,29 @@ class RayDriver(EventStream):
                 new.pop("pending", None)
                 new.update(node_pid=status.get("node_pid"), gpus=status.get("gpus"))
                 self._track(key, actor, job_id, node, label, offset)
-                gpus = status.get("gpus")
-                self._emit(Observed(key, Kind.STARTED, handle=new, gpus=tuple(gpus) if gpus is not None else None,
-                                    detail=f"pid {status.get('node_pid')} on {node}"))
+                with self._lock:
+                    watched = key in self._pulling
+                if not watched:  # adopted again while pulling: one watch is enough
+                    self._started(key, actor, new, node, status.get("gpus"), f"pid {status.get('node_pid')} on {node}",
+                                  status.get("pulling"))
             elif status.get("fenced"):
                 self._pump(key, actor, job_id, label, offset, final=True)
                 self._emit(Observed(key, Kind.LOST, node=node,
                                     reason=f"{status['fenced']} on {node}; its fence there ended the attempt"))
             else:
                 self._pump(key, actor, job_id, label, offset, final=True)
-                self._emit(Observed(key, Kind.EXITED, code=status.get("code")))
+                self._emit(Observed(key, Kind.EXITED, code=status.get("code"), reason=status.get("reason") or "",
+                                    permanent=bool(status.get("permanent"))))
 
     def signal(self, handle: Handle, signum: int) -> bool:
         with self._lock:
             live = self._live.get(handle["key"])
-            starting = self._starting.get(handle["key"])
+            starting = self._starting.get(handle["key"]) or self._sending.get(handle["key"])
         if live is None and starting is not None and signum == 9:
             # killed before its start was confirmed: it must never run
             with self._lock:
                 self._starting.pop(handle["key"], None)
+                self._sending.pop(handle["key"], None)
             try:
                 self._ray.kill(starting["actor"], no_restart=True)
             except Exception:
@@ -484,6 +447,7 @@ class RayDriver(EventStream):
         return self.settings.log_file(job_id, label)
 
     def cleanup_job(self, job_id: int) -> None:
+        self._sources.drop(job_id)
         with self._lock:
             nodes = list(self._node_ids)
         for node in nodes:
@@ -517,8 +481,9 @@ class RayDriver(EventStream):
             with self._lock:
                 refs = {v["ref"]: k for k, v in self._live.items()}
                 starts = {v["ref"]: k for k, v in self._starting.items()}
+                pulls = {v["ref"]: k for k, v in self._pulling.items()}
             try:
-                everything = list(refs) + list(starts)
+                everything = list(refs) + list(starts) + list(pulls)
                 ready = []
                 if everything:  # wake at the first answer (or a new start), then take every answer there is
                     until = time.monotonic() + POLL_S
@@ -528,8 +493,10 @@ class RayDriver(EventStream):
                         ready, _ = self._ray.wait(everything, num_returns=len(everything), timeout=0)
                 else:
                     self._kick.wait(POLL_S)
-                for ref in ready:
-                    if ref in starts:
+                for ref in sorted(ready, key=lambda r: r not in pulls):  # a container ran, then ended
+                    if ref in pulls:
+                        self._running(pulls[ref], ref)
+                    elif ref in starts:
                         with self._lock:
                             entry = self._starting.pop(starts[ref], None)
                         if entry is not None:
@@ -551,10 +518,11 @@ class RayDriver(EventStream):
     def _ended(self, key: str, ref) -> None:
         with self._lock:
             live = self._live.pop(key, None)
+            self._pulling.pop(key, None)
         if live is None:
             return
         try:
-            code = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
+            end = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
         except Exception as exc:
             if type(exc).__name__ == "ActorUnavailableError" and time.monotonic() < live.setdefault(
                     "unavailable_until", time.monotonic() + UNAVAILABLE_S):
@@ -575,12 +543,15 @@ class RayDriver(EventStream):
                                 reason=f"its Ray actor on {live['node']} died ({type(exc).__name__}); {FENCED}"))
             return
         self._pump(key, live["actor"], live["job"], live["label"], live["offset"], final=True)
-        if isinstance(code, str):  # its fence ended it: the node's raylet (or the actor's worker) died
+        if not isinstance(end, dict):  # an actor of an earlier corral: its code, or why its fence ended it
+            end = {"fenced": end} if isinstance(end, str) else {"code": end}
+        if end.get("fenced"):  # its fence ended it: the node's raylet (or the actor's worker) died
             self._suspect(live["node"])
             self._emit(Observed(key, Kind.LOST, node=live["node"],
-                                reason=f"{code} on {live['node']}; its fence there ended the attempt"))
+                                reason=f"{end['fenced']} on {live['node']}; its fence there ended the attempt"))
             return
-        self._emit(Observed(key, Kind.EXITED, code=code))
+        self._emit(Observed(key, Kind.EXITED, code=end.get("code"), reason=end.get("reason") or "",
+                            permanent=bool(end.get("permanent"))))
 
     def _suspect(self, node: str) -> None:
         """A node whose raylet died is out of the inventory now, before Ray declares it dead
@@ -597,9 +568,12 @@ class RayDriver(EventStream):
             keys = [k for k, v in self._live.items() if v["node"] == node]
             for k in keys:
                 self._live.pop(k)
-            starting = [k for k, v in self._starting.items() if v["handle"]["node"] == node]
+            starting = [k for k, v in (self._starting | self._sending).items() if v["handle"]["node"] == node]
             for k in starting:
-                self._starting.pop(k)
+                self._starting.pop(k, None)
+                self._sending.pop(k, None)
+            for k in keys:
+                self._pulling.pop(k, None)
         for key in keys + starting:
             self._emit(Observed(key, Kind.LOST, node=node, reason=f"node {node} left the Ray cluster; {FENCED}"))
 
@@ -629,42 +603,15 @@ class RayDriver(EventStream):
             self._pump(key, entry["actor"], entry["job"], entry["label"], entry["offset"])
 
     def _pump(self, key: str, actor, job_id: int, label: str, offset: int, final: bool = False) -> None:
-        """Copy what the attempt wrote on its node since ``offset`` into the server's log."""
-        path = self._log_file(job_id, label)
-        while True:
-            try:
-                data = self._ray.get(actor.read_log.remote(offset), timeout=CALL_TIMEOUT_S)
-            except Exception:
-                return
-            if not data:
-                return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "ab") as fh:
-                fh.write(data)
-            offset += len(data)
-            _offset_file(path, key, offset)
-            with self._lock:
-                if key in self._live:
-                    self._live[key]["offset"] = offset
-            if not final and len(data) < (1 << 20):
-                return
+        offset = logcopy.pump(self._ray, actor, self._log_file(job_id, label), key, offset, final)
+        with self._lock:
+            if key in self._live:
+                self._live[key]["offset"] = offset
 
 
 def _job_and_label(key: str) -> tuple[int, str]:
     job, task, rank, _ = key.split(".")
     return int(job), f"{task}-{rank}"
-
-
-def _offset_file(log_path: Path, key: str, value: int | None = None) -> int:
-    """How much of an attempt's node log the server has copied (survives a server restart)."""
-    marker = log_path.with_name(f".{log_path.name}.{key}.offset")
-    if value is None:
-        try:
-            return int(marker.read_text())
-        except (OSError, ValueError):
-            return 0
-    marker.write_text(str(value))
-    return value
 
 
 def _short(exc: BaseException) -> str:

@@ -21,6 +21,8 @@ class RayConfig(Strict):
     # the Unix account the cluster's workers run as (default: the server's own); Ray cannot
     # start a worker as another account, so its partitions take only this account's jobs
     user: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+    # the largest file_mounts source (file or directory) copied to a node that does not see it
+    file_mounts_max_gb: float = Field(default=1.0, gt=0)
 
 
 def runs_as(config: RayConfig) -> str:

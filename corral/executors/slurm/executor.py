@@ -319,11 +319,21 @@ class SrunExecutor(EventStream):
         except ValueError:  # not indices (UUIDs): corral's own choice stays what it shows
             return None
 
+    def _runs(self, key: str) -> bool:
+        """Whether the attempt's wrapper runs in its step and, in a container, its container
+        does (while its image is pulled the replica is still starting)."""
+        run_dir = self.runner.run_dir(key)
+        if self.runner.started_pid(key) is None:
+            return False
+        return containers.named(run_dir) is None or containers.running(run_dir)
+
     def _confirm(self, attempt: Attempt) -> None:
         pending, attempt.unconfirmed = attempt.unconfirmed, None
         if pending is not None:
+            boxed = containers.named(self.runner.run_dir(attempt.key))
+            detail = pending["detail"] + (f", in container {boxed[1]}" if boxed else "")
             self._emit(Observed(attempt.key, Kind.STARTED, handle=pending["handle"], node=attempt.node,
-                                gpus=self.bound_gpus(attempt.key), detail=pending["detail"]))
+                                gpus=self.bound_gpus(attempt.key), detail=detail))
 
     def _host_of(self, node: str) -> str:
         """The machine a node of the pool is (its name where corral knows no allocation of it)."""
@@ -365,11 +375,13 @@ class SrunExecutor(EventStream):
                 slurm_id = slurm_id or steps.get(step, "").split(".")[0]
                 attempt = Attempt(key, slurm_id, (handle or {}).get("node", ""), step, None,
                                   pid if client_alive else 0, pid_started)
+                adopted = dict(handle or {"key": key, "step": step, "slurm": slurm_id})
+                if self.runner.started_pid(key) is not None and not self._runs(key):  # still pulling its image
+                    attempt.unconfirmed = {"handle": adopted, "detail": f"step {step} of Slurm job {slurm_id}"}
                 with self._lock:
                     self._live[key] = attempt
-                self._emit(Observed(key, Kind.STARTED, handle=dict(handle or {"key": key, "step": step,
-                                                                              "slurm": slurm_id}),
-                                    gpus=self.bound_gpus(key)))
+                if attempt.unconfirmed is None:
+                    self._emit(Observed(key, Kind.STARTED, handle=adopted, gpus=self.bound_gpus(key)))
                 continue
             why = self._allocation_ended(slurm_id)
             ended = self._ended(key, slurm_id, step, None)
@@ -395,7 +407,8 @@ class SrunExecutor(EventStream):
         containers.remove(self.runner.run_dir(key))
         code = self.runner.exit_code(key)
         if code is not None:
-            return Observed(key, Kind.EXITED, code=code)
+            said, permanent = containers.ended(self.runner.run_dir(key))
+            return Observed(key, Kind.EXITED, code=code, reason=said, permanent=permanent)
         started = self.runner.started_pid(key) is not None
         if not started and client_rc is None:
             return Observed(key, Kind.ABSENT, reason="its Slurm step never started the replica")
@@ -576,7 +589,7 @@ class SrunExecutor(EventStream):
         if not live:
             return
         for attempt in live:  # its wrapper runs: the step started (an end is reported after this)
-            if attempt.unconfirmed is not None and self.runner.started_pid(attempt.key) is not None:
+            if attempt.unconfirmed is not None and self._runs(attempt.key):
                 self._confirm(attempt)
         try:
             steps = self.cli.steps(sorted({a.slurm_id for a in live if a.slurm_id}))
