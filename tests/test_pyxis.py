@@ -388,3 +388,29 @@ srun --container-image={corral.image} sleep 300
     while containers_of("step"):
         assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
         time.sleep(0.2)
+
+
+def test_a_step_container_whose_client_was_killed_is_removed_when_its_job_ends(corral) -> None:
+    import time
+
+    from container_lab import containers_of
+
+    # the step's client dies with SIGKILL (as after a grace period ran out) while its container
+    # runs: the container is no process of the job's, and is removed when the attempt ends
+    (corral.work / "orphan.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 1
+srun --container-image={corral.image} sleep 300 &
+client=$!
+for i in $(seq 100); do [ -n "$(podman ps -q --filter label=corral.attempt=$CORRAL_LAUNCH_KEY)" ] && break; sleep 0.2; done
+kill -9 $client
+echo "client killed"
+""")
+    job_id = corral("sbatch", "orphan.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 90
+    while "client killed" not in (log := corral("logs", job_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.2)
+    deadline = time.monotonic() + 60
+    while containers_of("step"):
+        assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
+        time.sleep(0.2)

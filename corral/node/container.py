@@ -50,6 +50,8 @@ AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
 PULL_OUT_FILE = "pull.out"  # the engine's own words while it pulls
 RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
+STEPS_FILE = "steps.engine"  # a batch script's attempt: the engine (and account) its steps' containers use
+STEP_LABEL = "corral.attempt"  # on every container a batch script's step makes: the attempt's key
 CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
 # paths of the machine the job was submitted from: inside an image its own hold
 HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
@@ -272,6 +274,39 @@ def remove(run_dir: Path) -> None:
                        timeout=60)
     except (OSError, subprocess.SubprocessError):
         pass
+
+
+def note_steps(run_dir: Path, engine: str, uid: int) -> None:
+    """Say, for the attempt's end, which engine (as which account) the containers of its batch
+    script's steps (``corral.node.stepcontainer``) run on: a step task killed before its engine's
+    client removed its container would leave it running."""
+    path = shutil.which(engine) if not os.path.isabs(engine) else engine
+    if path:
+        (run_dir / STEPS_FILE).write_text(f"{path}\n{uid}\n")
+
+
+def remove_steps(run_dir: Path, key: str) -> None:
+    """End every container of the attempt's steps left when it ended (by its label)."""
+    try:
+        engine, uid = (run_dir / STEPS_FILE).read_text().split("\n")[:2]
+        owner = int(uid)
+    except (OSError, ValueError):
+        return
+    if not _trusted_engine(engine):
+        return
+
+    def run(argv: list[str]) -> str:
+        if owner != os.geteuid():
+            argv = as_account(owner, argv) or []
+        try:
+            return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=60).stdout if argv else ""
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    left = run([engine, "ps", "-aq", "--filter", f"label={STEP_LABEL}={key}"]).split()
+    if left:
+        run([engine, "rm", "--force", "--time", "0", "--ignore", *left])
 
 
 def _trusted_engine(engine: str) -> bool:

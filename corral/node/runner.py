@@ -126,6 +126,7 @@ EXIT_FILE = "exit_code"
 STARTED_FILE = "started"
 START_TIME_TOLERANCE_S = 0.05
 RUN_AS_VAR = "CORRAL_RUN_AS"
+STEP_ENGINE_VAR = "CORRAL_CONTAINER_ENGINE"  # a batch script's (``corral.node.stepcontainer``)
 # what a Slurm step learns only when it starts, passed into its container then
 STEP_VARIABLES = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "SLURM_*")
 
@@ -235,6 +236,8 @@ class NodeRunner:
         self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
+        if env.get(STEP_ENGINE_VAR):  # a batch script: its steps may make containers of their own
+            containers.note_steps(self.run_dir(key), env[STEP_ENGINE_VAR], account.uid if account else os.geteuid())
         name = _hostname(env)
         if container is not None:
             self._container(key, job_id, container, env, account, log_path)
@@ -335,6 +338,7 @@ class NodeRunner:
             except (ProcessLookupError, PermissionError):
                 pass
         containers.remove(self.run_dir(key))  # the engine's client is gone; its container is not
+        containers.remove_steps(self.run_dir(key), key)  # nor those of its batch script's steps
         return self.trees.kill(key, thorough=thorough)
 
     def forget(self, key: str) -> None:

@@ -42,7 +42,7 @@ from corral.spec.pyxis import StepContainer
 ENGINE_VAR = "CORRAL_CONTAINER_ENGINE"  # the site's engine (config.yaml containers.engine)
 OPTIONS_VAR = "CORRAL_CONTAINER_OPTIONS"  # the site's run options, JSON (containers.run_options)
 BATCH_VAR = "CORRAL_SBATCH_CONTAINER"  # the batch script's own container, JSON (StepContainer)
-LABEL = "corral.attempt"  # the attempt a step's container belongs to
+LABEL = engine_files.STEP_LABEL  # the attempt a step's container belongs to
 
 
 def task_key(env: dict[str, str], step: str, rank: str) -> str:
