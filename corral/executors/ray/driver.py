@@ -37,6 +37,7 @@ from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launc
                                       Wake)
 from corral.executors.ray import logcopy
 from corral.executors.ray.groups import Groups
+from corral.executors.ray.ports import NodePorts
 from corral.executors.ray.sources import Sources
 from corral.pool import NodeSpec
 from corral.runtime.discovery import port_domain
@@ -47,7 +48,6 @@ START_TIMEOUT_S = 60.0
 CALL_TIMEOUT_S = 15.0
 POLL_S = 0.5
 KICK_S = 0.02  # how long a start sent meanwhile may wait for the watcher to add it to its wait
-PORT_BATCH = 32  # free ports fetched per call to a node
 UNAVAILABLE_S = 20.0  # an actor unreachable this long (its node still in the cluster) is lost
 
 
@@ -76,7 +76,7 @@ class RayDriver(EventStream):
             ray.init(address=config.address, namespace=self.namespace, log_to_driver=False,
                      logging_level=logging.WARNING, configure_logging=False)
         self._actor_class = ray.remote(rayactor.ReplicaActor)
-        self._free_ports = ray.remote(rayactor.free_ports)
+        self._ports = NodePorts(ray, ray.remote(rayactor.free_ports), self._pinned)
         self._kill_tree = ray.remote(rayactor.kill_tree)
         self._cleanup = ray.remote(rayactor.cleanup_job)
         self._runtime_dir = rayactor.node_dirs(scope)[2]
@@ -91,8 +91,6 @@ class RayDriver(EventStream):
         self._pulling: dict[str, dict] = {}  # key -> {"ref", "handle", "gpus", "detail"}: running once its container does
         self._sources = Sources(ray, config.file_mounts_max_gb)
         self._docs: dict[int, tuple[str, str]] = {}  # job -> (hosts, peers) last published
-        self._handed: dict[str, set[int]] = {}  # node -> ports handed out by this server
-        self._port_pool: dict[str, list[int]] = {}  # node -> ports found free there, not yet handed out
         self._closed = threading.Event()
         self._kick = threading.Event()  # a start was sent: the watcher stops waiting on older refs
         self._suspects: set[str] = set()  # Ray node ids whose raylet died, before Ray says so
@@ -178,37 +176,12 @@ class RayDriver(EventStream):
         ip = self._ip(node)
         if previous is not None and previous.addr == ip and set(previous.ports) == set(ports):
             return previous
-        chosen = self._ports(node, list(ports.values()), 0)
+        chosen = self._ports.take(node, list(ports.values()), 0)
         moved = [f"{want} is in use on {node}" for want, got in zip(ports.values(), chosen) if want != got]
         return Binding(ip, dict(zip(ports, chosen)), "; ".join(moved))
 
     def rendezvous_port(self, node: str) -> int:
-        return self._ports(node, [], 1)[0]
-
-    def _ports(self, node: str, wanted: list[int], extra: int) -> list[int]:
-        """``wanted`` ports where free on ``node`` (else others), then ``extra`` free ones.
-        Free ports are fetched from the node in batches, so most placements cost no call."""
-        if not wanted and not extra:
-            return []
-        with self._lock:
-            pool = self._port_pool.setdefault(node, [])
-            if not wanted and len(pool) >= extra:
-                ports = [pool.pop() for _ in range(extra)]
-                self._handed.setdefault(node, set()).update(ports)
-                return ports
-            taken = sorted(self._handed.setdefault(node, set()))
-        batch = extra + PORT_BATCH
-        ref = self._free_ports.options(num_cpus=0, scheduling_strategy=self._pinned(node)).remote(wanted, batch, taken)
-        try:
-            found = self._ray.get(ref, timeout=CALL_TIMEOUT_S)
-        except Exception as exc:
-            raise LaunchError(f"could not pick ports on {node}: {_short(exc)}") from exc
-        ports = found[:len(wanted) + extra]
-        with self._lock:  # declared ports honoured are the scheduler's to hand out, not this pool's
-            self._handed[node].update(p for p in ports[:len(wanted)] if p not in wanted)
-            self._handed[node].update(ports[len(wanted):])
-            self._port_pool[node] = [p for p in found[len(wanted) + extra:] if p not in self._handed[node]]
-        return ports
+        return self._ports.take(node, [], 1)[0]
 
     # -- reservations (``groups``) -------------------------------------------------------------
     def reserve(self, job_id: int, generation: int, slots) -> None:

@@ -21,8 +21,8 @@ by slurmstepd, so nothing is lost if the server dies), and the same wrapper as o
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
 what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
 
-A stop signal reaches the attempt's process group from a small step beside it (``sidesteps``);
-SIGKILL cancels the step. Slurm's variables are set over the step's own (``layout``), and srun
+A stop signal reaches the attempt's process group from a small step beside it, SIGKILL cancels
+the step (``stepsignals``). Slurm's variables are set over the step's own (``layout``), and srun
 gives the step the user's umask. After a server restart, steps are found again by name: a
 running one is adopted, an ended one reports its exit (from the exit file, else Slurm's
 accounting), and an attempt with neither a step, an ``srun`` alive nor a trace never started.
@@ -37,11 +37,9 @@ import json
 import logging
 import math
 import os
-import signal as signals
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -51,7 +49,8 @@ from corral.executors.contract import (Allocation as Fate, Binding, EventStream,
 from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
 from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
-from corral.executors.slurm.sidesteps import SideSteps, fail, retrying
+from corral.executors.slurm.sidesteps import SideSteps, retrying
+from corral.executors.slurm.stepsignals import Attempt, StepSignals
 from corral.node.mounts import command as mounts_command
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node import container as containers
@@ -68,27 +67,8 @@ GPUS_FILE = "gpus"
 # Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
 # chooses them, not corral), by their indices on the node, then becomes the wrapper.
 RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
-SIGNAL_RETRY_S = 1.0  # how often a stop signal waiting for Slurm's controller asks it again
-FORWARDED = (signals.SIGUSR1, signals.SIGUSR2, signals.SIGCONT, signals.SIGALRM)  # srun passes these on as they are
 ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
-
-
-@dataclass
-class Attempt:
-    key: str
-    slurm_id: str
-    node: str
-    step: str  # the step's name in Slurm
-    proc: subprocess.Popen | None = None  # our srun client, while this server started it
-    pid: int = 0
-    pid_started: float | None = None
-    ending: float | None = None  # when its main process was seen ended while its step still ran
-    step_cancelled: bool = False  # its step outlived the replica's end and was cancelled
-    gone_since: float | None = None  # when its step was first found gone
-    # started here and not yet seen running in its step: confirmed (STARTED, with the GPUs Slurm
-    # bound) once the wrapper recorded its start
-    unconfirmed: dict | None = None
 
 
 class SrunExecutor(EventStream):
@@ -113,6 +93,7 @@ class SrunExecutor(EventStream):
         # Built whether or not Slurm answers: while it does not, its partitions are DOWN with
         # why (``unreachable``), attempts to adopt wait for it, and the watcher asks again.
         self.controller = Controller(self.cli, wake)
+        self.signals = StepSignals(self.cli, self.controller, self.runner, self.allocations, self.side)
         self._connected = False
         self._deferred: list[tuple[str, Handle | None]] = []  # attempts to adopt once Slurm answers
         self._connect()
@@ -432,94 +413,9 @@ class SrunExecutor(EventStream):
         return lines[-1][:300] if lines else "srun ended without a message"
 
     def signal(self, handle: Handle, signum: int) -> bool:
-        key = handle["key"]
         with self._lock:
-            attempt = self._live.get(key)
-        if attempt is None or not (attempt.slurm_id or self._srun_alive(attempt)):
-            return False
-        # Found and signalled off the loop's thread: a Slurm slow to answer never holds the loop.
-        # True even when it is not delivered: the loop then arms the SIGKILL deadline, so a stop
-        # is never silently dropped.
-        threading.Thread(target=self._deliver, args=(attempt, signum), daemon=True,
-                         name=f"corral-srun-signal-{key}").start()
-        return True
-
-    def _srun_alive(self, attempt: Attempt) -> bool:
-        return bool(attempt.pid) and process_alive(attempt.pid, attempt.pid_started)
-
-    def _deliver(self, attempt: Attempt, signum: int) -> None:
-        """Signal the attempt: its process group from a step beside it (``sidesteps``), SIGKILL
-        by cancelling its step; an attempt still waiting for its step by killing its srun."""
-        step_id, answered = None, False
-        if attempt.slurm_id and self.controller.why is None:  # (one known not to answer is not asked)
-            try:
-                step_id = retrying(lambda: self.cli.steps([attempt.slurm_id]).get(attempt.step))
-                answered = True
-            except SlurmError as exc:
-                log.warning("could not find the step of %s to signal it: %s", attempt.key, exc)
-        if step_id:
-            if signum == signals.SIGKILL:
-                retrying(lambda: self.cli.cancel(step_id) or fail("scancel failed"), quiet=True)
-                self._reap(attempt)
-                self._kill_srun(attempt)
-            else:
-                self._signal_step(attempt, step_id, signum)
-            return
-        if answered or self.runner.started_pid(attempt.key) is None:
-            self._kill_srun(attempt)  # no step yet: it never starts
-            return
-        # Its step runs but Slurm cannot say which (its controller down or silent). Killing our
-        # srun client would leave the step running unseen; srun itself reaches the step through
-        # the nodes' slurmd, no controller needed: it passes on USR1, USR2, CONT and ALRM as they
-        # are, and on SIGTERM kills every process of the step. So a SIGKILL is that SIGTERM; a
-        # stop signal waits for Slurm to answer (the SIGKILL after the grace period does not).
-        if not self._srun_alive(attempt):
-            return
-        if signum == signals.SIGKILL:
-            os.kill(attempt.pid, signals.SIGTERM)
-        elif signum in FORWARDED:
-            os.kill(attempt.pid, signum)
-        else:
-            self._signal_when_answered(attempt, signum)
-
-    def _signal_step(self, attempt: Attempt, step_id: str, signum: int) -> None:
-        try:
-            _, host, _ = self.allocations.where(attempt.node)
-        except LaunchError:
-            host = ""
-        self.side.signal_group(attempt.slurm_id, host, self.runner.started_pid(attempt.key), attempt.key, step_id,
-                               signals.Signals(signum).name.removeprefix("SIG"))
-
-    def _kill_srun(self, attempt: Attempt) -> None:
-        if self._srun_alive(attempt):
-            try:
-                os.kill(attempt.pid, signals.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def _signal_when_answered(self, attempt: Attempt, signum: int) -> None:
-        """Deliver a stop signal once Slurm's controller says which the attempt's step is (or
-        give up when the attempt ends, its SIGKILL having ended the step)."""
-        while self._srun_alive(attempt):
-            time.sleep(SIGNAL_RETRY_S)
-            if self.controller.why is not None:
-                continue
-            try:
-                step_id = self.cli.steps([attempt.slurm_id]).get(attempt.step)
-            except SlurmError:
-                continue
-            if step_id:
-                self._signal_step(attempt, step_id, signum)
-            return
-
-    def _reap(self, attempt: Attempt) -> None:
-        """End what a killed step leaves on its node (``sidesteps``)."""
-        try:
-            _, host, _ = self.allocations.where(attempt.node)
-        except LaunchError:
-            return  # the allocation is over: Slurm ended what ran in it
-        self.side.reap(attempt.slurm_id, host, attempt.key,
-                       str(self.runner.run_dir(attempt.key) / containers.NAME_FILE))
+            attempt = self._live.get(handle["key"])
+        return attempt is not None and self.signals.send(attempt, signum)
 
     def _allocation_ended(self, slurm_id: str) -> str | None:
         """Why Slurm ended the allocation the attempt ran in (an operator's scancel, a node
