@@ -312,21 +312,41 @@ def _cancel_ours(home: Path) -> None:
         subprocess.run(["scancel", *ours], env=env, capture_output=True)
 
 
+
+class _LabCopy:
+    """A server of its own home whose Slurm is the lab through a copy of its configuration,
+    which ``silence`` points at a controller port nobody serves and ``restore`` points back."""
+
+    def __init__(self, tmp_path: Path):
+        if not _lab_answers():
+            pytest.skip("no slurm-lab answers here")
+        self.conf = tmp_path / "slurm-etc"
+        shutil.copytree(LAB_CONF.parent, self.conf)
+        self.good = (self.conf / "slurm.conf").read_text()
+        self.bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
+                             for line in self.good.splitlines()) + "\n"
+        self.home = tmp_path / "home"
+        self.home.mkdir()
+        (self.home / "config.yaml").write_text(SLURM_SITE)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        self.corral = cli_for(self.home, {**env, "SLURM_CONF": str(self.conf / "slurm.conf")}, cwd=tmp_path)
+        self.corral.env.pop("SLURM_JOB_ID", None)
+
+    def silence(self) -> None:
+        (self.conf / "slurm.conf").write_text(self.bad)
+
+    def restore(self) -> None:
+        (self.conf / "slurm.conf").write_text(self.good)
+
+    def close(self) -> None:
+        self.corral.stop()
+        _cancel_ours(self.home)
+
+
 def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_path: Path) -> None:
-    if not _lab_answers():
-        pytest.skip("no slurm-lab answers here")
-    conf = tmp_path / "slurm-etc"
-    shutil.copytree(LAB_CONF.parent, conf)
-    good = (conf / "slurm.conf").read_text()
-    # a copy of the lab's configuration whose controller port nobody serves
-    (conf / "slurm.conf").write_text("\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
-                                               for line in good.splitlines()) + "\n")
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text(SLURM_SITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
-    corral.env.pop("SLURM_JOB_ID", None)
+    lab = _LabCopy(tmp_path)
+    lab.silence()  # from the start
+    corral, conf, home = lab.corral, lab.conf, lab.home
     try:
         started = time.monotonic()
         corral("server", "start", timeout=120)
@@ -347,32 +367,21 @@ def test_slurm_unreachable_the_server_starts_and_its_partition_comes_back(tmp_pa
         assert 'corral_partition_up{infra="slurm",partition="gpu"} 0.0' in metrics
         assert 'corral_infra_up{infra="slurm"} 0.0' in metrics
         # the configuration is fixed: Slurm answers, the partition is UP and the job runs there
-        (conf / "slurm.conf").write_text(good)
+        lab.restore()
         done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
                         in ("SUCCEEDED", "FAILED") and j, timeout=180, interval=1)
         assert done["state"] == "SUCCEEDED", done
         assert done["tasks"][0]["replicas"][0]["node"].startswith("s")
         assert 'corral_partition_up{infra="slurm",partition="gpu"} 1.0' in _http(home, "/metrics")
     finally:
-        corral.stop()
-        _cancel_ours(home)
+        lab.close()
 
 
 def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_later(tmp_path: Path) -> None:
     """Slurm does not answer when the server starts: its running job is neither failed nor
     started again; once Slurm answers, the job is adopted and ends as it ran."""
-    if not _lab_answers():
-        pytest.skip("no slurm-lab answers here")
-    conf = tmp_path / "slurm-etc"
-    shutil.copytree(LAB_CONF.parent, conf)
-    good = (conf / "slurm.conf").read_text()
-    bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
-                    for line in good.splitlines()) + "\n"
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text(SLURM_SITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    lab = _LabCopy(tmp_path)
+    corral = lab.corral
     marker = tmp_path / "ran"
     (tmp_path / "gpu.yaml").write_text(f"resources: {{accelerators: H100:1}}\n"
                                        f"run: echo x >> {marker}; sleep 40; echo finished\n")
@@ -381,12 +390,12 @@ def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_
         wait_for(lambda: json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING", timeout=120,
                  interval=1)
         corral("server", "stop", timeout=120)
-        (conf / "slurm.conf").write_text(bad)
+        lab.silence()
         corral("server", "start", timeout=120)
         wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=60, interval=1)
         time.sleep(5)  # some cycles with Slurm silent
         assert json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING"
-        (conf / "slurm.conf").write_text(good)
+        lab.restore()
         done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
                         in ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=180, interval=1)
         if done["state"] != "SUCCEEDED":
@@ -394,8 +403,7 @@ def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_
         assert done["state"] == "SUCCEEDED", done
         assert marker.read_text().count("x") == 1  # started once, never again
     finally:
-        corral.stop()
-        _cancel_ours(home)
+        lab.close()
 
 
 def _skip_if_cancelled_by_others(corral, job: str) -> None:  # noqa: ANN001
@@ -420,20 +428,10 @@ def test_a_cancel_while_slurm_s_controller_does_not_answer_leaves_no_step_runnin
     client (which reaches the nodes' slurmd without the controller) and nothing of it runs on.
     Before, the srun client was SIGKILLed and the step ran on unseen. For the other, Slurm
     answers again within the grace period: the replica gets its stop signal then."""
-    if not _lab_answers():
-        pytest.skip("no slurm-lab answers here")
     import re
 
-    conf = tmp_path / "slurm-etc"
-    shutil.copytree(LAB_CONF.parent, conf)
-    good = (conf / "slurm.conf").read_text()
-    bad = "\n".join("SlurmctldPort=6999" if line.startswith("SlurmctldPort=") else line
-                    for line in good.splitlines()) + "\n"
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "config.yaml").write_text(SLURM_SITE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    corral = cli_for(home, {**env, "SLURM_CONF": str(conf / "slurm.conf")}, cwd=tmp_path)
+    copy = _LabCopy(tmp_path)
+    corral = copy.corral
     lab = {**os.environ, "SLURM_CONF": str(LAB_CONF)}
 
     def launch(name: str, grace: str) -> tuple[str, Path, str]:
@@ -461,7 +459,7 @@ def test_a_cancel_while_slurm_s_controller_does_not_answer_leaves_no_step_runnin
         silent, silent_said, silent_id = launch("silent", "3s")
         back, back_said, back_id = launch("back", "60s")
         assert steps(silent_id) and steps(back_id)
-        (conf / "slurm.conf").write_text(bad)
+        copy.silence()
         wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=90, interval=1)
         corral("cancel", silent, back)
         # the silent one's grace period over: its step is ended through its srun client, while
@@ -470,11 +468,10 @@ def test_a_cancel_while_slurm_s_controller_does_not_answer_leaves_no_step_runnin
         assert json.loads(corral("status", silent, "--json").stdout)["state"] == "RUNNING"
         assert "got-term" not in silent_said.read_text()  # (its stop signal could not be delivered in time)
         assert "got-term" not in back_said.read_text() and steps(back_id)
-        (conf / "slurm.conf").write_text(good)  # Slurm answers within the other's grace period
+        copy.restore()  # Slurm answers within the other's grace period
         wait_for(lambda: "got-term" in back_said.read_text(), timeout=50, interval=0.5)
         assert ended(back)["state"] == "CANCELLED" and ended(silent)["state"] == "CANCELLED"
         assert steps(back_id) == []
         assert silent_said.read_text().count("started") == back_said.read_text().count("started") == 1
     finally:
-        corral.stop()
-        _cancel_ours(home)
+        copy.close()
