@@ -375,6 +375,13 @@ class Allocations:
         timer.daemon = True
         timer.start()
 
+    def host_of(self, node: str) -> str:
+        """The machine a node of the pool is (its name where no allocation of it is known)."""
+        try:
+            return self.where(node)[1]
+        except LaunchError:
+            return node
+
     def misfit(self, target: str | None, replicas: list[ReplicaShape], timeout: float) -> str | None:
         """Why no allocation of the Slurm partition ``target`` can hold these replicas (its node
         shape, read at most every minute), or None; a Slurm that is slow to answer is skipped."""

@@ -46,7 +46,7 @@ from pathlib import Path
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
                                       Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
-from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations, SlurmAllocation
+from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations
 from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, retrying
@@ -236,8 +236,11 @@ class SrunExecutor(EventStream):
                     env[f"CORRAL_SBATCH_{name}"] = fill_job_id(pattern, alloc.slurm_id)
         # Slurm's variables go in through the step's command line, over the step's own; the srun
         # client here gets none of them (it would read them as its options)
-        layout = self._batch_layout(env, alloc) if batch else \
-            step_layout(env, self._host_of)
+        if batch:
+            hosts = [self.allocations.where(n["name"])[1] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
+            layout = batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
+        else:
+            layout = step_layout(env, self.allocations.host_of)
         try:
             # a step of another account cannot make namespaces: its names resolve through the files
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,
@@ -315,18 +318,6 @@ class SrunExecutor(EventStream):
             detail = pending["detail"] + (f", in container {boxed[1]}" if boxed else "")
             self._emit(Observed(attempt.key, Kind.STARTED, handle=pending["handle"], node=attempt.node,
                                 gpus=self.bound_gpus(attempt.key), detail=detail))
-
-    def _host_of(self, node: str) -> str:
-        """The machine a node of the pool is (its name where corral knows no allocation of it)."""
-        try:
-            return self.allocations.where(node)[1]
-        except LaunchError:
-            return node
-
-    def _batch_layout(self, env: dict[str, str], alloc: SlurmAllocation) -> list[str]:
-        nodes = [n["name"] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
-        hosts = [self.allocations.where(n)[1] for n in nodes]
-        return batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
 
     def adopt(self, attempts: list[tuple[str, Handle | None]]) -> None:
         with self._lock:
