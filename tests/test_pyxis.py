@@ -126,6 +126,10 @@ def test_a_user_at_image_takes_its_password_from_enroot_s_credentials_or_the_job
     assert stepcontainer.login_for(bob, sky, bob.image) == ("127.0.0.1:5000", "bob", "pw")
     with pytest.raises(stepcontainer.StepContainerError, match="no password for bob at 127.0.0.1:5000"):
         stepcontainer.login_for(bob, env, bob.image)
+    # a line naming the host with its port, as the hint when none matches says to write it
+    (tmp_path / ".credentials").write_text("machine 127.0.0.1:5000 login cid password withport\n")
+    cid = container_of({"container-image": "cid@127.0.0.1:5000#team/img:1"})
+    assert stepcontainer.login_for(cid, env, cid.image) == ("127.0.0.1:5000", "cid", "withport")
     plain = container_of({"container-image": "127.0.0.1:5000#team/img:1"})
     assert stepcontainer.login_for(plain, {}, plain.image) is None
     assert stepcontainer.login_for(plain, sky, plain.image) == ("127.0.0.1:5000", "bob", "pw")
@@ -414,3 +418,15 @@ echo "client killed"
     while containers_of("step"):
         assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
         time.sleep(0.2)
+
+
+def test_a_batch_script_whose_image_cannot_be_pulled_says_why_in_its_job_s_message(corral) -> None:
+    import json
+
+    (corral.work / "noimage.sbatch").write_text("#!/bin/bash\n#SBATCH --container-image=localhost/corral-test/none:1\n"
+                                                "echo never\n")
+    proc = corral("sbatch", "--wait", "noimage.sbatch")
+    job_id = proc.stdout.split()[-1]
+    done = json.loads(corral("status", job_id, "--json", check=True).stdout)
+    assert done["state"] == "FAILED", done
+    assert "could not pull localhost/corral-test/none:1" in (done.get("message") or ""), done  # not "exit code 1" alone

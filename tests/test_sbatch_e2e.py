@@ -69,6 +69,12 @@ def test_single_node_gpu_script_sees_slurm_variables_and_writes_its_output_file(
     assert f"done on {node['node']}" in corral("logs", job_id, check=True).stdout  # the job's log too
 
 
+def test_launch_detached_prints_a_script_s_job_id_as_it_does_a_yaml_s(corral) -> None:
+    proc = corral("launch", "-d", "single_gpu.sbatch")
+    assert proc.returncode == 0 and proc.stdout.strip().isdigit(), (proc.stdout, proc.stderr)  # JOB=$(corral launch -d …)
+    assert job(corral, proc.stdout.strip())["name"] == "single-gpu"
+
+
 def test_export_none_starts_the_script_with_slurm_variables_and_named_ones_only(corral) -> None:
     assert corral("launch", "export_none.sbatch").returncode == 0
     env = words(corral.work / "export.env")

@@ -122,7 +122,7 @@ def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], war
         err.print(f"[yellow]warning:[/yellow] {warning}", markup=True)
     job = result["job"]
     ident = job["array_job_id"] or job["id"]
-    if batch.parsable:
+    if batch.parsable or detach:  # (``corral launch -d`` prints the id, whatever the file)
         print(ident)
     elif detach is None:
         print(f"Submitted batch job {ident}" + (f" (array of {result['array_size']})" if result.get("array_size")

@@ -95,7 +95,9 @@ def _netrc_password(env: dict[str, str], registry: str, user: str) -> str | None
         elif word in ("login", "password") and entries:
             entries[-1][word] = words[i + 1]
     for entry in entries:
-        if entry.get("machine") == registry.split(":")[0] and entry.get("login") == user and "password" in entry:
+        # enroot's lines name the host, with its port or without it (as curl's netrc does)
+        if entry.get("machine") in (registry, registry.split(":")[0]) and entry.get("login") == user \
+                and "password" in entry:
             password = entry["password"]
             if password.startswith("$"):  # enroot substitutes these; corral reads variables only, runs nothing
                 password = env.get(password[1:].strip("{}"), "") if not password.startswith("$(") else ""

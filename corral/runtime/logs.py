@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 CHUNK = 1 << 16
-# what corral's own shell around a batch script prints before it fails the job (``spec.batchshell``)
-LAST_WORDS = "corral: the job failed: "
+# what corral's own shell around a batch script prints before it fails the job (``spec.batchshell``),
+# or its container runner (``node.stepcontainer``: an image it could not pull, say)
+LAST_WORDS = ("corral: the job failed: ", "corral: error: ")
 
 
 def last_words(path: Path, tail: int = 4096) -> str:
@@ -28,7 +29,7 @@ def last_words(path: Path, tail: int = 4096) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    said = [line[len(LAST_WORDS):].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
+    said = [line.split(": ", 2)[2].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
     if said:
         return said[-1][:500]
     if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
