@@ -49,10 +49,13 @@ def task_key(env: dict[str, str], step: str, rank: str) -> str:
     """The key a step's task's container is named by: its attempt's, its step's and its rank,
     and a digest of its job's directory, so that two corral homes' jobs of one id on one
     machine never name two containers alike."""
+    return f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.{_home(env)}.s{step}.t{rank}"
+
+
+def _home(env: dict[str, str]) -> str:
     import hashlib
 
-    home = hashlib.sha256((env.get("CORRAL_HOSTS_FILE") or "").encode()).hexdigest()[:6]
-    return f"{env.get('CORRAL_LAUNCH_KEY', 'step')}.{home}.s{step}.t{rank}"
+    return hashlib.sha256((env.get("CORRAL_HOSTS_FILE") or "").encode()).hexdigest()[:6]
 
 
 class StepContainerError(Exception):
@@ -275,4 +278,4 @@ def main(argv: list[str]) -> int:
     """``corral-container SCRIPT ARGS``: the batch script in the container ``CORRAL_SBATCH_CONTAINER`` names."""
     env = dict(os.environ)
     container = StepContainer.from_json(env[BATCH_VAR])
-    return run(container, f"{env.get('CORRAL_LAUNCH_KEY', 'batch')}.batch", env, argv)
+    return run(container, f"{env.get('CORRAL_LAUNCH_KEY', 'batch')}.{_home(env)}.batch", env, argv)
