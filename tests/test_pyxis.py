@@ -35,6 +35,9 @@ from corral.spec.sbatch import load_batch
     ("$oauthtoken@nvcr.io#nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.05-py3", "$oauthtoken"),
     ("ann@127.0.0.1:5000#team/img:1", "127.0.0.1:5000/team/img:1", "ann"),
     ("localhost/corral-test/busybox:abc", "localhost/corral-test/busybox:abc", None),
+    ("host:5000/x", "host:5000/x", None),  # a registry with its port, as Docker writes it
+    ("localhost:5000/x:1", "localhost:5000/x:1", None),
+    ("ann@127.0.0.1:5000/team/img:1", "127.0.0.1:5000/team/img:1", "ann"),
 ])
 def test_enroot_image_references_become_registry_references(given: str, reference: str, user: str | None) -> None:
     assert registry_reference(given) == (reference, user)
@@ -430,3 +433,35 @@ def test_a_batch_script_whose_image_cannot_be_pulled_says_why_in_its_job_s_messa
     done = json.loads(corral("status", job_id, "--json", check=True).stdout)
     assert done["state"] == "FAILED", done
     assert "could not pull localhost/corral-test/none:1" in (done.get("message") or ""), done  # not "exit code 1" alone
+
+
+def test_a_step_stopped_while_its_image_is_pulled_leaves_none_of_its_files(tmp_path: Path) -> None:
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # a node whose engine takes long to pull: the step is stopped during the pull; its files
+    # (the container's environment, secrets included) must not stay behind in the node's /tmp
+    slow = tmp_path / "bin" / "podman"
+    slow.parent.mkdir()
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then exec sleep 60; fi\n'
+                    f'if [ "$1" = image ]; then exit 1; fi\nexec {shutil.which("podman") or "false"} "$@"\n')
+    slow.chmod(0o755)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    box = container_of({"container-image": "127.0.0.1:5999#never/pulled:1"})
+    code = ("import json, os, sys; from corral.node import stepcontainer; from corral.spec.pyxis import StepContainer\n"
+            "sys.exit(stepcontainer.run(StepContainer.from_json(sys.argv[1]), 'k1', dict(os.environ), ['true']))")
+    env = {**os.environ, "TMPDIR": str(temp), "CORRAL_CONTAINER_ENGINE": str(slow), "MY_SECRET": "s3cr3t",
+           "PATH": f"{slow.parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-c", code, box.to_json()], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not list(temp.glob("corral-step-*/pull")):  # its files are written, its pull has begun
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list(temp.glob("corral-step-*")) == []

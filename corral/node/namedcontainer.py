@@ -16,9 +16,11 @@ removed by the server when the job ends, however it ends (exit, failure, cancel,
 limit), so a name is never seen by another job. It is
 made by the step's own process, so its files are the job's account's, made with its rights
 (another account's, under a root server, through its own rootless engine). Nobody else may
-list it: its index (0600) maps names to directories named by a random token; the directories
-are traversable because a rootless engine's container root (a subordinate uid) must pass
-through them to mount the root filesystem."""
+list it: its index (0600) maps names to directories named by a random token. A root job's are
+closed to every other account (0700); another account's, run by its rootless engine, are
+traversable (0711), because that engine's container root (a subordinate uid) must pass through
+them to mount the root filesystem: their files are as private as those under a directory
+others may pass through but not list, and the engine's command line names the directory."""
 
 from __future__ import annotations
 
@@ -85,7 +87,9 @@ def ensure(env: dict[str, str], name: str, flag: str, image: str | None, engine:
         if said is not None:
             raise NamedError(f"--container-image: could not pull {image}: {said}")
         directory = base / secrets.token_hex(12)
-        directory.mkdir(mode=0o711)
+        # a rootful engine (root's own jobs) needs nobody else to pass: closed, so that no other
+        # account, learning the path from the engine's command line, reads or writes its files
+        directory.mkdir(mode=0o700 if os.geteuid() == 0 else 0o711)
         try:
             _unpack(engine, image, directory, options)
         except NamedError:

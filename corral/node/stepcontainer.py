@@ -214,6 +214,9 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
     except engine_files.ContainerError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise StepContainerError(str(exc)) from None
+    except BaseException:  # (stopped meanwhile: nothing of its files is left)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     return Box(run_dir, container, env, engine_files.engine_path(spec), site,
                _read(run_dir / engine_files.PULL_FILE), _read(run_dir / engine_files.ARGV_FILE))
 
@@ -246,6 +249,13 @@ def run(container: StepContainer, key: str, env: dict[str, str], command: list[s
     hands them to the container. Its files and container are gone when it returns."""
     import signal
 
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+    def stopped(signum: int, _frame) -> None:  # noqa: ANN001
+        raise SystemExit(128 + signum)  # (before the container runs: its files go, secrets included)
+
+    for sig in stops:
+        signal.signal(sig, stopped)
     try:
         box = prepare(container, key, env, os.getcwd())
     except StepContainerError as exc:
@@ -259,7 +269,7 @@ def run(container: StepContainer, key: str, env: dict[str, str], command: list[s
             print(f"{who}: error: {exc}", file=sys.stderr)
             return 1
         proc = subprocess.Popen(box.argv(command), env=env)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        for sig in stops + (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
         while True:
             try:

@@ -42,6 +42,7 @@ _MOUNT_FLAGS = {"ro", "rw", "private", "rprivate", "slave", "rslave", "shared", 
 _ENROOT = re.compile(r"(?:(?P<user>[A-Za-z0-9_.!~*'()%;:&=+$,-]+)@)?(?:(?P<registry>[^#]+)#)?"
                      r"(?P<image>[a-z0-9/._-]+)(?::(?P<tag>[A-Za-z0-9._:-]+))?")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_HOST_PORT = re.compile(r"[A-Za-z0-9.-]+:[0-9]+")
 _VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -107,6 +108,9 @@ def registry_reference(text: str) -> tuple[str, str | None]:
     if value.startswith(("dockerd://", "podman://")):
         raise PyxisError("--container-image", f"{text}: images of a local Docker daemon are not what corral's "
                          "nodes share; name a registry image [REGISTRY#]IMAGE[:TAG]")
+    first, slash, rest = value.partition("/")
+    if "#" not in value and slash and _HOST_PORT.fullmatch(first.rpartition("@")[2]):
+        value = f"{first}#{rest}"  # host:5000/x: a registry with its port, as Docker writes it
     match = _ENROOT.fullmatch(value)
     if match is None:
         raise PyxisError("--container-image", f"{text!r} is not an enroot image like nvcr.io#nvidia/pytorch:24.05-py3 "
