@@ -15,6 +15,7 @@ Skipped, with the reason, where no Slurm answers or the machine cannot run conta
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -181,21 +182,19 @@ srun -N1 -n1 --export=NONE --container-image={IMAGE} sh -c 'test -e {MARKER} && 
     assert not [n for n in containers_of("step") if n.startswith(f"corral-step-{job}.batch.")], containers_of("step")
 
 
-def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behind(tmp_path: Path) -> None:
-    """A root server, a batch script of another Unix account on the Slurm partition: its
-    Pyxis steps' containers are that account's (its own rootless engine: its uid inside, the
-    files it writes its own), its named container is kept for its next step and is its own,
-    and when the job ends no container of its steps is left in its engine, nor its named
-    container's files."""
+@contextmanager
+def _another_account(python_needed: bool):
+    """A root server on the Slurm partition and a throwaway Unix account with a token of its
+    own, a directory of its own and the test image in its own engine's store."""
     import os
     import subprocess
     import sys
+    from types import SimpleNamespace
 
     from conformance.driver import Corral
-    from conformance.harnesses import PARTITION, SlurmHarness
+    from conformance.harnesses import SlurmHarness
     from container_lab import SITE as CONTAINER_SITE, ensure_image_for, need_podman
     from corral.client import Client
-    from corral.spec.sbatch import load_batch
     from unix_users import need_root, slurm_association, traversable_dir, unix_user
 
     need_root()
@@ -206,7 +205,7 @@ def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behi
                                    "env", "-i", f"HOME={ann.home}", f"USER={ann.name}", "PATH=/usr/bin:/bin",
                                    *argv], capture_output=True, text=True, cwd="/")
 
-        if as_her(sys.executable, "-c", "import corral.node.slurmstep").returncode != 0:
+        if python_needed and as_her(sys.executable, "-c", "import corral.node.slurmstep").returncode != 0:
             pytest.skip(f"another account may not run this Python ({sys.executable}, in root's home?): a batch "
                         "script's srun with Pyxis's options runs the server's Python as the job's account; run "
                         "the tests with a Python every account may run")
@@ -229,29 +228,8 @@ def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behi
         admin = corral.client()
         client = Client(admin.url, admin.create_token(ann.name)["token"])
         try:
-            script = f"""#!/bin/bash
-#SBATCH -N 2
-echo "batch as $(id -u)"
-srun -N 2 --ntasks-per-node=1 --container-image={image} --container-mounts={own}:/out --container-workdir=/out \\
-  sh -c 'echo "task $SLURM_PROCID as $(id -u)"; touch made.$SLURM_PROCID'
-srun -N 1 --container-image={image} --container-name=kept sh -c 'id -u > /kept'
-srun -N 1 --container-name=kept sh -c 'echo "kept by $(cat /kept), read as $(id -u)"'
-echo "named $CORRAL_NAMED_CONTAINERS"
-"""
-            batch = load_batch(script, source="boxed.sbatch", submit_dir=str(own))
-            job = client.submit(batch.documents, source="boxed.sbatch", cwd=str(own),
-                                scheduling={**batch.scheduling, "partition": PARTITION},
-                                export=batch.export)["job"]["id"]
-            done = corral.wait_job(job, timeout=120)
-            log = corral.log(job)
-            assert done["state"] == "SUCCEEDED", (done, log)
-            uid = str(ann.uid)
-            assert f"batch as {uid}" in log and f"task 0 as {uid}" in log and f"task 1 as {uid}" in log, log
-            assert f"kept by {uid}, read as {uid}" in log, log  # step 1 wrote it in her container; step 2 read it
-            assert all((own / f"made.{rank}").stat().st_uid == ann.uid for rank in (0, 1))
-            named = Path(next(line for line in log.splitlines() if "named /" in line).split("named ", 1)[1])
-            wait_for(lambda: not named.exists(), timeout=30, interval=0.5)  # the job's, gone with it
-            assert not [n for n in her_containers() if n.startswith("corral-")], her_containers()
+            yield SimpleNamespace(corral=corral, client=client, ann=ann, own=own, image=image,
+                                  containers=her_containers)
         finally:
             client.close()
             try:
@@ -260,6 +238,61 @@ echo "named $CORRAL_NAMED_CONTAINERS"
                 corral.close_client()
                 corral("server", "stop", check=False)
                 harness.cleanup(home)
+
+
+def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behind() -> None:
+    """A root server, a batch script of another Unix account on the Slurm partition: its
+    Pyxis steps' containers are that account's (its own rootless engine: its uid inside, the
+    files it writes its own), its named container is kept for its next step and is its own,
+    and when the job ends no container of its steps is left in its engine, nor its named
+    container's files."""
+    from conformance.harnesses import PARTITION
+    from corral.spec.sbatch import load_batch
+
+    with _another_account(python_needed=True) as her:
+        own, ann = her.own, her.ann
+        script = f"""#!/bin/bash
+#SBATCH -N 2
+echo "batch as $(id -u)"
+srun -N 2 --ntasks-per-node=1 --container-image={her.image} --container-mounts={own}:/out --container-workdir=/out \\
+  sh -c 'echo "task $SLURM_PROCID as $(id -u)"; touch made.$SLURM_PROCID'
+srun -N 1 --container-image={her.image} --container-name=kept sh -c 'id -u > /kept'
+srun -N 1 --container-name=kept sh -c 'echo "kept by $(cat /kept), read as $(id -u)"'
+echo "named $CORRAL_NAMED_CONTAINERS"
+"""
+        batch = load_batch(script, source="boxed.sbatch", submit_dir=str(own))
+        job = her.client.submit(batch.documents, source="boxed.sbatch", cwd=str(own),
+                                scheduling={**batch.scheduling, "partition": PARTITION},
+                                export=batch.export)["job"]["id"]
+        done = her.corral.wait_job(job, timeout=120)
+        log = her.corral.log(job)
+        assert done["state"] == "SUCCEEDED", (done, log)
+        uid = str(ann.uid)
+        assert f"batch as {uid}" in log and f"task 0 as {uid}" in log and f"task 1 as {uid}" in log, log
+        assert f"kept by {uid}, read as {uid}" in log, log  # step 1 wrote it in her container; step 2 read it
+        assert all((own / f"made.{rank}").stat().st_uid == ann.uid for rank in (0, 1))
+        named = Path(next(line for line in log.splitlines() if "named /" in line).split("named ", 1)[1])
+        wait_for(lambda: not named.exists(), timeout=30, interval=0.5)  # the job's, gone with it
+        assert not [n for n in her.containers() if n.startswith("corral-")], her.containers()
+
+
+def test_another_account_s_image_id_replicas_on_slurm_see_their_slurm_variables() -> None:
+    """Her rootless engine starts with nothing of the server's, but the step's own variables
+    (SLURM_*, set by Slurm and corral only once the step runs) reach her container."""
+    from conformance.harnesses import PARTITION
+
+    with _another_account(python_needed=False) as her:
+        job = her.client.submit(f"name: boxed\nnum_nodes: 2\nresources: {{image_id: docker:{her.image}}}\n"
+                                "run: echo \"rank $SLURM_PROCID of $SLURM_NTASKS in $SLURM_JOB_ID as $(id -u)\"\n",
+                                cwd=str(her.own), scheduling={"partition": PARTITION})["job"]["id"]
+        done = her.corral.wait_job(job, timeout=120)
+        log = her.corral.log(job)
+        assert done["state"] == "SUCCEEDED", (done, log)
+        for rank in (0, 1):
+            line = next((x for x in log.splitlines() if f"rank {rank} of 2 in " in x), None)
+            assert line is not None and line.split()[-1] == str(her.ann.uid), log
+            assert line.split(" in ")[1].split()[0].isdigit(), log  # SLURM_JOB_ID, Slurm's
+        assert not [n for n in her.containers() if n.startswith("corral-")], her.containers()
 
 
 def test_cancel_ends_a_batch_script_s_pyxis_step_containers_on_slurm(corral, tmp_path: Path) -> None:

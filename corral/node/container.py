@@ -162,7 +162,7 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for variable in passthrough:
         argv += ["--env", variable]
     argv += options + [container.image]
-    prefix = _account_env(account, key) if rootless else []
+    prefix = _account_env(account, key, passthrough) if rootless else []
     _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
@@ -175,11 +175,18 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     return skipped
 
 
-def _account_env(account: UnixAccount, key: str) -> list[str]:
+def _account_env(account: UnixAccount, key: str, keep: tuple[str, ...] = ()) -> list[str]:
     """What the account's engine starts with (run through the wrapper's switch to it): its
-    home (the engine's store and runtime are there), nothing of the server's."""
-    return ["env", "-i", f"HOME={account.home}", f"USER={account.name}", "PATH=/usr/local/bin:/usr/bin:/bin",
-            f"CORRAL_ATTEMPT={key}"]
+    home (the engine's store and runtime are there), nothing of the server's, but the variables
+    ``keep`` names (shell patterns, corral's own: a Slurm step's ``SLURM_*``, its GPUs), which
+    exist only once the step runs and which the engine passes into the container."""
+    fixed = [f"HOME={account.home}", f"USER={account.name}", "PATH=/usr/local/bin:/usr/bin:/bin",
+             f"CORRAL_ATTEMPT={key}"]
+    if not keep:
+        return ["env", "-i", *fixed]
+    script = ('kept=(); for v in $(compgen -e); do case $v in ' + "|".join(keep) + ') kept+=("$v=${!v}");; '
+              'esac; done; exec env -i "${@:1:4}" "${kept[@]}" "${@:5}"')
+    return ["bash", "--noprofile", "--norc", "-c", script, "corral-engine", *fixed]
 
 
 def _digest(image: str) -> str:

@@ -70,3 +70,19 @@ def test_export_none_carries_nothing_of_the_submitter_on_every_infra(world: Corr
     seen = wait_for(lambda: (lambda v: v if "mine" in v else None)(_values(world.log(job))), timeout=30,
                     what="the replica's line in its log")
     assert seen["mine"] == "unset", seen
+
+
+def test_a_working_directory_gone_before_the_start_fails_the_job_on_every_infra(world: Corral, work: Path) -> None:
+    # submitted held, its directory removed, then released: it never runs elsewhere (Slurm's
+    # own step would start in /tmp instead), and it says why
+    gone = work / "gone-before-start"
+    gone.mkdir()
+    path = world.specs / "gone.yaml"
+    path.write_text("run: echo ran-in=$(pwd)\n")
+    job = int(world("launch", "-d", "-H", "-p", "conf", "--workdir", str(gone), "--name", "gone",
+                    str(path)).stdout.strip())
+    gone.rmdir()
+    world("release", str(job))
+    done = world.wait_job(job, timeout=120)
+    assert done["state"] == "FAILED", describe(done)
+    assert "ran-in=" not in world.log(job)

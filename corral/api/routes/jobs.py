@@ -167,7 +167,8 @@ def _unreadable(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
     each working directory on this machine it could not enter (one it cannot see here may be
     a node's own: the node says so at start)."""
     sources = {source for task in spec.tasks for source in task.file_mounts.values()}
-    workdirs = {task.workdir for task in spec.tasks if task.workdir and os.path.isdir(task.workdir)}
+    workdirs = {task.workdir for task in spec.tasks  # (a git workdir is cloned as the account itself)
+                if isinstance(task.workdir, str) and task.workdir and os.path.isdir(task.workdir)}
     if not sources and not workdirs:
         return []
     unreadable = set(unreadable_as(run_as, sorted(sources | workdirs)))
@@ -180,7 +181,7 @@ def _unreadable(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
     dirs = [{"document": f"task {task.name!r}", "field": "workdir", "line": None,
              "message": f"the Unix account {run_as} this job runs as cannot enter {task.workdir}: a job runs only "
                         f"where its account may read (the submit directory when the task names no workdir)"}
-            for task in spec.tasks if task.workdir in unreadable]
+            for task in spec.tasks if isinstance(task.workdir, str) and task.workdir in unreadable]
     return mounts + dirs
 
 

@@ -66,7 +66,12 @@ POLL_S = 0.5
 GPUS_FILE = "gpus"
 # Run in the step before the wrapper: records the GPUs Slurm bound to it (its GRES binding
 # chooses them, not corral), by their indices on the node, then becomes the wrapper.
-RECORD_GPUS = 'printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; shift; exec "$@"'
+# It also enters the working directory itself ($2): slurmstepd runs a step it cannot --chdir
+# into in /tmp instead, where the replica would run unseen elsewhere than it asked.
+RECORD_GPUS = ('printf "%s\\n" "${SLURM_STEP_GPUS:-${CUDA_VISIBLE_DEVICES:-}}" > "$1/gpus"; '
+               'if [ -n "$2" ] && ! cd -- "$2" 2>/dev/null; then '
+               'echo "corral: the job failed: its working directory $2 cannot be entered on $(hostname)" >&2; exit 1; '
+               'fi; shift 2; exec "$@"')
 ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if it still runs this long after
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 
@@ -248,7 +253,8 @@ class SrunExecutor(EventStream):
                                           account)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
-        wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key))] + layout + wrapper
+        wrapper = ["bash", "-c", RECORD_GPUS, "corral-gpus", str(self.runner.run_dir(launch.key)),
+                   launch.cwd or ""] + layout + wrapper
         if launch.file_mounts and launch.container is None:  # made by the step first (node.mounts); a container binds them
             wrapper = mounts_command(self.runner.mounts_dir(launch.job_id), launch.file_mounts, env.get("HOME") or "",
                                      str(self.runner.run_dir(launch.key))) + ["--"] + wrapper
