@@ -80,6 +80,7 @@ def test_a_container_step_sees_its_step_s_environment_and_its_name_and_cancel_le
 name: boxed
 num_nodes: 2
 resources: {{image_id: docker:{IMAGE}, accelerators: H100:2}}
+readiness_probe: {{exec: "test -e {MARKER}", period: 1s}}  # run inside its container, where only the image has it
 run: |
   test -e {MARKER} || exit 3
   echo "seen $CORRAL_REPLICA procid=$SLURM_PROCID job=$SLURM_JOB_ID step=$SLURM_STEP_ID gpus=$CUDA_VISIBLE_DEVICES host=$(hostname)"
@@ -110,6 +111,8 @@ run: |
         assert inside["host"] == f"boxed-{rank}.boxed", inside
         assert f"resolved {rank} served from a container" in logs, logs
     assert len(_mine(job, "boxed")) == 2
+    wait_for(lambda: all(r["ready"] for t in _status(corral, job)["tasks"] for r in t["replicas"]), timeout=60,
+             interval=0.5)
     corral("cancel", job, check=True)
     wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)

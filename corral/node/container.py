@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -380,6 +381,16 @@ def named(run_dir: Path) -> tuple[str, str] | None:
         return engine, name
     except (OSError, ValueError):
         return None
+
+
+def exec_command(run_dir: Path, command: str) -> str | None:
+    """``command`` as a shell line that runs it inside the attempt's container (where another
+    engine, a Slurm step, runs it on the node as the container's owner), or None when the
+    attempt has no container or its file names no engine corral runs."""
+    boxed = named(run_dir)
+    if boxed is None or not _trusted_engine(boxed[0]) or not _SAFE_NAME.fullmatch(boxed[1]):
+        return None
+    return shlex.join([boxed[0], "exec", boxed[1], "/bin/sh", "-c", command])
 
 
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:

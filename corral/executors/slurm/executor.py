@@ -451,8 +451,10 @@ class SrunExecutor(EventStream):
             _, host, _ = self.allocations.where(handle.get("node", ""))
         except LaunchError as exc:
             return False, str(exc)
-        return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout,
-                               self.runner.run_dir(handle["key"]))
+        run_dir = self.runner.run_dir(handle["key"])
+        # inside its container, by the engine that runs it (the account's own, if rootless)
+        command = containers.exec_command(run_dir, command) or command
+        return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout, run_dir)
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)
