@@ -251,10 +251,12 @@ def test_a_replica_s_probes_still_run_as_its_account_after_a_server_crash(served
 
 
 def test_a_working_directory_the_submitter_cannot_enter_is_refused_at_submit(served, tmp_path) -> None:
-    from corral.client import InvalidRequest
+    from corral.client import Client, InvalidRequest
 
     corral, people = served
-    (ann, client), _ = people.values()
+    (ann, _), _ = people.values()
+    admin = corral.client()  # (the server may have been started again since the fixture's clients)
+    client = Client(admin.url, admin.create_token(ann.name)["token"])
     closed = tmp_path / "closed"  # root's, mode 0700: the server could enter it, ann cannot
     closed.mkdir(mode=0o700)
     before = len(corral.client().jobs())
@@ -268,3 +270,4 @@ def test_a_working_directory_the_submitter_cannot_enter_is_refused_at_submit(ser
     job = client.submit("run: pwd\n", name="fine", base_dir=str(corral.specs),
                         scheduling={"partition": PARTITION})["job"]["id"]
     assert corral.wait_job(job, timeout=60)["state"] == "SUCCEEDED"
+    client.close()
