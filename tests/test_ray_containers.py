@@ -144,14 +144,19 @@ run: echo never
     assert log.count("corral: pulling") == 1 and "never" not in log.replace("echo never", ""), log
 
 
-def test_a_replica_on_ray_is_starting_while_its_image_is_pulled(corral, registry, tmp_path: Path) -> None:
+def _slow_engine(corral, tmp_path: Path, seconds: int) -> None:  # noqa: ANN001
+    """The site's engine becomes one slow to pull (``seconds`` per pull) for the next starts."""
     import shutil
 
-    slow = tmp_path / "slow-podman"  # a node whose engine is slow to pull
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 5; fi\nexec {shutil.which("podman")} "$@"\n')
+    slow = tmp_path / "slow-podman"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep {seconds}; fi\nexec {shutil.which("podman")} "$@"\n')
     slow.chmod(0o755)
     config = corral.home / "config.yaml"
     config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+
+
+def test_a_replica_on_ray_is_starting_while_its_image_is_pulled(corral, registry, tmp_path: Path) -> None:
+    _slow_engine(corral, tmp_path, 5)
     spec = tmp_path / "pulled.yaml"
     spec.write_text(f"name: pulled\nresources: {{image_id: docker:{registry.image('private/raypull:1')}, "
                     f"accelerators: H100:1}}\nrun: test -e {MARKER} && sleep 2\n" + _login(registry))
@@ -173,13 +178,8 @@ def test_a_replica_pulling_when_the_server_is_killed_is_adopted_starting_then_ru
     """A server killed during a pull on Ray: its successor adopts the attempt (its actor) as
     STARTING, confirms it once its container runs, and starts no second one."""
     import json
-    import shutil
 
-    slow = tmp_path / "slow-podman"
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep 10; fi\nexec {shutil.which("podman")} "$@"\n')
-    slow.chmod(0o755)
-    config = corral.home / "config.yaml"
-    config.write_text(config.read_text().replace("containers:\n", f"containers:\n  engine: {slow}\n"))
+    _slow_engine(corral, tmp_path, 10)
     spec = tmp_path / "adopted.yaml"
     spec.write_text(f"name: adopted\nresources: {{image_id: docker:{registry.image('private/raypull:1')}, "
                     f"accelerators: H100:1}}\nrun: test -e {MARKER} && sleep 3\n" + _login(registry))
