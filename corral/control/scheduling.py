@@ -207,9 +207,10 @@ class Scheduling:
                 continue  # (a job an engine provisions shows the engine's reason)
             job = book.pending.get(job_id)
             # a partition whose engine does not answer: that is why, whatever the plan saw
-            self.set_reason(job_id, Reason.PARTITION_DOWN.value if job is not None and job.partition in down
-                            else reason.value, self._constraint(snapshot, job_id) if reason is Reason.CONSTRAINT
-                            else None)
+            said = Reason.PARTITION_DOWN.value if job is not None and job.partition in down else reason.value
+            if book.reasons.get(job_id) != said:  # (the sentence behind it is looked for once, when it changes)
+                self.set_reason(job_id, said, self._constraint(snapshot, job_id) if said == Reason.CONSTRAINT.value
+                                else None)
 
     @staticmethod
     def _constraint(snapshot: Snapshot, job_id: int) -> str | None:

@@ -390,7 +390,7 @@ def exec_command(run_dir: Path, command: str) -> str | None:
     boxed = named(run_dir)
     if boxed is None or not _trusted_engine(boxed[0]) or not _SAFE_NAME.fullmatch(boxed[1]):
         return None
-    return shlex.join([boxed[0], "exec", boxed[1], "/bin/sh", "-c", command])
+    return shlex.join(exec_argv(boxed[0], boxed[1], command, None))
 
 
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:
