@@ -98,6 +98,10 @@ class SchedulerSettings(_Strict):
     expansion_cap: Duration | None = Field(default=None, gt=0)
     # a job pending this long x (1 - its size) queues first (PBS's max_starve); off: never
     starve_after: Annotated[float, BeforeValidator(_duration_or_off)] | None = None
+    # a user at or above their share starves after this many times starve_after (default: never)
+    starve_over_share: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # plan backfill and job size with run times learned from each user's history
+    learn_durations: bool | None = None
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -362,7 +366,8 @@ def _policy(config: SiteConfig) -> Policy:
         favor_small=_pick(s.favor_small, w.favor_small), size_fades=_pick(s.size_fades, w.size_fades),
         size_by=_pick(s.size_by, w.size_by),
         expansion=_pick(s.weights.expansion, w.expansion), expansion_cap_s=_pick(s.expansion_cap, w.expansion_cap_s),
-        starve_after_s=_pick(s.starve_after, w.starve_after_s))
+        starve_after_s=_pick(s.starve_after, w.starve_after_s),
+        starve_over_share=_pick(s.starve_over_share, w.starve_over_share))
     return Policy(
         base.name, weights, base.backfill, _pick(s.backfill.max_reservations, base.max_reservations),
         _pick(s.backfill.max_jobs, base.max_backfill_jobs), base.max_starts_per_cycle,
@@ -373,7 +378,8 @@ def _policy(config: SiteConfig) -> Policy:
                       q.max_gpus_per_account, q.max_gpus, q.gpu_minutes) for q in config.qos),
         accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
                        for a in config.accounts),
-        topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing))
+        topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing),
+        learn_durations=_pick(s.learn_durations, base.learn_durations))
 
 
 def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:

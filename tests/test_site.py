@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from corral.scheduler import Policy
+
 from conftest import bearer, submit, wait_for, wait_state
 
 SITE = """
@@ -315,3 +317,13 @@ def test_scheduler_settings_override_the_named_policy(tmp_path: Path) -> None:
     config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", "scheduler: {policy: slurm, size_by: area}"))
     with pytest.raises(SpecError, match="scheduler.size_by"):
         load_site(config)
+    config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}",
+                                   "scheduler: {policy: corral, learn_durations: true, starve_over_share: 3}"))
+    policy = load_site(config).policy
+    assert policy.learn_durations and policy.weights.starve_over_share == 3
+    assert not Policy.named("corral").learn_durations and not Policy.named("slurm").learn_durations
+    for bad in ("learn_durations: maybe", "starve_over_share: -1", "starve_over_share: .inf"):
+        field = bad.split(":")[0]
+        config.write_text(SITE.replace("scheduler: {policy: corral, half_life: 1d}", f"scheduler: {{policy: corral, {bad}}}"))
+        with pytest.raises(SpecError, match=f"scheduler.{field}"):
+            load_site(config)

@@ -254,7 +254,7 @@ class Scheduling:
         assoc = {j.id: j.request.assoc for j in jobs}
         jobs.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, factors.get(j.id, unscored), assoc[j.id]))
         return [(j, factors.get(j.id), self.book.reasons.get(j.id, "None"),
-                 assoc[j.id] in hungry and factors.get(j.id, unscored).starving(now - j.submitted_at)) for j in jobs]
+                 self.policy.owed(factors.get(j.id, unscored), now - j.submitted_at, assoc[j.id] in hungry)) for j in jobs]
 
     def allocations(self) -> list[tuple[JobRec, ReplicaRec, Allocation]]:
         """What each replica holds now, with its job; a stopping replica keeps its resources

@@ -30,7 +30,10 @@ class Reservation:
     start: float
     allocations: tuple[Allocation, ...]
     leftover: FreePool  # free resources at ``start`` once the reserved gang is placed
-    end: float = INFINITY  # start + the job's time limit: when its hold on the GPUs ends
+    end: float = INFINITY  # start + the job's planned run time: when its hold on the GPUs ends
+    # Backfill around it plans with time limits, not predicted run times: a job that runs
+    # longer than predicted must not push this start back (a starving job's reservation).
+    strict: bool = False
 
 
 Step = tuple[float, tuple[Allocation, ...], int]  # (time, allocations given back, their GPUs)
@@ -177,7 +180,7 @@ def reserve(job: PendingJob, book: Book, timeline: Timeline, now: float, scope: 
             if placed is not None:
                 book._floor[shape] = index
                 start = max(now, steps[index][0]) if index >= 0 else now
-                end = start + job.time_limit if job.time_limit is not None else INFINITY
+                end = start + job.run_s if job.run_s is not None else INFINITY
                 return Reservation(job.id, start, placed, trial, end)
         index += 1
         if index >= len(steps):
@@ -203,8 +206,9 @@ def _shape(job: PendingJob, scope: Scope) -> tuple:
 def fits_around(job: PendingJob, allocations: tuple[Allocation, ...], now: float, book: Book) -> bool:
     """True if starting ``job`` now on ``allocations`` delays no reservation; on success
     the job is assumed into every reservation it overlaps."""
-    end = now + (job.time_limit if job.time_limit is not None else INFINITY)
-    overlapping = [r for r in book.reservations if end > r.start]
+    end = now + (job.run_s if job.run_s is not None else INFINITY)
+    latest = now + (job.time_limit if job.time_limit is not None else INFINITY)
+    overlapping = [r for r in book.reservations if (latest if r.strict else end) > r.start]
     taken: list[tuple[Reservation, Allocation]] = []
     for reservation in overlapping:
         for alloc in allocations:

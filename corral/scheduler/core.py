@@ -41,6 +41,7 @@ import math
 
 from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
+from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
 from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang, port_shortage
 from corral.scheduler.plan import Allocation, Plan, Reason, Start
@@ -108,6 +109,8 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
     timeline = Timeline()
     timeline.load((r.expected_end, r.allocations) for r in snapshot.running)
     book = Book(pool)
+    # planning with predicted run times, a starving job's reservation is computed with limits
+    guarantees = Guarantees(snapshot.running) if policy.learn_durations else None
     scopes = _Scopes(snapshot, policy)
     running = list(snapshot.running)
     claimed: set[int] = set()
@@ -149,7 +152,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
                 plan.starts.append(Start(job.id, allocations, choice if len(variants) > 1 else ()))
                 if job.array is not None:
                     arrays[job.array[0]] = arrays.get(job.array[0], 0) + 1
-                timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), allocations)
+                timeline.add(now + (job.run_s if job.run_s is not None else INFINITY), allocations)
+                if guarantees is not None:
+                    guarantees.started(candidate, allocations, now)
                 started = True
                 break
             for alloc in allocations:  # it would delay a reservation: undo the what-if
@@ -170,7 +175,9 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
                 # took it would only be preempted in turn (a livelock the simulator found)
                 kept = _keep_free_part(pool, placement)
                 book.started(kept)
-                timeline.add(now + (job.time_limit if job.time_limit is not None else INFINITY), kept)
+                timeline.add(now + (job.run_s if job.run_s is not None else INFINITY), kept)
+                if guarantees is not None:
+                    guarantees.started(job, kept, now)
                 claimed.update(found.victims)
                 if found.victims or found.shrinks:
                     plan.preemptions.append(found)
@@ -187,20 +194,29 @@ def schedule(snapshot: Snapshot, now: float, policy: Policy = Policy(), full: bo
         # 6. reserve: the first alternative that can ever start in order; else the earliest
         if len(book) < policy.max_reservations:
             best = None
+            owed = guarantees is not None and _starving(job, plan, policy, now)
             for _, candidate in within:
-                reservation = reserve(candidate, book, timeline, now, scope)
+                reservation = guarantees.reserve(candidate, book, now, scope) if owed else \
+                    reserve(candidate, book, timeline, now, scope)
                 if reservation is not None and (best is None or reservation.start < best.start):
                     best = reservation
                     if job.in_order:
                         break
             if best is not None:
                 book.add(best, timeline)
+                if guarantees is not None:
+                    guarantees.add(best, book)
                 plan.reserved_starts[job.id] = best.start
                 plan.reserved_on[job.id] = best.allocations
     return plan
 
 
 MAX_REASONED = 4  # alternatives looked at to say why a job waits
+
+
+def _starving(job: PendingJob, plan: Plan, policy: Policy, now: float) -> bool:
+    factors = plan.priorities.get(job.id)
+    return factors is not None and policy.owed(factors, now - job.submitted_at, job.assoc in plan.hungry)
 
 
 def _hold(job: PendingJob, snapshot: Snapshot, policy: Policy, ahead: set[tuple[str, str]]) -> Reason | None:

@@ -38,7 +38,7 @@ class Tally:
             else:
                 self.minutes[key] += spent
         for job in snapshot.running:
-            remaining = max(0.0, job.expected_end - now) / 60.0 if job.expected_end != float("inf") else 0.0
+            remaining = max(0.0, job.latest_end - now) / 60.0 if job.latest_end != float("inf") else 0.0
             self._count(job.user, job.account or job.user, policy.qos_of(job.qos).name, job.gpus, job.gpus * remaining)
 
     def _lineage(self, account: str) -> list[str]:

@@ -79,6 +79,10 @@ class PriorityWeights:
     # first-come-first-served ahead of everyone's fresh work, fair share and size unheard
     # (philly-pollux; README, "Simulator"). inf: never.
     starve_after_s: float = math.inf
+    # corral's own: a user at or above their share is owed their turn too, but only after
+    # this many times starve_after_s x (1 - size): the lane stays the short-of-share users'
+    # first, and still every job has a bound on its wait. inf: no lane for them (as above).
+    starve_over_share: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ class Policy:
     preemption: bool = True
     max_preemptions_per_cycle: int = 10
     packing: Packing = "best_fit"  # see corral.scheduler.placement
+    # plan with run times learned from history (corral.scheduler.durations) instead of the
+    # time limits users give; Slurm plans with the limits
+    learn_durations: bool = False
 
     @classmethod
     def named(cls, name: str, **overrides) -> Policy:
@@ -182,11 +189,21 @@ class Policy:
         tiers = {p.name: p.priority_tier for p in self.partitions}
         default_tier = self.default_partition.priority_tier
 
+        owed = self.owed
+
         def key(partition: str, submitted_at: float, job_id: int, factors: Factors, assoc: tuple[str, str]) -> tuple:
-            starving = assoc in hungry and factors.starving(now - submitted_at)
+            starving = owed(factors, now - submitted_at, assoc in hungry)
             return (-tiers.get(partition, default_tier), not starving, submitted_at if starving else 0.0,
                     -factors.total, submitted_at, job_id)
         return key
+
+    def owed(self, factors: Factors, waited: float, hungry: bool) -> bool:
+        """Whether a job that waited ``waited`` is starving (see ``starve_after_s``): its user
+        is ``hungry`` (short of their share), or has waited ``starve_over_share`` times longer."""
+        if hungry:
+            return factors.starving(waited)
+        more = self.weights.starve_over_share
+        return more != math.inf and waited >= factors.starve_s * more
 
     @property
     def preempting(self) -> bool:

@@ -79,7 +79,7 @@ class Scorer:
         if age > 1.0:
             age = 1.0
         if self._by_time:
-            limit = job.time_limit if job.time_limit is not None else w.size_span_s
+            limit = job.run_s if job.run_s is not None else w.size_span_s
             size = math.log1p(max(job.gpus, 1) * limit / 60.0) * self._log_span
         else:
             size = job.gpus * self._per_gpu

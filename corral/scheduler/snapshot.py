@@ -103,9 +103,13 @@ class PendingJob:
     kill_on_invalid_dep: bool = False
     array: tuple[int, int] | None = None  # (array id, throttle): at most that many of its elements run at once
     owner: int = 0  # a running job's growth request (id < 0): that job's id
+    # its predicted run time (corral.scheduler.durations), at most its time limit; None: none
+    expected: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
+        # what backfill and the job-size factor plan with: the prediction, else the time limit
+        object.__setattr__(self, "run_s", self.expected if self.expected is not None else self.time_limit)
         # (account, user): what fair share and limits charge; looked up for every job every cycle
         object.__setattr__(self, "assoc", (self.account or self.user, self.user))
 
@@ -165,6 +169,13 @@ class RunningJob:
     # allocations (among ``allocations``) of replicas already told to stop, an elastic shrink
     # in its grace period: held still, free soon, so preemption counts them as free first
     stopping: tuple = ()
+    # when it gives its resources back at the latest (start + time limit), where
+    # ``expected_end`` is a predicted end (corral.scheduler.durations); None: expected_end
+    limit_end: float | None = None
+
+    @property
+    def latest_end(self) -> float:
+        return self.expected_end if self.limit_end is None else self.limit_end
 
     @property
     def gpus(self) -> int:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from corral.scheduler import Dependency, NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
 from corral.scheduler.applier import Downsize, Eviction, apply_plan
+from corral.scheduler.durations import DurationModel, planned_end
 from corral.scheduler.placement import FreePool
 from corral.scheduler.plan import Allocation
 from corral.scheduler.priority import CALC_PERIOD_S, decay
@@ -160,8 +161,10 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
             dirty = False
         if not preempting and run.pool.count_with(min(smallest)) == 0:
             continue  # nothing could start: the pass would only compute reservations and reasons
+        run.overrun(now)
         if now - last_calc >= priority_calc_s:
             cached, last_calc = None, now
+            run.refresh()
         snapshot = Snapshot(run.pool.views(), tuple(pending.values()), tuple(running.values()), usage,
                             job_states=run.states, priorities=cached)
         t0 = time.process_time()
@@ -246,6 +249,11 @@ class _Replay:
         self.held: dict[int, dict[Allocation, float]] = {}  # job -> allocation -> since (when recording)
         self.placements = self.preemptions = self.requeues = self.shrinks = 0
         self.lost_gpu_s = 0.0
+        # run times learned from the replay's own completions, when the policy plans with them
+        self.durations = DurationModel() if policy.learn_durations else None
+        self.predicted: dict[int, float] = {}  # a job's latest prediction (as it last queued)
+        self.seen = 0  # the model's version when pending predictions were last refreshed
+        self.overruns: list[tuple[float, int, int]] = []  # (predicted end, job, token) of running jobs
 
     def _state(self, i: int, state: str) -> None:
         if self.states:
@@ -269,8 +277,40 @@ class _Replay:
 
     def submit(self, i: int) -> None:
         job = self.jobs[i]
-        self.pending[i] = request = to_request(job, i, self.largest, self.accounts[job.user], self.dependencies[i])
+        request = to_request(job, i, self.largest, self.accounts[job.user], self.dependencies[i])
+        if self.durations is not None:
+            request = self._predicted(i, request)
+        self.pending[i] = request
         self.smallest[_smallest(request)] += 1
+
+    def _predicted(self, i: int, request: PendingJob) -> PendingJob:
+        job = self.jobs[i]
+        guess = self.durations.predict(job.user, "", job.gpus, job.time_limit_s)
+        if guess is None:
+            return request
+        self.predicted[i] = guess
+        return replace(request, expected=guess)
+
+    def refresh(self) -> bool:
+        """Pending jobs' predictions brought up to what the model learned since; True if any
+        changed (their priorities must be computed again)."""
+        if self.durations is None or self.durations.version == self.seen:
+            return False
+        self.seen = self.durations.version
+        changed = False
+        for i, request in self.pending.items():
+            again = self._predicted(i, request)
+            if again.expected != request.expected:
+                self.pending[i], changed = again, True
+        return changed
+
+    def overrun(self, now: float) -> None:
+        """Running jobs past their predicted end are planned with their time limit from now on."""
+        while self.overruns and self.overruns[0][0] <= now:
+            _, i, token = heapq.heappop(self.overruns)
+            r = self.running.get(i)
+            if r is not None and self.lives[i].token == token and not r.ending:
+                self.running[i] = replace(r, expected_end=r.started_at + self.jobs[i].time_limit_s)
 
     def _unqueue(self, i: int) -> None:
         size = _smallest(self.pending.pop(i))
@@ -280,15 +320,20 @@ class _Replay:
 
     def start(self, i: int, allocations: tuple[Allocation, ...], now: float, priority: float) -> None:
         job, life = self.jobs[i], self.lives[i]
-        self.running[i] = RunningJob(i, allocations, now + job.time_limit_s, job.user, self.accounts[job.user],
+        expected = self.pending[i].expected
+        end = planned_end(now, expected, job.time_limit_s, now)
+        self.running[i] = RunningJob(i, allocations, end, job.user, self.accounts[job.user],
                                      job.partition, job.qos, started_at=now, priority=priority,
-                                     elastic=self._elastic(job, allocations), no_requeue=job.no_requeue)
+                                     elastic=self._elastic(job, allocations), no_requeue=job.no_requeue,
+                                     limit_end=now + job.time_limit_s)
         if life.first_start is None:
             life.first_start = now
         life.since = life.mark = now
         life.gpus = job.gpus
         life.gpu_s_at_start = life.gpu_s
         life.token += 1
+        if expected is not None and end < now + job.time_limit_s:
+            heapq.heappush(self.overruns, (end, i, life.token))
         if self.record:
             self.held[i] = dict.fromkeys(allocations, now)
         self._state(i, "RUNNING")
@@ -311,7 +356,11 @@ class _Replay:
             life.lost += overhead
             self.lost_gpu_s += overhead
         life.gpus = 0
-        self.outcomes.append(Outcome(self.jobs[i], life.first_start, now, life.gpu_s, life.restarts))
+        job = self.jobs[i]
+        if self.durations is not None:
+            # what a fresh run of it takes: the work since its last start, less its restart cost
+            self.durations.observe(job.user, "", job.gpus, job.duration_s)
+        self.outcomes.append(Outcome(job, life.first_start, now, life.gpu_s, life.restarts, self.predicted.get(i)))
         self._state(i, "SUCCEEDED")
         return True
 

@@ -22,6 +22,7 @@ class Outcome:
     end: float
     gpu_s: float = 0.0
     restarts: int = 0
+    predicted: float | None = None  # the run time it was planned with, when durations were learned
 
 
 @dataclass
