@@ -320,7 +320,7 @@ def main() -> None:
                 d = v[metric]["difference"]
                 ok = d is not None and d >= 0
                 met += metric == "utilization" and ok
-                cells.append(f"{'-' if d is None else f'{d:+.3f}'}{' ✓' if ok else ''} ({v[metric]['seeds_met']}/{n})")
+                cells.append(f"{'-' if d is None else f'{d:+.4f}'}{' ✓' if ok else ''} ({v[metric]['seeds_met']}/{n})")
             over = v["jct_over_floor"]["value"]
             ok = over is not None and over <= FLOOR_SLACK
             met += ok
