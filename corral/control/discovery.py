@@ -26,7 +26,7 @@ class Discovery:
         processes and their peers (a launch that fails marks the job for another write)."""
         def state(r: ReplicaRec) -> tuple[str, bool]:
             if r.id in launching:
-                return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_probe is None
+                return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_of(r.rank) is None
             return r.state.value, r.ready
 
         tasks = [{"name": t.name, "ports": t.service.ports,
