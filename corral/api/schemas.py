@@ -90,6 +90,9 @@ class TaskOut(BaseModel):
         "while it has not started or when it names only one"))
     workdir: str | None = Field(default=None, description=(
         "The directory its replicas start in (a git workdir: the repository's URL); null: its user's home"))
+    scale: str | None = Field(default=None, description=(
+        "For a service in gangs or one that scales to zero: its service replicas in words, and at zero "
+        "replicas why and what brings one back; null otherwise"))
     replicas: list[ReplicaOut]
 
 
@@ -208,6 +211,20 @@ def _world(job: Job) -> dict[str, Any]:
     return {"cwd": world.get("cwd"), "export": export, "exported": len(world.get("environment") or {})}
 
 
+def _scale_words(spec: dict, count: int) -> str | None:
+    """A service's replicas in words where they are more than a count: gangs (multi-node
+    service replicas), and a service at zero replicas, why and what brings one back."""
+    gang = int(spec.get("gang_size") or 1)
+    auto = spec.get("autoscale") or {}
+    words = []
+    if gang > 1:
+        words.append(f"{count // gang} service replica(s), each a gang of {gang} replicas served by its rank 0")
+    if count == 0 and spec.get("min_nodes") == 0 and auto:
+        words.append(f"at zero replicas: no request came for its downscale delay ({auto.get('downscale_delay', 1200):g}s), "
+                     "so its GPUs are free; the next request to its endpoint is held and brings one back")
+    return "; ".join(words) or None
+
+
 def _workdir(spec: dict) -> str | None:
     workdir = spec.get("workdir")
     return workdir.get("url") if isinstance(workdir, dict) else workdir
@@ -222,6 +239,7 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
         alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
+        scale=_scale_words(spec, task.num_nodes) if job.state in _LIVE else None,
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,

@@ -270,6 +270,8 @@ def status(args: Namespace) -> None:
             ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
             out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "
                       "replicas ready)", markup=False)
+        if task.get("scale"):
+            out.print(f"  task {task['name']}: {task['scale']}", markup=False)
         if task.get("restart"):
             out.print(f"  task {task['name']}: restarts {task['restart']}", markup=False)
         if task.get("alternatives", 1) > 1:

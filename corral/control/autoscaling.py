@@ -50,7 +50,7 @@ class Autoscaler:
                 key = (job.id, task.name)
                 seen.add(key)
                 rate = balancer.rate(key)
-                want = wanted(task.service, task.num_nodes, rate)
+                want = wanted(task.service, task.num_nodes, rate, balancer.held(key))
                 if want == task.num_nodes:
                     self._wanted.pop(key, None)
                     continue
@@ -72,14 +72,17 @@ class Autoscaler:
             del self._wanted[key]
 
 
-def wanted(spec: TaskSpec, current: int, rate: float) -> int:
+def wanted(spec: TaskSpec, current: int, rate: float, held: int = 0) -> int:
     """The replicas a task wants at ``rate`` requests per second: one service replica (a whole
-    gang) per ``target_qps_per_replica``, within its elastic bounds."""
+    gang) per ``target_qps_per_replica``, within its elastic bounds; at least one while
+    requests are held waiting for a replica, however long ago they came."""
     auto = spec.autoscale
     assert auto is not None
     low = current if spec.min_nodes is None else spec.min_nodes
     high = spec.max_nodes or current
     gangs = math.ceil(rate / auto.target_qps_per_replica - 1e-9)
+    if held:
+        gangs = max(gangs, 1)
     return min(high, max(low, gangs * spec.gang_size))
 
 

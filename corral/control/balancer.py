@@ -43,6 +43,7 @@ class _Endpoint:
         self.hold = 0.0  # how long a request that finds no ready replica waits for one
         self.why = ""  # why none is ready, in words (for the 503)
         self.routed = asyncio.Event()  # set (and replaced) at each route: held requests look again
+        self.held = 0  # connections waiting for a replica now: demand, however old
         self.open: dict[tuple[str, int], int] = {}
         self.turn = itertools.count()
         self.server: asyncio.AbstractServer | None = None
@@ -85,10 +86,13 @@ class _Endpoint:
             left = deadline - loop.time()
             if left <= 0:
                 break
+            self.held += 1
             try:  # held: a replica is on its way (a service scaled to zero is coming back)
                 await asyncio.wait_for(self.routed.wait(), left)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                self.held -= 1
         words = "no replica of it is ready yet"
         if self.hold > 0:
             words = f"no replica of it became ready within {self.hold:g}s" + (f": {self.why}" if self.why else "")
@@ -189,6 +193,11 @@ class Balancer:
         """Requests per second to ``key`` over the last minute (0 for an unknown key)."""
         endpoint = self._endpoints.get(key)
         return endpoint.rate() if endpoint is not None else 0.0
+
+    def held(self, key: Hashable) -> int:
+        """Connections to ``key`` held now, waiting for a replica to be ready."""
+        endpoint = self._endpoints.get(key)
+        return endpoint.held if endpoint is not None else 0
 
     def keys(self) -> list[Hashable]:
         return list(self._endpoints)
