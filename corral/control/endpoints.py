@@ -69,7 +69,9 @@ class Endpoints:
         waiting = [r for r in members if r.state == ReplicaState.PENDING]
         if waiting:
             reason = next((self.book.growth_reasons[r.id] for r in waiting if r.id in self.book.growth_reasons),
-                          "Resources")
+                          None)
+            if reason is None:
+                return f"the service was at zero replicas; {len(waiting)} replica(s) wait for the scheduler's next pass"
             return (f"the service was at zero replicas; {len(waiting)} replica(s) wait for a place "
                     f"(reason {reason}: GPUs, quotas and fair share apply)")
         return "the service was at zero replicas; its replica is starting and not ready yet"

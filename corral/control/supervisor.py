@@ -98,6 +98,8 @@ class Supervisor:
     def attempt_ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float) -> list[Decision]:
         following = self._gang_restart.get(replica.launch_key)
         decisions = self._ended(job, replica, event, now, following)
+        if following is not None:  # it follows a peer's end: the gang is already on its way
+            return decisions
         return decisions + self._gang_follows(job, replica, decisions)
 
     def _gang_follows(self, job: JobRec, replica: ReplicaRec, decisions: list[Decision]) -> list[Decision]:
