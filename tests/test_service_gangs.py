@@ -218,5 +218,10 @@ def test_a_service_scales_to_zero_and_back_from_a_request(server, tmp_path: Path
     out = []
     held_get(endpoint, out).join(60)
     assert out[0][:2] == (200, "0")
+    # a job requeued while at zero comes back at its initial size (one gang), not empty
+    wait_for(at_zero, timeout=30)
+    assert server.post(f"/v1/jobs/{job_id}/requeue").status_code == 200
+    wait_for(lambda: task_of(server, job_id)["num_nodes"] == 2 and
+             server.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING", timeout=30)
     server.post(f"/v1/jobs/{job_id}/cancel")
     wait_state(server, job_id, "CANCELLED", timeout=30)
