@@ -48,6 +48,8 @@ def get(endpoint: str, timeout: float = 30) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
+    except urllib.error.URLError as exc:  # nothing listens: no HTTP status at all
+        return 0, str(exc.reason)
 
 
 def task_of(server, job_id: int) -> dict:
@@ -225,3 +227,31 @@ def test_a_service_scales_to_zero_and_back_from_a_request(server, tmp_path: Path
              server.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING", timeout=30)
     server.post(f"/v1/jobs/{job_id}/cancel")
     wait_state(server, job_id, "CANCELLED", timeout=30)
+
+
+def test_a_service_at_zero_keeps_its_endpoint_across_a_server_restart(corral_home: Path, db_url: str,
+                                                                       tmp_path: Path, fast_rate) -> None:
+    from conftest import bearer, kill_leftovers
+    from fastapi.testclient import TestClient
+
+    from corral.api.app import create_app
+    from corral.server import build_state
+    from corral.settings import Settings
+
+    settings = Settings(home=corral_home, db_url=db_url, poll_interval_s=0.2)
+    text = service_yaml(tmp_path, """  readiness_probe: {path: /, initial_delay_seconds: 8}
+  replica_policy: {min_replicas: 0, max_replicas: 1, target_qps_per_replica: 1, downscale_delay_seconds: 1}""")
+    try:
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
+            job = submit(server, text)
+            endpoint = wait_for(lambda: task_of(server, job["id"])["endpoint"])
+            wait_for(lambda: task_of(server, job["id"])["num_nodes"] == 0, timeout=30)
+        with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
+            assert task_of(server, job["id"])["endpoint"] == endpoint
+            out: list = []
+            held_get(endpoint, out).join(60)
+            assert out[0][:2] == (200, "0")  # the endpoint listened again, held the request, brought a gang
+            server.post(f"/v1/jobs/{job['id']}/cancel")
+            wait_state(server, job["id"], "CANCELLED", timeout=30)
+    finally:
+        kill_leftovers(corral_home)
