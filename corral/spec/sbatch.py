@@ -452,12 +452,23 @@ def _value(given: dict[str, _Given], name: str, default: Any = None) -> Any:
     return given[name].value if name in given else default
 
 
-def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, args: tuple[str, ...],
-            environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]) -> BatchJob:
+def _problems(given: dict[str, _Given], issues: list[SpecIssue]) -> Callable[[str, str], None]:
     def problem(name: str, message: str) -> None:
         issues.append(SpecIssue("sbatch script" if given[name].line else "command line", f"--{name}",
                                 given[name].line, message))
+    return problem
 
+
+@dataclass
+class Shape:
+    """What one allocation (a job, or one component of a heterogeneous job) asks of each node."""
+
+    nodes: int
+    step: dict[str, Any]  # its part of ``BatchStep``: nodes, tasks, CPUs and GPUs per task and node
+    common: dict[str, Any]  # its tasks' resources and node choice (constraint, nodelist, exclusive)
+
+
+def shape_of(given: dict[str, _Given], problem: Callable[[str, str], None], notes: list[str]) -> Shape:
     nodes = _value(given, "nodes", 1)
     if "nodelist" in given and "nodes" not in given:
         nodes = len(given["nodelist"].value)
@@ -510,7 +521,44 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
                          "whole nodes)")
     elif "mem-per-cpu" in given:
         memory = given["mem-per-cpu"].value * cpus_node
+    step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
+            "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
+    for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt)):
+        if value is not None:
+            step[key] = value
+    resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
+    if gpus_node:
+        resources["accelerators"] = f"{gpu_type}:{gpus_node}" if gpu_type else gpus_node
+    common: dict[str, Any] = {"resources": resources}
+    if "constraint" in given:
+        common["constraint"] = given["constraint"].value
+    if "nodelist" in given:
+        common["nodelist"] = list(given["nodelist"].value)
+    if "exclusive" in given:
+        common["exclusive"] = True
+    return Shape(nodes, step, {**common, "grace_period": "30s"})
 
+
+@dataclass
+class JobLevel:
+    """What a batch script asks of the job as a whole (of its first component, in a
+    heterogeneous job): its name, the script's environment and directory, its step fields
+    (output files, signals, export), the queue's fields and the job's own flags."""
+
+    name: str
+    envs: dict[str, str]
+    workdir: str
+    step: dict[str, Any]
+    scheduling: dict[str, Any]
+    warning: dict[str, Any] | None  # signal_before_timeout
+    array: str | None
+    export: str | None
+    wait: bool
+    parsable: bool
+
+
+def job_level(given: dict[str, _Given], problem: Callable[[str, str], None], notes: list[str], source: str,
+              submit_dir: str, args: tuple[str, ...], environ: Mapping[str, str]) -> JobLevel:
     name = _value(given, "job-name") or _script_name(source)
     batch_only, warn_signal, warn_seconds = _value(given, "signal", (True, None, 0.0))
     export_none, exported = _value(given, "export", (False, ()))
@@ -527,29 +575,11 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     if chdir is not None and not chdir.startswith("/"):
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
     container = _container(given, problem)
-    step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
-            "submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none,
-            "args": list(args), "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
-    for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt), ("warn_signal", warn_signal),
-                       ("output", _value(given, "output")), ("error", _value(given, "error")),
-                       ("container", container)):
+    step = {"submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none, "args": list(args)}
+    for key, value in (("warn_signal", warn_signal), ("output", _value(given, "output")),
+                       ("error", _value(given, "error")), ("container", container)):
         if value is not None:
             step[key] = value
-    resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
-    if gpus_node:
-        resources["accelerators"] = f"{gpu_type}:{gpus_node}" if gpu_type else gpus_node
-    placement: dict[str, Any] = {}
-    if "constraint" in given:
-        placement["constraint"] = given["constraint"].value
-    if "nodelist" in given:
-        placement["nodelist"] = list(given["nodelist"].value)
-    if "exclusive" in given:
-        placement["exclusive"] = True
-    common = {"resources": resources, **placement, "grace_period": "30s"}
-    if warn_signal is not None:
-        common["signal_before_timeout"] = {"signal": warn_signal, "seconds": warn_seconds}
-    batch_task = {"name": "batch" if nodes > 1 else name, "run": runner(text, args), "envs": envs,
-                  "workdir": chdir or submit_dir, **common, "sbatch": {**step, "role": "batch"}}
     scheduling: dict[str, Any] = {}
     for option, key in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
                         ("dependency", "dependency"), ("nice", "nice"), ("kill-on-invalid-dep", "kill_on_invalid_dep"),
@@ -565,22 +595,38 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     limit = _value(given, "time")
     if limit is not None:
         scheduling["time_limit"] = limit
-    if nodes == 1:
-        documents = [{**batch_task}]
-    else:
-        batch_task["distinct_nodes"] = True
-        holder = {"name": "node", "num_nodes": nodes - 1, "run": HOLD, "workdir": chdir or submit_dir,
-                  "distinct_nodes": True, **common, "sbatch": {**step, "role": "node"}}
-        holder.pop("signal_before_timeout", None)
-        documents = [{"name": name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
-                     batch_task, holder]
     array = given["array"].value if "array" in given else None
     export = None
     if "export" in given:
         export = ",".join((["ALL"] if not export_none else [] if exported else ["NONE"]) + list(exported))
-    return BatchJob(documents, scheduling, str(array) if array is not None else None, notes,
-                    wait=bool(_value(given, "wait", False)), parsable=bool(_value(given, "parsable", False)),
-                    base_dir=submit_dir, export=export)
+    warning = {"signal": warn_signal, "seconds": warn_seconds} if warn_signal is not None else None
+    return JobLevel(name, envs, chdir or submit_dir, step, scheduling, warning,
+                    str(array) if array is not None else None, export,
+                    bool(_value(given, "wait", False)), bool(_value(given, "parsable", False)))
+
+
+def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, args: tuple[str, ...],
+            environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]) -> BatchJob:
+    problem = _problems(given, issues)
+    shape = shape_of(given, problem, notes)
+    job = job_level(given, problem, notes, source, submit_dir, args, environ)
+    step = {**shape.step, **job.step}
+    common = dict(shape.common)
+    if job.warning is not None:
+        common["signal_before_timeout"] = job.warning
+    batch_task = {"name": "batch" if shape.nodes > 1 else job.name, "run": runner(text, args), "envs": job.envs,
+                  "workdir": job.workdir, **common, "sbatch": {**step, "role": "batch"}}
+    if shape.nodes == 1:
+        documents = [{**batch_task}]
+    else:
+        batch_task["distinct_nodes"] = True
+        holder = {"name": "node", "num_nodes": shape.nodes - 1, "run": HOLD, "workdir": job.workdir,
+                  "distinct_nodes": True, **common, "sbatch": {**step, "role": "node"}}
+        holder.pop("signal_before_timeout", None)
+        documents = [{"name": job.name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
+                     batch_task, holder]
+    return BatchJob(documents, job.scheduling, job.array, notes, wait=job.wait, parsable=job.parsable,
+                    base_dir=submit_dir, export=job.export)
 
 
 def _container(given: dict[str, _Given], problem: Callable[[str, str], None]) -> dict[str, Any] | None:
