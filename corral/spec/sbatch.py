@@ -412,37 +412,66 @@ def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: 
     return len(words)
 
 
-def parse_command_line(words: list[str]) -> tuple[dict[str, _Given], list[str], list[SpecIssue], list[str]]:
-    """``corral sbatch`` arguments: (options, [SCRIPT, ARGS…], problems, warnings)."""
-    given: dict[str, _Given] = {}
+def command_line_components(words: list[str]) -> tuple[list[dict[str, _Given]], list[str], list[SpecIssue],
+                                                         list[str]]:
+    """``corral sbatch`` arguments: (options of each component, [SCRIPT, ARGS…], problems,
+    warnings); a lone ``:`` separates the components of a heterogeneous job, as in sbatch."""
+    components: list[dict[str, _Given]] = [{}]
     issues: list[SpecIssue] = []
     warnings: list[str] = []
-    used = _read(words, None, given, issues, warnings, stop_at_operand=True)
-    return given, words[used:], issues, warnings
+    at = 0
+    while True:
+        at += _read(words[at:], None, components[-1], issues, warnings, stop_at_operand=True)
+        if at < len(words) and words[at] == ":":
+            components.append({})
+            at += 1
+            continue
+        return components, words[at:], issues, warnings
+
+
+def parse_command_line(words: list[str]) -> tuple[dict[str, _Given], list[str], list[SpecIssue], list[str]]:
+    """``corral sbatch`` arguments of a job of one component: (options, [SCRIPT, ARGS…],
+    problems, warnings)."""
+    components, rest, issues, warnings = command_line_components(words)
+    if len(components) > 1:
+        issues.append(SpecIssue("command line", ":", None, "components of a heterogeneous job (' : ') are given "
+                                "to corral sbatch only"))
+    return components[0], rest, issues, warnings
 
 
 def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", args: tuple[str, ...] = (),
-               overrides: dict[str, _Given] | None = None, environ: Mapping[str, str] | None = None,
-               warnings: list[str] | None = None) -> BatchJob:
-    """The script's directives, overridden by ``overrides`` (the command line's), as a
-    corral submission. ``environ`` is the submitter's environment (for ``--export=VAR``)."""
-    given: dict[str, _Given] = {}
+               overrides: dict[str, _Given] | list[dict[str, _Given]] | None = None,
+               environ: Mapping[str, str] | None = None, warnings: list[str] | None = None) -> BatchJob:
+    """The script's directives, overridden by ``overrides`` (the command line's; one dict per
+    component of a heterogeneous job), as a corral submission. ``environ`` is the submitter's
+    environment (for ``--export=VAR``)."""
+    from corral.spec import hetjob
+
     issues: list[SpecIssue] = []
     notes: list[str] = list(warnings or [])
     if "\x00" in text:
         raise SpecError([SpecIssue("sbatch script", "", None, "holds a NUL byte")], source)
-    for line, words in directives(text):
-        _read(words, line, given, issues, notes)
-    given.update(overrides or {})
+    components = []
+    for component, lines in hetjob.split(directives(text), issues):
+        for line, words in lines:
+            _read(words, line, component.given, issues, notes)
+        components.append(component)
+    for index, given in enumerate([overrides] if isinstance(overrides, dict) else overrides or []):
+        if index == len(components):
+            components.append(hetjob.Component({}, None))
+        components[index].given.update(given)
     for line, found in pyxis.script_steps(text):  # srun lines' container options, read now
         if isinstance(found, pyxis.PyxisError):
             issues.append(SpecIssue("srun line", found.option, line, found.message))
-        elif "container-image" in given:
+        elif "container-image" in components[0].given:
             notes.append(f"line {line}: srun runs inside the batch script's container (--container-image), where, "
                          "as with Pyxis, srun is not available")
     if issues:
         raise SpecError(issues, source)
-    job = _to_job(text, given, source, submit_dir, args, environ or {}, issues, notes)
+    if len(components) > 1:
+        job = hetjob.het_job(text, components, source, submit_dir, args, environ or {}, issues, notes)
+    else:
+        job = _to_job(text, components[0].given, source, submit_dir, args, environ or {}, issues, notes)
     if issues:
         raise SpecError(issues, source)
     return job
