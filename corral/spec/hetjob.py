@@ -105,10 +105,10 @@ def task_names(components: list[Component], job_name: str) -> list[str]:
 
 def het_job(text: str, components: list[Component], source: str, submit_dir: str, args: tuple[str, ...],
             environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]):
-    """The job group of a heterogeneous batch script (see the module's docstring)."""
+    """The job group of a heterogeneous batch script (see the module's docstring), its
+    components checked by ``check_job_wide``."""
     from corral.spec.sbatch import BatchJob, _problems, job_level, shape_of
 
-    check_job_wide(components, issues)
     first = components[0].given
     job = job_level(first, _problems(first, issues), notes, source, submit_dir, args, environ)
     shapes = [shape_of(c.given, _problems(c.given, issues), notes) for c in components]

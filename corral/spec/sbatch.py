@@ -466,6 +466,8 @@ def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", ar
         elif "container-image" in components[0].given:
             notes.append(f"line {line}: srun runs inside the batch script's container (--container-image), where, "
                          "as with Pyxis, srun is not available")
+    if len(components) > 1:
+        hetjob.check_job_wide(components, issues)
     if issues:
         raise SpecError(issues, source)
     if len(components) > 1:
