@@ -16,8 +16,9 @@ def test_a_hetjob_on_a_slurm_partition_fails_saying_why_and_leaves_no_allocation
     job = corral("sbatch", "--parsable", "-p", "gpu", "het.sbatch", check=True).stdout.strip()
     done = _wait(corral, job, timeout=120)
     assert done["state"] == "FAILED", done
-    story = corral("events", job, check=True).stdout + json.dumps(done)
-    assert "heterogeneous batch script (#SBATCH hetjob) does not run in a partition whose nodes are Slurm" in story
+    said = "heterogeneous batch script (#SBATCH hetjob) does not run in a partition whose nodes are Slurm"
+    assert said in corral("events", job, check=True).stdout, corral("events", job).stdout
+    assert said in json.dumps(done), done
     ours = [line for line in _slurm("squeue", "-h", "-o", "%j").splitlines()
             if line.strip() == f"{_prefix(corral.home)}{job}"]
     assert not ours
