@@ -45,10 +45,13 @@ class Component:
     line: int | None  # its ``#SBATCH hetjob`` line (None: the first component, or the command line's)
 
 
-def split(lines: list[tuple[int, list[str]]], issues: list[SpecIssue]) -> list[tuple[Component, list[tuple[int, list[str]]]]]:
+Lines = list[tuple[int, list[str]]]  # directive lines: (line number, words)
+
+
+def split(lines: Lines, issues: list[SpecIssue]) -> list[tuple[Component, Lines]]:
     """A script's components (no options read yet) and the directive lines of each: a
     ``#SBATCH hetjob`` line starts the next."""
-    parts: list[tuple[Component, list[tuple[int, list[str]]]]] = [(Component({}, None), [])]
+    parts: list[tuple[Component, Lines]] = [(Component({}, None), [])]
     for line, words in lines:
         if words and words[0] in SEPARATORS:
             if len(words) > 1:
