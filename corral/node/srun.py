@@ -7,9 +7,13 @@ explains where they run and why). Run as ``python srun.py srun|scontrol ARGS``.
 each task's even share with ``--exact``). Every task is a process group of its own, so a
 signal meant for the batch shell alone (``--signal=B:…``) never reaches it, while ``srun``
 forwards the others it receives (a stop, a ``--signal`` without ``B:``). Output goes where
-the step's own goes (the job's log), prefixed by the task id with ``-l``. The exit code is
-the highest of the tasks' (128+N for a task ended by signal N), as Slurm's. ``--overlap`` is
-what every step does here: steps share the job's allocation."""
+the step's own goes (the job's log), or to ``-o``/``-e`` files, prefixed by the task id with
+``-l``. The exit code is the highest of the tasks' (128+N for a task ended by signal N), as
+Slurm's. ``--overlap`` is what every step does here: steps share the job's allocation.
+
+In a heterogeneous job (``corral.spec.hetjob``) a step runs on component 0, on the
+components ``--het-group`` names, or one per `` : `` part of the line (``plan``), each task
+with its component's view of the job (``group_env``) and ranks numbered across them."""
 
 from __future__ import annotations
 

@@ -167,3 +167,19 @@ def test_het_group_is_refused_in_a_job_that_is_not_heterogeneous() -> None:
     with pytest.raises(UsageError, match="not heterogeneous"):
         plan(["a", ":", "b"], env)
     assert het_groups("1,3-4", 5) == [1, 3, 4]
+
+
+def test_srun_output_patterns_name_a_file_per_task_or_one_for_all() -> None:
+    from corral.node.srun import _het_step_env, _output_path
+
+    env = {**_env(), "SLURM_JOB_USER": "ann"}
+    tasks = plan(["--het-group=0,1", "x"], env)
+    paths = [_output_path("out/%x-%j.%s-%t-%N-%3n-%u%%.log", t, 5, env, "/w") for t in tasks]
+    assert paths[0] == "/w/out/ppo-42.5-0-n1-000-ann%.log" and paths[4] == "/w/out/ppo-42.5-4-n3-002-ann%.log"
+    assert {_output_path("/abs/%J.log", t, 5, env, "/w") for t in tasks} == {"/abs/42.5.log"}
+    assert _het_step_env(tasks) == {
+        "SLURM_HET_SIZE": "2",
+        "SLURM_STEP_NODELIST_HET_GROUP_0": "n[1-2]", "SLURM_STEP_NUM_NODES_HET_GROUP_0": "2",
+        "SLURM_STEP_NUM_TASKS_HET_GROUP_0": "4", "SLURM_STEP_TASKS_PER_NODE_HET_GROUP_0": "2(x2)",
+        "SLURM_STEP_NODELIST_HET_GROUP_1": "n3", "SLURM_STEP_NUM_NODES_HET_GROUP_1": "1",
+        "SLURM_STEP_NUM_TASKS_HET_GROUP_1": "1", "SLURM_STEP_TASKS_PER_NODE_HET_GROUP_1": "1"}
