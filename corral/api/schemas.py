@@ -67,6 +67,9 @@ class ReplicaOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     log_path: str | None
+    reason: str | None = Field(default=None, description=(
+        "Why a STARTING replica does not run yet: its container image being pulled (or its container "
+        "started) on its node; null otherwise"))
 
 
 class TaskOut(BaseModel):
@@ -233,6 +236,9 @@ def _workdir(spec: dict) -> str | None:
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
+    image = (spec.get("resources") or {}).get("image_id")
+    # an attempt with a container is STARTING until the engine runs it: nearly always its pull
+    waiting = f"pulling image {image.removeprefix('docker:')} (or starting its container)" if image else None
     return TaskOut.model_construct(
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
@@ -243,7 +249,8 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,
-            restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path)
+            restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path,
+            reason=waiting if r.state == "STARTING" else None)
             for r in replicas])
 
 

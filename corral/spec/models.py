@@ -131,6 +131,12 @@ class TaskSpec(Strict):
             # SkyPilot puts ports under resources; corral reads them from there too.
             resources = dict(data["resources"])
             data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
+        if isinstance(data, dict) and data.get("pool") is not None:
+            # a SkyPilot pool YAML (`sky jobs pool apply`) keeps workers set up for jobs sent to
+            # them later; it has no run of its own, so accepting it would run nothing, silently
+            raise ValueError("a SkyPilot worker pool (`sky jobs pool apply`) has no counterpart here: corral's queue already hands "
+                             "each job the free nodes it asks for. Submit the pool's jobs themselves with corral "
+                             "launch (the pool's setup becomes each job's setup; a job array runs many alike)")
         if isinstance(data, dict) and data.get("service") is not None:  # SkyServe
             data = from_skyserve(data, lambda message: warn(info, message))
         if isinstance(data, dict):  # SkyPilot's managed-job recovery

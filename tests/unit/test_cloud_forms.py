@@ -113,3 +113,10 @@ def test_port_names_that_differ_only_in_case_are_refused() -> None:
     with pytest.raises(SpecError) as refused:
         load_job("name: t\nports: {http: 8000, HTTP: 8001}\nrun: x\n")
     assert "CORRAL_PORT_HTTP" in str(refused.value)
+
+
+def test_a_skypilot_pool_file_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(SpecError) as err:
+        load_job("pool:\n  workers: 3\nresources:\n  accelerators: H100:1\nsetup: pip install vllm\n")
+    issue = err.value.issues[0]
+    assert issue.line == 1 and "worker pool" in issue.message and "corral launch" in issue.message
