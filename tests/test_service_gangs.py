@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -245,9 +246,19 @@ def test_a_service_at_zero_keeps_its_endpoint_across_a_server_restart(corral_hom
         with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             job = submit(server, text)
             endpoint = wait_for(lambda: task_of(server, job["id"])["endpoint"])
-            wait_for(lambda: task_of(server, job["id"])["num_nodes"] == 0, timeout=30)
+            wait_for(lambda: task_of(server, job["id"])["num_nodes"] == 0 and all(
+                r["state"] == "KILLED" for r in task_of(server, job["id"])["replicas"]), timeout=30)
         with TestClient(create_app(state := build_state(settings)), headers=bearer(state, "alice")) as server:
             assert task_of(server, job["id"])["endpoint"] == endpoint
+            host, port = endpoint.rsplit(":", 1)
+
+            def listens() -> bool:
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()  # counted as demand: fine
+                    return True
+                except OSError:
+                    return False
+            wait_for(listens, timeout=15)  # once the new server's loop has run a cycle
             out: list = []
             held_get(endpoint, out).join(60)
             assert out[0][:2] == (200, "0")  # the endpoint listened again, held the request, brought a gang

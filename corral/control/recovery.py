@@ -45,8 +45,6 @@ class Recovery:
         for job in book.active.values():
             book.touch(job.id)
             book.launch_check.add(job.id)
-            if any(t.service.endpoint is not None for t in job.tasks):
-                book.publish.add(job.id)  # its endpoint listens again even with no replica to adopt (at zero)
             for replica in job.replicas:
                 if replica.state not in _LIVE or replica.node is None:
                     continue
