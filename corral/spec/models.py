@@ -168,6 +168,9 @@ class TaskSpec(Strict):
         if self.autoscale is not None and self.endpoint is None:
             raise ValueError("autoscale scales with the requests an endpoint forwards: the task needs an endpoint "
                              "(a service)")
+        if self.endpoint is not None and self.endpoint.hold is not None and low != 0:
+            raise ValueError("endpoint.hold is how long a request waits for a task that can scale to zero; "
+                             "this one keeps at least one replica (num_nodes min is not 0)")
         if low == 0 and self.autoscale is None:
             raise ValueError("num_nodes min 0 (scale to zero) needs autoscale: the endpoint's requests are what "
                              "bring a replica back")

@@ -39,6 +39,12 @@ def test_num_nodes_under_service_makes_each_service_replica_a_gang() -> None:
     assert (single.gang_size, single.num_nodes) == (1, 2)
 
 
+def test_corral_s_own_form_scales_to_zero_with_a_hold() -> None:
+    task = load_job("ports: {http: 80}\nendpoint: {port: http, hold: 5s}\nnum_nodes: {min: 0, max: 2, initial: 1}\n"
+                    "autoscale: {target_qps_per_replica: 1}\nrun: x\n").spec.tasks[0]
+    assert (task.num_nodes, task.min_nodes, task.endpoint.hold) == (1, 0, 5.0)
+
+
 def test_min_replicas_zero_starts_with_one_service_replica_and_may_go_to_zero() -> None:
     task = load_job(service("  replica_policy: {min_replicas: 0, max_replicas: 2, target_qps_per_replica: 1}\n"))\
         .spec.tasks[0]
@@ -55,6 +61,7 @@ def test_min_replicas_zero_starts_with_one_service_replica_and_may_go_to_zero() 
     (service("  replicas: 2\n").replace("num_nodes: 2", "num_nodes: 0"), "num_nodes of a service"),
     ("num_nodes: {min: 0, max: 2, initial: 1}\nrun: x\n", "scale to zero"),
     ("num_nodes: 3\ngang_size: 2\nrun: x\n", "not a multiple of 2"),
+    ("ports: {http: 80}\nendpoint: {port: http, hold: 5s}\nrun: x\n", "endpoint.hold"),
 ])
 def test_what_cannot_be_honoured_is_refused_naming_the_field(text: str, words: str) -> None:
     with pytest.raises(SpecError) as caught:
