@@ -112,6 +112,9 @@ def test_a_multi_node_service_replica(server, tmp_path: Path) -> None:
         assert env["CORRAL_NUM_REPLICAS"] == "4"  # corral's own names stay the task's
         assert env["SLURM_PROCID"] == str(rank % 2) and env["SLURM_NTASKS"] == "2"
 
+    peers = json.loads(Path(env_of(env_dir, 0)["CORRAL_PEERS_FILE"]).read_text())
+    assert [r["gang"] for r in peers["tasks"]["llm"]["replicas"]] == [0, 0, 1, 1]
+
     # the endpoint balances over the ready heads only (workers listen on nothing)
     answers = {get(endpoint)[1] for _ in range(12)}
     assert answers == {"0", "2"}

@@ -31,7 +31,8 @@ class Discovery:
 
         tasks = [{"name": t.name, "ports": t.service.ports,
                   "replicas": [{"rank": r.rank, "addr": r.addr, "state": state(r)[0], "ready": state(r)[1],
-                                "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node}
+                                "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node,
+                                "gang": t.service.gang_of(r.rank) if t.service.gang_size > 1 else None}
                                for r in job.replicas_of(t.name)]} for t in job.tasks]
         peers = peers_document(job.id, job.name, tasks, now)
         hosts, text = hosts_text(peers), json.dumps(peers, indent=1)
