@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from corral.spec.world import parse_export
+from corral.spec.service import SERVICE_RESTARTS
 from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
 
@@ -202,7 +203,11 @@ def _restart_words(policy: dict | None) -> str | None:
     when = "always" if policy["policy"] == "always" else (
         f"on exit codes {', '.join(map(str, codes))}" if codes else "on failure")
     n = policy.get("max_restarts", 3)
+    if n >= SERVICE_RESTARTS:
+        return f"{when}, for as long as the job runs"
     return f"{when}, at most {n} time{'' if n == 1 else 's'}"
+
+
 def _world(job: Job) -> dict[str, Any]:
     world = job.spec.get("world")
     if not world:  # submitted before corral kept the submitter's world

@@ -271,6 +271,7 @@ _POLICY_KEYS = {"min_replicas", "max_replicas", "target_qps_per_replica", "upsca
 _BALANCING = {"round_robin": "round_robin", "least_load": "least_load"}
 # SkyServe fields about a cloud's load balancers and offers: nothing to honour on one endpoint
 # here, and nothing the replicas do changes, so a file that sets them runs with a warning
+SERVICE_RESTARTS = 1_000_000  # a SkyServe replica's: replaced for as long as the service is up
 _CLOUD_SERVE_KEYS = {"external_load_balancers", "spot_placer", "https"}
 
 
@@ -389,4 +390,9 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
     if "tls" in serve:
         warn("service.tls is ignored: the endpoint serves plain TCP; put a TLS proxy in front of it")
     out["endpoint"] = {"port": name, "policy": _BALANCING[balancing]}
+    resources = out.get("resources") if isinstance(out.get("resources"), dict) else {}
+    if "restart" not in out and not ({"job_recovery", "spot_recovery"} & set(resources)):
+        # SkyServe replaces a service replica that ends, whatever its exit: a service is meant to
+        # run until it is taken down (a crash loop backs off to one restart a minute)
+        out["restart"] = {"policy": "always", "max_restarts": SERVICE_RESTARTS}
     return out

@@ -115,7 +115,7 @@ def test_a_dead_worker_restarts_its_whole_gang_and_only_it() -> None:
 
 
 def test_a_gang_member_that_does_not_restart_stops_its_gang() -> None:
-    sup, job = Supervisor(), gang_job()
+    sup, job = Supervisor(), gang_job({"policy": "never"})
     decisions = sup.attempt_ended(job, job.replicas[0], AttemptEnded(1, 1), 10.0)
     assert isinstance(decisions[0], End) and decisions[0].state == ReplicaState.FAILED
     assert decisions[1:] == [Stop(2, "gang_ended")]
