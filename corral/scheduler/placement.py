@@ -333,6 +333,9 @@ def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tu
 
     Multi-node tasks go first, each under the fewest switches (``topology``); then the
     other replicas, larger first, so small ones do not fragment the nodes they need."""
+    if len(job.tasks) == 1 and job.tasks[0].replicas == 1:  # most jobs: one replica, nothing to order
+        alloc = place_replica(pool, job.tasks[0], 0, scope.allowed, scope.first_fit)
+        return None if alloc is None else (alloc,)
     from corral.scheduler.topology import place_task  # topology builds on this module
 
     placed: list[Allocation] = []
