@@ -93,7 +93,7 @@ def worlds(draw, max_nodes: int = 24, max_running: int = 24, max_pending: int = 
     return snapshot, policy, float(draw(st.integers(3600, 7200))), draw(st.booleans())
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(worlds(), st.sampled_from([1, placement.SUBSET]))
 def test_the_indexes_decide_what_the_straightforward_walk_decides(world, subset: int) -> None:
     snapshot, policy, now, full = world
@@ -211,15 +211,15 @@ def check(snapshot: Snapshot, plan: Plan, policy: Policy, now: float) -> None:
     assert started | set(plan.reasons) == set(jobs) and not started & set(plan.reasons)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([0.3, 0.6, 0.9]), st.booleans())
-def test_corral_at_2000_nodes_and_5000_jobs(seed: int, busy: float, full: bool) -> None:
-    snapshot = large_world(seed, 2000, 5000, busy)
+def test_corral_at_1000_nodes_and_5000_jobs(seed: int, busy: float, full: bool) -> None:
+    snapshot = large_world(seed, 1000, 5000, busy)
     policy, now = site("corral", topology=("leaf", "spine")), 3600.0
     check(snapshot, schedule(snapshot, now, policy, full), policy, now)
 
 
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=3, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([0.3, 0.6, 0.9]), st.booleans())
 def test_slurm_first_fit_at_2000_nodes_and_5000_jobs(seed: int, busy: float, full: bool) -> None:
     snapshot = large_world(seed, 2000, 5000, busy)
