@@ -51,8 +51,8 @@ class FreePool:
     is what lets a walk over a few named nodes (a switch's, a node list's) visit them in the
     order the whole-bucket walk would. ``copy`` is copy-on-write: a what-if pool shares the
     nodes it never changes, so the many reservations of a cycle each cost what they touch,
-    not the size of the cluster. ``changed`` logs every node whose free resources moved, so
-    an index over the pool (``topology.Rooms``) redoes only those."""
+    not the size of the cluster. ``changed`` logs every node whose free resources moved, once
+    an index over the pool (``topology.Rooms``) exists, so the index redoes only those."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
         free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0),
@@ -186,7 +186,8 @@ class FreePool:
         """Remove an allocation's resources without checking they are free (reservations)."""
         node = self._own(alloc.node)
         before = len(node.gpus)
-        self.changed.append(alloc.node)
+        if self.rooms:  # logged only for the indexes that read it (a long-lived pool keeps none)
+            self.changed.append(alloc.node)
         node.gpus -= set(alloc.gpus)
         if alloc.ports:
             node.ports = node.ports or Counter()
@@ -200,7 +201,8 @@ class FreePool:
     def release(self, alloc: Allocation) -> None:
         node = self._own(alloc.node)
         before = len(node.gpus)
-        self.changed.append(alloc.node)
+        if self.rooms:
+            self.changed.append(alloc.node)
         node.gpus |= set(alloc.gpus)
         if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
@@ -215,7 +217,8 @@ class FreePool:
         """Release an allocation but for the GPUs in ``keep`` (held by a reservation)."""
         node = self._own(alloc.node)
         before = len(node.gpus)
-        self.changed.append(alloc.node)
+        if self.rooms:
+            self.changed.append(alloc.node)
         node.gpus |= set(alloc.gpus) - keep
         if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
