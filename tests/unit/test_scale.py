@@ -93,7 +93,7 @@ def worlds(draw, max_nodes: int = 24, max_running: int = 24, max_pending: int = 
     return snapshot, policy, float(draw(st.integers(3600, 7200))), draw(st.booleans())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(worlds(), st.sampled_from([1, placement.SUBSET]))
 def test_the_indexes_decide_what_the_straightforward_walk_decides(world, subset: int) -> None:
     snapshot, policy, now, full = world
