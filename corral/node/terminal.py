@@ -22,6 +22,7 @@ import subprocess
 import termios
 import threading
 import time
+from collections.abc import Callable
 
 from corral.node.runner import LOAD_ENV
 
@@ -73,11 +74,12 @@ def env_bytes(env: dict[str, str]) -> bytes:
 class Terminal:
     """``argv`` started here with ``env`` (its stdin, stdout and stderr a pty of ``rows`` x
     ``cols`` when ``tty``, pipes otherwise); ``env_fd``, if given, becomes its fd 4 (and is
-    closed here once it started)."""
+    closed here once it started); ``cleanup`` is called once it ended (files left for it)."""
 
     def __init__(self, argv: list[str], env: dict[str, str], tty: bool, rows: int = 24, cols: int = 80,
-                 cwd: str | None = None, env_fd: int | None = None):
+                 cwd: str | None = None, env_fd: int | None = None, cleanup: Callable[[], None] | None = None):
         self.tty = tty
+        self._cleanup = cleanup
         self._lock = threading.Lock()
         self._master: int | None = None
         fds = (env_fd,) if env_fd is not None else ()
@@ -209,6 +211,9 @@ class Terminal:
             if self.proc.poll() is None:
                 self.signal(signal.SIGKILL)
             self.proc.wait()
+        if self._cleanup is not None:
+            cleanup, self._cleanup = self._cleanup, None
+            cleanup()
         with self._lock:
             self._closed = True
             if not self._reading:
