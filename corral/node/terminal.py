@@ -19,6 +19,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import threading
 import time
@@ -38,6 +39,16 @@ exec "$@"
 ENTER_OWN = ENTER.replace(LOAD_ENV, "")
 
 CLOSE_GRACE_S = 2.0
+# What a process started here must not inherit from the server (or a Ray worker): signals it
+# ignores or blocks (a server started in the background ignores SIGINT, and an ignored signal
+# stays ignored through every exec and every shell: Ctrl-C would reach nothing). Dispositions
+# and the mask are reset before the command's exec; nothing else is run.
+_DEFAULT_SIGNALS = ("import os, signal, sys\n"
+                    "signal.pthread_sigmask(signal.SIG_SETMASK, ())\n"
+                    "for s in signal.valid_signals():\n"
+                    "    try: signal.signal(s, signal.SIG_DFL)\n"
+                    "    except (OSError, ValueError, RuntimeError): pass\n"
+                    "os.execvp(sys.argv[1], sys.argv[1:])\n")
 
 
 def exit_code(returncode: int) -> int:
@@ -83,8 +94,9 @@ class Terminal:
         self._lock = threading.Lock()
         self._master: int | None = None
         fds = (env_fd,) if env_fd is not None else ()
-        prefix = ["bash", "-c", 'exec 4<&"$1"; eval "exec $1<&-"; shift; exec "$@"', "corral-fd", str(env_fd)] \
-            if fds else []
+        prefix = [sys.executable, "-I", "-S", "-c", _DEFAULT_SIGNALS]
+        if fds:
+            prefix += ["bash", "-c", 'exec 4<&"$1"; eval "exec $1<&-"; shift; exec "$@"', "corral-fd", str(env_fd)]
         try:
             if tty:
                 master, slave = os.openpty()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shlex
 import signal
 from typing import Annotated
 
@@ -80,7 +81,7 @@ async def shell(websocket: WebSocket, job: str, replica: str | None = None):
     except WebSocketDisconnect:
         return
     label, executor, handle, launch, job_id = target
-    what = "a shell" if not start.command else shown(" ".join(start.command), 200)
+    what = "a shell" if not start.command else _clipped(shlex.join(start.command))
     env = {**launch.env, **({"TERM": start.term or "xterm"} if start.tty else {})}
     request = ShellRequest(launch.key, launch.job_id, tuple(start.command), env, launch.cwd, launch.run_as,
                            start.tty, start.rows, start.cols)
@@ -105,6 +106,10 @@ async def shell(websocket: WebSocket, job: str, replica: str | None = None):
         await _relay(state, who, websocket, process)
     finally:
         state.streams.close(who.user)
+
+
+def _clipped(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 async def _caller(state: ServerState, websocket: WebSocket) -> Identity:
