@@ -192,6 +192,21 @@ def test_shell_is_a_real_terminal(corral: Corral, sleeper: int) -> None:
     assert term.exit_code() == 3
 
 
+def test_a_process_ends_with_its_replica(corral: Corral) -> None:
+    job = corral.launch("ending", "run: exec sleep 600\n")
+    corral.wait_running(job, timeout=120)
+    inside = corral.popen("exec", str(job), "--", "sh", "-c", "echo in; exec sleep 601")
+    assert inside.stdout.readline() == "in\n"
+    corral("cancel", str(job))
+    try:
+        code = inside.wait(timeout=60)  # the replica's end ends what was started in it
+    except subprocess.TimeoutExpired:
+        inside.kill()
+        raise AssertionError("corral exec outlived the replica it ran in") from None
+    assert code != 0, code
+    assert corral.wait_job(job, timeout=90)["state"] == "CANCELLED"
+
+
 # -- who may -------------------------------------------------------------------------------------
 
 
