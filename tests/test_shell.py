@@ -59,9 +59,11 @@ def _running(server) -> int:
 
 
 def _processes(marker: str) -> list[psutil.Process]:
+    """The processes whose command is ``marker`` or starts with it (a sleep itself, not a
+    program on the way to it whose arguments name it)."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if marker in " ".join(proc.info["cmdline"] or ()):
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if " ".join(proc.info["cmdline"] or ()).startswith(marker) and proc.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(proc)
     return found
 
@@ -76,6 +78,9 @@ def test_refusals_say_why_and_start_nothing(server) -> None:
         assert said["status"] == 422 and said["error"].startswith("the first message is not a valid start: rows:")
     with _open(server, job, {"command": ["true"], "shell": True}) as ws:
         assert "shell: Extra inputs are not permitted" in _said(ws)["error"]
+    with server.websocket_connect("/v1/jobs/1%00/shell") as ws:
+        ws.send_text(json.dumps({"command": ["true"]}))
+        assert _said(ws) == {"error": "the job and replica must not hold a NUL byte", "status": 422}
     with _open(server, job, {"command": ["true"]}, replica="sleeper-3") as ws:
         assert _said(ws) == {"error": f"job {job} has no replica 'sleeper-3'; it has sleeper-0", "status": 404}
     with _open(server, job, {"command": ["id"]}, headers=bearer(server.state, "bob")) as ws:
@@ -131,8 +136,8 @@ def test_the_process_ends_with_the_connection_the_replica_and_the_token(server) 
         wait_for(lambda: _processes("sleep 3044"), timeout=10)
         started = time.monotonic()
         server.post(f"/v1/jobs/{job}/cancel")
-        code, _, _ = _run(ws)
-        assert code in (137, 143) and time.monotonic() - started < 20, code
+        code, out, err = _run(ws)
+        assert code in (137, 143) and time.monotonic() - started < 20, (code, out, err)
     assert not _processes("sleep 3044")
 
 

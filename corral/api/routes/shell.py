@@ -134,6 +134,8 @@ async def _start(websocket: WebSocket) -> ShellStart:
 
 async def _target(state: ServerState, who: Identity, ident: str, replica: str | None, start: ShellStart):
     action = "shell" if start.tty else "exec"
+    if "\x00" in ident or "\x00" in (replica or ""):  # (the HTTP guard's rule: no name or id holds one)
+        raise Refused(422, "the job and replica must not hold a NUL byte")
 
     def lookup():
         with state.sessions() as session:
