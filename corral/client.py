@@ -411,6 +411,123 @@ class Client:
         finally:
             conn.close()
 
+    def shell(self, ident: str | int, command: list[str] | tuple[str, ...] = (), replica: str | None = None,
+              tty: bool = False, rows: int = 24, cols: int = 80, term: str = "xterm") -> ShellSession:
+        """A process started in a running replica's world (its namespaces or container,
+        working directory, environment, Unix account): ``command``, or with none the
+        account's shell. ``replica`` is ``task-rank`` (rank 0 of the first task by default);
+        ``tty`` gives it a terminal of ``rows`` x ``cols``. Returned once it runs; refusals
+        raise as for every call (``Forbidden`` for another user's job, ``Conflict`` when
+        the job or replica is not running, ``NotFound`` for no such replica)."""
+        from urllib.parse import quote
+
+        from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
+        from websockets.sync.client import connect
+
+        query = f"?{urlencode({'replica': replica})}" if replica else ""
+        scheme = "wss" if self._https else "ws"
+        port = f":{self._port}" if self._port else ""
+        url = f"{scheme}://{self._host}{port}{self._prefix}/v1/jobs/{quote(str(ident), safe='')}/shell{query}"
+        try:
+            ws = connect(url, additional_headers={k: v for k, v in self.headers.items() if k != "Accept"},
+                         ssl=self._context() if self._https else None, open_timeout=self.timeout, max_size=None,
+                         compression=None, user_agent_header=None).__enter__()  # (closed by the session)
+        except InvalidStatus as exc:
+            _check(exc.response.status_code, exc.response.body or b"")
+            raise CorralError(f"the server at {self.url} refused the connection ({exc})") from None
+        except (OSError, InvalidHandshake, WebSocketException, TimeoutError) as exc:
+            raise Unavailable(f"cannot reach the corral server at {self.url}: {exc}") from None
+        session = ShellSession(ws, self.url)
+        try:
+            ws.send(json.dumps({"command": list(command), "tty": tty, "rows": rows, "cols": cols, "term": term}))
+            first = session.receive()
+        except BaseException:
+            session.close()
+            raise
+        if first[0] != "started":
+            session.close()
+            raise Unavailable(f"the corral server at {self.url} did not start it: {first!r}")
+        session.replica = first[1]
+        return session
+
+    def exec(self, ident: str | int, command: list[str] | tuple[str, ...], replica: str | None = None,
+             stdin: bytes = b"") -> tuple[int, bytes, bytes]:
+        """``command`` run in a running replica's world (as ``shell``, without a terminal) with
+        ``stdin``: (exit code, stdout, stderr)."""
+        session = self.shell(ident, command, replica)
+        out, err = bytearray(), bytearray()
+        try:
+            if stdin:
+                session.send(stdin)
+            session.eof()
+            while True:
+                kind, data = session.receive()
+                if kind == "exit":
+                    return int(data), bytes(out), bytes(err)
+                (out if kind == 1 else err).extend(data)
+        finally:
+            session.close()
+
+
+class ShellSession:
+    """A process started by ``Client.shell``: send it input, resize its terminal, signal it;
+    ``receive`` gives (1, bytes) for its stdout or terminal, (2, bytes) for its stderr, and
+    ("exit", code) at its end. ``send`` may be called from another thread than ``receive``."""
+
+    def __init__(self, ws, url: str):  # noqa: ANN001 - a websockets ClientConnection
+        self._ws, self.url = ws, url
+        self.replica: dict[str, Any] = {}
+        self.code: int | None = None
+
+    def send(self, data: bytes) -> None:
+        self._send(bytes(data))
+
+    def resize(self, rows: int, cols: int) -> None:
+        self._send(json.dumps({"resize": [rows, cols]}))
+
+    def signal(self, name: str) -> None:
+        """Send signal ``name`` (INT, TERM, HUP, QUIT, KILL, USR1, USR2, TSTP, CONT) to it."""
+        self._send(json.dumps({"signal": name}))
+
+    def eof(self) -> None:
+        """End of its standard input."""
+        self._send(json.dumps({"eof": True}))
+
+    def _send(self, message: bytes | str) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self._ws.send(message)
+        except ConnectionClosed:
+            pass  # it ended: ``receive`` says how
+
+    def receive(self) -> tuple[Any, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            message = self._ws.recv()
+        except ConnectionClosed:
+            raise Unavailable(f"the corral server at {self.url} ended the connection before the process "
+                              "ended") from None
+        if isinstance(message, bytes):
+            return message[0], message[1:]
+        said = json.loads(message)
+        if "error" in said:
+            raise _BY_STATUS.get(said.get("status"), CorralError)(said["error"], said.get("status"))
+        if "exit" in said:
+            self.code = int(said["exit"])
+            return "exit", self.code
+        return "started", said.get("started")
+
+    def close(self) -> None:
+        self._ws.close()
+
+    def __enter__(self) -> ShellSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _wire(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)

@@ -298,9 +298,10 @@ def test_log_streams_are_capped_per_user_with_a_sentence_saying_so(real_server) 
         refused, _ = ann.follow(ann_job)
         assert refused.status_code == 429, refused.status_code
         refused.read()
-        assert refused.json()["detail"] == ("ann has 3 log streams open already, as many as one user may (api: "
-                                            "{max_streams_per_user: 3} in the server's config.yaml); end one (a "
-                                            "`corral logs -f`, a dashboard job page) and try again")
+        assert refused.json()["detail"] == ("ann has 3 log streams or shells open already, as many as one user "
+                                            "may (api: {max_streams_per_user: 3} in the server's config.yaml); end "
+                                            "one (a `corral logs -f`, a `corral shell`, a dashboard job page) and "
+                                            "try again")
         assert ann.http.get(f"/v1/jobs/{ann_job}/logs").status_code == 429  # a whole log is a stream too
         # the cap is per user: bob follows his own job, and the server answers others at once
         other, others = bob.follow(bob_job)

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from corral import __version__, web
 from corral.api.deps import ServerState, get_identity
 from corral.api.guard import Guard
-from corral.api.routes import access, cluster, jobs, metrics, queue, usage
+from corral.api.routes import access, cluster, jobs, metrics, queue, shell, usage
 
 
 def create_app(state: ServerState, manage_loop: bool = True) -> FastAPI:
@@ -43,6 +43,7 @@ def create_app(state: ServerState, manage_loop: bool = True) -> FastAPI:
     app.include_router(access.router, dependencies=authenticated)
     app.include_router(metrics.router, dependencies=authenticated)
     app.include_router(usage.router, dependencies=authenticated)
+    app.include_router(shell.router)  # a WebSocket: it reads the token itself (api.routes.shell)
     app.include_router(cluster.public)
 
     @app.get("/openapi.json", include_in_schema=False, dependencies=authenticated)

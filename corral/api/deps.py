@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, TypeVar
 
 from fastapi import Depends, HTTPException, Request
+from starlette.requests import HTTPConnection
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -127,17 +128,22 @@ async def get_identity(request: Request, state: Annotated[ServerState, Depends(g
     reach a loopback port. Async, and answered from memory: no thread hop, no query."""
     if credentials is None:
         raise missing()
-    token = credentials.credentials
+    return await identify(state, credentials.credentials, request)
+
+
+async def identify(state: ServerState, token: str, connection: HTTPConnection) -> Identity:
+    """The identity ``token`` speaks for on ``connection`` (a request or a WebSocket); 401 or
+    403 (an ``HTTPException``) otherwise."""
     if state.tokens.is_local(token):
         identity = Identity(state.owner, Role.admin, "local")
     else:
         record = state.tokens.verify(token)
         role = Role(record.role) if record.role else configured_role(record.user, state.site.operators)
-        identity = Identity(record.user, role, request.client.host if request.client else "unknown", record.id)
+        identity = Identity(record.user, role, connection.client.host if connection.client else "unknown", record.id)
         now = state.clock()
         if state.tokens.due_for_touch(record, now):
             await run_in_threadpool(state.tokens.touch, record, now)
-    claimed = request.headers.get("x-corral-user")
+    claimed = connection.headers.get("x-corral-user")
     if claimed is not None and claimed != identity.user:
         # Clients once named their user in this header; a request naming someone else is refused
         # rather than quietly acted on as the token's holder.

@@ -41,13 +41,19 @@ class Streams:
 
     def open(self, who: Identity, content: AsyncIterator[bytes] | Iterator[bytes], media_type: str) -> HeldStream:
         """The answer streaming ``content``; a 429 when ``who`` holds every place already."""
+        self.take(who)
+        return HeldStream(content, media_type, self, who.user)
+
+    def take(self, who: Identity) -> None:
+        """A place for something long-lived of ``who``'s (a stream, a shell: given back with
+        ``close``); a 429 when ``who`` holds every place already."""
         held = self._open.get(who.user, 0)
         if held >= self.limit:
-            raise HTTPException(429, f"{who.user} has {held} log streams open already, as many as one user may "
-                                     f"(api: {{max_streams_per_user: {self.limit}}} in the server's config.yaml); "
-                                     "end one (a `corral logs -f`, a dashboard job page) and try again")
+            raise HTTPException(429, f"{who.user} has {held} log streams or shells open already, as many as one "
+                                     f"user may (api: {{max_streams_per_user: {self.limit}}} in the server's "
+                                     "config.yaml); end one (a `corral logs -f`, a `corral shell`, a dashboard "
+                                     "job page) and try again")
         self._open[who.user] = held + 1
-        return HeldStream(content, media_type, self, who.user)
 
     def close(self, user: str) -> None:
         left = self._open.get(user, 0) - 1

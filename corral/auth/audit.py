@@ -1,6 +1,6 @@
 """The audit trail: who (user, role, address or ``local``) did what (submit, cancel, hold,
-release, requeue, scale, priority, token_create, token_revoke) to which job or token, when,
-and whether it was allowed.
+release, requeue, scale, priority, exec and shell into a replica, token_create, token_revoke)
+to which job or token, when, and whether it was allowed.
 
 An entry is written in the transaction of the change it records (``add``): the job, the hold,
 the token and its entry commit together or not at all, so no crash, kill or failed commit
@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from corral.auth.roles import Identity
 from corral.store.tables import AuditEntry
 
-ACTIONS = ("submit", "cancel", "hold", "release", "requeue", "scale", "priority", "token_create", "token_revoke")
+ACTIONS = ("submit", "cancel", "hold", "release", "requeue", "scale", "priority", "exec", "shell", "token_create",
+           "token_revoke")
 _INSERT = insert(AuditEntry.__table__)
 
 

@@ -154,6 +154,25 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("-n", "--tail", type=_nonnegative(10_000_000), metavar="N",
                    help="only the last N lines of each replica")
 
+    c = command("exec", "shell:exec_", "Run a command in a running replica's world (as kubectl exec does).",
+                 "Run COMMAND in a running replica of JOB (rank 0 of its first task, or REPLICA, e.g. trainer-1, "
+                 "given before --): in its namespaces or container, working directory and environment, as its "
+                 "Unix account. Exits with COMMAND's exit code; stdout and stderr stay apart; piped stdin is "
+                 "passed on. Allowed to the job's owner and operators, and recorded in the audit trail.",
+                 usage="corral exec [-t] [-i] JOB [REPLICA --] COMMAND [ARG ...]")
+    c.add_argument("-t", "--tty", action="store_true", help="give COMMAND a terminal (this one in raw mode)")
+    c.add_argument("-i", "--stdin", action="store_true", help="pass this terminal's input on (piped input always is)")
+    c.add_argument("job", metavar="JOB")
+    c.add_argument("rest", nargs=argparse.REMAINDER, metavar="[REPLICA --] COMMAND")
+
+    c = command("shell", "shell:shell", "Open an interactive shell in a running replica (srun --pty, kubectl exec -it).",
+                 "Open an interactive shell (bash, else sh) in a running replica of JOB (rank 0 of its first task, "
+                 "or REPLICA, e.g. rollout-2): its namespaces or container, working directory, environment and "
+                 "Unix account, with a real terminal (resize, Ctrl-C, job control). Exits with the shell's exit "
+                 "code. Allowed to the job's owner and operators, and recorded in the audit trail.")
+    c.add_argument("job", metavar="JOB")
+    c.add_argument("replica", metavar="REPLICA", nargs="?")
+
     c = command("cancel", "jobs:cancel", "Cancel jobs: their stop signal, then SIGKILL after the grace period.",
                  "Cancel jobs: every replica gets its stop signal, then SIGKILL after its grace period. With "
                  "filters (like scancel), every active job that matches them all (and is among JOBs, if given).")

@@ -14,6 +14,7 @@ with its optional interfaces), never by the infra's name:
 * ``Reserving``   — hold a gang's resources in the engine's own accounting before any
                     replica starts (Ray's placement groups);
 * ``ExecProbes``  — run a probe command where the attempt runs;
+* ``Shells``      — start a process in a running attempt's world (``corral exec``/``shell``);
 * ``Preparing``   — get ready for an attempt as soon as it is placed, before its start;
 * ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
                     today; a cloud or Kubernetes node pool later), checked at submission
@@ -280,6 +281,65 @@ class ExecProbes(Protocol):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         """Run an exec probe where the attempt runs: (passed, what it said)."""
+        ...
+
+
+class ShellError(RuntimeError):
+    """No process could be started in the attempt's world (it ended, its node is gone, the
+    engine refused); the message is a sentence the caller is shown."""
+
+
+@dataclass(frozen=True)
+class ShellRequest:
+    """A process to start in a running attempt's world: its namespaces or container, its
+    working directory, its environment and its Unix account (``corral exec``, ``corral shell``)."""
+
+    key: str  # the attempt's
+    job_id: int
+    argv: tuple[str, ...]  # () for the account's interactive shell
+    env: dict[str, str]  # the replica's environment (``Launch.env``), TERM included for a terminal
+    cwd: str | None  # the replica's working directory, where the executor cannot read the attempt's own
+    run_as: UnixAccount | None = None  # as ``Launch.run_as``: never the server's account for another's job
+    tty: bool = False  # a pseudo-terminal of ``rows`` x ``cols``, else plain pipes (stdout and stderr apart)
+    rows: int = 24
+    cols: int = 80
+
+
+@runtime_checkable
+class Shell(Protocol):
+    """A process started by ``Shells.open_shell``, driven from the server. Its methods may be
+    called from different threads: one reading, others writing, resizing or signalling."""
+
+    def read(self) -> tuple[int, bytes]:
+        """Blocks for output: (1, data) from its stdout or terminal, (2, data) from its stderr;
+        (0, b"") once all its output is read."""
+        ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def close_input(self) -> None:
+        """End of its standard input (a terminal gets ^D instead: it is the user's to type)."""
+        ...
+
+    def resize(self, rows: int, cols: int) -> None: ...
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to its process group (a terminal's Ctrl-C arrives as a byte instead)."""
+        ...
+
+    def wait(self) -> int:
+        """Its exit code once it ended (128+N for a signal N), waiting for it."""
+        ...
+
+    def close(self) -> None:
+        """End it, and whatever it started, if it still runs."""
+        ...
+
+
+@runtime_checkable
+class Shells(Protocol):
+    def open_shell(self, handle: Handle, request: ShellRequest) -> Shell:
+        """Start ``request`` in the attempt's world on its node; raises ``ShellError``."""
         ...
 
 

@@ -396,6 +396,18 @@ def exec_command(run_dir: Path, command: str) -> str | None:
     return shlex.join(exec_argv(boxed[0], boxed[1], command, None))
 
 
+def shell_argv(run_dir: Path, command: list[str], tty: bool, term: str | None) -> list[str] | None:
+    """``command`` (none: the image's bash, else its sh) started inside the attempt's container
+    by its engine (``corral exec``, ``corral shell``), in the container's working directory,
+    environment and user; None when the attempt has no container corral runs."""
+    boxed = named(run_dir)
+    if boxed is None or not _trusted_engine(boxed[0]) or not _SAFE_NAME.fullmatch(boxed[1]):
+        return None
+    inner = command or ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash || exec sh"]
+    return [boxed[0], "exec", "-i", *(["-t"] if tty else []), *(["-e", f"TERM={term}"] if term else []), boxed[1],
+            *entry(run_dir, inner)]
+
+
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:
     """An exec probe inside the attempt's container: through the account's own engine where
     it runs the container (``run_as`` "uid:gid:groups", from root)."""

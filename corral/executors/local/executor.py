@@ -21,11 +21,14 @@ import time
 from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
-from corral.executors.contract import Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started, Wake
+from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, ShellError,
+                                       ShellRequest, Started, Wake)
 from corral.node import container as containers
 from corral.node.mounts import MountError, attach_as
+from corral.node.proctree import ATTEMPT_VAR
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
+from corral.node.terminal import ENTER, ENTER_OWN, Terminal, env_file
 from corral.pool import NodeSpec
 from corral.runtime.batchenv import hand_over_job_files
 from corral.runtime.discovery import loopback_address
@@ -217,6 +220,53 @@ class LocalExecutor(EventStream):
             return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,
                                           timeout, user_env)
         return self.runner.exec_probe(command, env, cwd, timeout, user_env)
+
+    def open_shell(self, handle: Handle, request: ShellRequest) -> Terminal:
+        """A process in the attempt's world (``Shells``): inside its container by its engine, or
+        in its mount and UTS namespaces (its hosts file, its hostname) and its working
+        directory, with its environment, as its account. It joins the attempt's process tree,
+        so it ends with the attempt (as ``kubectl exec`` ends with its container)."""
+        key, pid = handle["key"], int(handle.get("pid") or 0)
+        if pid <= 0 or not self._alive(pid, key, handle.get("started_at")):
+            raise ShellError(f"the replica's process (pid {pid or '?'}) is no longer running")
+        account = request.run_as
+        root = os.geteuid() == 0
+        term = request.env.get("TERM")
+        boxed = containers.shell_argv(self.runner.run_dir(key), list(request.argv), request.tty, term) \
+            if handle.get("container") else None
+        if handle.get("container") and boxed is None:
+            raise ShellError("the replica's container is not one corral can enter (its engine or name changed)")
+        try:
+            if boxed is not None:
+                argv = (containers.as_account(account.uid, boxed) if account is not None and root else None) or boxed
+                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key},
+                                request.tty, request.rows, request.cols)
+            env = {**(account.env() if account else {}), **request.env, ATTEMPT_VAR: key}
+            try:  # where the replica's wrapper is now (a git workdir's clone), else where it was to start
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                cwd = request.cwd or env.get("HOME") or "/"
+            enter = ["nsenter", "-t", str(pid), "-m", "-u", "--"] \
+                if self.runner.hosts_mode == "mount-namespace" and root and shutil.which("nsenter") else []
+            if account is not None and root:  # its variables only past the switch to its account
+                uid, gid, groups = run_as_value(account).split(":")
+                argv = [*enter, "setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--",
+                        "env", "-i", "PATH=/usr/bin:/bin", "bash", "--noprofile", "--norc", "-c", ENTER,
+                        "corral-shell", cwd, *request.argv]
+                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key},
+                                request.tty, request.rows, request.cols, env_fd=env_file(env, str(self.runner.runs_dir)))
+            argv = [*enter, "bash", "--noprofile", "--norc", "-c", ENTER_OWN, "corral-shell", cwd, *request.argv]
+            return Terminal(self._joining(key, argv), env, request.tty, request.rows, request.cols)
+        except (OSError, ValueError) as exc:
+            raise ShellError(f"could not start it beside the replica: {exc}") from exc
+
+    def _joining(self, key: str, argv: list[str]) -> list[str]:
+        """``argv`` started from inside the attempt's cgroup (where it has one), so that the
+        attempt's end, which ends its whole tree, ends it too."""
+        procs = self.runner.trees.base / key / "cgroup.procs" if self.runner.trees.base is not None else None
+        if procs is None or not procs.exists():
+            return argv
+        return ["sh", "-c", 'echo "$$" > "$1" 2>/dev/null; shift; exec "$@"', "corral-join", str(procs), *argv]
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from corral.executors.contract import Container
 from corral.executors.ray.fence import FENCED_FILE
+from corral.executors.ray.relay import NodeShells
 from corral.node import container as containers
 from corral.node.mounts import MountError, attach, here, home_of_this_account, lacking
 from corral.node.runner import NodeRunner, process_start_time
@@ -83,6 +84,7 @@ class ReplicaActor:
         self.gpus: list[int] = []
         self.fenced: str | None = None
         self.reason, self.permanent = "", False  # what its failed pull (or mounts) said, and if it lasts
+        self.shells = NodeShells(self.runner)  # processes of ``corral exec``/``shell`` beside it
 
     def start(self, launch: dict, hosts: str, peers: str) -> dict:
         with self.lock:
@@ -268,7 +270,17 @@ class ReplicaActor:
             command = f"exec nsenter -t {self.proc.pid} -m -- bash -c {quoted}"
         return self.runner.exec_probe(command, env, cwd, timeout)
 
+    def shell_open(self, request: dict) -> str:
+        """A process in the replica's world on this node (``relay``); its id."""
+        if self.proc is None or self.key is None or self.done.is_set():
+            raise RuntimeError("the replica is not running on this node")
+        return self.shells.open(self.key, self.proc.pid, request)
+
+    def shell_call(self, ident: str, op: str, args: tuple):
+        return self.shells.call(ident, op, tuple(args))
+
     def forget(self) -> None:
+        self.shells.close_all()
         if self.key:
             self.runner.forget(self.key)
             if self.log_file is not None:

@@ -38,6 +38,7 @@ from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launc
 from corral.executors.ray import logcopy
 from corral.executors.ray.groups import Groups
 from corral.executors.ray.ports import NodePorts
+from corral.executors.ray.relay import READ_WAIT_S
 from corral.executors.ray.sources import Sources
 from corral.pool import NodeSpec
 from corral.runtime.discovery import port_domain
@@ -415,6 +416,21 @@ class RayDriver(EventStream):
             return bool(ok), str(detail)
         except Exception as exc:
             return False, f"probe on the node failed: {_short(exc)}"
+
+    def shell_open(self, handle: Handle, request: dict) -> str:
+        """A process started by the attempt's actor in its world (``relay``): its id there."""
+        with self._lock:
+            live = self._live.get(handle["key"]) if handle else None
+        if live is None:
+            raise LaunchError("the replica is not running")
+        return str(self._ray.get(live["actor"].shell_open.remote(request), timeout=CALL_TIMEOUT_S))
+
+    def shell_call(self, handle: Handle, ident: str, op: str, args: tuple):
+        with self._lock:
+            live = self._live.get(handle["key"]) if handle else None
+        if live is None:
+            raise LaunchError("the replica is not running")
+        return self._ray.get(live["actor"].shell_call.remote(ident, op, args), timeout=CALL_TIMEOUT_S + READ_WAIT_S)
 
     def _log_file(self, job_id: int, label: str) -> Path:
         return self.settings.log_file(job_id, label)

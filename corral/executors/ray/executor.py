@@ -30,8 +30,9 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
-                                      Wake)
+from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, ShellError,
+                                      ShellRequest, Started, Wake)
+from corral.executors.ray.relay import RayShell
 from corral.pool import NodeSpec
 
 log = logging.getLogger("corral.ray")
@@ -365,6 +366,16 @@ class RayExecutor(EventStream):
             return self._call("exec_probe", handle, command, env, cwd, timeout, timeout=timeout + CALL_S)
         except LaunchError as exc:
             return False, str(exc)
+
+    def open_shell(self, handle: Handle, request: ShellRequest) -> RayShell:
+        """A process on the replica's node, started by its actor in its world (``relay``)."""
+        data = {"argv": list(request.argv), "env": dict(request.env), "cwd": request.cwd, "tty": request.tty,
+                "rows": request.rows, "cols": request.cols}
+        try:
+            ident = self._call("shell_open", handle, data)
+        except LaunchError as exc:
+            raise ShellError(str(exc)) from None
+        return RayShell(lambda op, *args: self._call("shell_call", handle, ident, op, args))
 
     def release(self, job_id: int) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HEARTBEAT_S = 1.0
 CALLS = frozenset({"bind", "rendezvous_port", "reserve", "start", "adopt", "signal", "forget", "publish",
-                   "release", "cleanup_job", "exec_probe"})
+                   "release", "cleanup_job", "exec_probe", "shell_open", "shell_call"})
 
 
 def _reason(exc: BaseException) -> str:
@@ -69,7 +69,8 @@ def serve(conn: Connection) -> None:
     seen[0] = driver.inventory_version
     send(("ready", driver.nodes()))
     flush()
-    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="corral-ray-call")
+    # (a shell's read waits up to relay.READ_WAIT_S for output: room for those beside the rest)
+    pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="corral-ray-call")
 
     def call(ident: int, method: str, args: tuple) -> None:
         try:

@@ -45,7 +45,8 @@ from pathlib import Path
 
 from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_readable
 from corral.executors.contract import (Allocation as Fate, Binding, EventStream, Handle, Kind, Launch, LaunchError,
-                                      Observed, Provisioned, ProvisionRequest, ReplicaShape, Started, Wake)
+                                      Observed, Provisioned, ProvisionRequest, ReplicaShape, ShellError, ShellRequest, Started,
+                                      Wake)
 from corral.executors.slurm.allocations import ENDED, REQUEUED_STATES, Allocations
 from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
@@ -55,6 +56,7 @@ from corral.node.mounts import command as mounts_command
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
+from corral.node.terminal import Terminal
 from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
 from corral.pool import NodeSpec
 from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
@@ -462,6 +464,26 @@ class SrunExecutor(EventStream):
         # inside its container, by the engine that runs it (the account's own, if rootless)
         command = containers.exec_command(run_dir, command) or command
         return self.side.probe(str(handle.get("slurm") or ""), host, command, env, cwd, timeout, run_dir)
+
+    def open_shell(self, handle: Handle, request: ShellRequest) -> Terminal:
+        """A step beside the replica's on its node, in its world (``Shells``; ``SideSteps.shell``)."""
+        key = handle["key"]
+        with self._lock:
+            live = key in self._live
+        if not live or self.runner.started_pid(key) is None:
+            raise ShellError("its step is not running")
+        try:
+            _, host, _ = self.allocations.where(handle.get("node", ""))
+        except LaunchError as exc:
+            raise ShellError(str(exc)) from None
+        run_dir = self.runner.run_dir(key)
+        boxed = containers.shell_argv(run_dir, list(request.argv), request.tty, request.env.get("TERM"))
+        if boxed is None and containers.named(run_dir) is not None:
+            raise ShellError("its container is not one corral can enter (its engine or name changed)")
+        try:
+            return self.side.shell(str(handle.get("slurm") or ""), host, key, run_dir, request, boxed)
+        except (OSError, ValueError) as exc:
+            raise ShellError(f"srun could not be started: {exc}") from exc
 
     def cleanup_job(self, job_id: int) -> None:
         self.runner.cleanup_job(job_id)

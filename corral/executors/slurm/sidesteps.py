@@ -4,13 +4,15 @@ things are done that way because only a process on the node can do them well: se
 signal to the replica's process group (``scancel --signal`` would make slurmstepd log a cancel
 into the replica's log and record the step CANCELLED, though the replica may end well on
 it), end what a killed step left behind (a process that called setsid escapes Slurm's
-proctrack), and run an exec probe where the replica runs. Also here: a Slurm call retried
-while the controller is busy for a moment."""
+proctrack), and run an exec probe where the replica runs. The process of a ``corral exec`` or
+``corral shell`` is such a step too, with the caller's terminal (``srun --pty``). Also here: a
+Slurm call retried while the controller is busy for a moment."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -25,12 +27,53 @@ from corral.node.proctree import REAP
 UNBOX = ('if [ -n "$2" ] && [ -r "$2" ]; then { read -r e; read -r n; } < "$2"; '
          '"$e" rm --force --time 0 --ignore "$n" >/dev/null 2>&1; fi')
 from corral.node.runner import LOAD_ENV, SAFE_PATH
+from corral.node.terminal import ENTER_OWN, Terminal, env_bytes
 
 log = logging.getLogger("corral.srun")
 
 # the attempt's process group, if that pid is still its wrapper's (its key in its environment)
 SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
                 'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
+
+
+# A shell step, as the allocation's account: the job's variables from the file "$1" (the
+# account's alone, removed once read), then, when the replica's wrapper (pid in "$3", its key
+# "$2" in its environment) is on this node, its step's Slurm variables and GPUs, its
+# directory, and (a step of root's, where the wrapper made them) its mount and UTS namespaces.
+SHELL_STEP = 'ENTER_=$CORRAL_ENTER; unset CORRAL_ENTER; ' + LOAD_ENV.replace("<&4; exec 4<&-", '< "$1"') + r"""rm -f -- "$1"
+k=$2 p=$(cat "$3" 2>/dev/null); d=$4; shift 4
+if [ -n "$p" ] && grep -qzxF "CORRAL_ATTEMPT=$k" "/proc/$p/environ" 2>/dev/null; then
+  while IFS= read -r -d "" kv; do
+    case $kv in SLURM_*=*|CUDA_VISIBLE_DEVICES=*|GPU_DEVICE_ORDINAL=*|ROCR_VISIBLE_DEVICES=*) export -- "$kv";; esac
+  done < "/proc/$p/environ"
+  d=$(readlink "/proc/$p/cwd" 2>/dev/null || printf '%s' "$d")
+  if [ "$(id -u)" = 0 ] && [ "$(readlink /proc/$p/ns/mnt)" != "$(readlink /proc/$$/ns/mnt)" ] && command -v nsenter >/dev/null; then
+    exec nsenter -t "$p" -m -u -- bash --noprofile --norc -c "$ENTER_" corral-shell "$d" "$@"
+  fi
+fi
+exec bash --noprofile --norc -c "$ENTER_" corral-shell "$d" "$@"
+"""
+# inside the attempt's container, by the engine that runs it: the container's own world
+BOXED_STEP = 'unset CORRAL_ENTER; rm -f -- "$1"; shift 4; exec "$@"'
+
+
+# what srun says of its own when the step's task ends badly, even with --quiet: the caller
+# gets the exit code itself (as ``kubectl exec`` and ``ssh`` say nothing of it)
+_SRUN_END = re.compile(rb"srun: error: [^:\n]+: task \d+: (?:Exited with exit code \d+|Killed|Terminated|"
+                       rb"[A-Za-z ]+)\r?\n")
+
+
+class SrunTerminal(Terminal):
+    """A shell step's srun client: its output, less srun's own line about how the task ended."""
+
+    def read(self) -> tuple[int, bytes]:
+        while True:
+            kind, data = super().read()
+            if kind == 0 or b"srun: error: " not in data:
+                return kind, data
+            data = _SRUN_END.sub(b"", data)
+            if data:
+                return kind, data
 
 
 def fail(message: str):
@@ -115,6 +158,37 @@ class SideSteps:
             return self._probe(argv, {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, cwd, timeout)
         finally:
             os.unlink(path)
+
+    def shell(self, slurm_id: str, host: str, key: str, run_dir: Path, request, boxed: list[str] | None) -> Terminal:  # noqa: ANN001 - a ShellRequest
+        """A ``srun --overlap`` step on the replica's node (with ``--pty`` for a terminal) that
+        enters its world (``SHELL_STEP``), or its container (``boxed``: the engine's exec), as
+        the allocation's account. In another account's allocation root's srun carries nothing
+        of the job's: the step reads its variables from a file only that account may read."""
+        owner = self.allocations.step_owner(slurm_id)
+        env = {**(request.run_as.env() if request.run_as else {}), **request.env, "CORRAL_ATTEMPT": key}
+        fd, path = tempfile.mkstemp(dir=run_dir, prefix=".shell-env-")
+        try:
+            if owner is not None:
+                os.fchown(fd, *owner)
+            with os.fdopen(fd, "wb") as out:
+                out.write(env_bytes(env))
+            script = SHELL_STEP if boxed is None else BOXED_STEP
+            argv = ["srun", f"--jobid={slurm_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
+                    # the job's memory on the node, as the replica's: a shell's programs are the job's
+                    "--gres=none", "--mem=0", "--quiet", "--disable-status", f"--job-name=corral-{self.scope}-shell",
+                    *self.allocations.step_identity(slurm_id), *(["--pty"] if request.tty else []),
+                    "bash", "--noprofile", "--norc", "-c", script, "corral-shell", path, key,
+                    str(run_dir / "started"), request.cwd or "/", *(boxed or request.argv)]
+            client = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "CORRAL_ENTER": ENTER_OWN, **self.cli.conf,
+                      **({"TERM": request.env["TERM"]} if "TERM" in request.env else {})}
+            return SrunTerminal(argv, client, request.tty, request.rows, request.cols,
+                                cleanup=lambda: Path(path).unlink(missing_ok=True))
+        except BaseException:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            raise
 
     def _probe(self, argv: list[str], env: dict[str, str], cwd: str | None, timeout: float) -> tuple[bool, str]:
         try:
