@@ -141,3 +141,52 @@ def test_start_estimates_plan_with_predictions_when_the_site_learns_them(
             wait_state(server, waiter["id"], "CANCELLED")
     finally:
         kill_leftovers(corral_home)
+
+
+def test_queue_start_and_acct_show_predictions_and_how_good_they_were(corral_home: Path, tmp_path: Path) -> None:
+    import csv
+    import io
+    import json
+
+    from conftest import cli_for
+
+    corral = cli_for(corral_home)
+    spec = tmp_path / "train.yaml"
+    spec.write_text("resources: {accelerators: H100:4}\nrun: sleep 1\n")
+    hog_spec = tmp_path / "hog.yaml"
+    hog_spec.write_text(HOG)
+
+    def status(job: str) -> dict:
+        return json.loads(corral("status", job, "--json", check=True).stdout)
+
+    try:
+        first = corral("launch", "-d", "--name", "train", str(spec), check=True).stdout.strip()
+        wait_for(lambda: status(first)["state"] == "SUCCEEDED")
+        second = corral("launch", "-d", "--name", "train", str(spec), check=True).stdout.strip()
+        wait_for(lambda: status(second)["state"] == "SUCCEEDED")
+        assert status(first)["predicted_run_s"] is None  # nothing to learn from yet
+        assert status(second)["predicted_run_s"] == 60.0  # a one-second run: the one-minute floor
+        hog = corral("launch", "-d", str(hog_spec), check=True).stdout.strip()
+        wait_for(lambda: status(hog)["state"] == "RUNNING")
+        waiting = corral("launch", "-d", "--name", "train", "-t", "1h", str(spec), check=True).stdout.strip()
+        wait_for(lambda: status(waiting)["predicted_run_s"])
+        rows = [r.split("\t") for r in corral("queue", "--start", check=True).stdout.splitlines()]
+        header = rows[0]
+        assert header[5:7] == ["START_TIME", "RUN_TIME"]
+        (row,) = rows[1:]
+        assert row[0] == waiting and row[6] == "00:01:00"
+
+        done = corral("acct", "-s", "CD", "--format", "csv", check=True)
+        table = {r["id"]: r for r in csv.DictReader(io.StringIO(done.stdout))}  # stdout: rows only
+        assert set(table) == {first, second}
+        assert table[first]["predicted_run_s"] == "" and float(table[second]["predicted_run_s"]) == 60.0
+        assert "predicted run times: 1 job(s) judged, 0% within 2x" in done.stderr
+        piped = corral("acct", "-s", "CD", check=True)
+        lines = piped.stdout.splitlines()
+        assert "PREDICTED" in lines[0].split("\t") and len(lines) == 3  # header and two rows, no summary
+        assert lines[2].split("\t")[lines[0].split("\t").index("PREDICTED")] == "00:01:00"
+        assert "predicted run times" in piped.stderr
+        assert json.loads(corral("acct", "-s", "CD", "--json", check=True).stdout)[1]["predicted_run_s"] == 60.0
+        corral("cancel", "--state", "RUNNING", "--state", "PENDING", check=True)
+    finally:
+        corral.stop()
