@@ -110,7 +110,8 @@ class Scheduling:
         end, limit_end = self.runtimes.planned_end(job, max(ends) if ends else float("inf"), now)
         return RunningJob(job.id, tuple(allocs[r.id] for r in live), end, job.user,
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
-                          ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping, limit_end)
+                          ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping,
+                          limit_end=limit_end)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
