@@ -190,3 +190,27 @@ def test_queue_start_and_acct_show_predictions_and_how_good_they_were(corral_hom
         corral("cancel", "--state", "RUNNING", "--state", "PENDING", check=True)
     finally:
         corral.stop()
+
+
+def test_an_end_whose_write_is_lost_is_learned_once_when_the_retried_cycle_commits_it(server) -> None:
+    """The write that ends the job fails (a connection cut mid-commit): the cycle's memory
+    is rebuilt, the exit applied again, and the run learned once, from the commit that held."""
+    loop = server.state.loop
+    journal = loop.journal
+    real, cut = journal.flush, []
+
+    def flaky(session) -> None:  # noqa: ANN001
+        if not cut and any(v.get("state") == "SUCCEEDED" for v in journal._rows[Job].values()):
+            cut.append(True)
+            raise ConnectionError("the database connection was cut mid-commit")
+        real(session)
+
+    journal.flush = flaky
+    try:
+        job = submit(server, "name: once\nrun: sleep 0.3\n")
+        wait_state(server, job["id"], "SUCCEEDED")
+    finally:
+        journal.flush = real
+    assert cut and loop.failing_cycles == 0
+    assert len(loop.runtimes.model._history[("un", "alice", "once", 0)]) == 1
+    assert loop.runtimes.model.predict("alice", "once", 0, None) == 60.0  # a sub-minute run: the floor
