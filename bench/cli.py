@@ -60,6 +60,9 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="corral-bench-cli-"))
     (home / "config.yaml").write_text(POOL)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    # an installed corral reads its compiled bytecode; with this set (some sandboxes do) every
+    # command would compile corral's modules again, a cost no user pays
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["CORRAL_HOME"] = str(home)
     settings = Settings.from_env(env)
     info = daemon.start(settings)

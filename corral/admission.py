@@ -120,6 +120,12 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   ports=tuple(sorted(set(t.ports.values()))))
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
+        if partition.name in site.provisioned and any(t.sbatch is not None and t.sbatch.het for t in stage):
+            # the script would run inside one allocation, where its srun is the engine's own and
+            # knows no components of a corral job (see the executor's own refusal at start)
+            return Refusal("partition", f"a heterogeneous batch script (#SBATCH hetjob) does not run in partition "
+                                        f"{partition.name!r}, whose nodes are allocations of another scheduler: "
+                                        "submit it to a partition of corral's own nodes, or to that scheduler")
         if partition.name in site.provisioned:
             # nodes are provisioned for it when it is submitted there: refused now if the engine
             # says none it could give can hold one of its replicas (when it answers; else later)

@@ -217,10 +217,13 @@ def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_p
         states.add(replica()["state"])
         time.sleep(0.1)
     assert states == {"STARTING"}, states  # the pull (3 s) is under way
+    waiting = replica()
+    assert waiting["state"] != "STARTING" or waiting["reason"].startswith("pulling image 127.0.0.1:"), waiting
     done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
     assert done["state"] == "SUCCEEDED", _events(server, job["id"])
     told = _events(server, job["id"])
     assert any("in container" in m for m in told), told  # confirmed when its container started
+    assert replica()["reason"] is None  # the reason is the pull's alone
 
 
 def test_the_image_s_entrypoint_is_set_aside_bash_runs_and_values_spanning_lines_arrive(server) -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from corral.spec.world import parse_export
+from corral.spec.service import SERVICE_RESTARTS
 from corral.states import JobState
 from corral.store.tables import Event, Job, Replica, Task
 
@@ -67,6 +68,9 @@ class ReplicaOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     log_path: str | None
+    reason: str | None = Field(default=None, description=(
+        "Why a STARTING replica does not run yet: its container image being pulled (or its container "
+        "started) on its node; null otherwise"))
 
 
 class TaskOut(BaseModel):
@@ -90,6 +94,9 @@ class TaskOut(BaseModel):
         "while it has not started or when it names only one"))
     workdir: str | None = Field(default=None, description=(
         "The directory its replicas start in (a git workdir: the repository's URL); null: its user's home"))
+    scale: str | None = Field(default=None, description=(
+        "For a service in gangs or one that scales to zero: its service replicas in words, and at zero "
+        "replicas why and what brings one back; null otherwise"))
     replicas: list[ReplicaOut]
 
 
@@ -212,7 +219,11 @@ def _restart_words(policy: dict | None) -> str | None:
     when = "always" if policy["policy"] == "always" else (
         f"on exit codes {', '.join(map(str, codes))}" if codes else "on failure")
     n = policy.get("max_restarts", 3)
+    if n >= SERVICE_RESTARTS:
+        return f"{when}, for as long as the job runs"
     return f"{when}, at most {n} time{'' if n == 1 else 's'}"
+
+
 def _world(job: Job) -> dict[str, Any]:
     world = job.spec.get("world")
     if not world:  # submitted before corral kept the submitter's world
@@ -224,6 +235,20 @@ def _world(job: Job) -> dict[str, Any]:
     return {"cwd": world.get("cwd"), "export": export, "exported": len(world.get("environment") or {})}
 
 
+def _scale_words(spec: dict, count: int) -> str | None:
+    """A service's replicas in words where they are more than a count: gangs (multi-node
+    service replicas), and a service at zero replicas, why and what brings one back."""
+    gang = int(spec.get("gang_size") or 1)
+    auto = spec.get("autoscale") or {}
+    words = []
+    if gang > 1:
+        words.append(f"{count // gang} service replica(s), each a gang of {gang} replicas served by its rank 0")
+    if count == 0 and spec.get("min_nodes") == 0 and auto:
+        words.append(f"at zero replicas: no request came for its downscale delay ({auto.get('downscale_delay', 1200):g}s), "
+                     "so its GPUs are free; the next request to its endpoint is held and brings one back")
+    return "; ".join(words) or None
+
+
 def _workdir(spec: dict) -> str | None:
     workdir = spec.get("workdir")
     return workdir.get("url") if isinstance(workdir, dict) else workdir
@@ -232,16 +257,21 @@ def _workdir(spec: dict) -> str | None:
 def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
+    image = (spec.get("resources") or {}).get("image_id")
+    # an attempt with a container is STARTING until the engine runs it: nearly always its pull
+    waiting = f"pulling image {image.removeprefix('docker:')} (or starting its container)" if image else None
     return TaskOut.model_construct(
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
         alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
+        scale=_scale_words(spec, task.num_nodes) if job.state in _LIVE else None,
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,
-            restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path)
+            restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path,
+            reason=waiting if r.state == "STARTING" else None)
             for r in replicas])
 
 

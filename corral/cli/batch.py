@@ -16,13 +16,14 @@ from corral.cli.render import Usage, err, fail
 from corral.client import TERMINAL, CorralError
 from corral.spec.loader import SpecError
 
-USAGE = """usage: corral sbatch [sbatch options] SCRIPT [ARGS...]
+USAGE = """usage: corral sbatch [sbatch options] [: [sbatch options]...] SCRIPT [ARGS...]
 
 Submit a Slurm batch script to corral's queue. Options are sbatch's (-J, -N, -n,
 --ntasks-per-node, -c, --gres=gpu[:type]:N, -G, --gpus-per-node, --gpus-per-task, --mem,
 --mem-per-cpu, -t, -p, -A, -q, -o, -e, --exclusive, -a/--array, -d/--dependency, --signal,
 --requeue/--no-requeue, -C, -w, -D, --export, -H, --nice, -W/--wait, --parsable) and
-override the script's #SBATCH directives. Prints "Submitted batch job N" (or, for an
+override the script's #SBATCH directives. A lone ':' separates the components of a
+heterogeneous job (as do '#SBATCH hetjob' lines in the script); they run as one job. Prints "Submitted batch job N" (or, for an
 array, the array's job id) and returns; with --wait, waits and exits with the job's exit
 code."""
 
@@ -37,13 +38,14 @@ def read_script(path: Path) -> str:
 
 
 def sbatch_main(argv: list[str]) -> None:
-    from corral.spec.sbatch import parse_command_line
+    from corral.spec.sbatch import command_line_components, parse_command_line
 
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stdout if argv else sys.stderr)
         sys.exit(0 if argv else 2)
     try:
-        given, rest, issues, warnings = parse_command_line(argv)
+        components, rest, issues, warnings = command_line_components(argv)
+        given = components[0]
         if "export" not in given and os.environ.get("SBATCH_EXPORT"):  # sbatch's input variable, under its option
             from_env, _, bad, _ = parse_command_line([f"--export={os.environ['SBATCH_EXPORT']}"])
             given.update(from_env)
@@ -57,7 +59,7 @@ def sbatch_main(argv: list[str]) -> None:
         if not text.startswith("#!"):
             raise Usage("SCRIPT", f"{path} does not look like a batch script: its first line must be #! and "
                                   "the path of an interpreter (a job YAML goes to corral launch)")
-        submit(path, text, given, tuple(rest[1:]), warnings, env={}, name=None, detach=None)
+        submit(path, text, components, tuple(rest[1:]), warnings, env={}, name=None, detach=None)
     except SpecError as exc:
         _refused(exc)
     except Usage as exc:
@@ -98,7 +100,7 @@ def launch_overrides(args) -> dict:
     return given
 
 
-def submit(path: Path, text: str, given: dict, script_args: tuple[str, ...], warnings: list[str], *,
+def submit(path: Path, text: str, given: dict | list[dict], script_args: tuple[str, ...], warnings: list[str], *,
            env: dict[str, str], name: str | None, detach: bool | None,
            secrets: dict[str, str] | None = None) -> None:
     """Submit the script; ``detach`` None is sbatch's behaviour (return unless --wait)."""

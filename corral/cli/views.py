@@ -298,6 +298,8 @@ def status(args: Namespace) -> None:
             ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
             out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "
                       "replicas ready)", markup=False)
+        if task.get("scale"):
+            out.print(f"  task {task['name']}: {task['scale']}", markup=False)
         if task.get("restart"):
             out.print(f"  task {task['name']}: restarts {task['restart']}", markup=False)
         if task.get("alternatives", 1) > 1:
@@ -309,10 +311,15 @@ def status(args: Namespace) -> None:
            Column("NODE", min_width=6),
            Column("PID", optional=3), Column("GPU IDS"), Column("EXIT", right=True), Column("RESTARTS", right=True),
            Column("HOSTNAME", fold=True, optional=1, min_width=12)],
-          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary", r["state"],
+          [[f"{task['name']}-{r['rank']}", "primary" if task["primary"] else "auxiliary",
+            "PULLING" if (r.get("reason") or "").startswith("pulling") else r["state"],
             _readiness(r), r["node"],
             r["pid"], ",".join(map(str, r["gpus"])) or "-", r["exit_code"], r["restarts"], r["hostname"]]
            for task in data["tasks"] for r in task["replicas"]])
+    for task in data["tasks"]:
+        for r in task["replicas"]:
+            if r.get("reason"):
+                out.print(f"  {task['name']}-{r['rank']}: {r['reason']}", markup=False)
 
 
 def nodes(args: Namespace) -> None:

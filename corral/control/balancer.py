@@ -3,7 +3,9 @@ that spreads connections over the task's READY replicas, round robin or to the r
 the fewest open connections. It runs on an asyncio loop of its own thread in the server
 process; the control loop only tells it which replicas are ready (``route``). A connection
 that finds no ready replica (or none that accepts) gets an HTTP 503 and is closed, as a
-SkyServe load balancer answers when no replica is ready.
+SkyServe load balancer answers when no replica is ready; for a service that can scale to
+zero, the connection is first held (up to the ``hold`` the control loop gives) while a replica
+comes back, forwarded once one is ready, and answered 503 with the reason otherwise.
 
 It also counts the requests it forwards (``rate``), for load-based autoscaling. It forwards
 bytes, not parsed HTTP, so a request is counted where one can start: a connection's first
@@ -25,14 +27,23 @@ log = logging.getLogger("corral.balancer")
 CONNECT_TIMEOUT_S = 2.0  # a replica that does not accept by then: the next one is tried
 RATE_WINDOW_S = 60.0  # requests per second are measured over the last minute, as SkyServe does
 _METHODS = (b"GET ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"HEAD ", b"OPTIONS ")
-_UNAVAILABLE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 29\r\n"
-                b"Connection: close\r\n\r\nno replica of it is ready yet")
+
+
+def unavailable(words: str) -> bytes:
+    """An HTTP 503 that says why in a sentence, and closes."""
+    body = words.encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
 
 
 class _Endpoint:
     def __init__(self, policy: str):
         self.policy = policy
         self.backends: list[tuple[str, int]] = []
+        self.hold = 0.0  # how long a request that finds no ready replica waits for one
+        self.why = ""  # why none is ready, in words (for the 503)
+        self.routed = asyncio.Event()  # set (and replaced) at each route: held requests look again
+        self.held = 0  # connections waiting for a replica now: demand, however old
         self.open: dict[tuple[str, int], int] = {}
         self.turn = itertools.count()
         self.server: asyncio.AbstractServer | None = None
@@ -65,28 +76,53 @@ class _Endpoint:
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.arrived()  # the connection's first request, answered or not: it is demand
-        for backend in self.order():
-            try:
-                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*backend), CONNECT_TIMEOUT_S)
-            except (OSError, asyncio.TimeoutError):
-                continue  # ready a moment ago, gone now: the next one
-            self.open[backend] = self.open.get(backend, 0) + 1
-            try:
-                answered = [False]  # the replica sent something since the client's last request
-                await asyncio.gather(_pump(reader, up_writer, self._requests(answered)),
-                                     _pump(up_reader, writer, lambda _: answered.__setitem__(0, True)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold
+        while True:
+            connected = await self._connect()
+            if connected is not None:
+                await self._forward(reader, writer, *connected)
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            self.held += 1
+            try:  # held: a replica is on its way (a service scaled to zero is coming back)
+                await asyncio.wait_for(self.routed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
             finally:
-                self.open[backend] -= 1
-                for w in (up_writer, writer):
-                    w.close()
-            return
+                self.held -= 1
+        words = "no replica of it is ready yet"
+        if self.hold > 0:
+            words = f"no replica of it became ready within {self.hold:g}s" + (f": {self.why}" if self.why else "")
         try:
-            writer.write(_UNAVAILABLE)
+            writer.write(unavailable(words))
             await writer.drain()
         except OSError:
             pass
         writer.close()
 
+    async def _connect(self):  # noqa: ANN202 - (backend, reader, writer) or None
+        for backend in self.order():
+            try:
+                up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*backend), CONNECT_TIMEOUT_S)
+            except (OSError, asyncio.TimeoutError):
+                continue  # ready a moment ago, gone now: the next one
+            return backend, up_reader, up_writer
+        return None
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, backend: tuple[str, int],
+                       up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+        self.open[backend] = self.open.get(backend, 0) + 1
+        try:
+            answered = [False]  # the replica sent something since the client's last request
+            await asyncio.gather(_pump(reader, up_writer, self._requests(answered)),
+                                 _pump(up_reader, writer, lambda _: answered.__setitem__(0, True)))
+        finally:
+            self.open[backend] -= 1
+            for w in (up_writer, writer):
+                w.close()
 
     def _requests(self, answered: list[bool]):
         """Counts a keep-alive client's next requests on a connection."""
@@ -133,12 +169,15 @@ class Balancer:
             self._endpoints[key] = endpoint
         return endpoint.server.sockets[0].getsockname()[1]
 
-    def route(self, key: Hashable, backends: list[tuple[str, int]]) -> None:
-        """The replicas new connections to ``key`` may go to (its READY ones)."""
+    def route(self, key: Hashable, backends: list[tuple[str, int]], hold: float = 0.0, why: str = "") -> None:
+        """The replicas new connections to ``key`` may go to (its READY ones); while there are
+        none, a connection waits up to ``hold`` seconds for one, then gets a 503 with ``why``."""
         def apply() -> None:
             endpoint = self._endpoints.get(key)
             if endpoint is not None:
-                endpoint.backends = list(backends)
+                endpoint.backends, endpoint.hold, endpoint.why = list(backends), hold, why
+                endpoint.routed.set()  # wakes the held connections
+                endpoint.routed = asyncio.Event()
 
         self._loop.call_soon_threadsafe(apply)
 
@@ -154,6 +193,11 @@ class Balancer:
         """Requests per second to ``key`` over the last minute (0 for an unknown key)."""
         endpoint = self._endpoints.get(key)
         return endpoint.rate() if endpoint is not None else 0.0
+
+    def held(self, key: Hashable) -> int:
+        """Connections to ``key`` held now, waiting for a replica to be ready."""
+        endpoint = self._endpoints.get(key)
+        return endpoint.held if endpoint is not None else 0
 
     def keys(self) -> list[Hashable]:
         return list(self._endpoints)

@@ -26,6 +26,8 @@ class Book:
     allocs: dict[int, Allocation] = field(default_factory=dict)  # replica id -> resources it holds
     by_key: dict[str, tuple[int, int]] = field(default_factory=dict)  # attempt key -> (job id, replica id)
     reasons: dict[int, str] = field(default_factory=dict)  # pending job -> why it waits, as stored
+    # a waiting replica of a running job (a growth request) -> why it waits, the last pass's
+    growth_reasons: dict[int, str] = field(default_factory=dict)
     ended_states: dict[int, str] = field(default_factory=dict)  # dependency targets that ended (final)
     engine_waiting: set[int] = field(default_factory=set)  # pending jobs an engine is provisioning
     unconfirmed: set[int] = field(default_factory=set)  # replicas whose engine confirms the start later

@@ -26,12 +26,13 @@ class Discovery:
         processes and their peers (a launch that fails marks the job for another write)."""
         def state(r: ReplicaRec) -> tuple[str, bool]:
             if r.id in launching:
-                return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_probe is None
+                return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_of(r.rank) is None
             return r.state.value, r.ready
 
         tasks = [{"name": t.name, "ports": t.service.ports,
                   "replicas": [{"rank": r.rank, "addr": r.addr, "state": state(r)[0], "ready": state(r)[1],
-                                "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node}
+                                "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node,
+                                "gang": t.service.gang_of(r.rank) if t.service.gang_size > 1 else None}
                                for r in job.replicas_of(t.name)]} for t in job.tasks]
         peers = peers_document(job.id, job.name, tasks, now)
         hosts, text = hosts_text(peers), json.dumps(peers, indent=1)

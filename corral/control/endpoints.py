@@ -1,14 +1,16 @@
 """Service endpoints (SkyServe's ``service:``): one address per task that balances over its
-READY replicas. Every endpoint of a live job listens (on the port it had, across server
-restarts: the port is kept in the store) and routes to its task's ready replicas; a job's
-endpoints close when it ends. The balancer itself runs on its own threads (``balancer``)."""
+READY replicas (the heads of its gangs, for multi-node service replicas). Every endpoint of
+a live job listens (on the port it had, across server restarts: the port is kept in the
+store) and routes to its task's ready replicas; a job's endpoints close when it ends. A task
+that can scale to zero has its requests held while no replica is ready, with the reason they
+are told if none comes in time. The balancer itself runs on its own threads (``balancer``)."""
 
 from __future__ import annotations
 
 from corral.control.balancer import Balancer
 from corral.control.book import Book
 from corral.control.journal import Journal
-from corral.control.records import JobRec, TaskRec
+from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.states import ReplicaState
 
 
@@ -44,12 +46,35 @@ class Endpoints:
                 name = next((n for n, p in task.service.ports.items() if n == endpoint.port or p == endpoint.port),
                             None)
                 backends = []
-                for r in job.replicas_of(task.name):
+                members = job.replicas_of(task.name)
+                spec = task.service
+                for r in members:
                     port = (r.ports or {}).get(name) if name else int(endpoint.port)
-                    # a replica being stopped (scale-down, cancel) takes no new connections
-                    if r.state == ReplicaState.RUNNING and r.ready and r.addr and port and r.stop_requested_at is None:
+                    # a replica being stopped (scale-down, cancel) takes no new connections; a
+                    # gang serves on its head once every member of it runs
+                    if r.state == ReplicaState.RUNNING and r.ready and r.addr and port and r.stop_requested_at is None \
+                            and spec.heads(r.rank) and _gang_runs(members, spec.gang_of(r.rank), spec.gang_size):
                         backends.append((r.addr, int(port)))
-                self.balancer.route((job.id, task.name), backends)  # type: ignore[union-attr]
+                hold, why = 0.0, ""
+                if spec.min_nodes == 0 and spec.autoscale is not None:  # may be at zero: requests wait for one
+                    hold = endpoint.hold if endpoint.hold is not None else spec.startup_timeout
+                    why = self._why_none(job, task) if not backends else ""
+                self.balancer.route((job.id, task.name), backends, hold, why)  # type: ignore[union-attr]
+
+    def _why_none(self, job: JobRec, task: TaskRec) -> str:
+        """Why no replica of a task that can scale to zero is ready, in words."""
+        members = [r for r in job.replicas_of(task.name) if r.stop_requested_at is None]
+        if task.num_nodes == 0 or not members:
+            return "the service is at zero replicas and one is being asked for"
+        waiting = [r for r in members if r.state == ReplicaState.PENDING]
+        if waiting:
+            reason = next((self.book.growth_reasons[r.id] for r in waiting if r.id in self.book.growth_reasons),
+                          None)
+            if reason is None:
+                return f"the service was at zero replicas; {len(waiting)} replica(s) wait for the scheduler's next pass"
+            return (f"the service was at zero replicas; {len(waiting)} replica(s) wait for a place "
+                    f"(reason {reason}: GPUs, quotas and fair share apply)")
+        return "the service was at zero replicas; its replica is starting and not ready yet"
 
     def _open(self, job: JobRec, task: TaskRec, policy: str, now: float) -> bool:
         key = (job.id, task.name)
@@ -82,3 +107,11 @@ class Endpoints:
     def close(self) -> None:
         if self.balancer is not None:
             self.balancer.stop()
+
+
+def _gang_runs(members: list[ReplicaRec], gang: int, size: int) -> bool:
+    """Every member of gang ``gang`` runs (a head alone serves nothing of a multi-node model)."""
+    if size <= 1:
+        return True
+    mine = [r for r in members if r.rank // size == gang]
+    return len(mine) == size and all(r.state == ReplicaState.RUNNING and r.stop_requested_at is None for r in mine)

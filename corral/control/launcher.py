@@ -133,7 +133,7 @@ class Launcher:
             columns["gpus"] = list(replica.gpus)
         replica.handle = handle
         replica.started_at = replica.started_at if cause == "adopted" and replica.started_at else now
-        replica.ready = job.task(replica.task).service.readiness_probe is None
+        replica.ready = job.task(replica.task).service.readiness_of(replica.rank) is None
         self.carrier.arm(job, replica)
         where = f"{detail} " if detail else ""
         self.moves.replica_to(replica, ReplicaState.RUNNING, cause, now,
@@ -174,7 +174,8 @@ class Launcher:
             master_port=task.master_port or 0, checkpoint_dir=str(checkpoint), restart_count=replica.restarts,
             user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "",
             task_nodes=_by_rank(peers, task.num_nodes), job_nodes=tuple(r.node for r in job.members if r.node),
-            array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent)
+            array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent,
+            gang_size=task.service.gang_size)
         env = replica_env(starting_environment(job.world, job.run_as or job.user), ctx)
         own_path = env.get("PYTHONPATH")
         env.update(executor.attempt_env(job.id))
@@ -225,7 +226,7 @@ class Launcher:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own
         node first, then those the job's other replicas hold."""
         holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
-        nodes = tuple(batchenv.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "") for r in holders)
+        nodes = tuple(batchenv.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "", r.task) for r in holders)
         ctx = batchenv.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
                                     job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
                                     str(task.spec.get("workdir") or task.service.sbatch.submit_dir),

@@ -96,7 +96,7 @@ class Observations:
             self.book.sched_needed = True
         reason = event.reason
         if event.kind == Kind.EXITED and event.code and not reason:  # what corral's shell said, if it failed it
-            reason = last_words(self.launcher.settings.log_file(job.id, replica.label))
+            reason = last_words(self.launcher.settings.log_file(job.id, replica.label), code=event.code)
         ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, reason,
                              self.inventory.up(replica.node), event.kind == Kind.EXITED and event.permanent)
         self.carrier.apply(job, self.supervisor.attempt_ended(job, replica, ended, now), now)

@@ -29,8 +29,10 @@ class Probes:
     def watch(self, job: JobRec, replica: ReplicaRec, executor: Executor, env: dict[str, str],
               cwd: str | None) -> None:
         service = job.task(replica.task).service
-        probes = [(kind, probe) for kind, probe in (("readiness", service.readiness_probe),
-                                                     ("liveness", service.liveness_probe)) if probe is not None]
+        # a gang's members other than its head listen on nothing: only the head is probed
+        probes = [(kind, probe) for kind, probe in (("readiness", service.readiness_of(replica.rank)),
+                                                     ("liveness", service.liveness_of(replica.rank)))
+                  if probe is not None]
         if not probes:
             return
         handle, label = replica.handle, replica.label
@@ -46,7 +48,7 @@ class Probes:
 
     def wanted(self, job: JobRec, replica: ReplicaRec) -> bool:
         service = job.task(replica.task).service
-        return service.readiness_probe is not None or service.liveness_probe is not None
+        return service.readiness_of(replica.rank) is not None or service.liveness_of(replica.rank) is not None
 
     def forget(self, key: str) -> None:
         self.prober.forget(key)

@@ -91,6 +91,16 @@ class Requeues:
         job.requeues += 1
         for task in job.tasks:  # an elastic task comes back at its initial size: that one fit the pool
             initial = int(task.spec.get("num_nodes") or 1)
+            if task.num_nodes == 0:  # a service at zero comes back at its initial size too
+                for replica in job.replicas:
+                    if replica.task == task.name and replica.retired and replica.rank < initial:
+                        replica.stop_cause = None  # a member again: placed with the job
+                        self.moves.journal.replica(replica.id, stop_cause=None)
+                self.moves.event(job.id, now, task.name, "scaled",
+                                 f"0 -> {initial} replicas for the requeue (its initial size)")
+                task.num_nodes = initial
+                self.moves.journal.task(task.id, num_nodes=initial)
+                continue
             if task.service.min_nodes is None or task.num_nodes <= initial:
                 continue
             for replica in sorted(job.replicas_of(task.name), key=lambda r: r.rank)[initial:]:

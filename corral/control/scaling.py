@@ -2,7 +2,9 @@
 places like any job, so every limit holds at every instant, or shrinks by stopping its
 highest ranks with the task's stop signal and grace period. A replica of a running job that
 waits for a place (a task that grew, or a replica whose node went away) is a one-replica
-request in the scheduler's plan, with its replica's id negated as its job id."""
+request in the scheduler's plan, with its replica's id negated as its job id. A task whose
+replicas come in gangs (a multi-node service replica) grows and shrinks by whole gangs, and
+a gang's waiting members are one all-or-none request."""
 
 from __future__ import annotations
 
@@ -26,6 +28,10 @@ class Scaling:
         """Grow a task with new (or revived) ranks for the scheduler to place, or shrink it by
         stopping its highest ranks with the task's stop signal and grace period."""
         task = job.task(task_name)
+        gang = task.service.gang_size
+        if count % gang:  # a shrink to make room takes whole gangs (a half gang serves nothing)
+            count -= count % gang
+            self.moves.journal.task(task.id, num_nodes=count)
         task.num_nodes = count
         members = sorted(job.replicas_of(task_name), key=lambda r: r.rank)
         if count > len(members):
@@ -60,33 +66,57 @@ class Scaling:
         self.book.touch(job.id)
 
     def requests(self, now: float) -> list[PendingJob]:
-        """Replicas of running jobs waiting for a place, each as a one-replica request the
-        scheduler ranks and places like any job, so QOS and account limits, partitions and
-        priorities hold at every instant."""
+        """Replicas of running jobs waiting for a place, each as a request the scheduler ranks
+        and places like any job, so QOS and account limits, partitions and priorities hold at
+        every instant: one replica alone, or the waiting members of one gang (a multi-node
+        service replica) together, all or none, under the id of the first of them."""
         out = []
         for job in self.book.active.values():
             if job.state not in (JobState.RUNNING, JobState.STARTING) or job.cancel_requested:
                 continue
             now_placed = {t.name for t in job.stage()}  # a pipeline's later stages wait their turn
-            for r in job.replicas:
-                if r.state != ReplicaState.PENDING or r.task not in now_placed:
-                    continue
-                task = job.task(r.task)
+            for task_name, members in _waiting(job, now_placed):
+                task = job.task(task_name)
+                spec = task.service
                 limit = job.time_limit_of(task)
                 if limit is not None and job.started_at is not None:
                     limit = max(1.0, limit - (now - job.started_at))
-                ports = tuple(sorted(set(task.service.ports.values())))
-                out.append(PendingJob(-r.id, (TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory,
-                                                          task.gpu_type, ports=ports),),
-                                      job.submitted_at, job.user, job.account, limit, job.nice, job.partition,
-                                      job.qos, job.priority, (), job.name, owner=job.id))
+                ports = tuple(sorted(set(spec.ports.values())))
+                request = TaskRequest(task.name, len(members), task.gpus, task.cpus, task.memory, task.gpu_type,
+                                      ports=ports)
+                if len(members) > 1:  # a gang: where its nodes may go, as when the job started
+                    request = TaskRequest(task.name, len(members), task.gpus, task.cpus, task.memory, task.gpu_type,
+                                          constraint=spec.constraint,
+                                          nodes=frozenset(spec.nodelist) if spec.nodelist else None,
+                                          exclusive=spec.exclusive, distinct=spec.distinct_nodes, ports=ports)
+                out.append(PendingJob(-members[0].id, (request,), job.submitted_at, job.user, job.account, limit,
+                                      job.nice, job.partition, job.qos, job.priority, (), job.name, owner=job.id))
         return out
 
-    def place(self, replica_id: int, alloc: Allocation, now: float) -> None:
+    def place(self, replica_id: int, allocs: tuple[Allocation, ...], now: float) -> None:
+        """Bind what the scheduler placed for a request of ``requests``: the replica of that id
+        and, for a gang, its other waiting members, in rank order."""
         for job in self.book.active.values():
             replica = next((r for r in job.replicas if r.id == replica_id), None)
-            if replica is not None and replica.state == ReplicaState.PENDING:
-                self.placer.place(job, replica, Allocation(replica.task, replica.rank, alloc.node, alloc.gpus,
-                                                           alloc.cpus, alloc.memory, alloc.ports), now)
+            if replica is None:
+                continue
+            group = next((m for _, m in _waiting(job, {replica.task}) if m[0].id == replica_id), [])
+            for member, alloc in zip(group, sorted(allocs, key=lambda a: a.rank)):
+                self.placer.place(job, member, Allocation(member.task, member.rank, alloc.node, alloc.gpus,
+                                                          alloc.cpus, alloc.memory, alloc.ports), now)
+            if group:
                 self.book.launch_check.add(job.id)
-                return
+            return
+
+
+def _waiting(job: JobRec, tasks: set[str]) -> list[tuple[str, list[ReplicaRec]]]:
+    """A running job's replicas waiting for a place, in the groups the scheduler places at
+    once: each alone, or a gang's waiting members together (in rank order)."""
+    groups: dict[tuple[str, int], list[ReplicaRec]] = {}
+    for r in sorted(job.replicas, key=lambda r: (r.task, r.rank)):
+        if r.state != ReplicaState.PENDING or r.task not in tasks:
+            continue
+        spec = job.task(r.task).service
+        key = (r.task, spec.gang_of(r.rank) if spec.gang_size > 1 else r.rank)
+        groups.setdefault(key, []).append(r)
+    return [(task, members) for (task, _), members in groups.items()]

@@ -190,7 +190,7 @@ class Scheduling:
         starts = []
         for start in accepted:
             if start.job_id < 0:  # a replica of a running job, placed like any job: limits hold
-                self.scaling.place(-start.job_id, start.allocations[0], now)
+                self.scaling.place(-start.job_id, start.allocations, now)
                 continue
             starts.append(start)
         flush()
@@ -215,6 +215,8 @@ class Scheduling:
             if job is not None:
                 self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", cancel.why,
                                     reason=Reason.DEPENDENCY_NEVER.value, message=cancel.why)
+        # why a running job's waiting replicas wait (what a held request to its endpoint is told)
+        book.growth_reasons = {-job_id: reason.value for job_id, reason in plan.reasons.items() if job_id < 0}
         down = self.inventory.down_partitions
         for job_id, reason in plan.reasons.items():
             if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:

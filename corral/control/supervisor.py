@@ -6,6 +6,8 @@ everything that happens to a replica once its job holds resources:
   * an attempt ended (``AttemptEnded``: exit code, or lost with a reason) → restart after
     the policy's backoff, requeue the whole job (its node is gone and it may not restart),
     or end the replica SUCCEEDED / FAILED / KILLED;
+  * a member of a gang (a multi-node service replica) ended on its own → its peers are
+    stopped and restart with it, or stop for good where it does not restart;
   * a probe answered (``ProbeAnswered``) → ready / not ready after the success / failure
     thresholds, or the stop signal for a liveness failure (the restart policy decides next);
   * time passed (``review``) → due restarts (same node: a new attempt; node gone: placed
@@ -61,6 +63,8 @@ class Supervisor:
         self._warned: set[str] = set()  # attempts sent their time-limit warning
         # attempts stopped for not becoming ready in time: their exit (143 after SIGTERM) says so
         self._timed_out: dict[str, str] = {}
+        # attempts stopped because a peer of their gang ended: restarted (at this time) with it
+        self._gang_restart: dict[str, float] = {}
 
     def forget(self, key: str) -> None:
         """An attempt ended: drop what was kept about it."""
@@ -70,6 +74,7 @@ class Supervisor:
         self._been_ready.discard(key)
         self._warned.discard(key)
         self._timed_out.pop(key, None)
+        self._gang_restart.pop(key, None)
 
     def watch(self, job: JobRec, replica: ReplicaRec) -> list[float]:
         """An attempt runs (launched, confirmed or adopted): the times at which ``review``
@@ -79,7 +84,7 @@ class Supervisor:
         if replica.started_at is None:
             return []
         out = []
-        if service.readiness_probe is not None:
+        if service.readiness_of(replica.rank) is not None:
             if replica.ready:
                 self._been_ready.add(replica.launch_key)
             out.append(replica.started_at + service.startup_timeout)
@@ -91,6 +96,38 @@ class Supervisor:
 
     # -- events ----------------------------------------------------------------------------
     def attempt_ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float) -> list[Decision]:
+        following = self._gang_restart.get(replica.launch_key)
+        decisions = self._ended(job, replica, event, now, following)
+        if following is not None:  # it follows a peer's end: the gang is already on its way
+            return decisions
+        return decisions + self._gang_follows(job, replica, decisions)
+
+    def _gang_follows(self, job: JobRec, replica: ReplicaRec, decisions: list[Decision]) -> list[Decision]:
+        """A member of a gang (a multi-node service replica) ended on its own: the gang is
+        replaced as a whole, as a SkyServe replica's cluster is. Its live peers get the stop
+        signal and restart with it (their exit is restarted whatever the policy says, and
+        whatever code the signal gave), or, where it does not restart, stop for good."""
+        service = job.task(replica.task).service
+        mine = next((d for d in decisions if getattr(d, "replica_id", None) == replica.id), None)
+        if service.gang_size <= 1 or not isinstance(mine, (Restart, End)) or replica.stop_requested_at is not None:
+            return []
+        gang = service.gang_of(replica.rank)
+        peers = [r for r in job.replicas_of(replica.task) if r.id != replica.id and service.gang_of(r.rank) == gang
+                 and r.state in LIVE and r.stop_requested_at is None and r.kill_at is None]
+        if isinstance(mine, Restart):
+            out: list[Decision] = []
+            for peer in peers:
+                if peer.handle is None:
+                    continue  # not launched yet: it starts with the gang's new addresses anyway
+                self._gang_restart[peer.launch_key] = mine.at
+                out.append(Signal(peer.id, service.stop_signal, "gang_restart",
+                                  f"{replica.label} of its gang ended; the gang restarts as a whole",
+                                  service.grace_period))
+            return out
+        return [Stop(peer.id, "gang_ended") for peer in peers]
+
+    def _ended(self, job: JobRec, replica: ReplicaRec, event: AttemptEnded, now: float,
+               following: float | None) -> list[Decision]:
         timed_out = self._timed_out.get(replica.launch_key)
         self.forget(replica.launch_key)
         if timed_out:  # its exit is the stop signal's: what ended it is the timeout
@@ -101,6 +138,9 @@ class Supervisor:
         policy = job.task(replica.task).service.restart
         code = None if event.lost else event.code
         ending = job.cancel_requested or job.ended_by is not None  # nothing restarts: the job is ending
+        if following is not None and not asked and not ending and job.state != JobState.PREEMPTED:
+            return [Restart(replica.id, max(now, following), code,
+                            f"stopped for its gang's restart (exit code {code}); restarts with it")]
         if not asked and not ending and job.state != JobState.PREEMPTED and not event.permanent \
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)
@@ -136,7 +176,7 @@ class Supervisor:
         oks, fails = (oks + 1, 0) if event.ok else (0, fails + 1)
         self._streaks[(key, event.kind)] = (oks, fails)
         if event.kind == "readiness":
-            probe = service.readiness_probe
+            probe = service.readiness_of(replica.rank)
             if probe is None:
                 return []
             if not event.ok:
@@ -147,7 +187,7 @@ class Supervisor:
             if replica.ready and fails >= probe.failure_threshold:
                 return [SetReady(replica.id, False, event.detail)]
             return []
-        probe = service.liveness_probe
+        probe = service.liveness_of(replica.rank)
         if probe is None or fails < probe.failure_threshold or replica.kill_at is not None:
             return []
         self._streaks.pop((key, event.kind), None)
@@ -190,7 +230,7 @@ class Supervisor:
         if limit_at is not None and now >= limit_at:
             out.append(Stop(replica.id, "time_limit"))
             return out
-        if service.readiness_probe is not None and not replica.ready and replica.kill_at is None \
+        if service.readiness_of(replica.rank) is not None and not replica.ready and replica.kill_at is None \
                 and key not in self._been_ready and now >= replica.started_at + service.startup_timeout:  # type: ignore[operator]
             last = self._last_failure.get(key, "no probe answered yet")
             self._timed_out[key] = f"stopped: not ready {service.startup_timeout:g}s after start, its startup_timeout"

@@ -34,7 +34,8 @@ import psutil
 from corral.auth.accounts import UnixAccount
 from corral.executors.contract import Container
 from corral.node import container as containers
-from corral.node.container import LAUNCH as CONTAINER_LAUNCH, READS as CONTAINER_READS, SHELL as CONTAINER_SHELL
+from corral.node.container import (LAUNCH as CONTAINER_LAUNCH, READS as CONTAINER_READS, SETUP_FAILED,
+                                   SHELL as CONTAINER_SHELL)
 from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
@@ -80,6 +81,7 @@ exec 3>&2
 rc=0
 AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
 USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
+SETUP_FAILED='""" + SETUP_FAILED + r"""'
 CONTAINER_SHELL='""" + CONTAINER_SHELL + r"""'
 CONTAINER_LAUNCH='""" + CONTAINER_LAUNCH + r"""'
 CONTAINER_READS='""" + CONTAINER_READS + r"""'
@@ -104,7 +106,8 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
     { $drop "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
   fi
 else
-  if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+  if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED$rc), so its run was not started" >&3; fi
   if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi

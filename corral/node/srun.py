@@ -7,9 +7,13 @@ explains where they run and why). Run as ``python srun.py srun|scontrol ARGS``.
 each task's even share with ``--exact``). Every task is a process group of its own, so a
 signal meant for the batch shell alone (``--signal=B:…``) never reaches it, while ``srun``
 forwards the others it receives (a stop, a ``--signal`` without ``B:``). Output goes where
-the step's own goes (the job's log), prefixed by the task id with ``-l``. The exit code is
-the highest of the tasks' (128+N for a task ended by signal N), as Slurm's. ``--overlap`` is
-what every step does here: steps share the job's allocation."""
+the step's own goes (the job's log), or to ``-o``/``-e`` files, prefixed by the task id with
+``-l``. The exit code is the highest of the tasks' (128+N for a task ended by signal N), as
+Slurm's. ``--overlap`` is what every step does here: steps share the job's allocation.
+
+In a heterogeneous job (``corral.spec.hetjob``) a step runs on component 0, on the
+components ``--het-group`` names, or one per `` : `` part of the line (``plan``), each task
+with its component's view of the job (``group_env``) and ranks numbered across them."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ if __name__ == "__main__":  # run as a file: import corral from the tree this fi
 import fcntl  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import threading  # noqa: E402
@@ -36,6 +41,7 @@ _OPTIONS = {
     "wait": "W", "export": None, "mem": None, "mem-per-cpu": None, "cpu-bind": None, "mpi": None,
     "distribution": "m", "time": "t", "kill-on-bad-exit": "K", "label": "l", "overlap": None, "exact": None,
     "unbuffered": "u", "quiet": "Q", "verbose": "v", "exclusive": None, "gpu-bind": None,
+    "het-group": None, "output": "o", "error": "e", "open-mode": None,
 }
 # accepted, with a warning: they change nothing a step on corral's nodes could honour
 _IGNORED = ("mem", "mem-per-cpu", "cpu-bind", "mpi", "distribution", "time", "gpu-bind")
@@ -226,50 +232,156 @@ def _restore_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+def _segments(argv: list[str]) -> list[list[str]]:
+    """An srun line's components: ``srun OPTS0 [CMD0] : OPTS1 CMD1`` (a heterogeneous step)."""
+    out: list[list[str]] = [[]]
+    for word in argv:
+        if word == ":":
+            out.append([])
+        else:
+            out[-1].append(word)
+    return out
+
+
+def het_groups(expr: str, size: int) -> list[int]:
+    """``--het-group``'s components: ``1``, ``0,1``, ``0-2``, ``1,3-5``."""
+    groups: list[int] = []
+    for part in expr.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise UsageError(f"--het-group: {expr!r} is not a list of components like 1, 0,1 or 0-2")
+        for group in range(int(low), int(high if sep else low) + 1):
+            if group >= size:
+                raise UsageError(f"--het-group: the job has components 0-{size - 1}, not {group}")
+            if group not in groups:
+                groups.append(group)
+    if not groups:
+        raise UsageError(f"--het-group: {expr!r} names no component")
+    return groups
+
+
+def group_env(env: dict[str, str], group: int) -> dict[str, str]:
+    """The batch script's environment as a step on component ``group`` of a heterogeneous job
+    sees its job: that component's nodes, tasks, CPUs, GPUs and partition under the usual
+    names (``corral.runtime.batchenv.het_env``)."""
+    from corral.runtime.batchenv import HET_VARS
+
+    out = dict(env)
+    for name in HET_VARS:
+        own = env.get(f"{name}_HET_GROUP_{group}")
+        if own is None:
+            out.pop(name, None)
+        else:
+            out[name] = own
+    return out
+
+
+def plan(argv: list[str], env: dict[str, str]) -> list[dict]:
+    """Every task of the step an srun line asks for: its node, ranks, GPUs, and the command,
+    container, options and environment of its component. In a heterogeneous job a step runs on
+    component 0 unless ``--het-group`` says otherwise; each `` : `` component of the line runs
+    on the next component (or its own ``--het-group``), and the ranks of a step over several
+    run on across them."""
+    from corral.spec import pyxis
+
+    parsed = []
+    for words in _segments(argv):
+        given, words = pyxis.split(words)
+        opts, command = parse_args(words)
+        parsed.append([opts, command, pyxis.container_of(given)])
+    for index in range(len(parsed) - 2, -1, -1):  # a component without a command runs the next one's
+        if not parsed[index][1]:
+            parsed[index][1] = parsed[index + 1][1]
+    if not parsed[-1][1]:
+        raise UsageError("no command to run")
+    nodes = json.loads(env.get("CORRAL_SBATCH_NODES") or "null")
+    if not nodes:
+        raise UsageError("not inside a batch job (no job node layout: SLURM_JOB_ID and CORRAL_SBATCH_NODES)")
+    size = int(env.get("SLURM_HET_SIZE") or 0) if all("group" in n for n in nodes) else 0
+    parts: list[tuple[int | None, dict[str, str], list[str], object]] = []
+    for index, (opts, command, container) in enumerate(parsed):
+        if "het-group" in opts:
+            if not size:
+                raise UsageError("--het-group expected to be used within a heterogeneous job (#SBATCH hetjob)")
+            groups: list[int | None] = list(het_groups(opts["het-group"], size))
+        elif size:
+            if index >= size:
+                raise UsageError(f"the srun line has {len(parsed)} components (' : ') but the job {size}")
+            groups = [index]
+        elif len(parsed) > 1:
+            raise UsageError("' : ' separates the components of a heterogeneous step, and this job is not "
+                             "heterogeneous (#SBATCH hetjob)")
+        else:
+            groups = [None]
+        parts += [(group, opts, command, container) for group in groups]
+    tasks: list[dict] = []
+    for group, opts, command, container in parts:
+        base = env if group is None else group_env(env, group)
+        own = nodes if group is None else [n for n in nodes if n.get("group") == group]
+        for task in plan_step(opts, own, base):
+            task.update(rank=len(tasks), group=group, command=command, container=container, opts=opts, base=base)
+            tasks.append(task)
+    if len(parts) > 1:  # node ids across the whole step
+        order = list(dict.fromkeys(t["node"] for t in tasks))
+        for task in tasks:
+            task["node_index"] = order.index(task["node"])
+    return tasks
+
+
 def srun(argv: list[str]) -> int:
     from corral.node import stepcontainer
     from corral.spec import pyxis
 
     env = dict(os.environ)
     try:
-        given, argv = pyxis.split(argv)
-        container = pyxis.container_of(given)
-        opts, command = parse_args(argv)
-        if not command:
-            raise UsageError("no command to run")
-        nodes = json.loads(env.get("CORRAL_SBATCH_NODES") or "null")
-        if not nodes:
-            raise UsageError("not inside a batch job (no job node layout: SLURM_JOB_ID and CORRAL_SBATCH_NODES)")
-        tasks = plan_step(opts, nodes, env)
-        ignored = [f"--{name}" for name in _IGNORED if name in opts]
+        tasks = plan(argv, env)
+        opts = tasks[0]["opts"]
+        ignored = sorted({f"--{name}" for t in tasks for name in _IGNORED if name in t["opts"]})
         if ignored and "quiet" not in opts:
             print(f"srun: warning: {', '.join(ignored)} ignored on corral's nodes", file=sys.stderr)
         wait_s = _int(opts, "wait") or 0
         kill_bad = opts.get("kill-on-bad-exit", "0") not in ("0", "")
-    except (UsageError, ValueError) as exc:
+    except (UsageError, ValueError, pyxis.PyxisError) as exc:
         print(f"srun: error: {exc}", file=sys.stderr)
         return 1
     step = _step_id(env)
     boxes: list = []  # each task's container (``stepcontainer.Box``), when the step runs in one
     try:
-        return _run_step(opts, command, tasks, step, env, container, boxes, wait_s, kill_bad)
+        return _run_step(opts, tasks, step, env, boxes, wait_s, kill_bad)
     except stepcontainer.StepContainerError as exc:
         print(f"srun: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # an --output/--error file
+        print(f"srun: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
         return 1
     finally:
         for box in boxes:
             box.remove()
 
 
-def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step: int, env: dict[str, str],
-              container, boxes: list, wait_s: int, kill_bad: bool) -> int:
+def _output_path(pattern: str, task: dict, step: int, env: dict[str, str], cwd: str) -> str:
+    """srun's ``--output``/``--error`` patterns: %j %J %s %t %n %N %x %u %%."""
+    job = env.get("SLURM_JOB_ID", "0")
+    values = {"j": job, "J": f"{job}.{step}", "s": str(step), "t": str(task["rank"]), "n": str(task["node_index"]),
+              "N": task["node"], "x": env.get("SLURM_JOB_NAME", ""), "u": env.get("SLURM_JOB_USER", ""), "%": "%"}
+
+    def fill(match) -> str:
+        value = values.get(match.group(2), match.group(0))
+        return value.zfill(int(match.group(1))) if match.group(1) and value.isdigit() else value
+
+    path = re.sub(r"%(\d*)([jJstnNxu%])", fill, pattern)
+    return path if path.startswith("/") else os.path.join(cwd, path)
+
+
+def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str, str],
+              boxes: list, wait_s: int, kill_bad: bool) -> int:
     from corral.node import stepcontainer
 
     cwd = opts.get("chdir") or os.getcwd()
-    label = "label" in opts
     batch_only = env.get("CORRAL_SBATCH_BATCH_SIGNAL", "")
     procs: list[subprocess.Popen] = []
     lock = threading.Lock()
+    files: dict[str, object] = {}  # --output/--error files, opened once each (shared by tasks naming one)
 
     def forward(signum: int, _frame) -> None:
         if batch_only and signal.Signals(signum).name == batch_only:
@@ -282,49 +394,85 @@ def _run_step(opts: dict[str, str], command: list[str], tasks: list[dict], step:
                     except ProcessLookupError:
                         pass
 
+    def opened(pattern: str | None, task: dict, mode: str):
+        if pattern is None:
+            return None
+        path = _output_path(pattern, task, step, env, cwd)
+        if path not in files:
+            files[path] = open(path, mode + "b")
+        return files[path]
+
     for sig in FORWARDED:
         signal.signal(sig, forward)
     pumps = []
     started = []
+    het = len({t["group"] for t in tasks}) > 1
     for task in tasks:  # every task's container made (and its image pulled) before any task starts
-        task_env = _task_env(env, task, tasks, step, opts)
-        argv = command
-        if container is not None:  # Pyxis's options: the task runs in that container (``node.stepcontainer``)
-            box = stepcontainer.prepare(container, stepcontainer.task_key(env, str(step), str(task["rank"])),
+        own = task["opts"]
+        task_env = _task_env(task["base"], task, tasks, step, own)
+        if het:
+            task_env.update(_het_step_env(tasks))
+        argv = task["command"]
+        if task["container"] is not None:  # Pyxis's options: the task runs in that container (``node.stepcontainer``)
+            box = stepcontainer.prepare(task["container"], stepcontainer.task_key(env, str(step), str(task["rank"])),
                                         task_env, cwd)
             boxes.append(box)
             box.ready(pull_image=len(boxes) == 1)  # one pull for the step: every task runs the same image
-            argv = box.argv(command)
-        started.append((task, task_env, argv))
-    for task, task_env, argv in started:
+            argv = box.argv(argv)
+        mode = "a" if own.get("open-mode", "truncate").lower().startswith("a") else "w"
+        out = opened(own.get("output"), task, mode)
+        err = opened(own.get("error"), task, mode) or out
+        started.append((task, task_env, argv, out, err, "label" in own))
+    for task, task_env, argv, out, err, label in started:
         try:
             proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
-                                    stdout=subprocess.PIPE if label else None,
-                                    stderr=subprocess.STDOUT if label else None)
+                                    stdout=subprocess.PIPE if label else out,
+                                    stderr=subprocess.STDOUT if label and err is out else err)
         except OSError as exc:
-            print(f"srun: error: task {task['rank']}: {command[0]}: {exc.strerror}", file=sys.stderr)
+            print(f"srun: error: task {task['rank']}: {argv[0]}: {exc.strerror}", file=sys.stderr)
             forward(signal.SIGKILL, None)
             return 2
         with lock:
             procs.append(proc)
         if label:
-            thread = threading.Thread(target=_pump, args=(proc, task["rank"]), daemon=True)
+            thread = threading.Thread(target=_pump, args=(proc, task["rank"], out), daemon=True)
             thread.start()
             pumps.append(thread)
     codes = _wait_all(procs, wait_s, kill_bad, forward)
     for thread in pumps:
         thread.join(timeout=5)
+    for handle in files.values():
+        handle.close()
     return max(codes) if codes else 0
+
+
+def _het_step_env(tasks: list[dict]) -> dict[str, str]:
+    """A step over several components: their count and each one's nodes and tasks, suffixed
+    with the job's component number."""
+    from corral.runtime.batchenv import compressed_counts, hostlist
+
+    groups = list(dict.fromkeys(t["group"] for t in tasks))
+    env = {"SLURM_HET_SIZE": str(len(groups))}
+    for group in groups:
+        own = [t for t in tasks if t["group"] == group]
+        nodes = list(dict.fromkeys(t["node"] for t in own))
+        env.update({f"SLURM_STEP_NODELIST_HET_GROUP_{group}": hostlist(nodes),
+                    f"SLURM_STEP_NUM_NODES_HET_GROUP_{group}": str(len(nodes)),
+                    f"SLURM_STEP_NUM_TASKS_HET_GROUP_{group}": str(len(own)),
+                    f"SLURM_STEP_TASKS_PER_NODE_HET_GROUP_{group}":
+                        compressed_counts([sum(1 for t in own if t["node"] == n) for n in nodes])})
+    return env
 
 
 _OUT_LOCK = threading.Lock()
 
 
-def _pump(proc: subprocess.Popen, rank: int) -> None:
+def _pump(proc: subprocess.Popen, rank: int, out=None) -> None:
+    out = out or sys.stdout.buffer
     for line in iter(proc.stdout.readline, b""):
         with _OUT_LOCK:
-            sys.stdout.buffer.write(f"{rank}: ".encode() + line)
-            sys.stdout.buffer.flush()
+            out.write(f"{rank}: ".encode() + line)
+            out.flush()
 
 
 def _wait_all(procs: list[subprocess.Popen], wait_s: int, kill_bad: bool, forward) -> list[int]:

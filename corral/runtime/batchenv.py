@@ -24,7 +24,7 @@ import json
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from corral.spec.batchstep import BatchStep
@@ -51,12 +51,22 @@ NODE_LISTS = ("SLURM_NODELIST", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
 ARRAY_EXTENT = ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX", "SLURM_ARRAY_TASK_STEP")
 
 
+# what each component of a heterogeneous job has of its own: set as NAME_HET_GROUP_k for every
+# component k (``het_env``), and as NAME for component 0 in the script; corral's srun sets a
+# step's NAME from its component's (``corral.node.srun``)
+HET_VARS = ("SLURM_JOB_ID", "SLURM_JOB_NAME", "SLURM_JOB_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NUM_NODES",
+            "SLURM_NNODES", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE",
+            "SLURM_CPUS_PER_TASK", "SLURM_JOB_CPUS_PER_NODE", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK",
+            "SLURM_JOB_GPUS", "SLURM_JOB_PARTITION", "SLURM_JOB_ACCOUNT", "SLURM_JOB_QOS")
+
+
 @dataclass(frozen=True)
 class NodeSlot:
     name: str
     gpus: tuple[int, ...]
     cpus: float
     addr: str
+    task: str = ""  # the task whose replica holds it (which component of a heterogeneous job)
 
 
 @dataclass(frozen=True)
@@ -208,6 +218,9 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
     """Slurm's variables for the batch script (the batch step: node 0, task 0). With
     ``--export=NONE`` the script starts with only these, corral's own, the basics of a login
     (PATH, HOME, USER …) and ``keep`` (the variables the job names)."""
+    every = ctx.nodes
+    if step.het:  # the script's own variables are its component's (0); each component's, suffixed
+        ctx = replace(ctx, nodes=tuple(het_groups(step, every)[0]))
     names = [n.name for n in ctx.nodes]
     counts = tasks_per_node(step)
     first = ctx.nodes[0]
@@ -230,6 +243,12 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
         "CORRAL_SBATCH_NODES": json.dumps([{"name": n.name, "gpus": list(n.gpus), "cpus": n.cpus, "addr": n.addr}
                                            for n in ctx.nodes]),
     }
+    if step.het:  # srun --het-group=k runs on the nodes of component k
+        groups = het_groups(step, every)
+        env["CORRAL_SBATCH_NODES"] = json.dumps([{"name": n.name, "gpus": list(n.gpus), "cpus": n.cpus,
+                                                  "addr": n.addr, "group": k}
+                                                 for k, slots in enumerate(groups) for n in slots])
+        env.update(het_env(step, replace(ctx, nodes=every)))
     if step.ntasks_per_node:
         env["SLURM_NTASKS_PER_NODE"] = str(step.ntasks_per_node)
     if step.gpus_per_node:
@@ -263,6 +282,40 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
         env["CORRAL_SBATCH_CONTAINER"] = json.dumps(step.container, sort_keys=True)
         if shims is not None:  # kept where Slurm's own srun replaces the shims (the Slurm infra)
             env["CORRAL_SBATCH_BOX"] = str(shims / "corral-container")
+    return env
+
+
+def het_groups(step: BatchStep, nodes: tuple[NodeSlot, ...]) -> list[list[NodeSlot]]:
+    """The nodes of each component of a heterogeneous job, in the order given (the batch node
+    first)."""
+    return [[n for n in nodes if n.task in group.tasks] for group in step.het]
+
+
+def het_env(step: BatchStep, ctx: BatchContext) -> dict[str, str]:
+    """Slurm's variables of a heterogeneous job's components: ``SLURM_HET_SIZE`` and, for each
+    component k, ``NAME_HET_GROUP_k`` for the names of ``HET_VARS``. corral runs the components
+    as one job, so every component's job id is the job's."""
+    env = {"SLURM_HET_SIZE": str(len(step.het))}
+    for index, (group, slots) in enumerate(zip(step.het, het_groups(step, ctx.nodes))):
+        names = [n.name for n in slots]
+        layout = {
+            "SLURM_JOB_ID": str(ctx.job_id), "SLURM_JOB_NAME": group.job_name,
+            "SLURM_JOB_NODELIST": hostlist(names), "SLURM_NODELIST": hostlist(names),
+            "SLURM_JOB_NUM_NODES": str(len(names)), "SLURM_NNODES": str(len(names)),
+            "SLURM_NTASKS": str(group.ntasks), "SLURM_NPROCS": str(group.ntasks),
+            "SLURM_TASKS_PER_NODE": compressed_counts(tasks_per_node(group)),
+            "SLURM_CPUS_PER_TASK": str(group.cpus_per_task),
+            "SLURM_JOB_CPUS_PER_NODE": compressed_counts([int(n.cpus) or 1 for n in slots]),
+            "SLURM_JOB_GPUS": ",".join(str(g) for g in slots[0].gpus) if slots else "",
+            "SLURM_JOB_PARTITION": ctx.partition, "SLURM_JOB_ACCOUNT": ctx.account, "SLURM_JOB_QOS": ctx.qos,
+        }
+        if group.ntasks_per_node:
+            layout["SLURM_NTASKS_PER_NODE"] = str(group.ntasks_per_node)
+        if group.gpus_per_node:
+            layout["SLURM_GPUS_PER_NODE"] = str(group.gpus_per_node)
+        if group.gpus_per_task is not None:
+            layout["SLURM_GPUS_PER_TASK"] = str(group.gpus_per_task)
+        env.update({f"{name}_HET_GROUP_{index}": value for name, value in layout.items()})
     return env
 
 

@@ -70,6 +70,8 @@ def peers_document(job_id: int, job_name: str, tasks: list[dict[str, Any]], upda
                                     for name, port in t["ports"].items()
                                     if r.get("ports") and r["ports"].get(name, port) != port},
                     "endpoints": {name: f"{r['addr']}:{port}" for name, port in r.get("ports", t["ports"]).items()},
+                    # a multi-node service replica's members: which gang (its head is the gang's rank 0)
+                    **({"gang": r["gang"]} if r.get("gang") is not None else {}),
                 } for r in t["replicas"]],
             } for t in tasks
         },

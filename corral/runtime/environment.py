@@ -1,7 +1,8 @@
 """The environment a replica sees, built here and nowhere else: the basics of a login, the
 submitter's variables its export mode selected (``corral.spec.world``: Slurm's ``--export``
 rule), the job's own ``envs`` and ``secrets``, and corral's variables — its own, the SkyPilot
-and Slurm names existing scripts already read, the rank-0 rendezvous of its task, its GPUs.
+and Slurm names existing scripts already read, the rank-0 rendezvous of its task (of its
+gang, for a multi-node service replica: ``gang_view``), its GPUs.
 
 Never the server's environment (nor a Ray worker's, nor slurmd's): executors start replicas
 with exactly this mapping, so a job behaves the same wherever it runs and whoever started
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from corral.runtime.batchenv import array_extent, task_layout
@@ -79,10 +80,32 @@ class ReplicaContext:
     array_job_id: int | None = None  # an element of a job array: the array's id, its index and extent
     array_index: int | None = None
     array_extent: tuple[int, ...] | None = None
+    # replicas in gangs of this many (a multi-node service replica): ranks, IPs, MASTER_ADDR
+    # and the world are the gang's own; node_ips and task_nodes still list the whole task
+    gang_size: int = 1
 
 
-def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
-    hostname = f"{ctx.task}-{ctx.rank}.{ctx.job_name}"
+def gang_view(ctx: ReplicaContext) -> ReplicaContext:
+    """The context as the replica's gang sees it: its rank within the gang, the gang's IPs and
+    nodes only, the gang's rank 0 as MASTER_ADDR. Its name (``CORRAL_HOSTNAME``) stays the
+    task-wide ``{task}-{rank}``, so every name a job had stays valid, and corral's own
+    ``CORRAL_REPLICA``, ``CORRAL_NUM_REPLICAS`` and ``CORRAL_NODE_IPS`` stay the task's; the
+    names frameworks read (``SKYPILOT_*``, ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+    ``SLURM_PROCID`` …) are the gang's, as inside one SkyServe replica."""
+    size = ctx.gang_size
+    if size <= 1:
+        return ctx
+    first = (ctx.rank // size) * size
+    ips = ctx.node_ips[first:first + size]
+    nodes = ctx.task_nodes[first:first + size] if len(ctx.task_nodes) == ctx.num_replicas else ()
+    return replace(ctx, rank=ctx.rank - first, num_replicas=size, node_ips=ips, task_nodes=nodes,
+                   master_addr=ips[0] if ips else ctx.addr,
+                   job_nodes=tuple(dict.fromkeys(n for n in nodes if n)) or ctx.job_nodes)
+
+
+def replica_env(base: dict[str, str], task_ctx: ReplicaContext) -> dict[str, str]:
+    hostname = f"{task_ctx.task}-{task_ctx.rank}.{task_ctx.job_name}"
+    ctx = gang_view(task_ctx)
     node_ips = "\n".join(ctx.node_ips)
     gpu_list = ",".join(str(g) for g in ctx.gpus)
     env = dict(base)
@@ -90,9 +113,9 @@ def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
         "CORRAL_JOB_ID": str(ctx.job_id),
         "CORRAL_JOB_NAME": ctx.job_name,
         "CORRAL_TASK": ctx.task,
-        "CORRAL_REPLICA": str(ctx.rank),
-        "CORRAL_NUM_REPLICAS": str(ctx.num_replicas),
-        "CORRAL_NODE_IPS": node_ips,
+        "CORRAL_REPLICA": str(task_ctx.rank),  # its name's rank: task-wide
+        "CORRAL_NUM_REPLICAS": str(task_ctx.num_replicas),
+        "CORRAL_NODE_IPS": "\n".join(task_ctx.node_ips),
         "CORRAL_HOSTNAME": hostname,
         "CORRAL_ADDR": ctx.addr,
         "CORRAL_NODE": ctx.node,
@@ -129,6 +152,11 @@ def replica_env(base: dict[str, str], ctx: ReplicaContext) -> dict[str, str]:
         env["SLURM_ARRAY_JOB_ID"] = str(ctx.array_job_id)
         env["SLURM_ARRAY_TASK_ID"] = str(ctx.array_index)
         env.update(array_extent(ctx.array_extent))
+    if task_ctx.gang_size > 1:
+        gang = task_ctx.rank // task_ctx.gang_size
+        env.update({"CORRAL_GANG": str(gang), "CORRAL_GANG_RANK": str(ctx.rank),
+                    "CORRAL_GANG_SIZE": str(task_ctx.gang_size),
+                    "CORRAL_GANG_HEAD": f"{task_ctx.task}-{gang * task_ctx.gang_size}.{task_ctx.job_name}"})
     if ctx.is_group:
         env["CORRAL_JOBGROUP_NAME"] = ctx.job_name
         env["SKYPILOT_JOBGROUP_NAME"] = ctx.job_name

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -19,10 +20,11 @@ CHUNK = 1 << 16
 LAST_WORDS = ("corral: the job failed: ", "corral: error: ")
 
 
-def last_words(path: Path, tail: int = 4096) -> str:
+def last_words(path: Path, tail: int = 4096, code: int | None = None) -> str:
     """Why a replica failed where its exit code alone does not say: the sentence corral's shell
-    printed last when it failed the job itself (its ``--output`` directory missing, say), or
-    a port taken (``Address already in use``); "" otherwise."""
+    printed last when it failed the job itself (its ``--output`` directory missing, its setup
+    failing, say), a port taken (``Address already in use``), or for the shell's own codes
+    (126: found but not executable, 127: not found) the shell's line saying what; "" otherwise."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
@@ -35,7 +37,15 @@ def last_words(path: Path, tail: int = 4096) -> str:
     if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
         return ("its log says a port it binds is already in use on its node (replicas on one machine share a "
                 "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0)")
+    if code in (126, 127):
+        shell = [line.strip() for line in text.splitlines() if _SHELL_SAYS.search(line)]
+        if shell:
+            return f"its log says: {shell[-1][:300]}"
     return ""
+
+
+# how bash and sh say a command could not be run (exit 127: not found; 126: not executable)
+_SHELL_SAYS = re.compile(r"command not found|[Pp]ermission denied|No such file or directory|cannot execute")
 
 
 def rotated(path: Path) -> Path:

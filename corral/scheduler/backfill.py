@@ -13,7 +13,7 @@ says so; failed what-ifs are always undone."""
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 from dataclasses import dataclass
 
@@ -46,13 +46,16 @@ class Timeline:
 
     def __init__(self) -> None:
         self.releases: list[Step] = []
+        self.times: list[float] = []  # the releases' times, kept beside them for bisecting
         self.changes: list[float] = []
         self._sorted = True
 
     def add(self, end: float, allocations: tuple[Allocation, ...]) -> None:
         step = (end, allocations, sum(len(a.gpus) for a in allocations))
         if self._sorted:  # after equal times, as a stable sort would put it
-            insort(self.releases, step, key=_time)
+            at = bisect_right(self.times, end)
+            self.times.insert(at, end)
+            self.releases.insert(at, step)
         else:
             self.releases.append(step)
         self.changes.append(end)
@@ -60,6 +63,7 @@ class Timeline:
     def ordered(self) -> list[Step]:
         if not self._sorted:
             self.releases.sort(key=_time)
+            self.times = [step[0] for step in self.releases]
             self._sorted = True
         return self.releases
 

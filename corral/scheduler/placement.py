@@ -45,9 +45,14 @@ class FreePool:
     """Mutable free resources of every node, with assume/undo for what-if placement.
 
     Nodes are also indexed by how many GPUs they have free (buckets), so best fit is a walk
-    from the smallest bucket that can hold a replica instead of a scan of every node.
-    ``copy`` is copy-on-write: a what-if pool shares the nodes it never changes, so the
-    many reservations of a cycle each cost what they touch, not the size of the cluster."""
+    from the smallest bucket that can hold a replica instead of a scan of every node; with
+    several GPU types, per type too, so a typed replica never walks the other types' nodes.
+    A bucket keeps the order in which its nodes reached that count (their ``stamp``), which
+    is what lets a walk over a few named nodes (a switch's, a node list's) visit them in the
+    order the whole-bucket walk would. ``copy`` is copy-on-write: a what-if pool shares the
+    nodes it never changes, so the many reservations of a cycle each cost what they touch,
+    not the size of the cluster. ``changed`` logs every node whose free resources moved, once
+    an index over the pool (``topology.Rooms``) exists, so the index redoes only those."""
 
     def __init__(self, nodes: tuple[NodeView, ...] | list[NodeView]):
         free = [FreeNode(n, set(n.free_gpus or ()), _grid(n.free_cpus or 0.0), _grid(n.free_memory or 0.0),
@@ -59,10 +64,23 @@ class FreePool:
             self.buckets[len(node.gpus)][node.view.name] = node
         self.free_gpus = sum(len(n.gpus) for n in free)
         self.index = {n.view.name: i for i, n in enumerate(free)}  # node order, for first fit
+        self.stamp = dict(self.index)  # when each node entered its bucket (bucket order)
+        self._clock = len(free)
         self.sharing: dict[str, tuple[str, ...]] = {}  # address -> the nodes on it (fixed)
         for node in free:
             if node.view.address is not None:
                 self.sharing[node.view.address] = self.sharing.get(node.view.address, ()) + (node.view.name,)
+        types = {_type(n.view) for n in free if n.view.gpus}
+        # GPU type -> buckets of its nodes, only where there is more than one type to tell apart
+        self.typed: dict[str, list[dict[str, FreeNode]]] | None = None
+        if len(types) > 1:
+            self.typed = {t: [{} for _ in range(self.max_gpus + 1)] for t in types}
+            for node in free:
+                if node.view.gpus:
+                    self.typed[_type(node.view)][len(node.gpus)][node.view.name] = node
+        self.changed: list[str] = []
+        self.shared: dict = {}  # facts about the nodes that never change (same for every copy)
+        self.rooms: dict = {}  # topology.Rooms indexes of this pool, by task shape
         self._owned: set[str] | None = None  # None: every node is this pool's own
 
     @property
@@ -76,7 +94,14 @@ class FreePool:
         clone.buckets = [dict(bucket) for bucket in self.buckets]
         clone.free_gpus = self.free_gpus
         clone.index = self.index
+        clone.stamp = dict(self.stamp)
+        clone._clock = self._clock
         clone.sharing = self.sharing
+        clone.typed = None if self.typed is None else \
+            {t: [dict(bucket) for bucket in buckets] for t, buckets in self.typed.items()}
+        clone.changed = []
+        clone.shared = self.shared
+        clone.rooms = {}
         clone._owned = set()
         self._owned = set()  # its nodes are shared now: the original copies before writing too
         return clone
@@ -88,6 +113,8 @@ class FreePool:
         mine = FreeNode(node.view, set(node.gpus), node.cpus, node.memory, Counter(node.ports) if node.ports else None)
         self.by_name[name] = mine
         self.buckets[len(mine.gpus)][name] = mine
+        if self.typed is not None and mine.view.gpus:
+            self.typed[_type(mine.view)][len(mine.gpus)][name] = mine
         self._owned.add(name)
         return mine
 
@@ -102,14 +129,32 @@ class FreePool:
         return cls([NodeView(n.name, n.gpus, n.cpus, n.memory, n.gpu_type, n.labels, dedicated_to=n.dedicated_to,
                              address=n.address) for n in nodes])
 
-    def candidates(self, gpus: int, first_fit: bool = False):
-        """Nodes with at least ``gpus`` free, fewest free first (best fit), or in node order."""
+    def candidates(self, gpus: int, first_fit: bool = False, gpu_type: str | None = None):
+        """Nodes with at least ``gpus`` free, fewest free first (best fit), or in node order;
+        only nodes of ``gpu_type`` (lower case) when given and the pool tells types apart
+        (the other nodes would fail ``GpuTypeFilter`` anyway)."""
+        buckets = self.buckets
+        if gpu_type is not None and gpus and self.typed is not None:
+            buckets = self.typed.get(gpu_type, ())
         if first_fit:
-            yield from sorted((n for bucket in self.buckets[gpus:] for n in bucket.values()),
+            yield from sorted((n for bucket in buckets[gpus:] for n in bucket.values()),
                               key=lambda n: self.index[n.view.name])
             return
-        for bucket in self.buckets[gpus:]:
+        for bucket in buckets[gpus:]:
             yield from bucket.values()
+
+    def among(self, names, gpus: int, first_fit: bool = False) -> list[FreeNode]:
+        """The nodes of ``names`` with at least ``gpus`` free, in the order ``candidates``
+        gives them: a few named nodes without walking the whole pool."""
+        by_name = self.by_name
+        nodes = [node for name in names if (node := by_name.get(name)) is not None and len(node.gpus) >= gpus]
+        if first_fit:
+            index = self.index
+            nodes.sort(key=lambda n: index[n.view.name])
+        else:
+            stamp = self.stamp
+            nodes.sort(key=lambda n: (len(n.gpus), stamp[n.view.name]))
+        return nodes
 
     def count_with(self, gpus: int) -> int:
         return sum(len(bucket) for bucket in self.buckets[gpus:])
@@ -141,6 +186,8 @@ class FreePool:
         """Remove an allocation's resources without checking they are free (reservations)."""
         node = self._own(alloc.node)
         before = len(node.gpus)
+        if self.rooms:  # logged only for the indexes that read it (a long-lived pool keeps none)
+            self.changed.append(alloc.node)
         node.gpus -= set(alloc.gpus)
         if alloc.ports:
             node.ports = node.ports or Counter()
@@ -154,6 +201,8 @@ class FreePool:
     def release(self, alloc: Allocation) -> None:
         node = self._own(alloc.node)
         before = len(node.gpus)
+        if self.rooms:
+            self.changed.append(alloc.node)
         node.gpus |= set(alloc.gpus)
         if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
@@ -168,6 +217,8 @@ class FreePool:
         """Release an allocation but for the GPUs in ``keep`` (held by a reservation)."""
         node = self._own(alloc.node)
         before = len(node.gpus)
+        if self.rooms:
+            self.changed.append(alloc.node)
         node.gpus |= set(alloc.gpus) - keep
         if alloc.ports and node.ports:
             node.ports.subtract(alloc.ports)
@@ -181,9 +232,20 @@ class FreePool:
     def _rebucket(self, node: FreeNode, before: int) -> None:
         after = len(node.gpus)
         if after != before:
+            name = node.view.name
             self.free_gpus += after - before
-            del self.buckets[before][node.view.name]
-            self.buckets[after][node.view.name] = node
+            del self.buckets[before][name]
+            self.buckets[after][name] = node
+            self._clock += 1
+            self.stamp[name] = self._clock
+            if self.typed is not None and node.view.gpus:
+                typed = self.typed[_type(node.view)]
+                del typed[before][name]
+                typed[after][name] = node
+
+
+def _type(view: NodeView) -> str:
+    return (view.gpu_type or "").lower()
 
 
 class Filter(ABC):
@@ -225,12 +287,21 @@ def feasible(pool: FreePool, node: FreeNode, req: TaskRequest) -> bool:
     return all(f.feasible(node, req) for f in FILTERS) and pool.ports_free(node, req.ports)
 
 
+# A replica confined to at most 1/SUBSET of the pool's nodes looks at those nodes alone.
+SUBSET = 8
+
+
 def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozenset[str] | None = None,
                   first_fit: bool = False, avoid: set[str] | frozenset[str] = frozenset()) -> Allocation | None:
     """Best fit: the first feasible node in the pool's fewest-free-GPUs-first order, or in
     node order with ``first_fit`` (among ``allowed`` nodes, when given: a partition, or the
     switches topology chose; never one in ``avoid``). An exclusive replica takes all of its node."""
-    for node in pool.candidates(req.gpus, first_fit):
+    names = allowed if req.nodes is None else req.nodes if allowed is None else req.nodes & allowed
+    if names is not None and len(names) * SUBSET <= len(pool.by_name):
+        nodes = pool.among(names, req.gpus, first_fit)  # a few nodes: sort them, not walk every bucket
+    else:
+        nodes = pool.candidates(req.gpus, first_fit, req.gpu_type.lower() if req.gpu_type else None)
+    for node in nodes:
         if (allowed is None or node.view.name in allowed) and node.view.name not in avoid \
                 and feasible(pool, node, req):
             ports = req.ports if node.view.address is not None else ()
@@ -265,6 +336,9 @@ def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tu
 
     Multi-node tasks go first, each under the fewest switches (``topology``); then the
     other replicas, larger first, so small ones do not fragment the nodes they need."""
+    if len(job.tasks) == 1 and job.tasks[0].replicas == 1:  # most jobs: one replica, nothing to order
+        alloc = place_replica(pool, job.tasks[0], 0, scope.allowed, scope.first_fit)
+        return None if alloc is None else (alloc,)
     from corral.scheduler.topology import place_task  # topology builds on this module
 
     placed: list[Allocation] = []

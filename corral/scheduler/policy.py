@@ -189,10 +189,14 @@ class Policy:
         tiers = {p.name: p.priority_tier for p in self.partitions}
         default_tier = self.default_partition.priority_tier
 
-        owed = self.owed
+        more = self.weights.starve_over_share
 
         def key(partition: str, submitted_at: float, job_id: int, factors: Factors, assoc: tuple[str, str]) -> tuple:
-            starving = owed(factors, now - submitted_at, assoc in hungry)
+            # ``owed``, inlined: this runs for every pending job of every cycle
+            if assoc in hungry:
+                starving = now - submitted_at >= factors.starve_s
+            else:
+                starving = more != math.inf and now - submitted_at >= factors.starve_s * more
             return (-tiers.get(partition, default_tier), not starving, submitted_at if starving else 0.0,
                     -factors.total, submitted_at, job_id)
         return key

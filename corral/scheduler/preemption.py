@@ -23,7 +23,7 @@ from corral.scheduler.policy import Policy
 from corral.scheduler.snapshot import PendingJob, RunningJob
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Unit:
     job_id: int
     task: str | None  # None: the whole job
@@ -40,7 +40,12 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
          claimed: set[int]) -> tuple[Preemption, tuple[Allocation, ...]] | None:
     """Victims (and shrinks) that let ``job`` fit, with where it would then go;
     ``Preemption(job, ())`` if what is already being stopped is enough; None if nothing it
-    may preempt would make it fit."""
+    may preempt would make it fit.
+
+    Where it goes is where it was last found to fit: the what-if pool ends with exactly the
+    resources it had then. Placing it afresh could miss: a what-if undone puts the nodes it
+    touched last in their buckets, and greedy best fit in the new order can fail where the
+    old order fit (a gang of tasks with different CPU and memory needs)."""
     trial = pool.copy()
     for r in running:
         if r.ending and r.id not in claimed:
@@ -49,8 +54,9 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
         elif not r.ending:
             for alloc in r.stopping:
                 trial.release(alloc)
-    if _fits(trial, job, scope):
-        return Preemption(job.id, ()), _placed(trial, job, scope)
+    placed = _fit(trial, job, scope)
+    if placed is not None:
+        return Preemption(job.id, ()), placed
     victims = candidates(job, running, policy, claimed)
     if not victims:
         return None
@@ -63,33 +69,40 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
                 units.append(_Unit(r.id, part.task, (alloc,)))
     units += [_Unit(r.id, None, tuple(a for a in r.allocations if a not in r.stopping) if r.stopping else r.allocations)
               for r in by_cost]
-    chosen: list[_Unit] = []
+    # chosen units in the order taken (a dict: removing one costs nothing), and each job's
+    # shrinks among them, so a long list of candidates is walked once
+    chosen: dict[int, _Unit] = {}
+    shrinking: dict[int, list[int]] = {}
     whole: set[int] = set()
-    for unit in units:
+    for at, unit in enumerate(units):
         if unit.task is not None and unit.job_id in whole:
             continue
         if unit.task is None:  # a whole job subsumes its shrinks taken so far
-            for earlier in [u for u in chosen if u.job_id == unit.job_id]:
-                chosen.remove(earlier)
-                for alloc in earlier.allocations:
+            for earlier in shrinking.pop(unit.job_id, ()):
+                for alloc in chosen.pop(earlier).allocations:
                     trial.take(alloc)
             whole.add(unit.job_id)
+        else:
+            shrinking.setdefault(unit.job_id, []).append(at)
         for alloc in unit.allocations:
             trial.release(alloc)
-        chosen.append(unit)
-        if _fits(trial, job, scope):
+        chosen[at] = unit
+        placed = _fit(trial, job, scope)
+        if placed is not None:
             break
     else:
         return None
     # Give back what is not needed, latest first; a shrink stays a block of the top ranks.
     stuck: set[tuple[int, str | None]] = set()
-    for unit in reversed(list(chosen)):
+    for at, unit in reversed(list(chosen.items())):
         if (unit.job_id, unit.task) in stuck:
             continue
         for alloc in unit.allocations:
             trial.take(alloc)
-        if _fits(trial, job, scope):
-            chosen.remove(unit)
+        fit = _fit(trial, job, scope)
+        if fit is not None:
+            del chosen[at]
+            placed = fit
         else:
             for alloc in unit.allocations:
                 trial.release(alloc)
@@ -97,24 +110,18 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
                 stuck.add((unit.job_id, unit.task))
     shrinks: dict[tuple[int, str], int] = {}
     sizes = {(r.id, p.task): len(p.allocations) for r in victims for p in r.elastic}
-    for unit in chosen:
+    for unit in chosen.values():
         if unit.task is not None:
             key = (unit.job_id, unit.task)
             shrinks[key] = shrinks.get(key, sizes[key]) - 1
-    return (Preemption(job.id, tuple(sorted(u.job_id for u in chosen if u.task is None)),
-                       tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items()))), _placed(trial, job, scope))
+    return (Preemption(job.id, tuple(sorted(u.job_id for u in chosen.values() if u.task is None)),
+                       tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items()))), placed)
 
 
-def _placed(trial: FreePool, job: PendingJob, scope: Scope) -> tuple[Allocation, ...]:
+def _fit(trial: FreePool, job: PendingJob, scope: Scope) -> tuple[Allocation, ...] | None:
+    """Where the gang would go in ``trial`` (which is left as it was), or None."""
     allocations = place_gang(trial, job, scope)
-    assert allocations is not None, "placed only where it was just found to fit"
+    if allocations is not None:
+        for alloc in allocations:
+            trial.release(alloc)
     return allocations
-
-
-def _fits(trial: FreePool, job: PendingJob, scope: Scope) -> bool:
-    allocations = place_gang(trial, job, scope)
-    if allocations is None:
-        return False
-    for alloc in allocations:
-        trial.release(alloc)
-    return True

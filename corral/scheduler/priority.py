@@ -67,31 +67,32 @@ class Scorer:
         self._starves = w.starve_after_s != math.inf  # (inf x 0 would be nan)
         # log(1 + GPU-minutes) over log(1 + the cluster's GPU-minutes in size_span_s)
         self._log_span = 1.0 / math.log1p(cluster_gpus * w.size_span_s / 60.0) if cluster_gpus else 0.0
+        # the weights' knobs, read once per cycle rather than once per job
+        self._knobs = (w.max_age_s, w.size_span_s, w.starve_after_s, w.favor_small, w.age_power, w.size_fades)
 
     def factors(self, job: PendingJob, fair_share: float) -> Factors:
-        policy = self.policy
-        w = policy.weights
         w_age, w_fs, w_size, w_part, w_qos, w_exp = self._w
+        max_age_s, size_span_s, starve_after_s, favor_small, age_power, size_fades = self._knobs
         waited = self.now - job.submitted_at
         if waited < 0.0:
             waited = 0.0
-        age = waited / w.max_age_s
+        age = waited / max_age_s
         if age > 1.0:
             age = 1.0
         if self._by_time:
-            limit = job.run_s if job.run_s is not None else w.size_span_s
+            limit = job.run_s if job.run_s is not None else size_span_s
             size = math.log1p(max(job.gpus, 1) * limit / 60.0) * self._log_span
         else:
             size = job.gpus * self._per_gpu
         if size > 1.0:
             size = 1.0
-        starve_s = w.starve_after_s * (1.0 - size) if self._starves else math.inf
-        if w.favor_small:
+        starve_s = starve_after_s * (1.0 - size) if self._starves else math.inf
+        if favor_small:
             size = 1.0 - size
-        if w.age_power != 1.0:
-            age **= w.age_power
+        if age_power != 1.0:
+            age **= age_power
         lift = None  # age and size together, when the fade's floor sets them
-        if w.size_fades:
+        if size_fades:
             faded = size * (1.0 - age)
             # never below the priority it had when new: what size loses, age must bring in
             if w_size * (size - faded) > w_age * age:
@@ -100,6 +101,7 @@ class Scorer:
                 lift = w_size * size
                 faded = size - w_age * age / w_size
             size = faded
+        policy = self.policy
         part = self._part.get(job.partition)
         if part is None:
             part = self._part[job.partition] = policy.partition(job.partition).job_factor / policy.max_job_factor
@@ -109,7 +111,7 @@ class Scorer:
             qos = self._qos[job.qos] = policy.qos_of(job.qos).priority / top if top > 0 else 0.0
         expansion = 0.0
         if w_exp:
-            cap = w.expansion_cap_s
+            cap = policy.weights.expansion_cap_s
             limit = job.time_limit or cap
             if limit > cap:
                 limit = cap

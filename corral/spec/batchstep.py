@@ -18,6 +18,22 @@ from pydantic import Field, field_validator
 from corral.spec.base import Strict as _Strict
 from corral.spec.service import SignalName
 
+class HetGroup(_Strict):
+    """One component of a heterogeneous batch job (``corral.spec.hetjob``): the tasks holding its
+    nodes (its first node's first) and its layout."""
+
+    name: str
+    tasks: tuple[str, ...]
+    job_name: str  # SLURM_JOB_NAME_HET_GROUP_k: the component's own -J, else the job's
+    nodes: int = Field(ge=1, le=4096)
+    ntasks: int = Field(ge=1, le=1_000_000)
+    ntasks_per_node: int | None = Field(default=None, ge=1)
+    ntasks_given: bool = True
+    cpus_per_task: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=0, ge=0)
+    gpus_per_task: int | None = Field(default=None, ge=0)
+
+
 class BatchStep(_Strict):
     role: Literal["batch", "node"]  # the replica running the script, or one holding another node
     nodes: int = Field(ge=1, le=4096)
@@ -37,6 +53,10 @@ class BatchStep(_Strict):
     args: tuple[str, ...] = ()  # the script's own arguments
     # the script's own container (#SBATCH --container-image …): ``corral.spec.pyxis.StepContainer``
     container: dict[str, Any] | None = None
+    # a heterogeneous job (#SBATCH hetjob): the component of this task, and (on the batch task)
+    # every component's layout, component 0 first
+    het_group: int | None = Field(default=None, ge=0)
+    het: tuple[HetGroup, ...] = ()
 
     @field_validator("output", "error")
     @classmethod

@@ -84,8 +84,12 @@ Workdir = Annotated[Annotated[str, Tag("<path>")] | Annotated[GitWorkdir, Tag("<
 class TaskSpec(Strict):
     name: str | None = None
     num_nodes: int = Field(default=1, ge=1, le=4096)  # replicas to start with
-    min_nodes: int | None = Field(default=None, ge=1, le=4096)  # elastic bounds (None: fixed)
+    # elastic bounds (None: fixed); min 0 lets an autoscaled service scale to zero
+    min_nodes: int | None = Field(default=None, ge=0, le=4096)
     max_nodes: int | None = Field(default=None, ge=1, le=4096)
+    # replicas come in gangs of this many (a multi-node service replica: SkyServe's num_nodes
+    # under service:); each gang has its own rank 0, MASTER_ADDR and readiness (spec/service.py)
+    gang_size: int = Field(default=1, ge=1, le=4096)
     resources: Resources = Resources()
     envs: EnvMap = {}
     secrets: EnvMap = {}
@@ -127,6 +131,12 @@ class TaskSpec(Strict):
             # SkyPilot puts ports under resources; corral reads them from there too.
             resources = dict(data["resources"])
             data = {**data, "resources": resources, "ports": data.get("ports", resources.pop("ports"))}
+        if isinstance(data, dict) and data.get("pool") is not None:
+            # a SkyPilot pool YAML (`sky jobs pool apply`) keeps workers set up for jobs sent to
+            # them later; it has no run of its own, so accepting it would run nothing, silently
+            raise ValueError("a SkyPilot worker pool (`sky jobs pool apply`) has no counterpart here: corral's queue already hands "
+                             "each job the free nodes it asks for. Submit the pool's jobs themselves with corral "
+                             "launch (the pool's setup becomes each job's setup; a job array runs many alike)")
         if isinstance(data, dict) and data.get("service") is not None:  # SkyServe
             data = from_skyserve(data, lambda message: warn(info, message))
         if isinstance(data, dict):  # SkyPilot's managed-job recovery
@@ -150,14 +160,43 @@ class TaskSpec(Strict):
 
     @model_validator(mode="after")
     def _elastic_bounds(self) -> TaskSpec:
-        low, high = self.min_nodes or self.num_nodes, self.max_nodes or self.num_nodes
+        low = self.num_nodes if self.min_nodes is None else self.min_nodes
+        high = self.max_nodes or self.num_nodes
         if not low <= self.num_nodes <= high:
             raise ValueError(f"num_nodes needs min <= initial <= max, got min {low}, initial {self.num_nodes}, "
                              f"max {high}")
         if self.autoscale is not None and self.endpoint is None:
             raise ValueError("autoscale scales with the requests an endpoint forwards: the task needs an endpoint "
                              "(a service)")
+        if self.endpoint is not None and self.endpoint.hold is not None and low != 0:
+            raise ValueError("endpoint.hold is how long a request waits for a task that can scale to zero; "
+                             "this one keeps at least one replica (num_nodes min is not 0)")
+        if low == 0 and self.autoscale is None:
+            raise ValueError("num_nodes min 0 (scale to zero) needs autoscale: the endpoint's requests are what "
+                             "bring a replica back")
+        if self.gang_size > 1:
+            uneven = [f"{name} {value}" for name, value in (("num_nodes", self.num_nodes), ("min", low),
+                                                             ("max", high)) if value % self.gang_size]
+            if uneven:
+                raise ValueError(f"replicas come in gangs of {self.gang_size} (gang_size): {', '.join(uneven)} "
+                                 f"is not a multiple of {self.gang_size}")
         return self
+
+    def gang_of(self, rank: int) -> int:
+        """Which gang (multi-node service replica) the replica of this rank belongs to."""
+        return rank // self.gang_size
+
+    def heads(self, rank: int) -> bool:
+        """The replica of this rank is its gang's rank 0: it serves the port and is probed."""
+        return rank % self.gang_size == 0
+
+    def readiness_of(self, rank: int) -> Probe | None:
+        """The readiness probe of the replica of ``rank``: a gang's members other than its
+        head listen on nothing, so only the head is probed (its readiness is the gang's)."""
+        return self.readiness_probe if self.heads(rank) else None
+
+    def liveness_of(self, rank: int) -> Probe | None:
+        return self.liveness_probe if self.heads(rank) else None
 
     @field_validator("endpoint")
     @classmethod

@@ -6,7 +6,8 @@ before its first command (sbatch stops reading directives there too). Directives
 command-line options go through one option table (``OPTIONS``): long and short forms,
 ``--opt=value`` and ``--opt value``; command-line options override the script's, as in
 sbatch. An option with no meaning on corral is named in a warning; an unknown option or a
-malformed value is an error naming the option and its line, and nothing is submitted.
+malformed value is an error naming the option and its line, and nothing is submitted. The
+options' values are read by ``corral.spec.sbatchvalues``.
 
 The result maps onto corral's own job model so the queue, fair share, partitions, QOS, time
 limits, signals, requeue, dependencies and node constraints of corral apply:
@@ -17,6 +18,8 @@ limits, signals, requeue, dependencies and node constraints of corral apply:
   other nodes until the script ends; termination delay 0), all on distinct nodes
   (``distinct_nodes``), each holding one node's share (``--gpus-per-node``, tasks per node ×
   ``--cpus-per-task`` CPUs, ``--mem``);
+- ``#SBATCH hetjob`` components (or `` : `` on the command line): a job group with tasks per
+  component (``corral.spec.hetjob``);
 - the script's text travels inside the job (``corral.spec.batchshell``), so a requeued job
   runs the script it was submitted with;
 - ``BatchStep`` (``corral.spec.batchstep``) carries what the runtime needs for Slurm's
@@ -31,197 +34,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from corral.scheduler.dependency import parse as parse_dependency
 from corral.spec.batchshell import HOLD, runner, shell_words
-from corral.scheduler.features import parse_constraint
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
-from corral.spec.models import NAME_RE, NAME_RULE
-from corral.spec.service import STOP_SIGNALS
+from corral.spec.models import NAME_RE
 from corral.spec import pyxis
-
-# -- values ---------------------------------------------------------------------------------
-
-
-def slurm_minutes(text: str) -> float | None:
-    """Seconds from Slurm's time formats: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
-    ``D-H:M:S``; ``UNLIMITED``/``INFINITE`` is None."""
-    text = text.strip()
-    if text.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not match:
-        raise ValueError(f"{text!r} is not a Slurm time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-    days, a, b, c = match.groups()
-    numbers = [int(x) for x in (a, b, c) if x is not None]
-    if days is None:  # M, M:S, H:M:S
-        h, m, s = ([0, numbers[0], 0] if len(numbers) == 1 else [0, *numbers] if len(numbers) == 2 else numbers)
-    else:  # D-H, D-H:M, D-H:M:S
-        h, m, s = (numbers + [0, 0])[:3]
-    seconds = int(days or 0) * 86400 + h * 3600 + m * 60 + s
-    if seconds <= 0:
-        raise ValueError(f"{text!r} is not a positive time limit")
-    return float(seconds)
-
-
-_SIZE_UNITS = {"K": 1 / 2**20, "M": 1 / 2**10, "G": 1.0, "T": 2.0**10}
-
-
-def slurm_size_gb(text: str) -> float:
-    """GB from ``--mem`` values: a number of megabytes, or with K, M, G or T."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)B?", text.strip().upper())
-    if not match:
-        raise ValueError(f"{text!r} is not a memory size like 16G, 512M or 16000 (megabytes)")
-    return float(match.group(1)) * _SIZE_UNITS[match.group(2) or "M"]
-
-
-def _count(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise ValueError(f"{text!r} is not a whole number >= 1")
-    return int(text)
-
-
-def _nodes(text: str) -> int:
-    low, _, high = text.partition("-")
-    count = _count(low)
-    if high:
-        _count(high)
-    return count
-
-
-def _gpus(text: str) -> tuple[str | None, int]:
-    """``[type:]N`` (``--gpus``, ``--gpus-per-node``, ``--gpus-per-task``)."""
-    kind, sep, number = text.rpartition(":")
-    if not number.isdigit():
-        raise ValueError(f"{text!r} is not a GPU count like 4 or a100:4")
-    return (kind or None) if sep else None, int(number)
-
-
-def _gres(text: str) -> tuple[str | None, int]:
-    """``gpu``, ``gpu:N`` or ``gpu:type:N`` (other generic resources are refused)."""
-    found: tuple[str | None, int] | None = None
-    for item in text.split(","):
-        parts = item.strip().split(":")
-        if parts[0] != "gpu":
-            raise ValueError(f"generic resource {parts[0]!r} is not one corral schedules (only gpu)")
-        if len(parts) == 1:
-            found = (None, 1)
-        elif len(parts) == 2:
-            found = (None, int(parts[1])) if parts[1].isdigit() else (parts[1], 1)
-        elif len(parts) == 3 and parts[2].isdigit():
-            found = (parts[1], int(parts[2]))
-        else:
-            raise ValueError(f"{item!r} is not gpu, gpu:N or gpu:TYPE:N")
-    if found is None:
-        raise ValueError("--gres needs gpu[:type]:N")
-    return found
-
-
-def _signal(text: str) -> tuple[bool, str, float]:
-    """``[{R|B}:]SIG[@seconds]`` → (batch only, signal name, seconds before the limit)."""
-    batch = False
-    body = text
-    if ":" in text.split("@")[0]:
-        flags, body = text.split(":", 1)
-        if not set(flags.upper()) <= {"B", "R"}:
-            raise ValueError(f"{text!r}: the flags before ':' are B (batch shell) and R (reservation)")
-        batch = "B" in flags.upper()
-    name, _, when = body.partition("@")
-    if name.isdigit():
-        import signal as _signal_module
-        try:
-            name = _signal_module.Signals(int(name)).name
-        except ValueError:
-            raise ValueError(f"{name} is not a signal number") from None
-    name = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
-    if name not in STOP_SIGNALS:
-        raise ValueError(f"{name} is not a signal corral sends; use one of {', '.join(STOP_SIGNALS)}")
-    if when and not when.isdigit():
-        raise ValueError(f"{when!r} after '@' is not a number of seconds")
-    return batch, name, float(when or 60)
-
-
-_PATTERN_CODES = set("jJxAaNntsu%")
-
-
-def _pattern(text: str) -> str:
-    for match in re.finditer(r"%(\d*)(.)?", text):
-        if match.group(2) is None or match.group(2) not in _PATTERN_CODES:
-            raise ValueError(f"{text!r}: %{match.group(2) or ''} is not a filename pattern corral fills in "
-                             "(%j %J %x %A %a %N %n %t %s %u %%)")
-    return text
-
-
-def _name(text: str) -> str:
-    """The job name, made a host name part where it is not one (``1B3-rotary.slurm`` runs as
-    ``1B3-rotary-slurm``: replicas are reached as ``task-rank.NAME``)."""
-    if NAME_RE.fullmatch(text):
-        return text
-    safe = re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-_")[:63].rstrip("-_")
-    if not NAME_RE.fullmatch(safe):
-        raise ValueError(f"{text!r} is not a job name corral can use as a host name part: {NAME_RULE}")
-    return safe
-
-
-def _dependency(text: str) -> str:
-    parts = []
-    for part in text.replace("?", ",").split(","):
-        if not part.strip():
-            continue
-        if "+" in part:
-            raise ValueError(f"{part!r}: a delay after '+' is not supported")
-        if "_" in part:
-            raise ValueError(f"{part!r}: dependencies on single array elements are not supported; "
-                             "name the element's own job id")
-        parts.append(part.strip())
-    parse_dependency(",".join(parts))  # raises with what is wrong
-    return ",".join(parts)
-
-
-def _export(text: str) -> tuple[bool, tuple[str, ...]]:
-    items = [i.strip() for i in text.split(",") if i.strip()]
-    if not items:
-        raise ValueError("--export takes ALL, NONE or a list of VAR or VAR=value")
-    first = items[0].upper()
-    none = first == "NONE" or first not in ("ALL", "NIL")
-    rest = items[1:] if first in ("ALL", "NONE", "NIL") else items
-    for item in rest:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(=.*)?", item):
-            raise ValueError(f"{item!r} is not VAR or VAR=value")
-    return none, tuple(rest)
-
-
-def _yes_no(text: str) -> bool:
-    if text.lower() not in ("yes", "no"):
-        raise ValueError(f"{text!r}: use yes or no")
-    return text.lower() == "yes"
-
-
-def _nodelist(text: str) -> tuple[str, ...]:
-    from hostlist import expand_hostlist
-
-    try:
-        return tuple(expand_hostlist(text))
-    except Exception:  # the library's BadHostlist
-        raise ValueError(f"{text!r} is not a node list like gpu-[0-3],cpu-1") from None
-
-
-def _constraint(text: str) -> str:
-    parse_constraint(text)
-    return text
-
-
-def _text(text: str) -> str:
-    if not text.strip():
-        raise ValueError("must not be empty")
-    return text.strip()
-
-
-def _nice(text: str) -> int:
-    if not re.fullmatch(r"-?\d+", text.strip()):
-        raise ValueError(f"{text!r} is not a whole number")
-    return int(text)
-
+from corral.spec.sbatchvalues import (_constraint, _count, _dependency, _export, _gpus, _gres, _name, _nice, _nodelist,
+                                      _nodes, _pattern, _signal, _text, _yes_no, slurm_minutes, slurm_size_gb)
 
 # -- the option table -------------------------------------------------------------------------
 
@@ -412,37 +231,68 @@ def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: 
     return len(words)
 
 
-def parse_command_line(words: list[str]) -> tuple[dict[str, _Given], list[str], list[SpecIssue], list[str]]:
-    """``corral sbatch`` arguments: (options, [SCRIPT, ARGS…], problems, warnings)."""
-    given: dict[str, _Given] = {}
+def command_line_components(words: list[str]) -> tuple[list[dict[str, _Given]], list[str], list[SpecIssue],
+                                                         list[str]]:
+    """``corral sbatch`` arguments: (options of each component, [SCRIPT, ARGS…], problems,
+    warnings); a lone ``:`` separates the components of a heterogeneous job, as in sbatch."""
+    components: list[dict[str, _Given]] = [{}]
     issues: list[SpecIssue] = []
     warnings: list[str] = []
-    used = _read(words, None, given, issues, warnings, stop_at_operand=True)
-    return given, words[used:], issues, warnings
+    at = 0
+    while True:
+        at += _read(words[at:], None, components[-1], issues, warnings, stop_at_operand=True)
+        if at < len(words) and words[at] == ":":
+            components.append({})
+            at += 1
+            continue
+        return components, words[at:], issues, warnings
+
+
+def parse_command_line(words: list[str]) -> tuple[dict[str, _Given], list[str], list[SpecIssue], list[str]]:
+    """``corral sbatch`` arguments of a job of one component: (options, [SCRIPT, ARGS…],
+    problems, warnings)."""
+    components, rest, issues, warnings = command_line_components(words)
+    if len(components) > 1:
+        issues.append(SpecIssue("command line", ":", None, "components of a heterogeneous job (' : ') are given "
+                                "to corral sbatch only"))
+    return components[0], rest, issues, warnings
 
 
 def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", args: tuple[str, ...] = (),
-               overrides: dict[str, _Given] | None = None, environ: Mapping[str, str] | None = None,
-               warnings: list[str] | None = None) -> BatchJob:
-    """The script's directives, overridden by ``overrides`` (the command line's), as a
-    corral submission. ``environ`` is the submitter's environment (for ``--export=VAR``)."""
-    given: dict[str, _Given] = {}
+               overrides: dict[str, _Given] | list[dict[str, _Given]] | None = None,
+               environ: Mapping[str, str] | None = None, warnings: list[str] | None = None) -> BatchJob:
+    """The script's directives, overridden by ``overrides`` (the command line's; one dict per
+    component of a heterogeneous job), as a corral submission. ``environ`` is the submitter's
+    environment (for ``--export=VAR``)."""
+    from corral.spec import hetjob
+
     issues: list[SpecIssue] = []
     notes: list[str] = list(warnings or [])
     if "\x00" in text:
         raise SpecError([SpecIssue("sbatch script", "", None, "holds a NUL byte")], source)
-    for line, words in directives(text):
-        _read(words, line, given, issues, notes)
-    given.update(overrides or {})
+    components = []
+    for component, lines in hetjob.split(directives(text), issues):
+        for line, words in lines:
+            _read(words, line, component.given, issues, notes)
+        components.append(component)
+    for index, given in enumerate([overrides] if isinstance(overrides, dict) else overrides or []):
+        if index == len(components):
+            components.append(hetjob.Component({}, None))
+        components[index].given.update(given)
     for line, found in pyxis.script_steps(text):  # srun lines' container options, read now
         if isinstance(found, pyxis.PyxisError):
             issues.append(SpecIssue("srun line", found.option, line, found.message))
-        elif "container-image" in given:
+        elif "container-image" in components[0].given:
             notes.append(f"line {line}: srun runs inside the batch script's container (--container-image), where, "
                          "as with Pyxis, srun is not available")
+    if len(components) > 1:
+        hetjob.check_job_wide(components, issues)
     if issues:
         raise SpecError(issues, source)
-    job = _to_job(text, given, source, submit_dir, args, environ or {}, issues, notes)
+    if len(components) > 1:
+        job = hetjob.het_job(text, components, source, submit_dir, args, environ or {}, issues, notes)
+    else:
+        job = _to_job(text, components[0].given, source, submit_dir, args, environ or {}, issues, notes)
     if issues:
         raise SpecError(issues, source)
     return job
@@ -452,12 +302,23 @@ def _value(given: dict[str, _Given], name: str, default: Any = None) -> Any:
     return given[name].value if name in given else default
 
 
-def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, args: tuple[str, ...],
-            environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]) -> BatchJob:
+def _problems(given: dict[str, _Given], issues: list[SpecIssue]) -> Callable[[str, str], None]:
     def problem(name: str, message: str) -> None:
         issues.append(SpecIssue("sbatch script" if given[name].line else "command line", f"--{name}",
                                 given[name].line, message))
+    return problem
 
+
+@dataclass
+class Shape:
+    """What one allocation (a job, or one component of a heterogeneous job) asks of each node."""
+
+    nodes: int
+    step: dict[str, Any]  # its part of ``BatchStep``: nodes, tasks, CPUs and GPUs per task and node
+    common: dict[str, Any]  # its tasks' resources and node choice (constraint, nodelist, exclusive)
+
+
+def shape_of(given: dict[str, _Given], problem: Callable[[str, str], None], notes: list[str]) -> Shape:
     nodes = _value(given, "nodes", 1)
     if "nodelist" in given and "nodes" not in given:
         nodes = len(given["nodelist"].value)
@@ -510,7 +371,44 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
                          "whole nodes)")
     elif "mem-per-cpu" in given:
         memory = given["mem-per-cpu"].value * cpus_node
+    step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
+            "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
+    for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt)):
+        if value is not None:
+            step[key] = value
+    resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
+    if gpus_node:
+        resources["accelerators"] = f"{gpu_type}:{gpus_node}" if gpu_type else gpus_node
+    common: dict[str, Any] = {"resources": resources}
+    if "constraint" in given:
+        common["constraint"] = given["constraint"].value
+    if "nodelist" in given:
+        common["nodelist"] = list(given["nodelist"].value)
+    if "exclusive" in given:
+        common["exclusive"] = True
+    return Shape(nodes, step, {**common, "grace_period": "30s"})
 
+
+@dataclass
+class JobLevel:
+    """What a batch script asks of the job as a whole (of its first component, in a
+    heterogeneous job): its name, the script's environment and directory, its step fields
+    (output files, signals, export), the queue's fields and the job's own flags."""
+
+    name: str
+    envs: dict[str, str]
+    workdir: str
+    step: dict[str, Any]
+    scheduling: dict[str, Any]
+    warning: dict[str, Any] | None  # signal_before_timeout
+    array: str | None
+    export: str | None
+    wait: bool
+    parsable: bool
+
+
+def job_level(given: dict[str, _Given], problem: Callable[[str, str], None], notes: list[str], source: str,
+              submit_dir: str, args: tuple[str, ...], environ: Mapping[str, str]) -> JobLevel:
     name = _value(given, "job-name") or _script_name(source)
     batch_only, warn_signal, warn_seconds = _value(given, "signal", (True, None, 0.0))
     export_none, exported = _value(given, "export", (False, ()))
@@ -527,29 +425,11 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     if chdir is not None and not chdir.startswith("/"):
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
     container = _container(given, problem)
-    step = {"nodes": nodes, "ntasks": ntasks, "cpus_per_task": cpt, "gpus_per_node": gpus_node,
-            "submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none,
-            "args": list(args), "ntasks_given": _value(given, "ntasks") is not None or per_node is not None}
-    for key, value in (("ntasks_per_node", per_node), ("gpus_per_task", gpt), ("warn_signal", warn_signal),
-                       ("output", _value(given, "output")), ("error", _value(given, "error")),
-                       ("container", container)):
+    step = {"submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none, "args": list(args)}
+    for key, value in (("warn_signal", warn_signal), ("output", _value(given, "output")),
+                       ("error", _value(given, "error")), ("container", container)):
         if value is not None:
             step[key] = value
-    resources: dict[str, Any] = {"cpus": cpus_node, "memory": round(memory, 6)}
-    if gpus_node:
-        resources["accelerators"] = f"{gpu_type}:{gpus_node}" if gpu_type else gpus_node
-    placement: dict[str, Any] = {}
-    if "constraint" in given:
-        placement["constraint"] = given["constraint"].value
-    if "nodelist" in given:
-        placement["nodelist"] = list(given["nodelist"].value)
-    if "exclusive" in given:
-        placement["exclusive"] = True
-    common = {"resources": resources, **placement, "grace_period": "30s"}
-    if warn_signal is not None:
-        common["signal_before_timeout"] = {"signal": warn_signal, "seconds": warn_seconds}
-    batch_task = {"name": "batch" if nodes > 1 else name, "run": runner(text, args), "envs": envs,
-                  "workdir": chdir or submit_dir, **common, "sbatch": {**step, "role": "batch"}}
     scheduling: dict[str, Any] = {}
     for option, key in (("partition", "partition"), ("account", "account"), ("qos", "qos"),
                         ("dependency", "dependency"), ("nice", "nice"), ("kill-on-invalid-dep", "kill_on_invalid_dep"),
@@ -565,22 +445,38 @@ def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, a
     limit = _value(given, "time")
     if limit is not None:
         scheduling["time_limit"] = limit
-    if nodes == 1:
-        documents = [{**batch_task}]
-    else:
-        batch_task["distinct_nodes"] = True
-        holder = {"name": "node", "num_nodes": nodes - 1, "run": HOLD, "workdir": chdir or submit_dir,
-                  "distinct_nodes": True, **common, "sbatch": {**step, "role": "node"}}
-        holder.pop("signal_before_timeout", None)
-        documents = [{"name": name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
-                     batch_task, holder]
     array = given["array"].value if "array" in given else None
     export = None
     if "export" in given:
         export = ",".join((["ALL"] if not export_none else [] if exported else ["NONE"]) + list(exported))
-    return BatchJob(documents, scheduling, str(array) if array is not None else None, notes,
-                    wait=bool(_value(given, "wait", False)), parsable=bool(_value(given, "parsable", False)),
-                    base_dir=submit_dir, export=export)
+    warning = {"signal": warn_signal, "seconds": warn_seconds} if warn_signal is not None else None
+    return JobLevel(name, envs, chdir or submit_dir, step, scheduling, warning,
+                    str(array) if array is not None else None, export,
+                    bool(_value(given, "wait", False)), bool(_value(given, "parsable", False)))
+
+
+def _to_job(text: str, given: dict[str, _Given], source: str, submit_dir: str, args: tuple[str, ...],
+            environ: Mapping[str, str], issues: list[SpecIssue], notes: list[str]) -> BatchJob:
+    problem = _problems(given, issues)
+    shape = shape_of(given, problem, notes)
+    job = job_level(given, problem, notes, source, submit_dir, args, environ)
+    step = {**shape.step, **job.step}
+    common = dict(shape.common)
+    if job.warning is not None:
+        common["signal_before_timeout"] = job.warning
+    batch_task = {"name": "batch" if shape.nodes > 1 else job.name, "run": runner(text, args), "envs": job.envs,
+                  "workdir": job.workdir, **common, "sbatch": {**step, "role": "batch"}}
+    if shape.nodes == 1:
+        documents = [{**batch_task}]
+    else:
+        batch_task["distinct_nodes"] = True
+        holder = {"name": "node", "num_nodes": shape.nodes - 1, "run": HOLD, "workdir": job.workdir,
+                  "distinct_nodes": True, **common, "sbatch": {**step, "role": "node"}}
+        holder.pop("signal_before_timeout", None)
+        documents = [{"name": job.name, "execution": "parallel", "primary_tasks": ["batch"], "termination_delay": 0},
+                     batch_task, holder]
+    return BatchJob(documents, job.scheduling, job.array, notes, wait=job.wait, parsable=job.parsable,
+                    base_dir=submit_dir, export=job.export)
 
 
 def _container(given: dict[str, _Given], problem: Callable[[str, str], None]) -> dict[str, Any] | None:

@@ -1,6 +1,8 @@
 """Service semantics of a task, the part no batch scheduler has: the ports a replica
 listens on, readiness and liveness probes, start ordering (``depends_on``), a restart
-policy with backoff, and the signal it gets before SIGKILL."""
+policy with backoff, and the signal it gets before SIGKILL; and SkyServe's ``service:``
+section read as those (``from_skyserve``): a service replica of ``num_nodes: N`` is a gang of
+N replicas (``gang_size``), and ``min_replicas: 0`` lets the service scale to zero."""
 
 from __future__ import annotations
 
@@ -225,10 +227,23 @@ SCHEDULING_FIELDS = frozenset(Scheduling.model_fields)
 
 class Endpoint(_Strict):
     """One address for the whole task: corral balances connections to it over the task's READY
-    replicas (on ``port``, a port of the task), like SkyServe's service endpoint."""
+    replicas (on ``port``, a port of the task), like SkyServe's service endpoint; over the
+    heads (rank 0) of its gangs when its replicas come in gangs.
+
+    A task that can scale to zero holds a request that finds no replica ready for up to
+    ``hold`` seconds (default: the task's ``startup_timeout``, SkyServe's
+    ``initial_delay_seconds``) while a replica starts, then answers 503 saying why."""
 
     port: PortRef = "service"
     policy: Literal["round_robin", "least_load"] = "round_robin"
+    hold: Duration | None = None
+
+    @field_validator("hold")
+    @classmethod
+    def _hold(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 3600:
+            raise ValueError("hold is how long a request waits for a replica: more than 0s, at most 1h")
+        return value
 
 
 class Autoscale(_Strict):
@@ -236,7 +251,12 @@ class Autoscale(_Strict):
     the task is scaled toward ``ceil(rate / target_qps_per_replica)`` replicas (within its
     elastic bounds) once that has been wanted for ``upscale_delay`` (to grow) or
     ``downscale_delay`` (to shrink) without interruption. The rate is requests per second
-    over the last minute, as SkyServe measures it."""
+    over the last minute, as SkyServe measures it.
+
+    With ``num_nodes: {min: 0, ...}`` the task goes to zero replicas once no request has come
+    for ``downscale_delay``, freeing its GPUs; the next request to the endpoint is held and
+    brings replicas back at once (no upscale delay from zero, as SkyServe), placed by the
+    scheduler like any job. Counts are in replicas; a task in gangs moves by whole gangs."""
 
     target_qps_per_replica: float = Field(gt=0, le=1_000_000)
     upscale_delay: Duration = 300.0
@@ -251,6 +271,7 @@ _POLICY_KEYS = {"min_replicas", "max_replicas", "target_qps_per_replica", "upsca
 _BALANCING = {"round_robin": "round_robin", "least_load": "least_load"}
 # SkyServe fields about a cloud's load balancers and offers: nothing to honour on one endpoint
 # here, and nothing the replicas do changes, so a file that sets them runs with a warning
+SERVICE_RESTARTS = 1_000_000  # a SkyServe replica's: replaced for as long as the service is up
 _CLOUD_SERVE_KEYS = {"external_load_balancers", "spot_placer", "https"}
 
 
@@ -310,9 +331,15 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
     if "initial_delay_seconds" in probe:  # SkyServe's grace before a replica that never gets ready fails
         out.setdefault("startup_timeout", probe["initial_delay_seconds"])
 
-    if out.get("num_nodes") not in (None, 1):
-        raise ValueError("a service replica is one process here: leave num_nodes out and set service.replicas "
-                         "or service.replica_policy")
+    # num_nodes under service: each service replica is a gang of that many replicas (a model too
+    # big for one node, served by vLLM/SGLang across nodes), with its own rank 0 that serves
+    gang = out.pop("num_nodes", None)
+    gang = 1 if gang is None else gang
+    if isinstance(gang, bool) or not isinstance(gang, int) or gang < 1:
+        raise ValueError("num_nodes of a service is the nodes of each service replica (a whole number >= 1); "
+                         "set the number of replicas in service.replicas or service.replica_policy")
+    if gang > 1:
+        out["gang_size"] = gang
     if "replicas" in serve and "replica_policy" in serve:
         raise ValueError("service takes replicas or replica_policy, not both")
     if "replica_policy" in serve:
@@ -324,10 +351,17 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
             raise ValueError(f"service.replica_policy has unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         low = policy["min_replicas"]
         high = policy.get("max_replicas", low)
-        if low == 0:
-            raise ValueError("service.replica_policy.min_replicas: 0 (scale to zero) is not supported here; "
-                             "the fewest is 1 replica")
-        out["num_nodes"] = {"min": low, "max": high, "initial": low}
+        for key, value in (("min_replicas", low), ("max_replicas", high)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"service.replica_policy.{key} is a whole number of replicas, not {value!r}")
+        if high < 1:
+            raise ValueError("service.replica_policy.max_replicas must be at least 1")
+        if low == 0 and "target_qps_per_replica" not in policy:
+            raise ValueError("service.replica_policy.min_replicas: 0 (scale to zero) needs target_qps_per_replica: "
+                             "the requests to the endpoint are what bring a replica back")
+        # min_replicas 0 starts with one replica (the endpoint opens, the replica is checked once);
+        # with no requests for downscale_delay_seconds the service goes to zero
+        out["num_nodes"] = {"min": low * gang, "max": high * gang, "initial": max(low, 1) * gang}
         if "target_qps_per_replica" in policy:
             out["autoscale"] = {"target_qps_per_replica": policy["target_qps_per_replica"],
                                 **({"upscale_delay": policy["upscale_delay_seconds"]}
@@ -345,7 +379,10 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
             warn(f"service.replica_policy: {', '.join(ignored)} ignored: on-demand fallbacks and overprovisioning "
                  "are cloud-offer choices")
     else:
-        out["num_nodes"] = serve.get("replicas", 1)
+        replicas = serve.get("replicas", 1)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise ValueError(f"service.replicas is a whole number of replicas >= 1, not {replicas!r}")
+        out["num_nodes"] = replicas * gang
     balancing = serve.get("load_balancing_policy", "round_robin")
     if balancing not in _BALANCING:
         raise ValueError(f"service.load_balancing_policy {balancing!r} is not one corral offers: "
@@ -353,4 +390,9 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
     if "tls" in serve:
         warn("service.tls is ignored: the endpoint serves plain TCP; put a TLS proxy in front of it")
     out["endpoint"] = {"port": name, "policy": _BALANCING[balancing]}
+    resources = out.get("resources") if isinstance(out.get("resources"), dict) else {}
+    if "restart" not in out and not ({"job_recovery", "spot_recovery"} & set(resources)):
+        # SkyServe replaces a service replica that ends, whatever its exit: a service is meant to
+        # run until it is taken down (a crash loop backs off to one restart a minute)
+        out["restart"] = {"policy": "always", "max_restarts": SERVICE_RESTARTS}
     return out

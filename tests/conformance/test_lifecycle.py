@@ -61,6 +61,19 @@ def test_exit_codes_are_the_replicas(corral: Corral) -> None:
     assert (done["state"], done["exit_code"]) == ("FAILED", 128 + 10), describe(done)
 
 
+def test_a_failed_setup_and_a_missing_command_say_why_in_the_job_s_message(corral: Corral) -> None:
+    setup = corral.launch("setupfails", "setup: echo installing; exit 4\nrun: echo never ran\n")
+    missing = corral.launch("missing", "run: no-such-program-here --train\n")
+    done = corral.wait_job(setup)
+    assert (done["state"], done["exit_code"]) == ("FAILED", 4), describe(done)
+    assert "setup failed (exit 4), so its run was not started" in (done.get("message") or ""), describe(done)
+    assert "never ran" not in corral("logs", str(setup)).stdout
+    done = corral.wait_job(missing)
+    assert (done["state"], done["exit_code"]) == ("FAILED", 127), describe(done)
+    message = done.get("message") or ""
+    assert "no-such-program-here" in message and "not found" in message, describe(done)
+
+
 def test_the_stop_signal_comes_first_and_sigkill_after_the_grace_period(corral: Corral, harness) -> None:
     stubborn = corral.launch("stubborn", """
 grace_period: 4s

@@ -36,7 +36,7 @@ def _world(rate: list[float]):
 
     events: list[str] = []
     scaler = Autoscaler(SimpleNamespace(active={7: job}),
-                        SimpleNamespace(jobs=[7], balancer=SimpleNamespace(rate=lambda key: rate[0])),
+                        SimpleNamespace(jobs=[7], balancer=SimpleNamespace(rate=lambda key: rate[0], held=lambda key: 0)),
                         SimpleNamespace(reconcile=reconcile),
                         SimpleNamespace(event=lambda *a, message: events.append(message)))
     return scaler, task, scaled, events

@@ -113,3 +113,20 @@ def test_port_names_that_differ_only_in_case_are_refused() -> None:
     with pytest.raises(SpecError) as refused:
         load_job("name: t\nports: {http: 8000, HTTP: 8001}\nrun: x\n")
     assert "CORRAL_PORT_HTTP" in str(refused.value)
+
+
+def test_a_skypilot_pool_file_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(SpecError) as err:
+        load_job("pool:\n  workers: 3\nresources:\n  accelerators: H100:1\nsetup: pip install vllm\n")
+    issue = err.value.issues[0]
+    assert issue.line == 1 and "worker pool" in issue.message and "corral launch" in issue.message
+
+
+def test_a_skyserve_replica_is_replaced_whenever_it_ends_unless_the_file_says_otherwise() -> None:
+    serve = "service: {readiness_probe: /, replicas: 2}\nresources: {ports: 8080%s}\nrun: python3 -m http.server 8080\n"
+    restart = load_job(serve % "").spec.tasks[0].restart
+    assert restart.policy == "always" and restart.should_restart(0, 500) and restart.should_restart(1, 500)
+    recovery = load_job(serve % ", job_recovery: {max_restarts_on_errors: 2}").spec.tasks[0].restart
+    assert recovery.policy == "on_failure" and recovery.max_restarts == 2
+    own = load_job(serve % "" + "restart: {policy: never}\n").spec.tasks[0].restart
+    assert own.policy == "never"

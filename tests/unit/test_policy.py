@@ -16,6 +16,7 @@ from builders import CORRAL_BY_GPUS, node, task
 from corral.scheduler import (Account, Dependency, NodeView, Partition, PendingJob, Policy, PriorityWeights, Qos,
                               Reason, RunningJob, Shrinkable, Snapshot, TaskRequest, Topology, schedule)
 from corral.scheduler import fairshare
+from corral.scheduler.plan import Allocation
 from corral.scheduler.core import priorities as core_priorities
 from corral.scheduler.dependency import parse
 from corral.scheduler.placement import FreePool, place_gang
@@ -264,6 +265,22 @@ def test_replicas_a_shrink_is_stopping_count_as_freed_soon() -> None:
     assert plan.preemptions == [] and plan.reasons[1] == Reason.PREEMPTING  # waits for them: no new victim
     bigger = schedule(Snapshot(free, (pj(1, gpus=6, partition="urgent"),), (shrinking, run[1])), 1.0, SITE)
     assert [p.victims for p in bigger.preemptions] == [(11,)]  # the stopping four and job 11's two
+
+
+def test_preemption_places_the_gang_where_it_found_room() -> None:
+    # Two 4-GPU nodes held by an ending job: x has no memory, y has plenty. The gang's "a"
+    # (more CPUs, so placed first) goes to x, "b" (64 GB) to y. Undoing that what-if puts
+    # y before x in their bucket; placing afresh would put "a" on y and find no node for "b"
+    # (best fit: first fit walks nodes in a fixed order).
+    x = NodeView("b-x", 4, 8, 0, None, free_gpus=frozenset(), free_cpus=6)
+    y = NodeView("b-y", 4, 8, 256, None, free_gpus=frozenset(), free_cpus=6)
+    ending = RunningJob(9, (Allocation("t", 0, "b-x", (0, 1, 2, 3), 2.0, 0.0),
+                            Allocation("t", 0, "b-y", (0, 1, 2, 3), 2.0, 0.0)), 1e9, "bob", "ml", "batch", ending=True)
+    gang = PendingJob(1, (TaskRequest("b", 1, 4, 0.5, 64.0), TaskRequest("a", 1, 4, 1.0, 0.0)), 0.0, "ann", "ml",
+                      600.0, 0, "urgent")
+    plan = schedule(Snapshot((x, y), (gang,), (ending,)), 1.0, replace(SITE, packing="best_fit"))
+    assert plan.reasons[1] == Reason.PREEMPTING and plan.preemptions == []  # the ending job's room is enough
+    assert plan.starts == []
 
 
 @st.composite

@@ -337,11 +337,17 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
     if spec is None:
         raise HTTPException(404, f"job {found.id} has no task {body.task!r}; it has "
                                  f"{', '.join(t['name'] for t in found.spec['tasks'])}")
-    low, high = spec.get("min_nodes") or spec["num_nodes"], spec.get("max_nodes") or spec["num_nodes"]
+    low = spec["num_nodes"] if spec.get("min_nodes") is None else spec["min_nodes"]
+    high = spec.get("max_nodes") or spec["num_nodes"]
     if not low <= body.replicas <= high:
         detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
                   f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
         raise invalid_parameter("body", "replicas", detail)
+    gang = int(spec.get("gang_size") or 1)
+    if body.replicas % gang:
+        raise invalid_parameter("body", "replicas", (
+            f"task {body.task!r} runs in gangs of {gang} replicas (each gang one multi-node service replica): "
+            f"give a multiple of {gang}, e.g. {body.replicas - body.replicas % gang or gang}"))
     job_id = found.id
     session.close()  # no connection held while the loop carries the change out
     state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=body.replicas))

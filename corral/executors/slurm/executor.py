@@ -232,6 +232,13 @@ class SrunExecutor(EventStream):
         except OSError as exc:
             raise LaunchError(str(exc)) from exc
         batch = "CORRAL_SBATCH_NODES" in env
+        if batch and "SLURM_HET_SIZE" in env:  # (corral.spec.hetjob)
+            # inside one Slurm allocation the script's srun is Slurm's own, which knows no
+            # components of a corral job (--het-group would be refused, a plain srun would
+            # span every component's nodes)
+            raise LaunchError("a heterogeneous batch script (#SBATCH hetjob) does not run in a partition whose "
+                              "nodes are Slurm allocations: submit it to a partition of corral's own nodes, or "
+                              "to Slurm's sbatch")
         if batch:  # a batch script: its host name is the node's, as under sbatch
             env.pop("CORRAL_HOSTNAME", None)
             # its job id is the allocation's (what srun and scontrol in it know): so is %j in its files

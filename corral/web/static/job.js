@@ -112,7 +112,8 @@ function tasksView(job, onLogs) {
       h("h3", {}, task.name, h("small", {}, ` ${what}`)),
       table([
         { title: "Replica", cell: (r) => h("code", {}, r.hostname) },
-        { title: "State", cell: (r) => badge(r.state) },
+        { title: "State", cell: (r) => r.reason ? h("span", { title: r.reason }, badge("PULLING"), h("small", {}, ` ${r.reason}`))
+          : badge(r.state) },
         { title: "Ready", cell: (r) => r.state === "RUNNING" ? (r.ready ? "✔ ready" : "not ready") : "–" },
         { title: "Node", cell: (r) => r.node || "–" },
         { title: "GPUs", cell: (r) => r.gpus.length ? r.gpus.join(",") : "–" },
