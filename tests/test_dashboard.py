@@ -212,6 +212,29 @@ def test_a_long_queue_shows_its_totals_and_every_running_job(own_corral, page) -
     expect(page.locator(f"tr[data-job='{running['id']}']")).to_have_count(0)
 
 
+def test_learned_run_times_on_the_queue_and_the_job_page(own_corral, page) -> None:
+    """A run of dash-est teaches the server (its own, so the history is this test's alone):
+    the next dash-est waits behind a hog with its predicted run (a one-second run: the
+    one-minute floor), and the hog runs with the prediction it started with."""
+    corral = own_corral
+    est = "name: dash-est\nresources: {accelerators: H100:4}\nrun: sleep 1\n"
+    first = corral.alice.submit(est)["job"]
+    assert corral.alice.wait(first["id"], timeout=30)["state"] == "SUCCEEDED"
+    hog = corral.alice.submit(f"name: dash-hog\nnum_nodes: 2\nresources: {{accelerators: H100:4}}\nrun: {RUNS}\n")["job"]
+    corral.alice.wait(hog["id"], states=("RUNNING",), timeout=30)
+    waiting = corral.alice.submit(est)["job"]
+    wait_for(lambda: corral.alice.job(waiting["id"])["predicted_run_s"])
+    sign_in(page, corral)
+    expect(page.locator("th", has_text="Est. run")).to_be_visible()
+    expect(page.locator("th", has_text="Predicted run")).to_be_visible()
+    expect(page.locator(f"tr[data-job='{waiting['id']}']")).to_contain_text("1m00s")
+    expect(page.locator(f"tr[data-job='{hog['id']}']")).to_contain_text("1m00s")  # alice's any-job history
+    page.goto(ui(corral, f"jobs/{waiting['id']}"))
+    expect(page.locator(".facts div", has_text="Est. run")).to_contain_text("1m00s")
+    page.goto(ui(corral, f"jobs/{first['id']}"))
+    expect(page.locator(".facts div", has_text="Predicted run")).to_contain_text("no history")
+
+
 def test_hold_release_and_scale_from_the_job_page(corral, page) -> None:
     elastic = corral.alice.submit(f"name: dash-elastic\nnum_nodes: {{min: 1, max: 3, initial: 1}}\nrun: {RUNS}\n")["job"]
     later = corral.alice.submit(f"name: dash-later\ndependency: afterok:{elastic['id']}\nrun: {RUNS}\n")["job"]

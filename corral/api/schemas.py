@@ -126,6 +126,10 @@ class JobOut(BaseModel):
     expected_start: datetime | None = Field(default=None, description=(
         "A pending job's start as its backfill reservation plans it (squeue --start); null when it "
         "has none (it may start at the next pass, or is too far down the queue to be planned)"))
+    predicted_run_s: float | None = Field(default=None, description=(
+        "Its run time in seconds as learned from its user's history (the last runs of the same name and "
+        "GPU count, else of the same name, …; at most its time limit): a pending job's current prediction, "
+        "a started or ended one's prediction when it last started; null without history"))
     array_job_id: int | None = Field(default=None, description="The array this job is an element of (its first element's id)")
     array_index: int | None = Field(default=None, description="This element's index in its array")
     array_throttle: int | None = Field(default=None, description="At most this many of the array's elements run at once")
@@ -139,11 +143,13 @@ class JobOut(BaseModel):
     tasks: list[TaskOut]
 
     @classmethod
-    def of(cls, job: Job, expected_start: float | None = None, down: Mapping[str, str] | None = None) -> JobOut:
+    def of(cls, job: Job, expected_start: float | None = None, down: Mapping[str, str] | None = None,
+           predicted: Mapping[int, float] | None = None) -> JobOut:
         """Built from a stored row without validating it again (``model_construct``): every
         value already has its field's type, and a listing of thousands of jobs (or a flood of
         submissions, each answered with its job) would otherwise validate each one twice.
-        ``down``: partitions DOWN now, with why (a job waiting for one shows why)."""
+        ``down``: partitions DOWN now, with why (a job waiting for one shows why); ``predicted``:
+        pending jobs' predicted run times (the loop's, as of its last pass)."""
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
@@ -156,9 +162,19 @@ class JobOut(BaseModel):
             dependency=",".join(kind + "".join(f":{i}" for i in ids) for kind, ids in job.dependency)
                 if job.dependency else None, requeues=job.requeues or 0, hold=job.hold or "",
             expected_start=ts(expected_start) if job.state == JobState.PENDING.value else None,
+            predicted_run_s=_predicted(job, predicted),
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
             array_throttle=getattr(job, "array_throttle", None), **_world(job), run_as=getattr(job, "run_as", None),
             tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+
+
+def _predicted(job: Job, predicted: Mapping[int, float] | None) -> float | None:
+    """A pending job's current prediction; any other's, the one it last started with."""
+    if job.state == JobState.PENDING.value:
+        guess = predicted.get(job.id) if predicted else None
+    else:
+        guess = getattr(job, "predicted_run_s", None)
+    return None if guess is None else round(guess, 1)
 
 
 def _reason(job: Job, down: Mapping[str, str] | None) -> str | None:

@@ -76,12 +76,12 @@ def queue(args: Namespace) -> None:
         jobs, note = _read(lambda c: _queue_view(c, args.user))
     if args.json:
         print_json(jobs)
-    elif args.start:
+    elif args.start:  # RUN_TIME: the run time learned from the user's history (time limit: none shown)
         table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
-               Column("PARTITION", optional=1), Column("STATE"), Column("START_TIME"),
+               Column("PARTITION", optional=1), Column("STATE"), Column("START_TIME"), Column("RUN_TIME", right=True),
                Column("REASON", fold=True, min_width=10)],
               [[j["id"], j["name"], j["user"], j["partition"], j["state"], moment(j.get("expected_start")),
-                j["reason"] or "-"] for j in jobs])
+                _elapsed(j.get("predicted_run_s")), j["reason"] or "-"] for j in jobs])
     elif args.priority:
         table([Column("ID", key=True), Column("NAME", min_width=10), Column("USER", min_width=6),
                Column("ACCOUNT", optional=2, min_width=7), Column("PARTITION", optional=3), Column("QOS", optional=4),
@@ -169,7 +169,8 @@ def _elapsed(seconds: float | None) -> str:
 
 
 ACCT_FIELDS = ("id", "name", "user", "account", "partition", "state", "exit_code", "submit", "start", "end",
-               "elapsed_s", "gpus", "gpu_hours", "requeues")
+               "elapsed_s", "predicted_run_s", "time_limit", "gpus", "gpu_hours", "requeues")
+JUDGED = ("SUCCEEDED", "TIMEOUT")  # the runs predictions are learned from, and judged against
 
 
 def _accounting(job: dict, now: datetime) -> dict:
@@ -183,6 +184,7 @@ def _accounting(job: dict, now: datetime) -> dict:
             "partition": job["partition"], "state": job["state"], "exit_code": job["exit_code"],
             "submit": job["submitted_at"], "start": job["started_at"], "end": job["ended_at"],
             "elapsed_s": None if elapsed is None else round(max(0.0, elapsed), 3),
+            "predicted_run_s": job.get("predicted_run_s"), "time_limit": job.get("time_limit"),
             "gpus": job["gpus"], "gpu_hours": round(job["gpus"] * max(0.0, elapsed or 0.0) / 3600, 4),
             "requeues": job["requeues"]}
 
@@ -200,28 +202,54 @@ def acct(args: Namespace) -> None:
     now = datetime.now(timezone.utc)
     rows = [_accounting(j, now) for j in jobs]
     fmt = "json" if args.json else args.format
+    summary = prediction_summary(rows)
+    # a person reads the summary under the table; a pipe, CSV or JSON gets only rows on stdout
+    said = out if fmt == "table" and sys.stdout.isatty() else err
     if fmt == "json":
         print_json(rows)
-        return
-    if fmt == "csv":
+    elif fmt == "csv":
         import csv
 
         writer = csv.DictWriter(sys.stdout, fieldnames=ACCT_FIELDS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        return
+    else:
+        _acct_table(rows)
+    if summary:
+        said.print(summary, markup=False)
 
+
+def prediction_summary(rows: list[dict]) -> str | None:
+    """One line saying how good the run times predicted at start were, over the runs that
+    SUCCEEDED or met their time limit (what predictions learn from), beside how good the time
+    limits would have been; None when no such run had a prediction."""
+    judged = [(r["predicted_run_s"], r["elapsed_s"], r["time_limit"]) for r in rows
+              if r["state"] in JUDGED and r["predicted_run_s"] and r["elapsed_s"]]
+    if not judged:
+        return None
+    from corral.scheduler.durations import accuracy
+
+    score = accuracy(judged)
+    line = (f"predicted run times: {score.jobs} job(s) judged, {score.within_2x:.0%} within 2x of the real run time, "
+            f"median predicted/real {score.median_ratio:.2f}")
+    if score.limit_median_ratio:
+        line += (f" (time limits: {score.limit_within_2x:.0%} within 2x, "
+                 f"median limit/real {score.limit_median_ratio:.2f})")
+    return line
+
+
+def _acct_table(rows: list[dict]) -> None:
     def stamp(iso: str | None) -> str:
         return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%dT%H:%M:%S") if iso else "-"
 
     table([Column("ID", key=True), Column("NAME", min_width=8), Column("USER", min_width=6),
            Column("ACCOUNT", optional=3), Column("PARTITION", optional=4), Column("STATE"),
            Column("EXIT", right=True), Column("SUBMIT", optional=2), Column("START", optional=5),
-           Column("END", optional=1), Column("ELAPSED", right=True), Column("GPUS", right=True, optional=6),
-           Column("GPU-HOURS", right=True)],
+           Column("END", optional=1), Column("ELAPSED", right=True), Column("PREDICTED", right=True, optional=7),
+           Column("GPUS", right=True, optional=6), Column("GPU-HOURS", right=True)],
           [[r["id"], r["name"], r["user"], r["account"], r["partition"], r["state"], r["exit_code"], stamp(r["submit"]),
-            stamp(r["start"]), stamp(r["end"]), _elapsed(r["elapsed_s"]), r["gpus"], f"{r['gpu_hours']:.2f}"]
-           for r in rows])
+            stamp(r["start"]), stamp(r["end"]), _elapsed(r["elapsed_s"]), _elapsed(r["predicted_run_s"]), r["gpus"],
+            f"{r['gpu_hours']:.2f}"] for r in rows])
 
 
 def share(args: Namespace) -> None:

@@ -7,6 +7,8 @@ itself when the deadline passes."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from corral.control import startorder
 from corral.control.book import Book
 from corral.control.decisions import (Decision, End, EndJob, Kill, Relaunch, Replace, RequeueJob, Restart, SetDeadline,
@@ -28,6 +30,7 @@ class Carrier:
         self.book, self.moves, self.effects, self.inventory = book, moves, effects, inventory
         self.supervisor, self.probes, self.metrics = supervisor, probes, metrics
         self._restart_causes: dict[int, str] = {}  # replica -> why its next restart happens (metrics)
+        self.on_end: Callable[[JobRec, JobState, float], None] | None = None  # told of every job's end (run times)
 
     def apply(self, job: JobRec, decisions: list[Decision], now: float) -> None:
         """Journal each decision with its cause and queue what it makes happen."""
@@ -123,6 +126,8 @@ class Carrier:
         self.book.active.pop(job.id, None)
         self.book.publish.discard(job.id)
         self.effects.release(job.id, end.state.value)
+        if self.on_end is not None:
+            self.on_end(job, end.state, now)
 
     # -- what several steps do to replicas ------------------------------------------------------
     def stop(self, job: JobRec, replica: ReplicaRec, cause: str, now: float) -> None:

@@ -57,6 +57,7 @@ from corral.control.records import JobRec, record_of
 from corral.control.recovery import Recovery
 from corral.control.requeue import Requeues
 from corral.control.retention import Housekeeper, Retention
+from corral.control.runtimes import RunTimes
 from corral.control.scaling import Scaling
 from corral.control.scheduling import Scheduling
 from corral.control.supervisor import ProbeAnswered, Supervisor
@@ -109,8 +110,11 @@ class ControlLoop:
         self.scaling = Scaling(book, moves, self.carrier, placer)
         self.requeues = Requeues(book, moves, self.carrier, self.queue, self.scaling, self.policy)
         self.pipelines = Pipelines(book, moves, self.effects, self.queue)
+        self.runtimes = RunTimes(self.policy.learn_durations)  # learned from jobs' ends, once each is committed
+        self.carrier.on_end = self.runtimes.ended
         self.scheduling = Scheduling(book, moves, self.inventory, placer, self.queue, self.requeues, self.scaling,
-                                     self.ledger, self.policy, sessions, settings.rescan_interval_s, self.metrics)
+                                     self.ledger, self.policy, sessions, settings.rescan_interval_s, self.metrics,
+                                     self.runtimes)
         self.provisioning = Provisioning(book, moves, self.inventory, self.requeues, site.provisioned,
                                          self.scheduling.set_reason)
         self.observations = Observations(book, moves, self.inventory, self.carrier, self.launcher, self.supervisor)
@@ -138,6 +142,9 @@ class ControlLoop:
     def start(self) -> None:
         with self.write_lock, self.sessions() as s:
             self.recovery.recover(s, self.clock(), self._commit)
+            learned = self.runtimes.seed(s)
+            self.runtimes.recover(s, self.book.active)
+        log.info("run times learned from %d finished job(s)", learned)
         self._thread = threading.Thread(target=self._run, name="corral-control", daemon=True)
         self._thread.start()
         self.housekeeper.start()
@@ -271,6 +278,7 @@ class ControlLoop:
         if self._claim is not None:
             self._claim.fence(s)  # this server still owns the database, checked in the same transaction
         s.commit()
+        self.runtimes.committed()
 
     def _evaluate(self, job_id: int, now: float) -> None:
         job = self.book.active.get(job_id)
@@ -320,6 +328,7 @@ class ControlLoop:
         self.effects.drop()
         self.observations.restore()
         self.commands.lost()
+        self.runtimes.lost()
         self._resync_needed = True
 
     def _resync(self) -> None:
@@ -329,6 +338,7 @@ class ControlLoop:
         self.ledger = self.scheduling.ledger = self.recovery.ledger = self._fresh_ledger()
         with self.write_lock, self.sessions() as s:
             self.recovery.recover(s, self.clock(), self._commit, why="a lost database write")
+            self.runtimes.recover(s, self.book.active)
         self._resync_needed = False
 
     def _fresh_ledger(self) -> Ledger:
@@ -363,7 +373,8 @@ class ControlLoop:
             unreachable = MappingProxyType(dict(inv.unreachable))
             partitions = MappingProxyType(dict(inv.down_partitions))
         self.view = LoopView(self.cycles, self.failing_cycles, self.last_error, nodes, infra, down,
-                             MappingProxyType(self.scheduling.expected_starts), unreachable, partitions)
+                             MappingProxyType(self.scheduling.expected_starts), unreachable, partitions,
+                             MappingProxyType(self.runtimes.predictions))
 
     def ask(self, read: Callable[[], object]) -> Future:
         """An answer computed on the loop's thread after its current cycle (reads of its

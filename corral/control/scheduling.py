@@ -6,6 +6,11 @@ and claimed with a compare-and-swap on the job's state (PENDING → STARTING) fo
 plan in one statement, preemptions and dependency cancels carried out, and every waiting
 job's reason written where it changed.
 
+Every pending job is given its run time learned from its user's history (``runtimes``);
+with ``learn_durations`` on, the scheduler plans with it, and running jobs are planned to end
+when the prediction they started with says (until they outlive it). A job that starts keeps
+its prediction, in the store too.
+
 The pass runs when something it reads changed, and at least every ``rescan_interval_s``
 while jobs wait (age, usage and topology waits drift slowly). While a flood of submissions
 arrives, passes for new jobs alone are spaced by a multiple of what the last one cost, so
@@ -28,6 +33,7 @@ from corral.control.placement import Placer
 from corral.control.queue import Queue
 from corral.control.records import JobRec, ReplicaRec
 from corral.control.requeue import Requeues
+from corral.control.runtimes import RunTimes
 from corral.control.scaling import Scaling
 from corral.control.transitions import Transitions
 from corral.metrics import Metrics
@@ -53,8 +59,9 @@ _CLAIM = (update(_JOBS).where(_JOBS.c.id.in_(bindparam("ids", expanding=True)), 
 class Scheduling:
     def __init__(self, book: Book, moves: Transitions, inventory: Inventory, placer: Placer, queue: Queue,
                  requeues: Requeues, scaling: Scaling, ledger: Ledger, policy: Policy,
-                 sessions: sessionmaker[Session], rescan_s: float, metrics: Metrics):
+                 sessions: sessionmaker[Session], rescan_s: float, metrics: Metrics, runtimes: RunTimes | None = None):
         self.book, self.moves, self.inventory, self.placer = book, moves, inventory, placer
+        self.runtimes = runtimes or RunTimes(policy.learn_durations)
         self.queue, self.requeues, self.scaling, self.ledger = queue, requeues, scaling, ledger
         self.policy, self.sessions, self.rescan_s, self.metrics = policy, sessions, rescan_s, metrics
         self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last pass
@@ -78,13 +85,15 @@ class Scheduling:
                 pool.assume(alloc, ports=False)  # what runs holds its ports, whatever placed it
         return pool.views()
 
-    def snapshot(self, growth: list[PendingJob] | None = None) -> Snapshot:
-        pending = tuple(growth or ()) + tuple(job.request for job in self.book.pending.values())
-        running = tuple(self._running_view(job) for job in self.book.active.values())
+    def snapshot(self, now: float, growth: list[PendingJob] | None = None) -> Snapshot:
+        pending = tuple(growth or ()) + tuple(self.runtimes.requests(self.book.pending.values()))
+        for job_id in self.runtimes.rescored:  # its job-size factor plans with the new prediction
+            self.priorities.pop(job_id, None)
+        running = tuple(self._running_view(job, now) for job in self.book.active.values())
         return Snapshot(self.free_views(placing=True), pending, running, self.ledger.usage(), self.ledger.gpu_minutes(),
                         self._dependency_states(pending), priorities=dict(self.priorities) or None)
 
-    def _running_view(self, job: JobRec) -> RunningJob:
+    def _running_view(self, job: JobRec, now: float) -> RunningJob:
         allocs = self.book.allocs
         live = [r for r in job.members if not r.state.terminal and r.id in allocs]
         ends = [job.started_at + limit for t in job.tasks
@@ -98,9 +107,11 @@ class Scheduling:
         ending = job.state == JobState.PREEMPTED or job.cancel_requested or \
             any(t.termination_deadline is not None for t in job.tasks)
         stopping = tuple(allocs[r.id] for r in live if r.stop_requested_at is not None)
-        return RunningJob(job.id, tuple(allocs[r.id] for r in live), max(ends) if ends else float("inf"), job.user,
+        end, limit_end = self.runtimes.planned_end(job, max(ends) if ends else float("inf"), now)
+        return RunningJob(job.id, tuple(allocs[r.id] for r in live), end, job.user,
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
-                          ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping)
+                          ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping,
+                          limit_end=limit_end)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -145,6 +156,8 @@ class Scheduling:
         growth = self.scaling.requests(now)
         if not book.pending and not growth:
             self.priorities, self.expected_starts = {}, {}
+            if self.runtimes.predictions:
+                self.runtimes.requests(())
             return
         clock = time.monotonic()
         if not book.sched_needed and clock < self._refresh_at and not (
@@ -157,7 +170,7 @@ class Scheduling:
         if clock >= self._priorities_at:
             self._priorities_at = clock + CALC_PERIOD_S
             self.priorities = {}
-        snapshot = self.snapshot(growth)
+        snapshot = self.snapshot(now, growth)
         plan = schedule(snapshot, now, self.policy)
         self.priorities = plan.priorities or priorities(snapshot, now, self.policy)
         self.hungry = plan.hungry
@@ -191,6 +204,7 @@ class Scheduling:
             if job.id in claimed:
                 factors = self.priorities.get(job.id)
                 job.rank_priority = factors.total if factors is not None else 0.0
+                self.runtimes.started(job, self.moves.journal)
                 self.placer.admit(job, start.allocations, now, start.choice)
         for eviction in applied.evictions:
             self.requeues.evict(eviction.job_id, eviction.mode, eviction.for_job, now)

@@ -2,7 +2,8 @@
 
 * ``LoopView`` — an immutable picture published after every cycle (a reference swap, read
   by API threads and admission without a lock): the node pool, DOWN nodes, the infras that
-  do not answer and the partitions DOWN with them, expected starts, the loop's health.
+  do not answer and the partitions DOWN with them, expected starts, pending jobs' predicted run
+  times, the loop's health.
 * ``Reads`` — answers computed on the loop's own thread when asked (``ControlLoop.ask``),
   for what is too large to copy every cycle and read rarely (the ranked queue, what every
   replica holds, fair share, the logs being written): each a plain, immutable result."""
@@ -36,6 +37,7 @@ class LoopView:
     expected_starts: Mapping[int, float] = field(default_factory=lambda: _EMPTY)  # pending job -> planned start
     unreachable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # infra -> why its engine does not answer
     down_partitions: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # partition -> why it is DOWN
+    predictions: Mapping[int, float] = field(default_factory=lambda: _EMPTY)  # pending job -> predicted run time (s)
 
 
 @dataclass(frozen=True)

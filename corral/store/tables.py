@@ -60,6 +60,9 @@ class Job(Base):
     # The Unix account the job's replicas run as (``auth.accounts``), fixed at submission; NULL
     # for jobs stored before accounts existed: they run as the server's own account.
     run_as: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The run time (seconds) learned from its user's history that the job was given when it last
+    # started (``control.runtimes``): what ``corral acct`` judges predictions by. NULL: no history.
+    predicted_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")

@@ -12,7 +12,9 @@ function facts(job) {
     ["User", job.user], ["Account", job.account], ["Partition", job.partition], ["QOS", job.qos],
     ["Submitted", clock(job.submitted_at)], ["Started", clock(job.started_at)], ["Ended", clock(job.ended_at)],
     ["Ran", job.started_at ? since(job.started_at, job.ended_at) : "–"],
-    ["Time limit", job.time_limit ? duration(job.time_limit) : "none"], ["GPUs", String(job.gpus)],
+    ["Time limit", job.time_limit ? duration(job.time_limit) : "none"],
+    [job.state === "PENDING" ? "Est. run" : "Predicted run",
+      job.predicted_run_s ? duration(job.predicted_run_s) : "no history"], ["GPUs", String(job.gpus)],
     ["Exit code", job.exit_code ?? "–"], ["Requeues", String(job.requeues)],
   ];
   if (job.state === "PENDING") rows.push(["Reason", job.reason || "–"], ["Expected start", clock(job.expected_start)]);

@@ -139,6 +139,7 @@ export function show(main) {
         { title: "Factors", cell: (j) => factorBar(factors.get(j.id)) },
         { title: "GPUs", class: "num", cell: (j) => String(j.gpus) },
         { title: "Est. start", cell: (j) => j.expected_start ? clock(j.expected_start) : "–" },
+        { title: "Est. run", class: "num", cell: (j) => duration(j.predicted_run_s) },
         { title: "Waiting", class: "num", cell: (j) => since(j.submitted_at) },
       ], pending, { empty: "no pending job", rowAttrs })),
       section(runningTitle, table([
@@ -151,6 +152,7 @@ export function show(main) {
         { title: "Tasks", cell: (j) => j.tasks.map((t) => `${t.name}×${t.replicas.length}`).join(" ") },
         { title: "GPUs (node: indices)", cell: gpuPlaces },
         { title: "Elapsed", class: "num", cell: (j) => since(j.started_at) },
+        { title: "Predicted run", class: "num", cell: (j) => duration(j.predicted_run_s) },
         { title: "Time limit", class: "num", cell: (j) => j.time_limit ? duration(j.time_limit) : "–" },
       ], running, { empty: "no running job", rowAttrs })),
     ];
@@ -164,6 +166,7 @@ export function show(main) {
         { title: "Exit", class: "num", cell: (j) => j.exit_code ?? "–" },
         { title: "Ended", cell: (j) => clock(j.ended_at) },
         { title: "Ran", class: "num", cell: (j) => j.started_at ? since(j.started_at, j.ended_at) : "–" },
+        { title: "Predicted", class: "num", cell: (j) => duration(j.predicted_run_s) },
         { title: "Message", class: "reason", cell: (j) => j.message || "" },
       ], done, { empty: "no ended job in the newest 500", rowAttrs })));
     }
