@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, Started,
@@ -334,7 +333,7 @@ class RayDriver(EventStream):
                 continue
             job_id, label = _job_and_label(key)
             node = (handle or {}).get("node") or ""
-            offset = logcopy.offset_file(self._log_file(job_id, label), key)
+            offset = logcopy.offset_file(self.settings.log_file(job_id, label), key)
             if status["state"] == "absent":
                 self._ray.kill(actor, no_restart=True)
                 self._emit(Observed(key, Kind.ABSENT, reason="its Ray actor never started the process"))
@@ -417,23 +416,16 @@ class RayDriver(EventStream):
         except Exception as exc:
             return False, f"probe on the node failed: {_short(exc)}"
 
-    def shell_open(self, handle: Handle, request: dict) -> str:
-        """A process started by the attempt's actor in its world (``relay``): its id there."""
+    def shell(self, handle: Handle, ident: str | None, op: str, args: tuple):
+        """A process the attempt's actor runs in its world (``relay``): ``ident`` None opens one
+        (``args``: its request) and answers its id there; else ``op`` on that process."""
         with self._lock:
             live = self._live.get(handle["key"]) if handle else None
         if live is None:
             raise LaunchError("the replica is not running")
-        return str(self._ray.get(live["actor"].shell_open.remote(request), timeout=CALL_TIMEOUT_S))
-
-    def shell_call(self, handle: Handle, ident: str, op: str, args: tuple):
-        with self._lock:
-            live = self._live.get(handle["key"]) if handle else None
-        if live is None:
-            raise LaunchError("the replica is not running")
+        if ident is None:
+            return str(self._ray.get(live["actor"].shell_open.remote(*args), timeout=CALL_TIMEOUT_S))
         return self._ray.get(live["actor"].shell_call.remote(ident, op, args), timeout=CALL_TIMEOUT_S + READ_WAIT_S)
-
-    def _log_file(self, job_id: int, label: str) -> Path:
-        return self.settings.log_file(job_id, label)
 
     def cleanup_job(self, job_id: int) -> None:
         self._sources.drop(job_id)
@@ -592,7 +584,7 @@ class RayDriver(EventStream):
             self._pump(key, entry["actor"], entry["job"], entry["label"], entry["offset"])
 
     def _pump(self, key: str, actor, job_id: int, label: str, offset: int, final: bool = False) -> None:
-        offset = logcopy.pump(self._ray, actor, self._log_file(job_id, label), key, offset, final)
+        offset = logcopy.pump(self._ray, actor, self.settings.log_file(job_id, label), key, offset, final)
         with self._lock:
             if key in self._live:
                 self._live[key]["offset"] = offset

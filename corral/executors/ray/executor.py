@@ -372,10 +372,10 @@ class RayExecutor(EventStream):
         data = {"argv": list(request.argv), "env": dict(request.env), "cwd": request.cwd, "tty": request.tty,
                 "rows": request.rows, "cols": request.cols}
         try:
-            ident = self._call("shell_open", handle, data)
+            ident = self._call("shell", handle, None, "open", (data,))
         except LaunchError as exc:
             raise ShellError(str(exc)) from None
-        return RayShell(lambda op, *args: self._call("shell_call", handle, ident, op, args))
+        return RayShell(lambda op, *args: self._call("shell", handle, ident, op, args))
 
     def release(self, job_id: int) -> None:
         with self._lock:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HEARTBEAT_S = 1.0
 CALLS = frozenset({"bind", "rendezvous_port", "reserve", "start", "adopt", "signal", "forget", "publish",
-                   "release", "cleanup_job", "exec_probe", "shell_open", "shell_call"})
+                   "release", "cleanup_job", "exec_probe", "shell"})
 
 
 def _reason(exc: BaseException) -> str:

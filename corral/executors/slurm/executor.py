@@ -78,6 +78,11 @@ ENDING_GRACE_S = 3.0  # a step whose replica recorded its exit is cancelled if i
 ACCOUNTING_WAIT_S = 15.0  # how long a gone step's exit may take to be final in Slurm's accounting
 
 
+def step_name(scope: str, key: str) -> str:
+    """The Slurm step name of an attempt: the server's scope keeps two homes' steps apart."""
+    return f"corral-{scope}-{key}"
+
+
 class SrunExecutor(EventStream):
     name = "slurm"
 
@@ -204,9 +209,6 @@ class SrunExecutor(EventStream):
         return self.ports.rendezvous(host)
 
     # -- attempts ------------------------------------------------------------------------------
-    def _step_name(self, key: str) -> str:
-        return f"corral-{self.scope}-{key}"
-
     def start(self, launch: Launch) -> Started:
         alloc, host, _ = self.allocations.where(launch.node)
         share = next((s for s in alloc.info.nodes if s.host == host), None)
@@ -267,7 +269,7 @@ class SrunExecutor(EventStream):
         if launch.file_mounts and launch.container is None:  # made by the step first (node.mounts); a container binds them
             wrapper = mounts_command(self.runner.mounts_dir(launch.job_id), launch.file_mounts, env.get("HOME") or "",
                                      str(self.runner.run_dir(launch.key))) + ["--"] + wrapper
-        step = self._step_name(launch.key)
+        step = step_name(self.scope, launch.key)
         argv = ["srun", f"--jobid={alloc.slurm_id}", "--nodes=1", "--ntasks=1", f"--nodelist={host}",
                 f"--job-name={step}", f"--cpus-per-task={cpus}", f"--gres=gpu:{len(launch.gpus)}" if launch.gpus
                 else "--gres=none", "--kill-on-bad-exit=1", f"--output={log_file}", "--open-mode=append",
@@ -349,7 +351,7 @@ class SrunExecutor(EventStream):
         steps = retrying(lambda: self.cli.steps(ids)) if ids else {}
         clients = srun_clients()  # srun commands still alive, by the step name they create
         for key, handle in attempts:
-            step = self._step_name(key)
+            step = step_name(self.scope, key)
             slurm_id = (handle or {}).get("slurm") or ""
             pid, pid_started = int((handle or {}).get("pid") or 0), (handle or {}).get("started_at")
             client_alive = bool(pid) and process_alive(pid, pid_started)
