@@ -44,7 +44,7 @@ from corral.scheduler import dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
-from corral.scheduler.placement import FreeNode, FreePool, GpuTypeFilter, Scope, place_gang, port_shortage
+from corral.scheduler.placement import FreePool, Scope, place_gang, port_shortage
 from corral.scheduler.plan import Allocation, Plan, Reason, Start
 from corral.scheduler.policy import Policy
 from corral.scheduler.priority import Factors, Scorer
@@ -128,6 +128,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     scopes = _Scopes(snapshot, policy)
     running = list(snapshot.running)
     claimed: set[int] = set()
+    types: frozenset[str] | None = None  # the nodes' GPU types, once a job's reason needs them
     preempting = policy.preempting and bool(running)
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
@@ -197,7 +198,9 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                     plan.preemptions.append(found)
                 plan.reasons[job.id] = Reason.PREEMPTING
                 continue
-        reasons = [_reason(snapshot, candidate, pool, scope) for _, candidate in within[:MAX_REASONED]]
+        if types is None:
+            types = frozenset((n.gpu_type or "").lower() for n in snapshot.nodes)
+        reasons = [_reason(snapshot, candidate, pool, scope, types) for _, candidate in within[:MAX_REASONED]]
         plan.reasons[job.id] = next((r for r in reasons if r is not Reason.GPU_TYPE), reasons[0])
         if not policy.backfill:  # strict FIFO: the first job that does not fit blocks the rest
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position + 1:]), Reason.PRIORITY))
@@ -288,9 +291,12 @@ class _Scopes:
         return Scope(allowed, self.levels, max(0.0, now - job.submitted_at), self.policy.packing == "first_fit")
 
 
-def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope) -> Reason:
+def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope, types: frozenset[str]) -> Reason:
+    """``types``: the GPU types the snapshot's nodes carry (lower case, "" for untyped), so
+    GpuTypeFilter over every node is one lookup (a walk per job cost a pass of 10,000 jobs
+    asking for an absent type seconds)."""
     for task in job.tasks:
-        if not any(GpuTypeFilter().feasible(FreeNode(n, set(), 0, 0), task) for n in snapshot.nodes):
+        if task.gpu_type is not None and task.gpus and task.gpu_type.lower() not in types:
             return Reason.GPU_TYPE
     if any(t.ports for t in job.tasks) and port_shortage(
             [n for n in snapshot.nodes if scope.allowed is None or n.name in scope.allowed], job):

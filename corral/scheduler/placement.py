@@ -71,6 +71,7 @@ class FreePool:
             if node.view.address is not None:
                 self.sharing[node.view.address] = self.sharing.get(node.view.address, ()) + (node.view.name,)
         types = {_type(n.view) for n in free if n.view.gpus}
+        self.types = frozenset(types)  # of the nodes with GPUs (lower case; "" for untyped GPUs)
         # GPU type -> buckets of its nodes, only where there is more than one type to tell apart
         self.typed: dict[str, list[dict[str, FreeNode]]] | None = None
         if len(types) > 1:
@@ -97,6 +98,7 @@ class FreePool:
         clone.stamp = dict(self.stamp)
         clone._clock = self._clock
         clone.sharing = self.sharing
+        clone.types = self.types
         clone.typed = None if self.typed is None else \
             {t: [dict(bucket) for bucket in buckets] for t, buckets in self.typed.items()}
         clone.changed = []
@@ -136,6 +138,8 @@ class FreePool:
         buckets = self.buckets
         if gpu_type is not None and gpus and self.typed is not None:
             buckets = self.typed.get(gpu_type, ())
+        elif gpu_type is not None and gpus and gpu_type not in self.types:
+            return  # the pool's one type is another: every node would fail GpuTypeFilter
         if first_fit:
             yield from sorted((n for bucket in buckets[gpus:] for n in bucket.values()),
                               key=lambda n: self.index[n.view.name])

@@ -38,6 +38,15 @@ def test_gpu_type_is_a_constraint() -> None:
     assert plan.reasons == {2: Reason.GPU_TYPE}
 
 
+def test_a_type_on_a_pool_of_one_other_type_or_none_is_never_placed() -> None:
+    for kind in (None, "A100"):  # one type only: the pool keeps no per-type index
+        nodes = [node("a", gpu_type=kind), node("b", gpu_type=kind)]
+        plan = schedule(snapshot(nodes, [job(1, task(gpus=1)), job(2, task(gpus=1, gpu_type=kind)),
+                                         job(3, task(gpus=1, gpu_type="h100"))]), 0)
+        assert [s.job_id for s in plan.starts] == [1, 2]
+        assert plan.reasons == {3: Reason.GPU_TYPE}
+
+
 def test_best_fit_keeps_whole_nodes_free() -> None:
     nodes = [node("a", free_gpus={0, 1, 2, 3, 4, 5, 6, 7}), node("b", free_gpus={6, 7})]
     plan = schedule(snapshot(nodes, [job(1, task(gpus=2)), job(2, task(gpus=8))]), 0)
