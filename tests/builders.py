@@ -45,8 +45,8 @@ class GroupBuilder:
         self.replicas: list[ReplicaView] = []
 
     def task(self, name: str, primary: bool = True, replicas: int = 1, delay: float = 0.0,
-             deadline: float | None = None) -> GroupBuilder:
-        self.tasks.append(TaskView(name, primary, delay, deadline))
+             deadline: float | None = None, holds_nodes: bool = False) -> GroupBuilder:
+        self.tasks.append(TaskView(name, primary, delay, deadline, holds_nodes))
         for rank in range(replicas):
             self.replicas.append(ReplicaView(len(self.replicas) + 1, name, rank, ReplicaState.RUNNING, None, False))
         return self

@@ -130,3 +130,32 @@ def test_a_command_line_hetjob_is_one_job_and_one_cancel_ends_every_component(co
     corral("cancel", job_id, check=True)
     job = wait_for(lambda: (j := status(corral, job_id))["state"] == "CANCELLED" and j, timeout=60)
     assert all(r["state"] not in ("RUNNING", "STARTING", "PENDING") for t in job["tasks"] for r in t["replicas"])
+
+
+def test_a_component_whose_node_holder_dies_ends_the_whole_job_and_its_steps(corral) -> None:
+    """The critic's step runs in the script's own process tree on the critic's node; when the
+    replica holding that node dies (kill -9), its GPUs go back to the pool: the job must end
+    there and then, its steps with it, as Slurm ends a job that loses a node."""
+    import psutil
+
+    script = corral.work / "lose.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N1 -c 1\n#SBATCH hetjob\n#SBATCH -J critic -N1 -c 1\n"
+                      "srun --het-group=1 sleep 300 &\nsrun --het-group=0 sleep 300\n")
+    job_id = corral("sbatch", "--parsable", "lose.sbatch", check=True).stdout.strip()
+
+    def holder() -> dict | None:
+        job = status(corral, job_id)
+        tasks = {t["name"]: t["replicas"][0] for t in job["tasks"]}
+        return tasks["critic"] if tasks["critic"]["state"] == "RUNNING" and tasks["het0"]["state"] == "RUNNING" \
+            and tasks["critic"]["pid"] else None
+
+    critic = wait_for(holder, timeout=60)
+    steps = lambda: [p for p in psutil.process_iter(["cmdline"])  # noqa: E731
+                     if p.info["cmdline"] == ["sleep", "300"] and p.ppid() != critic["pid"]]
+    wait_for(lambda: len(steps()) >= 2, timeout=30)
+    for child in psutil.Process(critic["pid"]).children(recursive=True):
+        child.kill()
+    job = wait_for(lambda: (j := status(corral, job_id))["state"] in ("FAILED", "SUCCEEDED") and j, timeout=60)
+    assert job["state"] == "FAILED" and "loses a node" in (job["message"] or ""), job
+    assert "critic-0" in job["message"]
+    wait_for(lambda: not steps(), timeout=30)  # the script's steps ended with it

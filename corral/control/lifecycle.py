@@ -13,7 +13,11 @@ Rules (SkyPilot job-group semantics, with the delay persisted):
   * the engine that provisioned the job's nodes ended them (a Slurm time limit, an scancel
     from outside) → every replica stops, the job ends as the engine said (TIMEOUT, CANCELLED
     or FAILED), with the engine's words;
-  * a replica reaching its task's time limit → every replica stops, the job ends TIMEOUT."""
+  * a replica reaching its task's time limit → every replica stops, the job ends TIMEOUT;
+  * a batch script's job loses a node (a replica holding one of its nodes ends without being
+    asked, while the script runs) → every replica stops and the job FAILS, as Slurm ends a job
+    whose node fails: the script's steps on that node ran in the script's own tree, so they
+    must not outlive the GPUs the holder gave back."""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ class TaskView:
     primary: bool
     termination_delay: float
     termination_deadline: float | None
+    holds_nodes: bool = False  # a batch script's node holders (the script's steps run on their nodes)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,18 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
         if not live:
             out.append(EndJob(JobState.FAILED, failed_primary.exit_code, "primary_failed",
                               _blame(job, failed_primary, "primary")))
+        return out
+
+    holders = {t.name for t in job.tasks if t.holds_nodes}
+    lost = next((r for r in job.replicas if r.task in holders
+                 and r.state in (ReplicaState.FAILED, ReplicaState.SUCCEEDED)), None)  # ended unasked
+    if lost is not None and not any(r.task in primary_tasks and r.state == ReplicaState.SUCCEEDED
+                                    for r in job.replicas):
+        _stop(out, live, "node_lost")
+        if not live:
+            out.append(EndJob(JobState.FAILED, lost.exit_code, "node_lost",
+                              f"replica {lost.task}-{lost.rank}, which held one of the batch job's nodes, ended "
+                              f"({_how(lost)}): the job ends, as Slurm ends a job that loses a node"))
         return out
 
     primaries = [r for r in job.replicas if r.task in primary_tasks]

@@ -174,7 +174,8 @@ class JobRec:
 
     def view(self) -> JobView:
         return JobView(self.id, self.state, self.cancel_requested,
-                       tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline)
+                       tuple(TaskView(t.name, t.primary, t.termination_delay, t.termination_deadline,
+                                      (t.spec.get("sbatch") or {}).get("role") == "node")
                              for t in self.tasks),
                        tuple(ReplicaView(r.id, r.task, r.rank, r.state, r.exit_code, r.stop_requested_at is not None,
                                          r.stop_cause == "time_limit", *r.ended) for r in self.members),

@@ -141,3 +141,27 @@ def test_nodes_ended_by_their_engine_end_the_job_as_the_engine_said() -> None:
         g.replica(label, S.KILLED, 143, stopping=True)
     d = evaluate(g.build(), now=2)
     assert d.end.state == JobState.TIMEOUT and d.end.message == "Slurm ended its allocation (job 12: timeout)"
+
+
+def batch() -> GroupBuilder:
+    """A batch script over three nodes: the script's replica and two holding the other nodes."""
+    return GroupBuilder().task("batch").task("node", primary=False, replicas=2, delay=0.0, holds_nodes=True)
+
+
+def test_a_batch_job_that_loses_a_node_stops_the_script_and_fails_as_slurm_ends_it() -> None:
+    g = batch().replica("node-1", S.FAILED, 137)
+    d = evaluate(g.build(), now=10)
+    assert {s.replica_id for s in d.stops} == {g.id_of("batch-0"), g.id_of("node-0")}
+    assert all(s.cause == "node_lost" for s in d.stops) and d.end is None
+    g.replica("batch-0", S.KILLED, 143, stopping=True).replica("node-0", S.KILLED, 143, stopping=True)
+    d = evaluate(g.build(), now=11)
+    assert d.end.state == JobState.FAILED and d.end.exit_code == 137 and d.end.cause == "node_lost"
+    assert "node-1" in d.end.message and "loses a node" in d.end.message
+
+
+def test_holders_stopped_after_the_script_succeeded_end_it_as_usual() -> None:
+    g = batch().replica("batch-0", S.SUCCEEDED, 0)
+    d = evaluate(g.build(), now=10)
+    assert {s.replica_id for s in d.stops} == {g.id_of("node-0"), g.id_of("node-1")}
+    g.replica("node-0", S.KILLED, 143, stopping=True).replica("node-1", S.KILLED, 143, stopping=True)
+    assert evaluate(g.build(), now=11).end.state == JobState.SUCCEEDED
