@@ -229,8 +229,19 @@ def test_a_service_scales_to_zero_and_back_from_a_request(server, tmp_path: Path
     assert server.post(f"/v1/jobs/{job_id}/requeue").status_code == 200
     wait_for(lambda: task_of(server, job_id)["num_nodes"] == 2 and
              server.get(f"/v1/jobs/{job_id}").json()["state"] == "RUNNING", timeout=30)
+    # a request held while the job is cancelled is answered then, not at the end of its hold
+    wait_for(at_zero, timeout=30)
+    hog = submit(server, "name: hog2\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 600\n")
+    wait_state(server, hog["id"], "RUNNING")
+    out = []
+    thread = held_get(endpoint, out)
+    time.sleep(1.0)
     server.post(f"/v1/jobs/{job_id}/cancel")
     wait_state(server, job_id, "CANCELLED", timeout=30)
+    thread.join(30)
+    status, body, took = out[0]
+    assert status == 503 and "its job has ended" in body and took < 6, (status, body, took)
+    server.post(f"/v1/jobs/{hog['id']}/cancel")
 
 
 def test_a_service_at_zero_keeps_its_endpoint_across_a_server_restart(corral_home: Path, db_url: str,

@@ -73,9 +73,10 @@ def _run(job: str, replica: str | None, command: list[str], tty: bool, forward_s
 def _size() -> tuple[int, int]:
     try:
         size = os.get_terminal_size(sys.stdout.fileno())
-        return size.lines, size.columns
     except OSError:
         return 24, 80
+    # a terminal that reports no size (script(1), some CI consoles) gets the classic one
+    return size.lines or 24, size.columns or 80
 
 
 def _feed(session: ShellSession, eof: bool) -> None:

@@ -44,6 +44,7 @@ class _Endpoint:
         self.why = ""  # why none is ready, in words (for the 503)
         self.routed = asyncio.Event()  # set (and replaced) at each route: held requests look again
         self.held = 0  # connections waiting for a replica now: demand, however old
+        self.closed = False  # its job ended: a held connection is answered at once, not at its deadline
         self.open: dict[tuple[str, int], int] = {}
         self.turn = itertools.count()
         self.server: asyncio.AbstractServer | None = None
@@ -84,7 +85,7 @@ class _Endpoint:
                 await self._forward(reader, writer, *connected)
                 return
             left = deadline - loop.time()
-            if left <= 0:
+            if left <= 0 or self.closed:
                 break
             self.held += 1
             try:  # held: a replica is on its way (a service scaled to zero is coming back)
@@ -94,7 +95,9 @@ class _Endpoint:
             finally:
                 self.held -= 1
         words = "no replica of it is ready yet"
-        if self.hold > 0:
+        if self.closed:
+            words = "its job has ended: no replica will serve it"
+        elif self.hold > 0:
             words = f"no replica of it became ready within {self.hold:g}s" + (f": {self.why}" if self.why else "")
         try:
             writer.write(unavailable(words))
@@ -184,6 +187,9 @@ class Balancer:
     def close(self, key: Hashable) -> None:
         async def close() -> None:
             endpoint = self._endpoints.pop(key, None)
+            if endpoint is not None:
+                endpoint.closed = True
+                endpoint.routed.set()  # held connections hear it now, not at the end of their hold
             if endpoint is not None and endpoint.server is not None:
                 endpoint.server.close()
 

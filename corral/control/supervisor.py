@@ -29,6 +29,7 @@ from corral.control import startorder
 from corral.control.decisions import (LIVE, Decision, End, Kill, Relaunch, Replace, RequeueJob, Restart, SetReady,
                                       Signal, Stop)
 from corral.control.records import JobRec, ReplicaRec
+from corral.spec.service import SERVICE_RESTARTS
 from corral.states import JobState, ReplicaState
 
 # -- events --------------------------------------------------------------------------------
@@ -145,11 +146,14 @@ class Supervisor:
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)
             why = f"exit code {code}" if code is not None else f"lost ({event.reason or 'exit code unknown'})"
-            if timed_out:
+            if code is not None and event.reason:  # what its log said (a port in use, a failed setup)
+                why += f" ({event.reason})"
+            elif timed_out:
                 why += f" ({timed_out})"
+            count = f"{replica.restarts + 1}" if policy.max_restarts >= SERVICE_RESTARTS else \
+                f"{replica.restarts + 1}/{policy.max_restarts}"
             return [Restart(replica.id, now + delay, code,
-                            f"{why}; restart {replica.restarts + 1}/{policy.max_restarts} in {delay:g}s "
-                            f"(policy {policy.policy})")]
+                            f"{why}; restart {count} in {delay:g}s (policy {policy.policy})")]
         if event.lost and not asked and not event.node_up and not ending \
                 and job.state in (JobState.RUNNING, JobState.STARTING):
             return [RequeueJob(replica.id, f"lost: {event.reason}",

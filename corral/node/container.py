@@ -64,9 +64,9 @@ _SAFE_NAME = re.compile(r"corral-[A-Za-z0-9_.-]{1,240}")
 # The shell of the container: setup (in a subshell: its exit ends the attempt with its code),
 # then run, in the same container so what setup installed is there for run.
 # what a replica's log says last when its setup failed (read back by runtime.logs.last_words)
-SETUP_FAILED = "corral: error: setup failed (exit "
+SETUP_FAILED = "corral: error: setup failed"
 SHELL = ('S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || { rc=$?; [ "$rc" -gt 128 ] || '
-         f'echo "{SETUP_FAILED}$rc), so its run was not started" >&2; exit "$rc"; }}; fi; eval "$R"')
+         f'echo "{SETUP_FAILED}, so its run was not started" >&2; exit "$rc"; }}; fi; eval "$R"')
 # What the container starts (its image's ENTRYPOINT set aside): the variables that span lines
 # (``PROFILE``), then ``SHELL`` in bash where the image has it (SkyPilot's scripts are bash),
 # else in its /bin/sh.

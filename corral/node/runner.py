@@ -107,7 +107,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   fi
 else
   if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
-    [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED$rc), so its run was not started" >&3; fi
+    [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED, so its run was not started" >&3; fi
   if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi

@@ -66,7 +66,7 @@ def test_a_failed_setup_and_a_missing_command_say_why_in_the_job_s_message(corra
     missing = corral.launch("missing", "run: no-such-program-here --train\n")
     done = corral.wait_job(setup)
     assert (done["state"], done["exit_code"]) == ("FAILED", 4), describe(done)
-    assert "setup failed (exit 4), so its run was not started" in (done.get("message") or ""), describe(done)
+    assert "exit code 4 (setup failed, so its run was not started)" in (done.get("message") or ""), describe(done)
     assert "never ran" not in corral("logs", str(setup)).stdout
     done = corral.wait_job(missing)
     assert (done["state"], done["exit_code"]) == ("FAILED", 127), describe(done)

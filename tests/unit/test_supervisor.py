@@ -314,3 +314,11 @@ def test_a_replica_lost_with_nodes_its_engine_ended_is_neither_restarted_nor_req
     one(job).state = ReplicaState.RUNNING
     [again] = sup.attempt_ended(job, one(job), AttemptEnded(1, None, lost=True, reason="node died", node_up=False), 5.0)
     assert isinstance(again, Restart)
+
+
+def test_a_restart_says_what_the_log_said_and_a_service_s_restarts_have_no_cap_shown() -> None:
+    sup = Supervisor()
+    job = make_job({"name": "main", "restart": {"policy": "always", "max_restarts": 1_000_000}})
+    said = "its log says a port it binds is already in use on its node"
+    [d] = sup.attempt_ended(job, one(job), AttemptEnded(1, 1, reason=said), 10.0)
+    assert isinstance(d, Restart) and d.message.startswith(f"exit code 1 ({said}); restart 1 in 1s")
