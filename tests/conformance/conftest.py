@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,23 +36,38 @@ def harness(request) -> Iterator[Harness]:
     found.stop()
 
 
-@pytest.fixture(scope="module")
-def corral(harness: Harness, tmp_path_factory) -> Iterator[Corral]:
-    harness.recover()  # what an earlier module's loss test took
-    root = tmp_path_factory.mktemp(f"conformance-{harness.name}")
-    home = root / "home"
+@contextmanager
+def serving(harness: Harness, home: Path, open_to_accounts: bool = False,
+            shared_work: bool = False) -> Iterator[Corral]:
+    """A real server of ``home`` (made here) on ``harness``'s site; at the end every job is
+    cancelled, the server stopped and whatever it ran killed. ``open_to_accounts``: the specs
+    are readable by the throwaway accounts whose jobs the test runs; ``shared_work``: so is
+    the work directory, and writable."""
     home.mkdir()
     (home / "config.yaml").write_text(harness.site())
     run = Corral(home, harness)
+    if open_to_accounts:
+        run.specs.chmod(0o755)
+    if shared_work:
+        run.work.chmod(0o777)
     run.start()
-    yield run
     try:
-        run.cancel_all()
+        yield run
     finally:
-        run.close_client()
-        run("server", "stop", check=False)
-        kill_leftovers(home)
-        harness.cleanup(home)
+        try:
+            run.cancel_all()
+        finally:
+            run.close_client()
+            run("server", "stop", check=False)
+            kill_leftovers(home)
+            harness.cleanup(home)
+
+
+@pytest.fixture(scope="module")
+def corral(harness: Harness, tmp_path_factory) -> Iterator[Corral]:
+    harness.recover()  # what an earlier module's loss test took
+    with serving(harness, tmp_path_factory.mktemp(f"conformance-{harness.name}") / "home") as run:
+        yield run
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from conformance.conftest import serving
 from conformance.driver import Corral, wait_for
 from conformance.harnesses import PARTITION, describe
-from conftest import kill_leftovers
 from unix_users import ThrowawayUser, need_root, slurm_association, traversable_dir, unix_user
 
 PROBE = """run: |
@@ -45,23 +45,8 @@ def corral(harness) -> Iterator[Corral]:
     directories are root's alone), running as root."""
     need_root()
     harness.recover()
-    with traversable_dir() as root:
-        home = root / "home"
-        home.mkdir()
-        (home / "config.yaml").write_text(harness.site())
-        run = Corral(home, harness)
-        run.specs.chmod(0o755)
-        run.start()
-        try:
-            yield run
-        finally:
-            try:
-                run.cancel_all()
-            finally:
-                run.close_client()
-                run("server", "stop", check=False)
-                kill_leftovers(home)
-                harness.cleanup(home)
+    with traversable_dir() as root, serving(harness, root / "home", open_to_accounts=True) as run:
+        yield run
 
 
 def _as(corral: Corral, user: ThrowawayUser):

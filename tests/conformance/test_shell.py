@@ -20,9 +20,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from conformance.conftest import serving
 from conformance.driver import Corral, wait_for
 from conformance.harnesses import PARTITION, describe
-from conftest import kill_leftovers
 from unix_users import ThrowawayUser, need_root, slurm_association, traversable_dir, unix_user
 
 WORLD = ('echo "host=$(hostname)"; echo "cwd=$(pwd)"; echo "uid=$(id -u)"; echo "name=$CORRAL_HOSTNAME"; '
@@ -33,24 +33,8 @@ WORLD = ('echo "host=$(hostname)"; echo "cwd=$(pwd)"; echo "uid=$(id -u)"; echo 
 def corral(harness, tmp_path_factory) -> Iterator[Corral]:
     """A real server of a home other accounts may pass through (for the account test)."""
     harness.recover()
-    with traversable_dir() as root:
-        home = root / "home"
-        home.mkdir()
-        (home / "config.yaml").write_text(harness.site())
-        run = Corral(home, harness)
-        run.specs.chmod(0o755)
-        run.work.chmod(0o777)
-        run.start()
-        try:
-            yield run
-        finally:
-            try:
-                run.cancel_all()
-            finally:
-                run.close_client()
-                run("server", "stop", check=False)
-                kill_leftovers(home)
-                harness.cleanup(home)
+    with traversable_dir() as root, serving(harness, root / "home", open_to_accounts=True, shared_work=True) as run:
+        yield run
 
 
 def _values(text: str, rank: int | None = None) -> dict[str, str]:
