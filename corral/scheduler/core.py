@@ -183,7 +183,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         first = within[0][1]
         # 5. preempt
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
-            chosen = preemption.find(first, pool, scope, running, policy, claimed)
+            chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
             if chosen is not None:
                 found, placement = chosen
                 # what of its place is free already is its own from now on: a later job that
