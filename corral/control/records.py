@@ -154,6 +154,16 @@ class JobRec:
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
                           self.kill_on_invalid_dep, array)
 
+    @property
+    def preemptible(self) -> bool:
+        """Every task declared it checkpoints (``preemptible: true``): stopping it loses no
+        task's work beyond its last checkpoint."""
+        return bool(self.tasks) and all(t.service.preemptible for t in self.tasks)
+
+    @property
+    def restart_cost(self) -> float:
+        return max((t.service.restart_cost for t in self.tasks), default=0.0)
+
     def stage(self) -> list[TaskRec]:
         """The tasks the scheduler places now: all of them, or a pipeline's current stage (its
         first task not yet done)."""
