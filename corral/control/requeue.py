@@ -122,6 +122,8 @@ class Requeues:
                                   exit_code=None, ended_at=None, ready=False, restarts=replica.restarts)
         for task in job.tasks:
             task.termination_deadline = None
+        if job.started_at is not None:  # least attained service counts every attempt (in memory)
+            job.attained_gpu_s += job.request.gpus * max(0.0, now - job.started_at)
         job.started_at = None
         job.requeue_requested = False
         job.forget_request()

@@ -112,7 +112,7 @@ class Scheduling:
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
                           ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping,
                           limit_end=limit_end, preemptible=job.preemptible, restart_cost_s=job.restart_cost,
-                          preempted=job.requeues)
+                          preempted=job.requeues, attained_gpu_s=job.attained_gpu_s)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}

@@ -49,6 +49,16 @@ def pending_level(job: PendingJob, now: float, las: Las) -> int:
     return level(job.attained_gpu_s, las)
 
 
+def order_queue(ready: list[PendingJob], now: float, policy: Policy) -> None:
+    """Within each partition tier, jobs of a higher queue go first (the order stays as it
+    was within a queue): a job stopped for shorter work does not start again before the job
+    it was stopped for, until its wait promotes it."""
+    las = policy.las
+    tiers = {p.name: p.priority_tier for p in policy.partitions}
+    default = policy.default_partition.priority_tier
+    ready.sort(key=lambda j: (-tiers.get(j.partition, default), pending_level(j, now, las)))
+
+
 def min_run(job: RunningJob, las: Las) -> float:
     """How long ``job`` must have run since its last start before it may be stopped."""
     return max(las.min_run_s, las.min_run_factor * job.restart_cost_s)
@@ -88,7 +98,9 @@ def order(job: PendingJob, r: RunningJob, policy: Policy, now: float) -> tuple:
 def why(job: PendingJob, r: RunningJob, now: float) -> str:
     """What the stopped job's events say."""
     waited = max(0.0, now - job.submitted_at)
-    return (f"preempted for shorter work: attained {attained(r, now) / 3600:.1f} GPU-h, "
+    served = attained(r, now)
+    amount = f"{served / 3600:.1f} GPU-h" if served >= 360 else f"{served / 60:.0f} GPU-min"
+    return (f"preempted for shorter work: attained {amount}, "
             f"job {job.id} waited {_span(waited)}")
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import gc
 import math
 
-from corral.scheduler import dependency, fairshare, preemption
+from corral.scheduler import attained, dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
@@ -117,6 +117,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         plan.hungry = hungry(snapshot, policy)
         key = policy.queue_key(now, plan.hungry)
         ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc))
+        if policy.las is not None:
+            attained.order_queue(ready, now, policy)
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)
