@@ -5,6 +5,7 @@ same partition, its event says why, and it starts again (resumes) once the short
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def test_a_preemptible_job_is_requeued_for_a_short_one_and_resumes(server, tmp_p
     events = server.get(f"/v1/jobs/{long['id']}/events").json()
     stopped = next(e for e in events if e["cause"] == "preempted")
     assert stopped["message"].startswith("preempted for shorter work: attained ")
-    assert f"GPU-h, job {short['id']} waited " in stopped["message"] and "it will be requeued" in stopped["message"]
+    assert re.fullmatch(rf"preempted for shorter work: attained \d+ GPU-min, job {short['id']} waited \d+ min; "
+                        "it will be requeued", stopped["message"]), stopped["message"]
     # requeued under the same id, and started again: its run began a second time
     wait_state(server, long["id"], "RUNNING", timeout=60)
     wait_for(lambda: starts.read_text().count("start") == 4, timeout=60)  # 2 replicas, 2 attempts each
