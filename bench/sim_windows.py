@@ -40,7 +40,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from multiprocessing import Pool
@@ -56,6 +56,7 @@ from corral.sim.trace import TraceJob, load_trace  # noqa: E402
 from corral.sim.window import cut, in_window_load, nodes_for, offered_load  # noqa: E402
 from corral.site import load_site  # noqa: E402
 from corral.spec import SpecError  # noqa: E402
+from corral.spec.quantity import parse_duration  # noqa: E402
 
 TRACES_DIR = ROOT.parent / "shared" / "traces"
 DAY = 86400.0
@@ -142,9 +143,20 @@ def sized(window: Window, load: float) -> Window:
                   round(in_window_load(jobs, gpus, window.after, window.before), 4))
 
 
-def run(args: tuple[Window, str, int, str | None, bool]) -> tuple[str, str, int, dict, object, float, float]:
-    window, policy, seed, config, curves = args
-    jobs = list(window_jobs(window.trace, window.after, window.before, seed))
+def checkpointing(jobs: list[TraceJob], assumed: tuple[float, float, float] | None) -> list[TraceJob]:
+    """The public traces say nothing of checkpoints: with ``--checkpointing OVER,EVERY,COST``
+    every job running longer than OVER is taken to checkpoint every EVERY and to spend COST
+    on each restart (a documented assumption, the same for every row)."""
+    if assumed is None:
+        return jobs
+    over, every, cost = assumed
+    return [replace(j, checkpoint_s=every, restart_cost_s=cost) if j.duration_s > over and j.checkpoint_s is None
+            else j for j in jobs]
+
+
+def run(args: tuple) -> tuple[str, str, int, dict, object, float, float]:
+    window, policy, seed, config, curves, assumed = args
+    jobs = checkpointing(list(window_jobs(window.trace, window.after, window.before, seed)), assumed)
     site_kwargs: dict = {}
     if config is not None:  # a variant: the site's policy, as `corral sim --config` runs it
         named, site_kwargs = load_site(Path(config)).replay(("leaf",))
@@ -200,6 +212,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=CONFIG",
                         help="a row for the site config CONFIG, labelled LABEL (repeatable)")
     parser.add_argument("--plot", type=Path, metavar="DIR", help="write DIR/WINDOW.png per window (first seed)")
+    parser.add_argument("--checkpointing", metavar="OVER,EVERY,COST",
+                        help="assume jobs running over OVER checkpoint every EVERY and pay COST per restart "
+                             "(durations, e.g. 1h,30m,5m); the traces declare none")
     parser.add_argument("--out", type=Path, help="the results file (a bare name: under bench/results/)")
     args = parser.parse_args()
     if not TRACES_DIR.is_dir():
@@ -247,8 +262,16 @@ def main() -> None:
     except (ValueError, OSError) as exc:
         parser.error(f"--windows: {exc}")
     rows = [*policies, *variants]
-    runs = [(w, p, s, variants.get(p), args.plot is not None and s == seeds[0]) for w in windows for s in seeds
-            for p in rows]
+    assumed = None
+    if args.checkpointing:
+        try:
+            assumed = tuple(parse_duration(part.strip()) for part in args.checkpointing.split(","))
+        except (ValueError, TypeError) as exc:
+            parser.error(f"--checkpointing {args.checkpointing!r}: {exc}")
+        if len(assumed) != 3 or not all(v > 0 for v in assumed):
+            parser.error(f"--checkpointing {args.checkpointing!r}: expected three positive durations OVER,EVERY,COST")
+    runs = [(w, p, s, variants.get(p), args.plot is not None and s == seeds[0], assumed) for w in windows
+            for s in seeds for p in rows]
     # the big windows first, so the pool's last minutes are not one straggler
     runs.sort(key=lambda r: -r[0].jobs)
     print(f"sim_windows: {len(runs)} replays of {len(windows)} windows on {args.workers} workers", file=sys.stderr)
@@ -337,7 +360,7 @@ def main() -> None:
                 draw(curves, path, f"{w.label()}, time-limit seed {seeds[0]}")
                 print(f"plot: {path}", file=sys.stderr)
     record = {"at": datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "seeds": seeds,
-              "load": args.load, "elapsed_s": round(elapsed, 1), "cpu_s": round(cpu, 1), "variants": variants,
+              "load": args.load, "checkpointing": args.checkpointing, "elapsed_s": round(elapsed, 1), "cpu_s": round(cpu, 1), "variants": variants,
               "windows": [asdict(w) for w in windows], "verdicts": verdicts,
               "runs": [{"window": k, "policy": p, "seed": s, **m} for (k, p), by in results.items() for s, m in by.items()]}
     path = args.out or Path("sim_windows_variants.json" if variants else "sim_windows.json")

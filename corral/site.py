@@ -9,7 +9,9 @@ starts with it.
                           expansion: 0},
                 max_age: 3d, age_power: 1, favor_small: true, size_fades: true, size_by: gpu_time,
                 expansion_cap: 1d, starve_after: 1d, backfill: {max_reservations: 100, max_jobs: 500},
-                packing: best_fit, preemption: true}   # packing: best_fit (corral) | first_fit (Slurm's)
+                packing: best_fit, preemption: true,   # packing: best_fit (corral) | first_fit (Slurm's)
+                las: {thresholds: [1h, 8h], min_run_factor: 3, min_run: 10m, max_preempted: 2,
+                      promote_after: 4}}   # preemption for shorter work (off unless given)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
     accounts:   [{name: ml, parent: null, shares: 3, users: [ann], max_gpus: 16, gpu_minutes: 1e6}]
@@ -47,7 +49,7 @@ from pydantic import BaseModel, BeforeValidator, Field, ValidationError, create_
 from corral.auth.accounts import IdentityConfig, server_account
 from corral.executors.registry import infras
 from corral.pool import NodeEntry, NodeSpec, expand_nodes, local_machine
-from corral.scheduler.policy import Account, Partition, Policy, PriorityWeights, Qos
+from corral.scheduler.policy import Account, Las, Partition, Policy, PriorityWeights, Qos
 from corral.spec.loader import SpecError, SpecIssue, _dotted, _suggest, find_cycle
 from corral.spec.quantity import parse_duration, parse_memory
 from corral.spec.source import Document, SourceError, load_documents
@@ -87,6 +89,25 @@ class BackfillSettings(_Strict):
     max_jobs: int | None = Field(default=None, ge=1, le=1_000_000)
 
 
+class LasSettings(_Strict):
+    """``scheduler.las``: preemption for shorter work within a tier (``Policy.las``).
+    ``thresholds`` are GPU-time (a duration: 1h is one GPU-hour) a job's attained service
+    crosses to drop a queue."""
+
+    thresholds: list[Duration] = Field(default=[3600.0, 8 * 3600.0], min_length=1)
+    min_run_factor: float = Field(default=3.0, ge=0, allow_inf_nan=False)
+    min_run: Duration = 600.0
+    max_preempted: int = Field(default=2, ge=0, le=1000)
+    promote_after: float = Field(default=4.0, gt=0, allow_inf_nan=False)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _rising(cls, value: list[float]) -> list[float]:
+        if any(b <= a for a, b in zip(value, value[1:])):
+            raise ValueError("thresholds must rise strictly, e.g. [1h, 8h]")
+        return value
+
+
 class SchedulerSettings(_Strict):
     policy: Literal["fifo", "slurm", "corral"] = "corral"
     weights: Weights = Weights()
@@ -107,6 +128,8 @@ class SchedulerSettings(_Strict):
     backfill: BackfillSettings = BackfillSettings()
     packing: Literal["best_fit", "first_fit"] | None = None  # default: the named policy's
     preemption: bool = True
+    # preemption for shorter work within a tier (least attained service); off by default
+    las: LasSettings | None = None
 
 
 class PartitionEntry(_Strict):
@@ -379,7 +402,9 @@ def _policy(config: SiteConfig) -> Policy:
         accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
                        for a in config.accounts),
         topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing),
-        learn_durations=_pick(s.learn_durations, base.learn_durations))
+        learn_durations=_pick(s.learn_durations, base.learn_durations),
+        las=None if s.las is None else Las(tuple(s.las.thresholds), s.las.min_run_factor, s.las.min_run,
+                                           s.las.max_preempted, s.las.promote_after))
 
 
 def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:

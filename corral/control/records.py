@@ -122,6 +122,8 @@ class JobRec:
     ended_by: tuple[JobState, str] | None = None
     world: dict | None = None  # the submit directory, export mode and exported variables (spec.world.World)
     run_as: str | None = None  # the Unix account its replicas run as (None: the server's own)
+    # GPU-seconds held in earlier attempts (least attained service; kept in memory only)
+    attained_gpu_s: float = 0.0
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -152,7 +154,17 @@ class JobRec:
         array = (self.array_job_id, self.array_throttle) if self.array_job_id and self.array_throttle else None
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
-                          self.kill_on_invalid_dep, array)
+                          self.kill_on_invalid_dep, array, attained_gpu_s=self.attained_gpu_s)
+
+    @property
+    def preemptible(self) -> bool:
+        """Every task declared it checkpoints (``preemptible: true``): stopping it loses no
+        task's work beyond its last checkpoint."""
+        return bool(self.tasks) and all(t.service.preemptible for t in self.tasks)
+
+    @property
+    def restart_cost(self) -> float:
+        return max((t.service.restart_cost for t in self.tasks), default=0.0)
 
     def stage(self) -> list[TaskRec]:
         """The tasks the scheduler places now: all of them, or a pipeline's current stage (its

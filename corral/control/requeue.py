@@ -43,15 +43,16 @@ class Requeues:
                               + (" (then held)" if job.hold else ""))
             self._stop_all(job, "requeued", now)
 
-    def evict(self, job_id: int, mode: str, for_job: int, now: float) -> None:
+    def evict(self, job_id: int, mode: str, for_job: int, now: float, why: str = "") -> None:
         """A victim of the plan (the applier checked it still runs and took its mode): every
         replica gets its stop signal and grace period; the preemptor starts once their
         resources are free, and ``finish`` requeues or cancels it."""
         job = self.book.active.get(job_id)
         if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
             return
+        then = f"it will be {'requeued' if mode == 'requeue' else 'cancelled'}"
         self.moves.job_to(job, JobState.PREEMPTED, now, "preempted",
-                          f"preempted by job {for_job}; it will be {'requeued' if mode == 'requeue' else 'cancelled'}")
+                          f"{why}; {then}" if why else f"preempted by job {for_job}; {then}")
         self._stop_all(job, "preempted", now)
 
     def shrink(self, s: Session, job_id: int, task_name: str, replicas: int, for_job: int, now: float) -> None:
@@ -121,6 +122,8 @@ class Requeues:
                                   exit_code=None, ended_at=None, ready=False, restarts=replica.restarts)
         for task in job.tasks:
             task.termination_deadline = None
+        if job.started_at is not None:  # least attained service counts every attempt (in memory)
+            job.attained_gpu_s += job.request.gpus * max(0.0, now - job.started_at)
         job.started_at = None
         job.requeue_requested = False
         job.forget_request()

@@ -111,7 +111,8 @@ class Scheduling:
         return RunningJob(job.id, tuple(allocs[r.id] for r in live), end, job.user,
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
                           ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping,
-                          limit_end=limit_end)
+                          limit_end=limit_end, preemptible=job.preemptible, restart_cost_s=job.restart_cost,
+                          preempted=job.requeues, attained_gpu_s=job.attained_gpu_s)
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -207,7 +208,7 @@ class Scheduling:
                 self.runtimes.started(job, self.moves.journal)
                 self.placer.admit(job, start.allocations, now, start.choice)
         for eviction in applied.evictions:
-            self.requeues.evict(eviction.job_id, eviction.mode, eviction.for_job, now)
+            self.requeues.evict(eviction.job_id, eviction.mode, eviction.for_job, now, eviction.why)
         for downsize in applied.downsizes:
             self.requeues.shrink(s, downsize.job_id, downsize.task, downsize.replicas, downsize.for_job, now)
         for cancel in applied.cancels:

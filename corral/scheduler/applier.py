@@ -52,6 +52,7 @@ class Eviction:
     job_id: int
     mode: Literal["requeue", "cancel"]
     for_job: int
+    why: str = ""  # the plan's note (preempted for shorter work: ...); empty: by tier
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ def apply_plan(pool: FreePool, plan: Plan, running: Iterable[RunningJob], policy
                 out.refused.append(Refusal(victim, "evict", why))
                 continue
             evicted.add(victim)
-            out.evictions.append(Eviction(victim, mode, preemption.for_job))  # type: ignore[arg-type]
+            note = dict(preemption.notes).get(victim, "")
+            out.evictions.append(Eviction(victim, mode, preemption.for_job, note))  # type: ignore[arg-type]
         for shrink in preemption.shrinks:
             why, downsize = _downsize(jobs.get(shrink.job_id), shrink.task, shrink.replicas, preemption.for_job,
                                       evicted, sizes)

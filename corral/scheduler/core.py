@@ -40,7 +40,7 @@ from __future__ import annotations
 import gc
 import math
 
-from corral.scheduler import dependency, fairshare, preemption
+from corral.scheduler import attained, dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
@@ -117,6 +117,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         plan.hungry = hungry(snapshot, policy)
         key = policy.queue_key(now, plan.hungry)
         ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc))
+        if policy.las is not None:
+            attained.order_queue(ready, now, policy)
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)
@@ -183,7 +185,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         first = within[0][1]
         # 5. preempt
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
-            chosen = preemption.find(first, pool, scope, running, policy, claimed)
+            chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
             if chosen is not None:
                 found, placement = chosen
                 # what of its place is free already is its own from now on: a later job that

@@ -43,6 +43,8 @@ class Preemption:
     for_job: int
     victims: tuple[int, ...]
     shrinks: tuple[Shrink, ...] = ()
+    # (victim, why) for victims stopped as shorter work (``corral.scheduler.attained``)
+    notes: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass

@@ -86,6 +86,24 @@ class PriorityWeights:
 
 
 @dataclass(frozen=True)
+class Las:
+    """Checkpoint-aware preemption for shorter work, after Tiresias' discretised 2D-LAS
+    (least attained service); ``corral.scheduler.attained`` applies it. A job's queue is the
+    number of ``thresholds_gpu_s`` its attained service (GPU-seconds, every attempt) has
+    crossed: a pending job may stop running preemptible jobs of its own partition tier in a
+    lower queue (higher number), never one whose QOS outranks its own. Guards: a victim has
+    run at least max(``min_run_s``, ``min_run_factor`` x its restart cost) since its last
+    start, and is preempted at most ``max_preempted`` times; a pending job that waited over
+    ``promote_after`` x its attained run time (GPU-seconds / GPUs) is back in the top queue."""
+
+    thresholds_gpu_s: tuple[float, ...] = (3600.0, 8 * 3600.0)
+    min_run_factor: float = 3.0
+    min_run_s: float = 600.0
+    max_preempted: int = 2
+    promote_after: float = 4.0
+
+
+@dataclass(frozen=True)
 class Partition:
     name: str
     nodes: tuple[str, ...] = ("*",)  # names or shell-style patterns
@@ -140,6 +158,8 @@ class Policy:
     # plan with run times learned from history (corral.scheduler.durations) instead of the
     # time limits users give; Slurm plans with the limits
     learn_durations: bool = False
+    # least-attained-service preemption within a tier (``Las``); None: off, as in Slurm
+    las: Las | None = None
 
     @classmethod
     def named(cls, name: str, **overrides) -> Policy:
@@ -214,7 +234,7 @@ class Policy:
         """Whether any job may ever preempt another: preemption on, and more than one
         partition tier or a QOS with a ``preempt`` list."""
         return self.preemption and (len({p.priority_tier for p in self.partitions}) > 1
-                                    or any(q.preempt for q in self.qos))
+                                    or any(q.preempt for q in self.qos) or self.las is not None)
 
     def qos_of(self, name: str) -> Qos:
         return self._qos.get(name) or _NORMAL

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corral.scheduler import attained
 from corral.scheduler.placement import FreePool, Scope, place_gang
 from corral.scheduler.plan import Allocation, Preemption, Shrink
 from corral.scheduler.policy import Policy
@@ -30,14 +31,16 @@ class _Unit:
     allocations: tuple[Allocation, ...]
 
 
-def candidates(job: PendingJob, running: list[RunningJob], policy: Policy, claimed: set[int]) -> list[RunningJob]:
+def candidates(job: PendingJob, running: list[RunningJob], policy: Policy, claimed: set[int],
+               now: float = 0.0) -> list[RunningJob]:
     return [r for r in running if not r.ending and r.id not in claimed
-            and policy.preempt_mode(r.partition, r.qos) != "off"
-            and policy.preempts(job.partition, job.qos, r.partition, r.qos)]
+            and (policy.preempt_mode(r.partition, r.qos) != "off"
+                 and policy.preempts(job.partition, job.qos, r.partition, r.qos)
+                 or attained.victim(job, r, policy, now))]
 
 
 def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob], policy: Policy,
-         claimed: set[int]) -> tuple[Preemption, tuple[Allocation, ...]] | None:
+         claimed: set[int], now: float = 0.0) -> tuple[Preemption, tuple[Allocation, ...]] | None:
     """Victims (and shrinks) that let ``job`` fit, with where it would then go;
     ``Preemption(job, ())`` if what is already being stopped is enough; None if nothing it
     may preempt would make it fit.
@@ -57,11 +60,11 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
     placed = _fit(trial, job, scope)
     if placed is not None:
         return Preemption(job.id, ()), placed
-    victims = candidates(job, running, policy, claimed)
+    victims = candidates(job, running, policy, claimed, now)
     if not victims:
         return None
     units: list[_Unit] = []
-    by_cost = sorted(victims, key=lambda r: (r.priority, -r.started_at, r.gpus, r.id))
+    by_cost = sorted(victims, key=lambda r: (attained.order(job, r, policy, now), r.priority, -r.started_at, r.gpus, r.id))
     for r in by_cost:
         for part in r.elastic:
             surplus = len(part.allocations) - part.min_replicas
@@ -114,8 +117,12 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
         if unit.task is not None:
             key = (unit.job_id, unit.task)
             shrinks[key] = shrinks.get(key, sizes[key]) - 1
-    return (Preemption(job.id, tuple(sorted(u.job_id for u in chosen.values() if u.task is None)),
-                       tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items()))), placed)
+    stopped = tuple(sorted(u.job_id for u in chosen.values() if u.task is None))
+    by_id = {r.id: r for r in victims}
+    notes = tuple((v, attained.why(job, by_id[v], now)) for v in stopped
+                  if attained.shorter_work(job, by_id[v], policy))
+    return (Preemption(job.id, stopped, tuple(Shrink(j, t, n) for (j, t), n in sorted(shrinks.items())), notes),
+            placed)
 
 
 def _fit(trial: FreePool, job: PendingJob, scope: Scope) -> tuple[Allocation, ...] | None:

@@ -105,6 +105,7 @@ class PendingJob:
     owner: int = 0  # a running job's growth request (id < 0): that job's id
     # its predicted run time (corral.scheduler.durations), at most its time limit; None: none
     expected: float | None = None
+    attained_gpu_s: float = 0.0  # GPU-seconds it held in earlier attempts (least attained service)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))
@@ -172,6 +173,12 @@ class RunningJob:
     # when it gives its resources back at the latest (start + time limit), where
     # ``expected_end`` is a predicted end (corral.scheduler.durations); None: expected_end
     limit_end: float | None = None
+    # declared checkpointing (a task's ``preemptible: true``, a trace row's checkpoint_s): it
+    # may be requeued for shorter work of its own tier (``Policy.las``)
+    preemptible: bool = False
+    restart_cost_s: float = 0.0  # what a restart costs it (declared or measured)
+    attained_gpu_s: float = 0.0  # GPU-seconds held in earlier attempts; this one adds gpus x run
+    preempted: int = 0  # times it was preempted so far
 
     @property
     def latest_end(self) -> float:

@@ -280,6 +280,8 @@ class _Replay:
         request = to_request(job, i, self.largest, self.accounts[job.user], self.dependencies[i])
         if self.durations is not None:
             request = self._predicted(i, request)
+        if self.lives[i].gpu_s:  # a requeued job: what it attained counts (least attained service)
+            request = replace(request, attained_gpu_s=self.lives[i].gpu_s)
         self.pending[i] = request
         self.smallest[_smallest(request)] += 1
 
@@ -325,7 +327,9 @@ class _Replay:
         self.running[i] = RunningJob(i, allocations, end, job.user, self.accounts[job.user],
                                      job.partition, job.qos, started_at=now, priority=priority,
                                      elastic=self._elastic(job, allocations), no_requeue=job.no_requeue,
-                                     limit_end=now + job.time_limit_s)
+                                     limit_end=now + job.time_limit_s, preemptible=bool(job.checkpoint_s),
+                                     restart_cost_s=job.restart_cost_s, attained_gpu_s=life.gpu_s,
+                                     preempted=life.restarts)
         if life.first_start is None:
             life.first_start = now
         life.since = life.mark = now

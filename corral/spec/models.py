@@ -108,6 +108,11 @@ class TaskSpec(Strict):
     grace_period: Duration = DEFAULT_GRACE_S
     time_limit: Duration | None = None
     signal_before_timeout: WarnBeforeTimeout | None = None
+    # it saves its work (checkpoints) and resumes from it when requeued: a site whose scheduler
+    # has ``las`` on may stop it for shorter work of its own tier (docs/scheduling.md);
+    # restart_cost: what resuming costs it (loading the checkpoint, warming up)
+    preemptible: bool = False
+    restart_cost: Duration = 0.0
     # A replica whose readiness probe has not passed this long after it started has failed
     # to start: it gets its stop signal and is restarted (or fails) per its restart policy.
     startup_timeout: Duration = Field(default=600.0, gt=0)
