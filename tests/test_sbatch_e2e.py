@@ -69,6 +69,16 @@ def test_single_node_gpu_script_sees_slurm_variables_and_writes_its_output_file(
     assert f"done on {node['node']}" in corral("logs", job_id, check=True).stdout  # the job's log too
 
 
+def test_wrap_runs_its_command_as_a_script_named_wrap(corral) -> None:
+    proc = corral("sbatch", "--wait", "-o", "wrap-%j.out", "--wrap", 'echo "wrapped $SLURM_JOB_NAME"; exit 3')
+    job_id = proc.stdout.split()[-1]
+    assert proc.returncode == 3 and proc.stdout.startswith("Submitted batch job"), (proc.stdout, proc.stderr)
+    assert job(corral, job_id)["name"] == "wrap"
+    assert (corral.work / f"wrap-{job_id}.out").read_text().strip() == "wrapped wrap"
+    refused = corral("sbatch", "--wrap=true", "single_gpu.sbatch")
+    assert refused.returncode == 2 and "--wrap" in refused.stderr
+
+
 def test_launch_detached_prints_a_script_s_job_id_as_it_does_a_yaml_s(corral) -> None:
     proc = corral("launch", "-d", "single_gpu.sbatch")
     assert proc.returncode == 0 and proc.stdout.strip().isdigit(), (proc.stdout, proc.stderr)  # JOB=$(corral launch -d …)

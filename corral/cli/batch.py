@@ -52,10 +52,17 @@ def sbatch_main(argv: list[str]) -> None:
             issues += bad
         if issues:
             raise SpecError(issues, "corral sbatch")
-        if not rest:
-            raise Usage("SCRIPT", "name the batch script to submit")
-        path = Path(rest[0])
-        text = read_script(path)
+        wrapped = [c.pop("wrap").value for c in components if "wrap" in c]
+        if wrapped:  # sbatch --wrap: the command as a /bin/sh script of its own, named "wrap" as in Slurm
+            if rest or len(components) > 1:
+                raise Usage("--wrap", "takes no script, script arguments or components: the command is the script")
+            rest, path = ["wrap"], Path("wrap")
+            text = f"#!/bin/sh\n# made by corral sbatch --wrap\n{wrapped[0]}\n"
+        elif not rest:
+            raise Usage("SCRIPT", "name the batch script to submit (or give its command with --wrap)")
+        else:
+            path = Path(rest[0])
+            text = read_script(path)
         if not text.startswith("#!"):
             raise Usage("SCRIPT", f"{path} does not look like a batch script: its first line must be #! and "
                                   "the path of an interpreter (a job YAML goes to corral launch)")

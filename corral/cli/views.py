@@ -296,7 +296,8 @@ def status(args: Namespace) -> None:
             out.print(f"  task {task['name']}: runs in {task.get('workdir') or 'its user’s home'}", markup=False)
         if task.get("endpoint"):
             ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
-            out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {len(task['replicas'])} "
+            # of the replicas it has now (those a scale-down retired are still listed below)
+            out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {task['num_nodes']} "
                       "replicas ready)", markup=False)
         if task.get("scale"):
             out.print(f"  task {task['name']}: {task['scale']}", markup=False)

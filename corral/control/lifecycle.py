@@ -136,6 +136,18 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
                                   _blame(job, failed_aux, "auxiliary")))
             else:
                 out.append(EndJob(JobState.SUCCEEDED, 0, "primaries_succeeded"))
+        return out
+
+    if not live and job.replicas and job.state in (JobState.RUNNING, JobState.STARTING):
+        # nothing runs and no rule above ended it (a gang stopped after a member exited 0 without
+        # restarting, a replica stopped by a probe): a job with nothing left never stays RUNNING
+        first = next((r for r in job.replicas if r.state != ReplicaState.SUCCEEDED), None)
+        if first is None:
+            out.append(EndJob(JobState.SUCCEEDED, 0, "nothing_left", "every replica succeeded"))
+            return out
+        out.append(EndJob(JobState.FAILED, first.exit_code, "nothing_left",
+                          f"no replica is left and its primaries did not all succeed: replica "
+                          f"{first.task}-{first.rank} ended {first.state.value} ({_how(first)})"))
     return out
 
 

@@ -89,6 +89,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("nice", None, _nice, default="100"),
     Option("wait", "W", None),
     Option("parsable", None, None),
+    Option("wrap", None, _text),  # the command line's own: the command becomes the script (corral.cli.batch)
     # Pyxis's options as directives: the batch script runs in that container (``corral.spec.pyxis``)
     *(Option(name, None, _text if takes else None) for name, takes in pyxis.OPTIONS.items()),
     # every corral job starts on all its nodes at once, which is what this asks of Slurm
@@ -274,6 +275,9 @@ def load_batch(text: str, *, source: str = "<script>", submit_dir: str = "/", ar
     for component, lines in hetjob.split(directives(text), issues):
         for line, words in lines:
             _read(words, line, component.given, issues, notes)
+        if "wrap" in component.given:  # as sbatch: the command line's, where there is no script yet
+            issues.append(SpecIssue("sbatch script", "--wrap", component.given.pop("wrap").line,
+                                    "is an option of the command line, where it gives the command instead of a script"))
         components.append(component)
     for index, given in enumerate([overrides] if isinstance(overrides, dict) else overrides or []):
         if index == len(components):

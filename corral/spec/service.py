@@ -389,7 +389,11 @@ def from_skyserve(data: dict[str, Any], warn: Any) -> dict[str, Any]:
                          f"{', '.join(_BALANCING)}")
     if "tls" in serve:
         warn("service.tls is ignored: the endpoint serves plain TCP; put a TLS proxy in front of it")
-    out["endpoint"] = {"port": name, "policy": _BALANCING[balancing]}
+    given = out.get("endpoint")
+    if given is not None and (not isinstance(given, dict) or set(given) - {"hold"}):
+        raise ValueError("endpoint beside service: takes only hold (the service section sets the endpoint's port "
+                         "and load_balancing_policy)")
+    out["endpoint"] = {"port": name, "policy": _BALANCING[balancing], **(given or {})}
     resources = out.get("resources") if isinstance(out.get("resources"), dict) else {}
     if "restart" not in out and not ({"job_recovery", "spot_recovery"} & set(resources)):
         # SkyServe replaces a service replica that ends, whatever its exit: a service is meant to

@@ -51,3 +51,10 @@ def test_different_gres_and_gpus_per_node_are_still_refused() -> None:
     with pytest.raises(SpecError) as refused:
         load_batch(SCRIPT.format(extra="#SBATCH --gres=gpu:4\n#SBATCH --gpus-per-node=8\n"), source="job.sh")
     assert "give the GPUs once" in str(refused.value)
+
+
+def test_wrap_in_a_script_is_refused_naming_its_line() -> None:
+    with pytest.raises(SpecError) as refused:
+        load_batch("#!/bin/bash\n#SBATCH -N1\n#SBATCH --wrap=hostname\nhostname\n")
+    issue = refused.value.issues[0]
+    assert issue.field == "--wrap" and issue.line == 3 and "command line" in issue.message

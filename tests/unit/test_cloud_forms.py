@@ -130,3 +130,13 @@ def test_a_skyserve_replica_is_replaced_whenever_it_ends_unless_the_file_says_ot
     assert recovery.policy == "on_failure" and recovery.max_restarts == 2
     own = load_job(serve % "" + "restart: {policy: never}\n").spec.tasks[0].restart
     assert own.policy == "never"
+
+
+def test_an_endpoint_beside_a_service_is_read_not_dropped() -> None:
+    serve = ("service: {readiness_probe: /, replica_policy: {min_replicas: 0, max_replicas: 2, "
+             "target_qps_per_replica: 1}}\nresources: {ports: 8080}\nrun: x\nendpoint: %s\n")
+    assert load_job(serve % "{hold: 45s}").spec.tasks[0].endpoint.hold == 45
+    for bad in ("{hold: -5s}", "{port: 9000}"):
+        with pytest.raises(SpecError) as refused:
+            load_job(serve % bad)
+        assert "endpoint" in str(refused.value)

@@ -165,3 +165,13 @@ def test_holders_stopped_after_the_script_succeeded_end_it_as_usual() -> None:
     assert {s.replica_id for s in d.stops} == {g.id_of("node-0"), g.id_of("node-1")}
     g.replica("node-0", S.KILLED, 143, stopping=True).replica("node-1", S.KILLED, 143, stopping=True)
     assert evaluate(g.build(), now=11).end.state == JobState.SUCCEEDED
+
+
+def test_a_job_with_nothing_left_running_never_stays_running() -> None:
+    # a gang member exited 0 without restarting and its peer was stopped with it
+    g = GroupBuilder().task("pg", replicas=2).replica("pg-1", S.SUCCEEDED, 0).replica("pg-0", S.KILLED, 143,
+                                                                                      stopping=True)
+    d = evaluate(g.build(), now=10)
+    assert d.end.state == JobState.FAILED and d.end.cause == "nothing_left" and "pg-0" in d.end.message
+    # a service scaled to zero has no members: it stays as it is
+    assert evaluate(GroupBuilder().task("svc", replicas=0).build(), now=10).end is None

@@ -34,3 +34,13 @@ def test_a_replica_without_a_reason_shows_its_state(monkeypatch, capsys) -> None
     shown = _shown(monkeypatch, capsys, _job(None))
     row = next(line for line in shown.splitlines() if line.split()[:1] == ["serve-0"])
     assert "STARTING" in row and "PULLING" not in row and "pulling" not in shown
+
+
+def test_an_endpoint_counts_the_replicas_the_task_has_now_not_those_scaled_away(monkeypatch, capsys) -> None:
+    job = _job(None, state="RUNNING")
+    task = job["tasks"][0]
+    task["replicas"][0]["ready"] = True
+    task["replicas"] += [{**task["replicas"][0], "rank": 1}] + [
+        {**task["replicas"][0], "rank": rank, "state": "KILLED", "ready": False} for rank in (2, 3)]
+    task.update(endpoint="127.0.0.1:4000", num_nodes=2)
+    assert "endpoint 127.0.0.1:4000 (2 of 2 replicas ready)" in _shown(monkeypatch, capsys, job)
