@@ -40,7 +40,10 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 
 
-def build(nodes: int, pending: int, seed: int = 0):
+ABSENT = "B200"  # --absent-type: a GPU type the bench's (untyped) nodes do not have
+
+
+def build(nodes: int, pending: int, seed: int = 0, gpu_type: str | None = None):
     from corral.scheduler import NodeView, PendingJob, Snapshot, TaskRequest
     from corral.scheduler.placement import FreePool, place_gang
     from corral.scheduler.snapshot import RunningJob
@@ -62,7 +65,7 @@ def build(nodes: int, pending: int, seed: int = 0):
     jobs = []
     for i in range(pending):
         gpus = rng.choice([1, 1, 1, 2, 2, 4, 8, 8, 16, 32, 64])
-        task = TaskRequest("main", max(1, gpus // 8), min(gpus, 8), 1.0)
+        task = TaskRequest("main", max(1, gpus // 8), min(gpus, 8), 1.0, gpu_type=gpu_type)
         tasks = (task, TaskRequest("reward", 1, 0, 1.0)) if rng.random() < 0.1 else (task,)
         jobs.append(PendingJob(i, tasks, float(i), f"u{i % 50}", f"a{i % 10}", rng.uniform(300, 86400 * 2)))
     free = pool.views()
@@ -82,13 +85,13 @@ def cycle(snapshot, policy, repeat: int = 3) -> tuple[float, int]:
     return best, starts
 
 
-def measure(nodes: int, sizes: list[int], policy_name: str, repeat: int) -> list[dict]:
+def measure(nodes: int, sizes: list[int], policy_name: str, repeat: int, gpu_type: str | None = None) -> list[dict]:
     """One row per queue length, with the scheduler importable as ``corral`` (sys.path)."""
     from corral.scheduler import Policy
 
     rows = []
     for pending in sizes:
-        snapshot = build(nodes, pending)
+        snapshot = build(nodes, pending, gpu_type=gpu_type)
         # topology on: multi-node gangs go under the fewest leaf switches
         cpu, starts = cycle(snapshot, Policy.named(policy_name, topology=("leaf",)), repeat)
         fifo_cpu, fifo_starts = cycle(snapshot, Policy.named("fifo"), repeat)
@@ -101,7 +104,8 @@ def measure(nodes: int, sizes: list[int], policy_name: str, repeat: int) -> list
 def _worker(root: Path, args: argparse.Namespace, sizes: list[int]) -> list[dict]:
     """``measure`` in a fresh process that imports the scheduler from ``root``."""
     command = [sys.executable, str(HERE), "--worker", str(root), "--nodes", str(args.nodes), "--policy", args.policy,
-               "--repeat", str(args.repeat), "--pending", *map(str, sizes)]
+               "--repeat", str(args.repeat), *(["--absent-type"] if args.absent_type else []),
+               "--pending", *map(str, sizes)]
     env = {**os.environ, "PYTHONPATH": str(root)}
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env, cwd=root)
     return json.loads(out.stdout)
@@ -159,6 +163,8 @@ def main() -> None:
     parser.add_argument("--against", metavar="REF", help="also measure the scheduler at this git ref")
     parser.add_argument("--rounds", type=int, default=3, help="with --against: REF-then-this rounds")
     parser.add_argument("--out", type=Path, help="with --against: also write the result as JSON here")
+    parser.add_argument("--absent-type", action="store_true",
+                        help="every pending job asks for a GPU type (B200) no node has: the cost of reasons alone")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -172,7 +178,7 @@ def main() -> None:
 
         if not Path(corral.__file__).resolve().is_relative_to(args.worker.resolve()):
             raise SystemExit(f"corral was imported from {corral.__file__}, not from {args.worker}")
-        print(json.dumps(measure(args.nodes, args.pending, args.policy, args.repeat)))
+        print(json.dumps(measure(args.nodes, args.pending, args.policy, args.repeat, ABSENT if args.absent_type else None)))
         return
     if args.against:
         args.load = round(os.getloadavg()[0], 2)
@@ -191,7 +197,7 @@ def main() -> None:
                   f"(rounds {r['ratio_min']:.1f}-{r['ratio_max']:.1f}x), {r['starts']} starts each")
         return
     sys.path.insert(0, str(REPO))
-    rows = measure(args.nodes, args.pending, args.policy, args.repeat)
+    rows = measure(args.nodes, args.pending, args.policy, args.repeat, ABSENT if args.absent_type else None)
     if args.json:
         print(json.dumps(rows, indent=2))
         return
