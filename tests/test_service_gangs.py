@@ -122,6 +122,8 @@ def test_a_multi_node_service_replica(server, tmp_path: Path) -> None:
     # scaling moves whole gangs: an odd count is refused and changes nothing
     half = server.post(f"/v1/jobs/{job_id}/scale", json={"task": "llm", "replicas": 5})
     assert half.status_code == 422 and "multiple of 2" in half.text
+    beyond = server.post(f"/v1/jobs/{job_id}/scale", json={"task": "llm", "replicas": 8})
+    assert beyond.status_code == 422 and "2 to 3 service replicas of 2 nodes each" in beyond.text
     assert task_of(server, job_id)["num_nodes"] == 4
     # a gang is placed all or none: with one GPU free, neither of its two replicas starts
     blocker = submit(server, "name: blocker\nnum_nodes: 3\nresources: {accelerators: H100:1}\nrun: sleep 600\n")

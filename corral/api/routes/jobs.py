@@ -339,11 +339,14 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
                                  f"{', '.join(t['name'] for t in found.spec['tasks'])}")
     low = spec["num_nodes"] if spec.get("min_nodes") is None else spec["min_nodes"]
     high = spec.get("max_nodes") or spec["num_nodes"]
+    gang = int(spec.get("gang_size") or 1)
     if not low <= body.replicas <= high:
         detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
                   f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
+        if gang > 1:  # in the service's own units too: its file counts service replicas (gangs)
+            detail += (f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
+                       if low != high else f", that is {low // gang} service replica(s) of {gang} nodes each")
         raise invalid_parameter("body", "replicas", detail)
-    gang = int(spec.get("gang_size") or 1)
     if body.replicas % gang:
         raise invalid_parameter("body", "replicas", (
             f"task {body.task!r} runs in gangs of {gang} replicas (each gang one multi-node service replica): "
