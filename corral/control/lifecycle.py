@@ -101,8 +101,8 @@ def evaluate(job: JobView, now: float) -> list[Decision]:
     holders = {t.name for t in job.tasks if t.holds_nodes}
     lost = next((r for r in job.replicas if r.task in holders
                  and r.state in (ReplicaState.FAILED, ReplicaState.SUCCEEDED)), None)  # ended unasked
-    if lost is not None and not any(r.task in primary_tasks and r.state == ReplicaState.SUCCEEDED
-                                    for r in job.replicas):
+    if lost is not None and job.state in (JobState.RUNNING, JobState.STARTING) \
+            and not any(r.task in primary_tasks and r.state == ReplicaState.SUCCEEDED for r in job.replicas):
         _stop(out, live, "node_lost")
         if not live:
             out.append(EndJob(JobState.FAILED, lost.exit_code, "node_lost",
