@@ -76,3 +76,21 @@ def work(corral: Corral, request) -> Path:
     path = corral.work / request.node.name.replace("[", "-").replace("]", "")
     path.mkdir()
     return path
+
+
+@contextmanager
+def job_account(harness: Harness) -> Iterator:
+    """A throwaway Unix account for jobs of another user (root only), with a Slurm association
+    where the harness is Slurm's, so its jobs may run there."""
+    import os
+
+    from unix_users import need_root, slurm_association, unix_user
+
+    need_root()
+    with unix_user() as made:
+        if harness.name == "slurm":
+            with slurm_association(made.name, {**os.environ, **harness.env()}):
+                yield made
+        else:
+            yield made
+

@@ -7,17 +7,16 @@ sentence naming the user. Needs root (to make throwaway Unix accounts); skips ot
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from conformance.conftest import serving
+from conformance.conftest import job_account, serving
 from conformance.driver import Corral, wait_for
 from conformance.harnesses import PARTITION, describe
-from unix_users import ThrowawayUser, need_root, slurm_association, traversable_dir, unix_user
+from unix_users import ThrowawayUser, need_root, traversable_dir
 
 PROBE = """run: |
   echo "uid=$(id -u) gid=$(id -g) groups=$(id -G | tr ' ' ',') umask=$(umask) home=$HOME user=$USER logname=$LOGNAME"
@@ -30,13 +29,8 @@ PROBE = """run: |
 
 @pytest.fixture(scope="module")
 def user(harness) -> Iterator[ThrowawayUser]:
-    need_root()
-    with unix_user() as made:
-        if harness.name == "slurm":
-            with slurm_association(made.name, {**os.environ, **harness.env()}):
-                yield made
-        else:
-            yield made
+    with job_account(harness) as made:
+        yield made
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from conformance.conftest import serving
+from conformance.conftest import job_account, serving
 from conformance.driver import Corral, wait_for
 from conformance.harnesses import PARTITION, describe
-from unix_users import ThrowawayUser, need_root, slurm_association, traversable_dir, unix_user
+from unix_users import ThrowawayUser, traversable_dir, unix_user
 
 WORLD = ('echo "host=$(hostname)"; echo "cwd=$(pwd)"; echo "uid=$(id -u)"; echo "name=$CORRAL_HOSTNAME"; '
          'echo "rank=$CORRAL_REPLICA"; echo "job=$CORRAL_JOB_ID"')
@@ -196,13 +196,8 @@ def test_a_process_ends_with_its_replica(corral: Corral) -> None:
 
 @pytest.fixture(scope="module")
 def owner(harness) -> Iterator[ThrowawayUser]:
-    need_root()
-    with unix_user() as made:
-        if harness.name == "slurm":
-            with slurm_association(made.name, {**os.environ, **harness.env()}):
-                yield made
-        else:
-            yield made
+    with job_account(harness) as made:
+        yield made
 
 
 def test_only_the_owner_and_operators_may_and_each_is_audited(corral: Corral, harness, owner: ThrowawayUser) -> None:
