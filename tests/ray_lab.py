@@ -159,8 +159,10 @@ class RayLab:
         nodes: list[dict] = []
         while time.monotonic() < deadline:
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-            if done.returncode == 0:
-                nodes = json.loads(done.stdout.strip().splitlines()[-1])
+            # Ray may print its own warnings to stdout (lagging heartbeats on a busy machine)
+            said = [line for line in done.stdout.splitlines() if line.startswith("[")]
+            if done.returncode == 0 and said:
+                nodes = json.loads(said[-1])
                 if len(nodes) >= count:
                     return nodes
             time.sleep(1)

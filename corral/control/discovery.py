@@ -27,7 +27,8 @@ class Discovery:
         def state(r: ReplicaRec) -> tuple[str, bool]:
             if r.id in launching:
                 return ReplicaState.RUNNING.value, job.task(r.task).service.readiness_of(r.rank) is None
-            return r.state.value, r.ready
+            # ready only while it runs: a member waiting to be placed again is never ready
+            return r.state.value, r.ready and r.state == ReplicaState.RUNNING
 
         tasks = [{"name": t.name, "ports": t.service.ports,
                   "replicas": [{"rank": r.rank, "addr": r.addr, "state": state(r)[0], "ready": state(r)[1],

@@ -22,6 +22,7 @@ so a home made anew never meets the runs of an earlier one with the same attempt
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import stat
 import subprocess
@@ -35,6 +36,8 @@ from corral.executors.ray.relay import NodeShells
 from corral.node import container as containers
 from corral.node.mounts import MountError, attach, here, home_of_this_account, lacking
 from corral.node.runner import NodeRunner, process_start_time
+
+FENCE_EXIT_S = 5.0  # how long an ended attempt's actor waits for its fence to go
 
 
 def node_dirs(scope: str) -> tuple[Path, Path, Path]:
@@ -75,6 +78,7 @@ class ReplicaActor:
         self.logs = node_dirs(scope)[1]
         self.fence: subprocess.Popen | None = None
         self.fence_fd: int | None = None
+        self.fence_gone: int | None = None
         self.proc: subprocess.Popen | None = None
         self.key: str | None = None
         self.code: int | None = None
@@ -183,23 +187,31 @@ class ReplicaActor:
 
     def _start_fence(self) -> None:
         """Before the attempt starts: its fence, watching this worker (a pipe only it holds
-        the read end of) and the raylet (this worker's parent)."""
+        the read end of) and the raylet (this worker's parent). It holds the write end of a
+        second pipe until it exits: the actor's way to wait for a process it is not the
+        parent of (the fence leaves the worker's children, see ``fence``)."""
         read, write = os.pipe()
+        gone_read, gone_write = os.pipe()
         said = os.open(self.logs / f"{self.key}.fence", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
         # CORRAL_RAY_DIR too: the fence finds the attempt's run directory where the actor made it
         env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "CORRAL_RAY_DIR")}
         try:
             self.fence = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.fence", str(read),
                                            str(os.getppid()), self.scope, self.key or ""],
-                                          pass_fds=(read,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=said, start_new_session=True, env=env, close_fds=True)
+                                          pass_fds=(read, gone_write), stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=said, start_new_session=True, env=env,
+                                          close_fds=True)
         except BaseException:
             os.close(write)
+            os.close(gone_read)
             raise
         finally:
             os.close(read)
             os.close(said)
+            os.close(gone_write)
         self.fence_fd = write
+        self.fence_gone = gone_read
+        threading.Thread(target=self.fence.wait, name="corral-fence-reaper", daemon=True).start()
 
     def _reap(self) -> None:
         assert self.proc is not None and self.key is not None
@@ -217,8 +229,12 @@ class ReplicaActor:
                 os.write(self.fence_fd, b"ended")
             except OSError:
                 pass
-        if self.fence is not None:
-            self.fence.wait()
+        if self.fence_gone is not None:  # end-of-file once the fence has exited
+            try:
+                select.select([self.fence_gone], [], [], FENCE_EXIT_S)
+            finally:
+                os.close(self.fence_gone)
+                self.fence_gone = None
         self.done.set()
 
     def status(self) -> dict:

@@ -7,7 +7,13 @@ corral, told that the node left the cluster, starts its next attempt elsewhere (
 The actor holds the write end of a pipe whose read end only the fence holds: when the worker
 dies, however it dies, the pipe reads end-of-file. The raylet (the worker's parent) is
 watched too, since a worker may outlive its raylet by a second or more. The fence never
-carries the attempt's key in its environment, so ending the attempt's tree spares it."""
+carries the attempt's key in its environment, so ending the attempt's tree spares it.
+
+The fence leaves the worker's children at once (a double fork): a Ray worker that exits
+cleanly, as one does when it finds its raylet gone, SIGKILLs its direct children
+(``RAY_kill_child_processes_on_worker_exit``), which would take the fence along with the
+attempt's first process and leave the rest of the attempt's tree running. It holds a second
+pipe's write end until it exits, so the actor can wait for it without being its parent."""
 
 from __future__ import annotations
 
@@ -60,6 +66,8 @@ def watch(fd: int, raylet: int) -> str | None:
 
 def main(argv: list[str]) -> int:
     fd, raylet, nodescope, key = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    if os.fork() > 0:  # the actor's child ends here; the fence goes on as an orphan (see above)
+        os._exit(0)
     from corral.executors.ray.actor import node_runner  # imported now: the kill must not wait for it
 
     runner = node_runner(nodescope)

@@ -1,0 +1,92 @@
+"""The fence of a Ray attempt (``corral.executors.ray.fence``) with real processes and no Ray:
+it ends the attempt's whole tree when its worker or the node's raylet dies, and it survives
+what a Ray worker does to its direct children when it exits (SIGKILL, see
+``RAY_kill_child_processes_on_worker_exit``), which would otherwise take the fence with it
+and leave the attempt running beside its next attempt."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from corral.executors.ray.fence import FENCED_FILE
+from corral.node.proctree import ATTEMPT_VAR
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch):
+    """A fake raylet, an attempt (a loop that forks all the time, in a session of its own,
+    carrying its key), and the fence started as the actor starts it."""
+    monkeypatch.setenv("CORRAL_RAY_DIR", str(tmp_path))
+    scope, key = f"fence{os.getpid()}", "7.work.0.1"
+    from corral.executors.ray.actor import node_runner
+    runner = node_runner(scope)
+    runner.run_dir(key).mkdir(parents=True)
+    raylet = subprocess.Popen(["sleep", "600"])
+    attempt = subprocess.Popen(["bash", "-c", "while true; do sleep 0.05; done"], start_new_session=True,
+                               env={**os.environ, ATTEMPT_VAR: key})
+    read, write = os.pipe()
+    gone_read, gone_write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "CORRAL_RAY_DIR")}
+    fence = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.fence", str(read), str(raylet.pid), scope,
+                              key], pass_fds=(read, gone_write), start_new_session=True, env=env)
+    os.close(read)
+    os.close(gone_write)
+    time.sleep(1.5)  # the fence imports and starts watching
+    yield {"runner": runner, "key": key, "raylet": raylet, "attempt": attempt, "fence": fence, "write": write,
+           "gone": gone_read}
+    for proc in (raylet, attempt):
+        proc.kill()
+        proc.wait()
+    for fd in (write, gone_read):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_the_fence_outlives_a_sigkill_of_the_worker_s_children_and_ends_the_attempt_when_the_raylet_dies(world):
+    fence, attempt = world["fence"], world["attempt"]
+    try:
+        fence.send_signal(signal.SIGKILL)  # what a Ray worker exiting cleanly does to its direct children
+    except ProcessLookupError:
+        pass
+    fence.wait()
+    time.sleep(0.3)
+    assert _alive(attempt.pid)  # nothing has happened to the node yet
+    world["raylet"].kill()
+    world["raylet"].wait()
+    wait_for(lambda: not _alive(attempt.pid), timeout=5)
+    said = (world["runner"].run_dir(world["key"]) / FENCED_FILE).read_text()
+    assert said == "the node's raylet died"
+
+
+def test_the_fence_ends_the_attempt_when_its_worker_dies(world):
+    attempt = world["attempt"]
+    os.close(world["write"])  # the worker's end of the pipe: closed however the worker dies
+    wait_for(lambda: not _alive(attempt.pid), timeout=5)
+    assert (world["runner"].run_dir(world["key"]) / FENCED_FILE).read_text() == "its Ray worker died"
+
+
+def test_an_attempt_that_ended_lets_its_fence_go_without_a_kill(world):
+    attempt = world["attempt"]
+    os.write(world["write"], b"ended")
+    ready, _, _ = select.select([world["gone"]], [], [], 5.0)  # the fence's own end: gone once it exits
+    assert ready and os.read(world["gone"], 1) == b""
+    assert _alive(attempt.pid)  # "ended" says the actor reaped the tree itself: the fence does nothing
+    assert not (world["runner"].run_dir(world["key"]) / FENCED_FILE).exists()
