@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from conftest import POOL, submit, wait_for, wait_state
+from corral.control.records import load_records
+from corral.store.tables import Job
 
 # one GPU-minute of attained service drops a job to the lower queue; no minimum run, so the
 # test need not wait ten minutes
@@ -44,6 +46,12 @@ def test_a_preemptible_job_is_requeued_for_a_short_one_and_resumes(server, tmp_p
     # requeued under the same id, and started again: its run began a second time
     wait_state(server, long["id"], "RUNNING", timeout=60)
     wait_for(lambda: starts.read_text().count("start") == 4, timeout=60)  # 2 replicas, 2 attempts each
+    # what it attained in its first attempt (8 GPUs for 8.5 s and more) is stored, not only
+    # remembered: a server started now reads it back for the job's queue
+    with server.state.sessions() as s:
+        stored = s.get(Job, long["id"]).attained_gpu_s
+        assert stored >= 8 * 8.5
+        assert load_records(s, [long["id"]])[long["id"]].attained_gpu_s == stored
     server.post(f"/v1/jobs/{long['id']}/cancel")
     wait_state(server, long["id"], "CANCELLED", timeout=30)
 

@@ -210,7 +210,7 @@ def _task_spec(text: str) -> TaskSpec:
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
                Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold,
-               Job.array_job_id, Job.array_index, Job.array_throttle, Job.run_as)
+               Job.array_job_id, Job.array_index, Job.array_throttle, Job.run_as, Job.attained_gpu_s)
 
 
 def _scheduling(row) -> dict:
@@ -221,7 +221,7 @@ def _scheduling(row) -> dict:
             "started_at": row.started_at, "requeue_requested": row.requeue_requested_at is not None,
             "hold": row.hold or "", "array_job_id": row.array_job_id, "array_index": row.array_index,
             "array_throttle": row.array_throttle, "array_extent": tuple(row.spec.get("array_extent") or ()) or None,
-            "run_as": getattr(row, "run_as", None),
+            "run_as": getattr(row, "run_as", None), "attained_gpu_s": getattr(row, "attained_gpu_s", None) or 0.0,
             "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False,
             "world": row.spec.get("world")}
 

@@ -122,12 +122,13 @@ class Requeues:
                                   exit_code=None, ended_at=None, ready=False, restarts=replica.restarts)
         for task in job.tasks:
             task.termination_deadline = None
-        if job.started_at is not None:  # least attained service counts every attempt (in memory)
+        if job.started_at is not None:  # least attained service counts every attempt, across restarts
             job.attained_gpu_s += job.request.gpus * max(0.0, now - job.started_at)
         job.started_at = None
         job.requeue_requested = False
         job.forget_request()
         held = {"user": Reason.HELD_USER.value, "admin": Reason.HELD_ADMIN.value}.get(job.hold)
         self.moves.job_to(job, JobState.PENDING, now, "requeued", f"requeue {job.requeues}" + (", held" if held else ""),
-                          requeues=job.requeues, started_at=None, reason=held or "None", requeue_requested_at=None)
+                          requeues=job.requeues, started_at=None, reason=held or "None", requeue_requested_at=None,
+                          attained_gpu_s=job.attained_gpu_s)
         self.queue.enqueue(job, now)

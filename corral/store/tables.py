@@ -63,6 +63,9 @@ class Job(Base):
     # The run time (seconds) learned from its user's history that the job was given when it last
     # started (``control.runtimes``): what ``corral acct`` judges predictions by. NULL: no history.
     predicted_run_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # GPU-seconds held in its earlier attempts (least attained service: ``scheduler.attained``),
+    # added to at each requeue; the current attempt's share is counted from ``started_at``.
+    attained_gpu_s: Mapped[float] = mapped_column(Float, nullable=False, default=0.0, server_default="0")
 
     tasks: Mapped[list[Task]] = relationship(back_populates="job", order_by="Task.position",
                                              cascade="all, delete-orphan")
