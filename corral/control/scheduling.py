@@ -40,7 +40,7 @@ from corral.metrics import Metrics
 from corral.store.tables import REASON_LENGTH
 from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
 from corral.scheduler.applier import apply_plan
-from corral.scheduler.placement import FreePool, port_shortage
+from corral.scheduler.placement import FreePool, gang_shortage, port_shortage
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.states import JobState, ReplicaState
@@ -238,7 +238,12 @@ class Scheduling:
             return None
         own = [n for n in snapshot.nodes if n.dedicated_to == job_id]
         why = port_shortage(own, job) if own else None  # (elsewhere submission refused it with this sentence)
-        return why and f"cannot start on the nodes provisioned for it: {why}"
+        if why:
+            return f"cannot start on the nodes provisioned for it: {why}"
+        # a gang's members each on a node of their own, and the pool lost nodes since it was
+        # admitted (or its running members hold the rest)
+        why = gang_shortage(own or [n for n in snapshot.nodes if n.dedicated_to is None], job)
+        return why and f"cannot start until more nodes join: {why}"
 
     def set_reason(self, job_id: int, reason: str, why: str | None = None) -> None:
         """The reason a job waits: the whole sentence in memory (the loop's view shows it), and
