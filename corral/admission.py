@@ -222,6 +222,15 @@ class Admission:
         # every check before the dependencies passed for this shape; the dependencies are this job's own
         return _missing_dependency(sched.dependency, job_exists) or admitted
 
+    def never_holds(self, partition: str, request: PendingJob) -> str | None:
+        """Why the nodes of ``partition`` could never hold ``request`` at once, even idle; None
+        when they could, or cannot say (a provisioned partition, or one whose infra is down)."""
+        site = self.site
+        part = site.policy.partition(partition)
+        if part.name in site.provisioned or part.name in self.outages()[0]:
+            return None
+        return _infeasible(tuple(self.pool()), part, request)
+
 
 def _missing_dependency(dependency: tuple[tuple[str, tuple[int, ...]], ...],
                         job_exists: Callable[[int], bool]) -> Refusal | None:
