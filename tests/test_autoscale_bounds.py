@@ -6,6 +6,7 @@ bounds outlive a server restart."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from conftest import bearer, kill_leftovers, submit, wait_for, wait_state
 from corral.spec.world import submitter_environment
 
 SERVE = r"""
+import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class H(BaseHTTPRequestHandler):
@@ -156,3 +158,29 @@ def test_bounds_outlive_a_server_restart(corral_home: Path, db_url: str, tmp_pat
             wait_state(server, job_id, "CANCELLED", timeout=30)
     finally:
         kill_leftovers(corral_home)
+
+
+def test_the_corral_scale_command_says_what_a_count_and_bounds_do(corral_home: Path, tmp_path: Path) -> None:
+    from conftest import cli_for
+
+    corral = cli_for(corral_home)
+    try:
+        spec = tmp_path / "llm.yaml"
+        spec.write_text(service(tmp_path))
+        job_id = corral("launch", "-d", str(spec), check=True).stdout.strip()
+        wait_for(lambda: json.loads(corral("status", job_id, "--json", check=True).stdout)["state"] == "RUNNING",
+                 timeout=30)
+        pinned = corral("scale", job_id, "llm", "2", check=True).stdout
+        assert "autoscaled, so the count pins it: min = max = 2" in pinned and "--min N --max M" in pinned
+        shown = corral("status", job_id, check=True).stdout
+        assert "2 replica(s) within bounds 2..2, pinned" in shown
+        room = corral("scale", job_id, "llm", "--min", "1", "--max", "3", check=True).stdout
+        assert "scaling llm to 2 replica(s) (bounds 1..3)" in room
+        assert "within bounds 1..3, autoscaled" in corral("status", job_id, check=True).stdout
+        nothing = corral("scale", job_id, "llm")
+        assert nothing.returncode == 2 and "--min N" in nothing.stderr
+        upside = corral("scale", job_id, "llm", "--min", "3", "--max", "1")
+        assert upside.returncode == 2 and "min 3 replicas is above max 1" in upside.stderr
+        corral("cancel", job_id, check=True)
+    finally:
+        corral.stop()
