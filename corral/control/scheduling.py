@@ -232,7 +232,8 @@ class Scheduling:
     @staticmethod
     def _constraint(snapshot: Snapshot, job_id: int) -> str | None:
         """The sentence behind a BadConstraints reason where it is a port two replicas of the
-        job would hold on one address of the nodes provisioned for it (a Slurm allocation)."""
+        job would hold on one address of the nodes provisioned for it (a Slurm allocation), or
+        a gang wider than the nodes that could hold one of its members."""
         job = next((j for j in snapshot.pending if j.id == job_id), None)
         if job is None:
             return None

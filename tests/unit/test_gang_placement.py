@@ -58,6 +58,14 @@ def test_a_gang_wider_than_the_pool_is_refused_naming_the_field() -> None:
     assert schedule(snapshot(busy, [job(1, gangs(replicas=2))]), 0).reasons == {1: Reason.RESOURCES}
 
 
+def test_a_pending_gang_the_pool_shrank_below_says_why() -> None:
+    from corral.control.scheduling import Scheduling
+
+    nodes = [node("a", gpus=8)]  # admitted on two nodes; one has left the pool since
+    why = Scheduling._constraint(snapshot(nodes, [job(1, gangs(replicas=2))]), 1)
+    assert why.startswith("cannot start until more nodes join") and "1 node(s) of the pool could hold" in why
+
+
 def test_waiting_members_avoid_the_nodes_their_running_mates_hold() -> None:
     pool = FreePool([node("a", gpus=4), node("b", gpus=4, free_gpus={0})])
     alloc = place_gang(pool, job(1, gangs(replicas=1, avoid=frozenset({"b"}))))
