@@ -444,9 +444,9 @@ def gang_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob)
     """Which task in gangs needs more distinct nodes for one gang than the pool has nodes
     that could ever hold one of its members (besides those its running members hold)."""
     for task in job.tasks:
-        need = min(task.gang, task.replicas)
         if task.gang < 2:
             continue
+        need = min(task.gang, task.replicas)
         usable = [n for n in nodes if n.name not in task.avoid and
                   all(f.feasible(FreeNode(n, set(range(n.gpus)), n.cpus, n.memory), task) for f in FILTERS)]
         if len(usable) < need:
