@@ -117,7 +117,8 @@ def admit(spec: JobSpec, user: str, site: Site, job_exists: Callable[[int], bool
                                                   constraint=t.constraint,
                                                   nodes=frozenset(t.nodelist) if t.nodelist else None,
                                                   exclusive=t.exclusive, distinct=t.distinct_nodes,
-                                                  ports=tuple(sorted(set(t.ports.values()))))
+                                                  ports=tuple(sorted(set(t.ports.values()))),
+                                                  gang=t.gang_size)
                                       for t in stage),
                              user=user, account=account, qos=qos, partition=partition.name, time_limit=limit)
         if partition.name in site.provisioned and any(t.sbatch is not None and t.sbatch.het for t in stage):
@@ -206,7 +207,9 @@ class Admission:
         provisioned = name in site.provisioned
         outages = self.outages()
         key = (user, any_account, sched.partition, provisioned, name in outages[0], sched.account, sched.qos,
-               spec.time_limit, spec.pipeline, tuple((t.num_nodes, t.resources) for t in spec.tasks))
+               spec.time_limit, spec.pipeline,
+               tuple((t.num_nodes, t.resources, t.gang_size, t.distinct_nodes, t.constraint, t.nodelist and
+                      tuple(t.nodelist), t.exclusive) for t in spec.tasks))
         admitted = self._admitted.get(key)
         if admitted is None:
             result = admit(spec, user, site, job_exists, any_account=any_account, misfit=self.misfit, pool=pool,
@@ -218,6 +221,15 @@ class Admission:
             return result
         # every check before the dependencies passed for this shape; the dependencies are this job's own
         return _missing_dependency(sched.dependency, job_exists) or admitted
+
+    def never_holds(self, partition: str, request: PendingJob) -> str | None:
+        """Why the nodes of ``partition`` could never hold ``request`` at once, even idle; None
+        when they could, or cannot say (a provisioned partition, or one whose infra is down)."""
+        site = self.site
+        part = site.policy.partition(partition)
+        if part.name in site.provisioned or part.name in self.outages()[0]:
+            return None
+        return _infeasible(tuple(self.pool()), part, request)
 
 
 def _missing_dependency(dependency: tuple[tuple[str, tuple[int, ...]], ...],
@@ -238,7 +250,8 @@ _FEASIBLE: dict[tuple, tuple] = {}  # key -> the pool (kept alive, so its ids st
 
 def _infeasible(pool: tuple[NodeSpec, ...], partition, request: PendingJob) -> str | None:  # noqa: ANN001 - a Partition
     key = (tuple(map(id, pool)), partition.name,
-           tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type) for t in request.tasks))
+           tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type, t.gang, t.distinct, t.constraint, t.nodes,
+                  t.exclusive) for t in request.tasks))
     if key in _FEASIBLE:
         return None
     reason = why_infeasible(node_views([n for n in pool if partition.holds(n.name)]), request)

@@ -375,8 +375,12 @@ class Client:
         """Change a pending job's ``priority`` (None: back to the formula's) and/or ``nice``."""
         return self._call("POST", f"/v1/jobs/{ident}/priority", json_body=changes)
 
-    def scale(self, ident: str | int, task: str, replicas: int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={"task": task, "replicas": replicas})
+    def scale(self, ident: str | int, task: str, replicas: int | None = None, min_nodes: int | None = None,
+              max_nodes: int | None = None) -> dict[str, Any]:
+        """A task's replica count and/or its elastic bounds (a count alone on an autoscaled
+        task pins both bounds to it)."""
+        body = {"task": task, "replicas": replicas, "min_nodes": min_nodes, "max_nodes": max_nodes}
+        return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={k: v for k, v in body.items() if v is not None})
 
     def events(self, ident: str | int) -> list[dict[str, Any]]:
         return self._call("GET", f"/v1/jobs/{ident}/events")

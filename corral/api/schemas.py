@@ -84,6 +84,8 @@ class TaskOut(BaseModel):
     termination_delay: float
     min_nodes: int | None = Field(default=None, description="An elastic task's fewest replicas (null when fixed)")
     max_nodes: int | None = Field(default=None, description="An elastic task's most replicas (null when fixed)")
+    autoscaled: bool = Field(default=False, description=(
+        "The task's count follows its endpoint's request rate (within min_nodes..max_nodes)"))
     alternatives: int = Field(default=1, description="How many resource alternatives the task names")
     restart: str | None = Field(default=None, description=(
         "When its replicas restart, in words (\"on failure, at most 3 times\"); null when they never do"))
@@ -95,8 +97,9 @@ class TaskOut(BaseModel):
     workdir: str | None = Field(default=None, description=(
         "The directory its replicas start in (a git workdir: the repository's URL); null: its user's home"))
     scale: str | None = Field(default=None, description=(
-        "For a service in gangs or one that scales to zero: its service replicas in words, and at zero "
-        "replicas why and what brings one back; null otherwise"))
+        "For an elastic task: its bounds and who moves its count within them (the autoscaler, or pinned); "
+        "for a service in gangs its service replicas in words; at zero replicas why and what brings one "
+        "back; null for a fixed task that is none of these"))
     replicas: list[ReplicaOut]
 
 
@@ -236,11 +239,21 @@ def _world(job: Job) -> dict[str, Any]:
 
 
 def _scale_words(spec: dict, count: int) -> str | None:
-    """A service's replicas in words where they are more than a count: gangs (multi-node
-    service replicas), and a service at zero replicas, why and what brings one back."""
+    """A task's replicas in words where they are more than a count: an elastic task's bounds
+    and who moves it within them, gangs (multi-node service replicas), and a service at zero
+    replicas, why and what brings one back."""
     gang = int(spec.get("gang_size") or 1)
     auto = spec.get("autoscale") or {}
     words = []
+    low, high = spec.get("min_nodes"), spec.get("max_nodes")
+    if low is not None and high is not None:
+        within = f"{count} replica(s) within bounds {low}..{high}"
+        if auto and low == high:
+            within += (f", pinned: the autoscaler holds it at {low} (corral scale --min/--max gives it room "
+                       "again)")
+        elif auto:
+            within += f", autoscaled at {auto.get('target_qps_per_replica'):g} requests/s per service replica"
+        words.append(within)
     if gang > 1:
         words.append(f"{count // gang} service replica(s), each a gang of {gang} replicas served by its rank 0")
     if count == 0 and spec.get("min_nodes") == 0 and auto:
@@ -263,6 +276,7 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
     return TaskOut.model_construct(
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
+        autoscaled=spec.get("autoscale") is not None,
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
         alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
@@ -336,8 +350,13 @@ class PartitionOut(BaseModel):
 
 
 class ScaleRequest(BaseModel):
+    """A task's replica count, its elastic bounds, or both (at least one of them)."""
+
     task: str
-    replicas: int = Field(ge=0, le=4096)
+    replicas: int | None = Field(default=None, ge=0, le=4096, description=(
+        "The replica count; on an autoscaled task without bounds, it pins both bounds to it"))
+    min_nodes: int | None = Field(default=None, ge=0, le=4096, description="New fewest replicas (corral scale --min)")
+    max_nodes: int | None = Field(default=None, ge=1, le=4096, description="New most replicas (corral scale --max)")
 
 
 class PriorityRequest(BaseModel):

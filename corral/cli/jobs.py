@@ -274,9 +274,22 @@ def update(args: Namespace) -> None:
 
 
 def scale(args: Namespace) -> None:
+    if args.replicas is None and args.min_nodes is None and args.max_nodes is None:
+        raise Usage("REPLICAS", "give a replica count, --min N and/or --max N")
+    if args.max_nodes == 0:
+        raise Usage("--max", "--max is at least 1 (to stop the task, cancel its job)")
     try:
-        data = daemon.client().scale(args.job, args.task, args.replicas)
+        data = daemon.client().scale(args.job, args.task, args.replicas, args.min_nodes, args.max_nodes)
     except CorralError as exc:
         fail(exc)
-    out.print(f"Job {data['id']}: scaling {args.task} to {args.replicas} replica(s); "
+    task = next((t for t in data.get("tasks", []) if t["name"] == args.task), {})
+    low, high = task.get("min_nodes"), task.get("max_nodes")
+    bounds = f" (bounds {low}..{high})" if low is not None and high is not None else ""
+    if args.min_nodes is None and args.max_nodes is None and task.get("autoscaled"):
+        out.print(f"Job {data['id']}: {args.task} is autoscaled, so the count pins it: min = max = {args.replicas}; "
+                  f"the autoscaler holds it there until corral scale {data['id']} {args.task} --min N --max M; "
+                  f"watch with: corral status {data['id']}")
+        return
+    count = task.get("num_nodes", args.replicas)
+    out.print(f"Job {data['id']}: scaling {args.task} to {count} replica(s){bounds}; "
               f"watch with: corral status {data['id']}")

@@ -202,10 +202,13 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--priority", help="a fixed priority, or 'formula'")
     c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
 
-    c = command("scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}).")
+    c = command("scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}), "
+                "or its bounds with --min/--max; a count alone on an autoscaled task pins min = max = count.")
     c.add_argument("job", metavar="JOB")
     c.add_argument("task", metavar="TASK")
-    c.add_argument("replicas", metavar="REPLICAS", type=_nonnegative(4096))
+    c.add_argument("replicas", metavar="REPLICAS", type=_nonnegative(4096), nargs="?")
+    c.add_argument("--min", dest="min_nodes", type=_nonnegative(4096), help="its fewest replicas from now on")
+    c.add_argument("--max", dest="max_nodes", type=_nonnegative(4096), help="its most replicas from now on")
 
     c = command("nodes", "views:nodes", "List the node pool and what is free on each node.")
     c.add_argument("--json", action="store_true")

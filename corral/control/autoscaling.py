@@ -5,7 +5,11 @@ the request rate its endpoint measured over the last minute: it wants
 same direction has been wanted without interruption for the task's delay (``upscale_delay``
 to grow, ``downscale_delay`` to shrink), so a burst shorter than that moves nothing. The
 change itself is the one ``corral scale`` makes (``Scaling.reconcile``), stored, with an
-``autoscaled`` event that gives the rate behind it.
+``autoscaled`` event that gives the rate behind it and the bounds it stayed within.
+
+The bounds are the user's: ``corral scale --min/--max`` moves them (a bare count on an
+autoscaled task pins both to it), and the autoscaler works within whatever they are now, so a
+manual scale is never undone behind the user's back.
 
 A task that may go to zero (``num_nodes: {min: 0}``) does so once no request has come for its
 downscale delay; from zero, the first request (held by the endpoint) brings replicas back at
@@ -97,5 +101,11 @@ def _why(spec: TaskSpec, rate: float, waited: float, before: int, after: int) ->
                 f"{moved}, their GPUs freed; the next request to the endpoint brings one back")
     if before == 0:
         return f"a request came while at zero replicas: {moved} at once, placed by the scheduler"
+    low = before if spec.min_nodes is None else spec.min_nodes
+    high = spec.max_nodes or before
+    alone = math.ceil(rate / auto.target_qps_per_replica - 1e-9) * spec.gang_size
+    bound = f" (the rate alone wants {alone}; its min is {low})" if alone < after == low else \
+        f" (the rate alone wants {alone}; its max is {high})" if alone > after == high else ""
     return (f"{rate:.2f} requests/s over the last minute at a target of {auto.target_qps_per_replica:g} per "
-            f"replica, wanted for {waited:.0f}s: {moved}")
+            f"replica, wanted for {waited:.0f}s: {moved}, within its bounds {low}..{high}{bound} "
+            "(corral scale --min/--max changes them)")

@@ -83,6 +83,8 @@ class ScaleTask(Change):
     job_id: int = 0
     task: str = ""
     replicas: int = 0
+    bounds: tuple[int, int] | None = None  # new elastic bounds (min, max), checked by the API
+    why: str = ""  # what the bounds mean, for the event (a bare count pins an autoscaled task)
 
 
 @dataclass(eq=False)
@@ -148,11 +150,26 @@ class Commands:
             cancels.extend(changed)
             return Outcome(bool(changed), ids=changed)
         if isinstance(c, ScaleTask):
+            job = self.book.active.get(c.job_id)
+            if c.bounds is not None:
+                task = job.task(c.task) if job is not None else None
+                before = task.service if task is not None else None
+                stored = repository.set_replica_bounds(s, c.job_id, c.task, *c.bounds)
+                if task is not None:
+                    task.spec = stored
+                    task.__dict__.pop("service", None)  # read again from the new bounds
+                was = "" if before is None else \
+                    f"{before.min_nodes if before.min_nodes is not None else task.num_nodes}.." \
+                    f"{before.max_nodes or task.num_nodes} -> "
+                repository.add_event(s, c.job_id, now, c.task, "scale_bounds",
+                                     message=f"{user} set its bounds to {was}{c.bounds[0]}..{c.bounds[1]} replicas"
+                                             + (f": {c.why}" if c.why else ""))
+                self._audit(s, c, "scale", f"job {c.job_id}", "ok",
+                            f"task {c.task} bounds {c.bounds[0]}..{c.bounds[1]}")
             repository.set_desired_replicas(s, c.job_id, c.task, c.replicas)
             repository.add_event(s, c.job_id, now, c.task, "scale_requested",
                                  message=f"{user} asked for {c.replicas} replica(s)")
             self._audit(s, c, "scale", f"job {c.job_id}", "ok", f"task {c.task} to {c.replicas} replica(s)")
-            job = self.book.active.get(c.job_id)
             if job is not None:
                 self.scaling.reconcile(s, job, c.task, c.replicas, now)
             return Outcome(True)

@@ -150,7 +150,8 @@ class JobRec:
             tasks.append(TaskRequest(t.name, t.num_nodes, first[0], first[1], first[2], first[3], topology,
                                      options, spec.resources.in_order, spec.constraint,
                                      frozenset(spec.nodelist) if spec.nodelist else None, spec.exclusive,
-                                     spec.distinct_nodes, tuple(sorted(set(spec.ports.values())))))
+                                     spec.distinct_nodes, tuple(sorted(set(spec.ports.values()))),
+                                     gang=spec.gang_size))
         array = (self.array_job_id, self.array_throttle) if self.array_job_id and self.array_throttle else None
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,

@@ -4,9 +4,12 @@ highest ranks with the task's stop signal and grace period. A replica of a runni
 waits for a place (a task that grew, or a replica whose node went away) is a one-replica
 request in the scheduler's plan, with its replica's id negated as its job id. A task whose
 replicas come in gangs (a multi-node service replica) grows and shrinks by whole gangs, and
-a gang's waiting members are one all-or-none request."""
+a gang's waiting members are one all-or-none request, on nodes distinct from one another and
+from those its running members hold."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from sqlalchemy.orm import Session
 
@@ -83,12 +86,11 @@ class Scaling:
                     limit = max(1.0, limit - (now - job.started_at))
                 ports = tuple(sorted(set(spec.ports.values())))
                 request = TaskRequest(task.name, len(members), task.gpus, task.cpus, task.memory, task.gpu_type,
-                                      ports=ports)
-                if len(members) > 1:  # a gang: where its nodes may go, as when the job started
-                    request = TaskRequest(task.name, len(members), task.gpus, task.cpus, task.memory, task.gpu_type,
-                                          constraint=spec.constraint,
-                                          nodes=frozenset(spec.nodelist) if spec.nodelist else None,
-                                          exclusive=spec.exclusive, distinct=spec.distinct_nodes, ports=ports)
+                                      ports=ports, avoid=_apart(job, task_name, members))
+                if len(members) > 1 or spec.gang_size > 1:  # a gang: where its nodes may go, as when the job started
+                    request = replace(request, constraint=spec.constraint,
+                                      nodes=frozenset(spec.nodelist) if spec.nodelist else None,
+                                      exclusive=spec.exclusive, distinct=spec.distinct_nodes, gang=spec.gang_size)
                 out.append(PendingJob(-members[0].id, (request,), job.submitted_at, job.user, job.account, limit,
                                       job.nice, job.partition, job.qos, job.priority, (), job.name, owner=job.id))
         return out
@@ -107,6 +109,22 @@ class Scaling:
             if group:
                 self.book.launch_check.add(job.id)
             return
+
+
+def _apart(job: JobRec, task_name: str, members: list[ReplicaRec]) -> frozenset[str]:
+    """The nodes waiting ``members`` may not go to: those their gang's running members hold
+    (a gang's members on distinct nodes), and for a ``distinct_nodes`` task those of every
+    live replica of the job's distinct tasks."""
+    spec = job.task(task_name).service
+    gangs = {spec.gang_of(m.rank) for m in members} if spec.gang_size > 1 else set()
+    distinct = {t.name for t in job.tasks if t.service.distinct_nodes} if spec.distinct_nodes else set()
+    return frozenset(r.node for r in job.replicas
+                     if r.node is not None and not r.state.terminal and r.state != ReplicaState.PENDING
+                     and (r.task in distinct or r.task == task_name and r.rank in _ranks_of(spec, gangs)))
+
+
+def _ranks_of(spec, gangs: set[int]) -> set[int]:  # noqa: ANN001 - a TaskSpec
+    return {g * spec.gang_size + i for g in gangs for i in range(spec.gang_size)}
 
 
 def _waiting(job: JobRec, tasks: set[str]) -> list[tuple[str, list[ReplicaRec]]]:

@@ -40,7 +40,7 @@ from corral.metrics import Metrics
 from corral.store.tables import REASON_LENGTH
 from corral.scheduler import (NodeView, PendingJob, Policy, RunningJob, Shrinkable, Snapshot, priorities, schedule)
 from corral.scheduler.applier import apply_plan
-from corral.scheduler.placement import FreePool, port_shortage
+from corral.scheduler.placement import FreePool, gang_shortage, port_shortage
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.priority import CALC_PERIOD_S, Factors
 from corral.states import JobState, ReplicaState
@@ -232,13 +232,19 @@ class Scheduling:
     @staticmethod
     def _constraint(snapshot: Snapshot, job_id: int) -> str | None:
         """The sentence behind a BadConstraints reason where it is a port two replicas of the
-        job would hold on one address of the nodes provisioned for it (a Slurm allocation)."""
+        job would hold on one address of the nodes provisioned for it (a Slurm allocation), or
+        a gang wider than the nodes that could hold one of its members."""
         job = next((j for j in snapshot.pending if j.id == job_id), None)
         if job is None:
             return None
         own = [n for n in snapshot.nodes if n.dedicated_to == job_id]
         why = port_shortage(own, job) if own else None  # (elsewhere submission refused it with this sentence)
-        return why and f"cannot start on the nodes provisioned for it: {why}"
+        if why:
+            return f"cannot start on the nodes provisioned for it: {why}"
+        # a gang's members each on a node of their own, and the pool lost nodes since it was
+        # admitted (or its running members hold the rest)
+        why = gang_shortage(own or [n for n in snapshot.nodes if n.dedicated_to is None], job)
+        return why and f"cannot start until more nodes join: {why}"
 
     def set_reason(self, job_id: int, reason: str, why: str | None = None) -> None:
         """The reason a job waits: the whole sentence in memory (the loop's view shows it), and

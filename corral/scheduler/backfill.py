@@ -203,7 +203,7 @@ def _shape(job: PendingJob, scope: Scope) -> tuple:
     relaxes = any(t.topology is not None and t.topology.max_wait is not None for t in job.tasks)
     # everything of a task that decides where it fits: two gangs alike in all of it fit alike
     return (tuple((t.replicas, t.gpus, t.cpus, t.memory, t.gpu_type, t.topology, t.ports, t.constraint, t.nodes,
-                   t.exclusive, t.distinct) for t in job.tasks),
+                   t.exclusive, t.distinct, t.gang, t.avoid) for t in job.tasks),
             scope.allowed, scope.levels, scope.waited if relaxes else None)
 
 

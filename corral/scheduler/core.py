@@ -44,7 +44,7 @@ from corral.scheduler import attained, dependency, fairshare, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
-from corral.scheduler.placement import FreePool, Scope, place_gang, port_shortage
+from corral.scheduler.placement import FreePool, Scope, gang_shortage, place_gang, port_shortage
 from corral.scheduler.plan import Allocation, Plan, Reason, Start
 from corral.scheduler.policy import Policy
 from corral.scheduler.priority import Factors, Scorer
@@ -303,6 +303,9 @@ def _reason(snapshot: Snapshot, job: PendingJob, pool: FreePool, scope: Scope, t
     if any(t.ports for t in job.tasks) and port_shortage(
             [n for n in snapshot.nodes if scope.allowed is None or n.name in scope.allowed], job):
         return Reason.CONSTRAINT  # more replicas of one port than its nodes have addresses: never, as is
+    if any(t.gang > 1 for t in job.tasks) and gang_shortage(
+            [n for n in snapshot.nodes if scope.allowed is None or n.name in scope.allowed], job):
+        return Reason.CONSTRAINT  # fewer nodes than a gang's members, each on its own: never, as is
     if scope.levels and any(t.topology is not None and t.topology.required for t in job.tasks):
         loose = place_gang(pool, job, Scope(scope.allowed))
         if loose is not None:

@@ -11,7 +11,13 @@ among nodes of equal weight.
 Declared ports are a node resource where a node's replicas share one address (as Nomad's
 static ports): two replicas holding the same port are never placed on one address, whether
 on one node or on two nodes that share it (several Ray or Slurm nodes on one host). Nodes
-whose replicas get addresses of their own (``NodeView.address`` None) have no port limit."""
+whose replicas get addresses of their own (``NodeView.address`` None) have no port limit.
+
+Distinct nodes, two ways and one mechanism (the ``avoid`` set of ``place_replica``): a
+``distinct`` task's replicas never share a node with another distinct replica of the job
+(``sbatch --nodes=N``); a task in gangs (``gang`` > 1, a multi-node service replica) keeps
+the members of each gang on distinct nodes, while different gangs may share one. A request
+for a gang's waiting members also ``avoid``s the nodes its running members hold."""
 
 from __future__ import annotations
 
@@ -307,7 +313,7 @@ def place_replica(pool: FreePool, req: TaskRequest, rank: int, allowed: frozense
         nodes = pool.candidates(req.gpus, first_fit, req.gpu_type.lower() if req.gpu_type else None)
     for node in nodes:
         if (allowed is None or node.view.name in allowed) and node.view.name not in avoid \
-                and feasible(pool, node, req):
+                and node.view.name not in req.avoid and feasible(pool, node, req):
             ports = req.ports if node.view.address is not None else ()
             if req.exclusive:
                 alloc = Allocation(req.name, rank, node.view.name, tuple(sorted(node.gpus)), node.cpus, node.memory,
@@ -361,14 +367,22 @@ def place_gang(pool: FreePool, job: PendingJob, scope: Scope = EVERYWHERE) -> tu
     wanted = [(task, rank) for task in job.tasks if task not in spread for rank in range(task.replicas)]
     wanted.sort(key=lambda tr: (-tr[0].gpus, -tr[0].cpus, -tr[0].memory))
     taken: set[str] = {a.node for a in placed if job.task_named(a.task).distinct}
+    gangs: dict[tuple[str, int], set[str]] = {}  # (task, gang) -> the nodes its members hold
+    for done in placed:
+        if job.task_named(done.task).gang > 1:
+            gangs.setdefault((done.task, done.rank // job.task_named(done.task).gang), set()).add(done.node)
     for task, rank in wanted:
-        alloc = place_replica(pool, task, rank, scope.allowed, scope.first_fit, taken if task.distinct else frozenset())
+        mates = gangs.setdefault((task.name, rank // task.gang), set()) if task.gang > 1 else None
+        avoid = (taken | mates if mates else taken) if task.distinct else mates or frozenset()
+        alloc = place_replica(pool, task, rank, scope.allowed, scope.first_fit, avoid)
         if alloc is None:
             undo()
             return None
         placed.append(alloc)
         if task.distinct:
             taken.add(alloc.node)
+        if mates is not None:
+            mates.add(alloc.node)
     order = {t.name: i for i, t in enumerate(job.tasks)}
     return tuple(sorted(placed, key=lambda a: (order[a.task], a.rank)))
 
@@ -403,7 +417,7 @@ def why_infeasible(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob
             if have(best) + EPS < need:
                 kind = f"{task.gpu_type} " if task.gpu_type and task.gpus else ""
                 return f"{what} {need:g} {label}; the largest {kind}node ({best.name}) has {have(best):g}"
-    ports = port_shortage(nodes, job)
+    ports = port_shortage(nodes, job) or gang_shortage(nodes, job)
     if ports:
         return ports
     need_gpus = job.gpus
@@ -423,4 +437,21 @@ def port_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob)
         if count > len(addresses):
             return (f"{count} replicas declare port {port}, and the pool's nodes have {len(addresses)} "
                     f"address(es); two replicas cannot listen on one port of one address")
+    return None
+
+
+def gang_shortage(nodes: list[NodeView] | tuple[NodeView, ...], job: PendingJob) -> str | None:
+    """Which task in gangs needs more distinct nodes for one gang than the pool has nodes
+    that could ever hold one of its members (besides those its running members hold)."""
+    for task in job.tasks:
+        if task.gang < 2:
+            continue
+        need = min(task.gang, task.replicas)
+        usable = [n for n in nodes if n.name not in task.avoid and
+                  all(f.feasible(FreeNode(n, set(range(n.gpus)), n.cpus, n.memory), task) for f in FILTERS)]
+        if len(usable) < need:
+            beside = f" besides {', '.join(sorted(task.avoid))}, which its running members hold" if task.avoid else ""
+            return (f"task {task.name!r} runs service replicas of {task.gang} nodes each (num_nodes: {task.gang} "
+                    f"under service:), each member on a node of its own; {len(usable)} node(s) of the pool could "
+                    f"hold a member{beside}, and {need} are needed")
     return None

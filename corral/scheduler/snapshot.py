@@ -68,6 +68,10 @@ class TaskRequest:
     exclusive: bool = False  # a replica takes a whole idle node
     distinct: bool = False  # no two distinct replicas of the job share a node (sbatch --nodes=N)
     ports: tuple[int, ...] = ()  # declared ports each replica listens on (held on its node's address)
+    # replicas come in gangs of this many (ranks 0..g-1, g..2g-1, ...: multi-node service
+    # replicas), each gang's members on distinct nodes; different gangs may share a node
+    gang: int = 1
+    avoid: frozenset[str] = frozenset()  # nodes none of its replicas may use (gang-mates already running)
 
     def choose(self, index: int) -> TaskRequest:
         """This request with alternative ``index`` as its resources."""

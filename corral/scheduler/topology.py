@@ -37,6 +37,8 @@ def _switch(labels: tuple[tuple[str, str], ...], key: str, node: str) -> str:
 
 def _fits(node, req: TaskRequest) -> int:
     """How many replicas of ``req`` the node can take now."""
+    if node.view.name in req.avoid:
+        return 0
     counts = []
     if req.gpus:
         counts.append(len(node.gpus) // req.gpus)
@@ -47,6 +49,8 @@ def _fits(node, req: TaskRequest) -> int:
     if req.ports and node.view.address is not None:
         counts.append(1)  # one replica per address holds a declared port
     fit = min(counts) if counts else req.replicas
+    if req.gang > 1:  # at most one member of each gang per node
+        fit = min(fit, -(-req.replicas // req.gang))
     return min(fit, 1) if req.distinct else fit  # distinct replicas: one per node
 
 
@@ -152,7 +156,8 @@ def _rooms(pool: FreePool, task: TaskRequest, allowed: frozenset[str] | None, le
     # everything of the task that decides whether a node can take a replica, and how many
     counts_all = not task.gpus and task.cpus <= EPS and task.memory <= EPS
     key = (task.gpus, task.cpus, task.memory, task.gpu_type, task.constraint, task.nodes, task.exclusive,
-           task.distinct, task.replicas if counts_all else None, allowed, leaf_key, level if depth else None)
+           task.distinct, task.gang, task.avoid, task.replicas if counts_all or task.gang > 1 else None, allowed,
+           leaf_key, level if depth else None)
     rooms = pool.rooms.get(key)
     if rooms is None:
         rooms = pool.rooms[key] = Rooms(pool, task, allowed, leaf_key, level, depth)
@@ -213,8 +218,11 @@ def place_task(pool: FreePool, task: TaskRequest, scope: Scope) -> list[Allocati
     for leaf in chosen:  # fill the chosen switches in order: biggest first
         allowed = frozenset(members[leaf])
         while len(placed) < task.replicas:
-            alloc = place_replica(pool, task, len(placed), allowed, scope.first_fit,
-                                  {a.node for a in placed} if task.distinct else frozenset())
+            rank = len(placed)
+            alloc = place_replica(pool, task, rank, allowed, scope.first_fit,
+                                  {a.node for a in placed} if task.distinct else
+                                  {a.node for a in placed if a.rank // task.gang == rank // task.gang}
+                                  if task.gang > 1 else frozenset())
             if alloc is None:
                 break
             placed.append(alloc)

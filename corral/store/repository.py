@@ -408,6 +408,23 @@ def set_desired_replicas(session: Session, job_id: int, task: str, count: int) -
     session.execute(update(Task).where(Task.job_id == job_id, Task.name == task).values(num_nodes=count))
 
 
+def set_replica_bounds(session: Session, job_id: int, task: str, low: int, high: int) -> dict:
+    """New elastic bounds of a task (``corral scale --min/--max``), kept in the job's stored
+    spec where every reader of the task's bounds finds them (the API, the autoscaler, a
+    server that restarts); its initial size (what a requeue starts it at) moved inside them.
+    Returns the task's spec as stored now."""
+    spec = session.execute(select(Job.spec).where(Job.id == job_id)).scalar_one()
+    tasks = []
+    changed: dict = {}
+    for t in spec["tasks"]:
+        if t.get("name") == task:
+            t = changed = {**t, "min_nodes": low, "max_nodes": high,
+                           "num_nodes": min(high, max(low, int(t.get("num_nodes") or 1)))}
+        tasks.append(t)
+    session.execute(update(Job).where(Job.id == job_id).values(spec={**spec, "tasks": tasks}))
+    return changed
+
+
 def set_priority(session: Session, job_id: int, now: float, by: str, **values: float | int | None) -> bool:
     """Change a pending job's ``priority`` (a fixed value, or None for the formula's) and/or
     ``nice`` (Slurm's ``scontrol update``): False once it is no longer pending."""

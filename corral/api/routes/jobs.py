@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from corral.api import bounds
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.control.commands import AskRequeue, CancelJobs, ScaleTask, SetHold, SetPriority
 from corral.api.errors import documented, invalid_parameter
@@ -328,32 +329,24 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
 
 @router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 403, 404, 409, 413))
 def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
-    """Set a task's replica count within its elastic bounds; the control loop places new
-    replicas or stops the highest ranks with the task's stop signal and grace period."""
+    """Set a task's replica count within its elastic bounds, and/or the bounds themselves
+    (``min_nodes``/``max_nodes``); a count alone on an autoscaled task pins both bounds to it
+    (``corral.api.bounds``). The control loop places new replicas or stops the highest ranks
+    with the task's stop signal and grace period."""
     found = _acting_on(session, job, who, state, "scale")
     if found.state not in (JobState.STARTING.value, JobState.RUNNING.value):
         raise HTTPException(409, f"job {found.id} is {found.state}; only a starting or running job can be scaled")
     spec = next((t for t in found.spec["tasks"] if t["name"] == body.task), None)
-    if spec is None:
+    row = next((t for t in found.tasks if t.name == body.task), None)
+    if spec is None or row is None:
         raise HTTPException(404, f"job {found.id} has no task {body.task!r}; it has "
                                  f"{', '.join(t['name'] for t in found.spec['tasks'])}")
-    low = spec["num_nodes"] if spec.get("min_nodes") is None else spec["min_nodes"]
-    high = spec.get("max_nodes") or spec["num_nodes"]
-    gang = int(spec.get("gang_size") or 1)
-    if not low <= body.replicas <= high:
-        detail = (f"task {body.task!r} is not elastic: num_nodes is fixed at {low}" if low == high else
-                  f"task {body.task!r} scales between {low} and {high} replicas (num_nodes: {{min: {low}, max: {high}}})")
-        if gang > 1:  # in the service's own units too: its file counts service replicas (gangs)
-            detail += (f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
-                       if low != high else f", that is {low // gang} service replica(s) of {gang} nodes each")
-        raise invalid_parameter("body", "replicas", detail)
-    if body.replicas % gang:
-        raise invalid_parameter("body", "replicas", (
-            f"task {body.task!r} runs in gangs of {gang} replicas (each gang one multi-node service replica): "
-            f"give a multiple of {gang}, e.g. {body.replicas - body.replicas % gang or gang}"))
+    partition = found.partition or ""
+    asked = bounds.decide(body, spec, row, lambda request: state.admission.never_holds(partition, request))
     job_id = found.id
     session.close()  # no connection held while the loop carries the change out
-    state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=body.replicas))
+    state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=asked.replicas, bounds=asked.bounds,
+                           why=asked.why))
     return JobOut.of(repository.load_job(session, job_id))
 
 

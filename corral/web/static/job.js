@@ -92,9 +92,12 @@ class Actions {
         h("button", { type: "button", "data-action": "scale", "data-task": task.name, disabled, title,
           onclick: () => this.act(`scale ${task.name}`, async () => {
             await post(`v1/jobs/${id}/scale`, { task: task.name, replicas: Number(input.value) });
-            return { message: `${task.name}: scaling to ${input.value} replica(s)` };
-          }) }, "Scale"),
-        h("small", {}, ` ${task.min_nodes}–${task.max_nodes}`));
+            // an autoscaled task's count alone pins its bounds (min = max): the autoscaler holds it there
+            return { message: task.autoscaled
+              ? `${task.name}: pinned at ${input.value} replica(s) (min = max; corral scale --min/--max gives the autoscaler room again)`
+              : `${task.name}: scaling to ${input.value} replica(s)` };
+          }) }, task.autoscaled ? "Pin" : "Scale"),
+        h("small", {}, ` ${task.min_nodes}–${task.max_nodes}${task.autoscaled ? ", autoscaled" : ""}`));
     }) : [];
     const note = !allowed && (buttons.length || scalers.length) ? h("p", { class: "readonly" }, whyNot(job)) : null;
     fill(this.el, ...buttons, ...scalers, note, this.result);
