@@ -85,12 +85,14 @@ class Scaling:
                 if limit is not None and job.started_at is not None:
                     limit = max(1.0, limit - (now - job.started_at))
                 ports = tuple(sorted(set(spec.ports.values())))
+                # where its nodes may go, as when the job started: a replica placed again (its
+                # node lost, a scale up) keeps to the task's features, node list and exclusivity
                 request = TaskRequest(task.name, len(members), task.gpus, task.cpus, task.memory, task.gpu_type,
-                                      ports=ports, avoid=_apart(job, task_name, members))
-                if len(members) > 1 or spec.gang_size > 1:  # a gang: where its nodes may go, as when the job started
-                    request = replace(request, constraint=spec.constraint,
+                                      constraint=spec.constraint,
                                       nodes=frozenset(spec.nodelist) if spec.nodelist else None,
-                                      exclusive=spec.exclusive, distinct=spec.distinct_nodes, gang=spec.gang_size)
+                                      exclusive=spec.exclusive, ports=ports, avoid=_apart(job, task_name, members))
+                if len(members) > 1 or spec.gang_size > 1:  # a gang: its members apart as the task says
+                    request = replace(request, distinct=spec.distinct_nodes, gang=spec.gang_size)
                 out.append(PendingJob(-members[0].id, (request,), job.submitted_at, job.user, job.account, limit,
                                       job.nice, job.partition, job.qos, job.priority, (), job.name, owner=job.id))
         return out
