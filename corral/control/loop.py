@@ -124,6 +124,7 @@ class ControlLoop:
         self.reads = Reads(book, self.scheduling, self.policy, settings)
         self._asks: list[tuple[Callable[[], object], Future]] = []
         self._asks_lock = threading.Lock()
+        self._asked = threading.Event()  # a read was asked for (``ask``)
         self.view = LoopView()
         self._viewed_nodes: list | None = None
         self.cycles = 0
@@ -184,10 +185,14 @@ class ControlLoop:
             self._wake.clear()
             if self._stopping.is_set():
                 break
-            # Coalesce bursts (many submits, many exits) into one cycle instead of one each.
-            pause = last + self.settings.min_cycle_interval_s - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+            self._answer_reads()
+            # Coalesce bursts (many submits, many exits) into one cycle instead of one each;
+            # reads that come meanwhile are answered, not kept waiting for the cycle.
+            pause_end = last + self.settings.min_cycle_interval_s
+            while (left := pause_end - time.monotonic()) > 0:
+                if self._asked.wait(left):
+                    self._asked.clear()
+                    self._answer_reads()
             self._wake.clear()
             last = time.monotonic()
             try:
@@ -377,15 +382,24 @@ class ControlLoop:
                              MappingProxyType(self.runtimes.predictions))
 
     def ask(self, read: Callable[[], object]) -> Future:
-        """An answer computed on the loop's thread after its current cycle (reads of its
-        memory, never changes): ``loop.ask(loop.reads.held).result(timeout=5)``."""
+        """An answer computed on the loop's thread between cycles (reads of its memory, never
+        changes): ``loop.ask(loop.reads.held).result(timeout=5)``."""
         future: Future = Future()
         with self._asks_lock:
             self._asks.append((read, future))
         self._wake.set()
+        self._asked.set()
         if self._thread is None or not self._thread.is_alive():
             self._answer_asks()  # not running (yet, or any more): answered here, nothing changes it
         return future
+
+    def _answer_reads(self) -> None:
+        """Between cycles, answer the reads nothing queued could change at once: the loop's
+        memory is what its last cycle committed. With commands queued (a submit, a cancel, a
+        scale the reader may have just made) reads wait for the cycle that carries them out,
+        so a caller reads its own writes; after a lost cycle, until its memory is read again."""
+        if not self.commands and not self._resync_needed:
+            self._answer_asks()
 
     def _answer_asks(self) -> None:
         with self._asks_lock:
