@@ -1,0 +1,153 @@
+"""``infra: {local: {network: namespace}}``: each local replica in a network namespace of its
+own on the server's bridge, so two replicas of one node both serve 0.0.0.0 on one declared
+port; reached by name from a peer, by the server's probes and through the endpoint; nothing
+of it left once the job ends and the server stops (real processes, root)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import kill_leftovers, submit, wait_for, wait_state
+
+from corral.executors import scope_of
+from corral.node.network import Bridge, NetworkError
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+SITE = """
+nodes:
+  - {name: box, gpus: 0, cpus: 8, memory: 32}
+infra: {local: {network: namespace}}
+"""
+
+SERVER = """
+import http.server, os, socket
+me = os.environ["CORRAL_HOSTNAME"]
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = me.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", 8000), Hello).serve_forever()
+"""
+
+
+@pytest.fixture
+def site_config() -> str:
+    return SITE
+
+
+def _links(prefix: str) -> list[str]:
+    return sorted(n for n in os.listdir("/sys/class/net") if n.startswith(prefix))
+
+
+def _nat(table: str) -> str:
+    return subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout + \
+        subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
+
+
+def test_two_replicas_both_serve_0_0_0_0_on_one_port(corral_home: Path, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from conftest import bearer
+    from corral.api.app import create_app
+    from corral.server import build_state
+    from corral.settings import Settings
+
+    (tmp_path / "server.py").write_text(SERVER)
+    out = tmp_path / "client.out"
+    settings = Settings(home=corral_home, db_url=f"sqlite:///{tmp_path / 'corral.db'}", poll_interval_s=0.2)
+    bridge_name = f"crl-{scope_of(settings)[:10]}"
+    state = build_state(settings)
+    try:
+        with TestClient(create_app(state), headers=bearer(state, "alice")) as server:
+            job = submit(server, f"""
+name: duo
+execution: parallel
+primary_tasks: [client]
+---
+name: server
+num_nodes: 2
+ports: {{http: 8000}}
+readiness_probe: {{http: {{port: http, path: /}}, period: 0.3s}}
+endpoint: {{port: http}}
+run: exec {sys.executable} {tmp_path / 'server.py'}
+---
+name: client
+depends_on: [{{task: server, condition: ready}}]
+run: |
+  for r in 0 1; do curl -sf --max-time 5 http://server-$r.duo:8000/ >> {out}; echo >> {out}; done
+  echo "host=$CORRAL_HOST_ADDR addr=$CORRAL_ADDR" >> {out}
+  ip -4 -o addr show dev eth0 >> {out}
+  exec sleep 300
+""")
+            job_id = job["id"]
+            wait_state(server, job_id, "RUNNING")
+            wait_for(lambda: out.exists() and "eth0" in out.read_text(), timeout=60)
+            lines = out.read_text().splitlines()
+            # both bound 0.0.0.0:8000 on one node, both ready, each reached by its name from a peer
+            assert lines[:2] == ["server-0.duo", "server-1.duo"], lines
+            status = server.get(f"/v1/jobs/{job_id}").json()
+            servers = next(t for t in status["tasks"] if t["name"] == "server")
+            assert all(r["ready"] and r["node"] == "box" for r in servers["replicas"]), servers
+            addrs = {r["addr"] for r in servers["replicas"]}
+            assert len(addrs) == 2 and all(a.startswith("10.") for a in addrs), addrs
+            client = next(t for t in status["tasks"] if t["name"] == "client")["replicas"][0]
+            gateway = Bridge(scope_of(settings), settings.runtime_dir / ".network")
+            host_addr = lines[2].split()[0].removeprefix("host=")
+            assert host_addr.startswith("10.") and host_addr.endswith(".0.1")  # the bridge's address
+            assert lines[2] == f"host={host_addr} addr={client['addr']}"
+            assert f"inet {client['addr']}/16" in lines[3], lines  # its own address, on its own eth0
+            # the server reaches each replica at its address; the endpoint balances over both
+            for addr in addrs:
+                assert _get(f"http://{addr}:8000/").startswith("server-")
+            endpoint = wait_for(lambda: servers.get("endpoint") or next(
+                t for t in server.get(f"/v1/jobs/{job_id}").json()["tasks"] if t["name"] == "server")["endpoint"])
+            wait_for(lambda: {_get(f"http://{endpoint}/") for _ in range(8)} == {"server-0.duo", "server-1.duo"},
+                     timeout=15)
+            assert len(_links("crh")) >= 3 and os.path.exists(f"/sys/class/net/{bridge_name}")
+            assert gateway.name == bridge_name
+            server.post(f"/v1/jobs/{job_id}/cancel")
+            wait_state(server, job_id, "CANCELLED")
+            # the job's veth pairs went with its namespaces; the bridge stays while the server runs
+            wait_for(lambda: not os.listdir(f"/sys/class/net/{bridge_name}/brif"), timeout=15)
+    finally:
+        kill_leftovers(corral_home)
+    wait_for(lambda: not os.path.exists(f"/sys/class/net/{bridge_name}"), timeout=15)
+    table = f"corral_{scope_of(settings)[:10]}"
+    assert table not in _nat(table)
+
+
+def test_the_setting_is_refused_with_a_sentence(tmp_path: Path) -> None:
+    from corral.site import load_site
+    from corral.spec.loader import SpecError
+
+    path = tmp_path / "config.yaml"
+    path.write_text("infra: {local: {network: bridge}}\n")
+    with pytest.raises(SpecError) as caught:
+        load_site(path)
+    assert "infra.local.network" in str(caught.value) and "namespace" in str(caught.value)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("infra: {local: {network: namespace}}\n")
+    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
+                           "from corral.node.network import Bridge, NetworkError\n"
+                           "from pathlib import Path\n"
+                           "try:\n    Bridge('x', Path('/tmp/none')).open()\n"
+                           "except NetworkError as e:\n    print(e)\n"], capture_output=True, text=True)
+    assert "infra.local.network: namespace needs the server to run as root" in done.stdout, done.stderr
+    assert NetworkError.__mro__[1] is RuntimeError
