@@ -5,8 +5,12 @@ of it left once the job ends and the server stops (real processes, root)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
+import socket
 import subprocess
+import threading
 import sys
 import urllib.request
 from pathlib import Path
@@ -55,6 +59,43 @@ def _nat(table: str) -> str:
         subprocess.run(["iptables", "-t", "nat", "-S"], capture_output=True, text=True).stdout
 
 
+OUTSIDE_NAME = "pypi.org"
+
+
+def _resolves(name: str) -> bool:
+    try:
+        socket.getaddrinfo(name, 443)
+        return True
+    except OSError:
+        return False
+
+
+def _outside_listener():
+    """An HTTP server on the machine's own outward address (the one its default route leaves
+    from), which a replica reaches only by leaving its namespace through the bridge."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.77", 9))  # no packet is sent: it only picks the outward address
+        addr = probe.getsockname()[0]
+    httpd = http.server.ThreadingHTTPServer((addr, 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return addr, httpd.server_address[1], httpd
+
+
+def _run(ws) -> tuple[int, bytes, bytes]:
+    out, err = b"", b""
+    while True:
+        message = ws.receive()
+        if message.get("bytes") is not None:
+            if message["bytes"][0] == 1:
+                out += message["bytes"][1:]
+            else:
+                err += message["bytes"][1:]
+            continue
+        said = json.loads(message["text"])
+        if "exit" in said:
+            return said["exit"], out, err
+
+
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:
         return response.read().decode()
@@ -69,6 +110,7 @@ def test_two_replicas_both_serve_0_0_0_0_on_one_port(corral_home: Path, tmp_path
     from corral.settings import Settings
 
     (tmp_path / "server.py").write_text(SERVER)
+    outside, outside_port, listener = _outside_listener()
     out = tmp_path / "client.out"
     settings = Settings(home=corral_home, db_url=f"sqlite:///{tmp_path / 'corral.db'}", poll_interval_s=0.2)
     bridge_name = f"crl-{scope_of(settings)[:10]}"
@@ -84,6 +126,7 @@ name: server
 num_nodes: 2
 ports: {{http: 8000}}
 readiness_probe: {{http: {{port: http, path: /}}, period: 0.3s}}
+liveness_probe: {{exec: "curl -sf --max-time 2 http://127.0.0.1:8000/", period: 0.5s}}
 endpoint: {{port: http}}
 run: exec {sys.executable} {tmp_path / 'server.py'}
 ---
@@ -93,11 +136,13 @@ run: |
   for r in 0 1; do curl -sf --max-time 5 http://server-$r.duo:8000/ >> {out}; echo >> {out}; done
   echo "host=$CORRAL_HOST_ADDR addr=$CORRAL_ADDR" >> {out}
   ip -4 -o addr show dev eth0 >> {out}
+  getent hosts {OUTSIDE_NAME} >/dev/null && echo resolved >> {out} || echo unresolved >> {out}
+  curl -s --max-time 5 -o /dev/null http://{outside}:{outside_port}/ && echo outside >> {out} || echo no-outside >> {out}
   exec sleep 300
 """)
             job_id = job["id"]
             wait_state(server, job_id, "RUNNING")
-            wait_for(lambda: out.exists() and "eth0" in out.read_text(), timeout=60)
+            wait_for(lambda: out.exists() and "outside" in out.read_text(), timeout=60)
             lines = out.read_text().splitlines()
             # both bound 0.0.0.0:8000 on one node, both ready, each reached by its name from a peer
             assert lines[:2] == ["server-0.duo", "server-1.duo"], lines
@@ -112,6 +157,20 @@ run: |
             assert host_addr.startswith("10.") and host_addr.endswith(".0.1")  # the bridge's address
             assert lines[2] == f"host={host_addr} addr={client['addr']}"
             assert f"inet {client['addr']}/16" in lines[3], lines  # its own address, on its own eth0
+            # names outside resolve where the machine's do (its resolv.conf may name a loopback stub);
+            # the machine's own interface address, off the bridge, is reached through the gateway
+            assert lines[4] == ("resolved" if _resolves(OUTSIDE_NAME) else "unresolved"), lines
+            assert lines[5] == "outside", lines
+            # the liveness probe (curl on the replica's own 127.0.0.1) ran in its namespace: no restarts
+            assert all(r["restarts"] == 0 for r in servers["replicas"]), servers
+            # a shell enters its network namespace too: its eth0, its 0.0.0.0:8000
+            with server.websocket_connect(f"/v1/jobs/{job_id}/shell?replica=server-1") as ws:
+                ws.send_text(json.dumps({"command": ["sh", "-c", "ip -4 -o addr show dev eth0; "
+                                                     "curl -sf http://127.0.0.1:8000/"]}))
+                code, said, _ = _run(ws)
+            replica1 = next(r for r in servers["replicas"] if r["rank"] == 1)
+            assert code == 0 and f"inet {replica1['addr']}/16" in said.decode(), said
+            assert said.decode().endswith("server-1.duo"), said
             # the server reaches each replica at its address; the endpoint balances over both
             for addr in addrs:
                 assert _get(f"http://{addr}:8000/").startswith("server-")
@@ -121,11 +180,13 @@ run: |
                      timeout=15)
             assert len(_links("crh")) >= 3 and os.path.exists(f"/sys/class/net/{bridge_name}")
             assert gateway.name == bridge_name
+            assert f"corral_{scope_of(settings)[:10]}" in _nat("")  # the replicas' MASQUERADE rule
             server.post(f"/v1/jobs/{job_id}/cancel")
             wait_state(server, job_id, "CANCELLED")
             # the job's veth pairs went with its namespaces; the bridge stays while the server runs
             wait_for(lambda: not os.listdir(f"/sys/class/net/{bridge_name}/brif"), timeout=15)
     finally:
+        listener.shutdown()
         kill_leftovers(corral_home)
     wait_for(lambda: not os.path.exists(f"/sys/class/net/{bridge_name}"), timeout=15)
     table = f"corral_{scope_of(settings)[:10]}"
