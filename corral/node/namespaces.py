@@ -15,9 +15,9 @@ the attempt alone, and the server's own are never changed. Python has no ``mount
 3.12) no ``unshare`` or ``setns``, so they are called from the C library.
 
 With a ``Bridge`` (``infra: {local: {network: namespace}}``, see ``corral.node.network``) the
-thread also enters a fresh network namespace and wires it before the fork: its end of a veth
-pair, address and route from inside, then (back in the server's network namespace for one
-``ip`` run) the machine's end onto the bridge, then into the replica's again to fork.
+thread also enters a fresh network namespace and wires it before the fork, by netlink: a
+socket it made at its start in the server's namespace creates the veth pair (the machine's
+end on the bridge, the other in the new namespace), one made inside configures that end.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
+
+from corral.node.netlink import Netlink
 
 if TYPE_CHECKING:
     from corral.node.network import Bridge
@@ -106,6 +108,8 @@ class NamespaceSpawner:
             home_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             home_uts = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
             self._home_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            # made here and now, in the server's network namespace: it stays that namespace's
+            self._host_netlink = Netlink() if self.bridge is not None else None
             self._enter("", "", None)  # the first round trip proves both ways work here
             self._leave(home_mnt, home_uts)
         except OSError as exc:
@@ -132,6 +136,8 @@ class NamespaceSpawner:
         os.close(home_mnt)
         os.close(home_uts)
         os.close(self._home_net)
+        if self._host_netlink is not None:
+            self._host_netlink.close()
 
     def _enter(self, hosts: str, name: str, net: tuple[str, str] | None) -> None:
         flags = CLONE_NEWNS | CLONE_NEWUTS | (CLONE_NEWNET if self.bridge is not None else 0)
@@ -152,16 +158,7 @@ class NamespaceSpawner:
                 self._wire(*net)
 
     def _wire(self, address: str, host_end: str) -> None:
-        """The replica's network, wired from inside (``ip`` forked from this thread runs in its
-        namespace), then from the server's namespace, then back inside for the fork."""
-        self.bridge.wire_inside(address, host_end)
-        mine = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _check(self._libc.setns(self._home_net, CLONE_NEWNET), "returning to the server's network namespace")
-            self.bridge.wire_outside(host_end)
-            _check(self._libc.setns(mine, CLONE_NEWNET), "entering the replica's network namespace")
-        finally:
-            os.close(mine)
+        self.bridge.wire(address, host_end, self._host_netlink)
 
     def _leave(self, home_mnt: int, home_uts: int) -> None:
         _check(self._libc.setns(home_mnt, CLONE_NEWNS), "returning to the server's mount namespace")

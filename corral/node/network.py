@@ -12,11 +12,11 @@ the machine reaches.
 
 The namespace itself is made by the namespace thread (``corral.node.namespaces``) with the
 mount and UTS ones; this module owns the bridge, its NAT rule, the resolver file replicas
-read, and the two ``ip`` runs that wire one replica's namespace: one inside it (its end of
-a veth pair, created with the other end in the machine's namespace, its address, ``lo``,
-its default route), one outside (the machine's end joins the bridge). ``ip -batch`` was
-chosen over a netlink library: no dependency, and the two runs cost ~3 ms of a start
-(see docs/executors.md). A replica's veth pair goes away with its namespace, that is when
+read, and the wiring of one replica's namespace (a veth pair with the machine's end on the
+bridge, ``lo``, the address, the default route), sent as rtnetlink requests in-process
+(``corral.node.netlink``): two ``ip`` runs per start cost ~7 ms more, and a netlink
+library would be a dependency for four messages. The bridge, made once per server, uses
+``ip``. A replica's veth pair goes away with its namespace, that is when
 its last process ends; the bridge and rule go when the server stops with no replica left
 on the bridge (running replicas outlive a server restart, and the next server adopts them).
 """
@@ -32,6 +32,8 @@ import socket
 import struct
 import subprocess
 from pathlib import Path
+
+from corral.node.netlink import Netlink
 
 log = logging.getLogger("corral.network")
 
@@ -114,6 +116,7 @@ class Bridge:
         self.state_dir = state_dir
         self.resolv_conf = state_dir / "resolv.conf"
         self.gateway: ipaddress.IPv4Interface | None = None
+        self.index = 0  # the bridge's interface index, once open
         self._nat = "nft" if shutil.which("nft") else ("iptables" if shutil.which("iptables") else "")
 
     # -- the bridge --------------------------------------------------------------------------
@@ -141,6 +144,7 @@ class Bridge:
             self.close(force=True)
             raise NetworkError(f"infra.local.network: namespace is not possible on this machine ({exc}); "
                                "use network: host") from None
+        self.index = socket.if_nametoindex(self.name)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.resolv_conf.write_text(_upstream_resolvers())
         os.chmod(self.resolv_conf, 0o644)
@@ -228,14 +232,19 @@ class Bridge:
     def host_end(self, key: str) -> str:
         return "crh" + hashlib.sha1(key.encode()).hexdigest()[:12]
 
-    def wire_inside(self, address: str, host_end: str) -> None:
-        """Run from inside the fresh namespace: its end of the pair (``eth0``), the other end
-        created in the server's namespace, its address, ``lo`` and its default route."""
+    def wire(self, address: str, host_end: str, host: Netlink) -> None:
+        """Called on a thread inside the replica's fresh network namespace, with ``host`` a
+        netlink socket of the server's: the pair (``eth0`` inside, ``host_end`` on the bridge),
+        ``lo``, the address and the default route."""
         assert self.gateway is not None
-        _ip(f"link set lo up\nlink add eth0 type veth peer name {host_end} netns {os.getpid()}\n"
-            f"addr add {address}/{self.gateway.network.prefixlen} dev eth0\nlink set eth0 up\n"
-            f"route add default via {self.gateway.ip}\n", f"wiring the replica's network namespace ({address})")
-
-    def wire_outside(self, host_end: str) -> None:
-        """Run from the server's namespace: the machine's end joins the bridge."""
-        _ip(f"link set {host_end} master {self.name} up\n", f"joining {host_end} to the bridge {self.name}")
+        mine = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            host.add_veth(host_end, "eth0", mine, self.index)
+        finally:
+            os.close(mine)
+        with Netlink() as inside:  # made here, so it speaks to the replica's namespace
+            inside.up(socket.if_nametoindex("lo"), "lo")
+            eth0 = socket.if_nametoindex("eth0")
+            inside.add_address(eth0, address, self.gateway.network.prefixlen, "eth0")
+            inside.up(eth0, "eth0")
+            inside.add_default_route(str(self.gateway.ip))
