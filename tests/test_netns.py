@@ -212,3 +212,42 @@ def test_the_setting_is_refused_with_a_sentence(tmp_path: Path) -> None:
                            "except NetworkError as e:\n    print(e)\n"], capture_output=True, text=True)
     assert "infra.local.network: namespace needs the server to run as root" in done.stdout, done.stderr
     assert NetworkError.__mro__[1] is RuntimeError
+
+
+def test_containers_share_their_replica_s_network_namespace(corral_home: Path, tmp_path: Path) -> None:
+    """Two container replicas of one node both serve 0.0.0.0:8000 (host networking inside the
+    replica's own namespace), each reached at its bridge address."""
+    from container_lab import IMAGE, SITE as CONTAINERS, ensure_image
+    from fastapi.testclient import TestClient
+
+    from conftest import bearer
+    from corral.api.app import create_app
+    from corral.server import build_state
+    from corral.settings import Settings
+
+    ensure_image()
+    (corral_home / "config.yaml").write_text((corral_home / "config.yaml").read_text() + CONTAINERS)
+    settings = Settings(home=corral_home, db_url=f"sqlite:///{tmp_path / 'corral.db'}", poll_interval_s=0.2)
+    state = build_state(settings)
+    try:
+        with TestClient(create_app(state), headers=bearer(state, "alice")) as server:
+            job = submit(server, f"""
+name: boxes
+num_nodes: 2
+ports: {{http: 8000}}
+resources: {{image_id: docker:{IMAGE}}}
+readiness_probe: {{http: {{port: http, path: /}}, period: 0.3s}}
+run: |
+  mkdir -p /tmp/www && echo "$CORRAL_HOSTNAME" > /tmp/www/index.html
+  exec httpd -f -p 8000 -h /tmp/www
+""")
+            wait_state(server, job["id"], "RUNNING", timeout=120)
+            wait_for(lambda: all(r["ready"] for r in server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"]),
+                     timeout=120)
+            replicas = server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"]
+            assert {_get(f"http://{r['addr']}:8000/").strip() for r in replicas} == {"boxes-0.boxes", "boxes-1.boxes"}
+            server.post(f"/v1/jobs/{job['id']}/cancel")
+            wait_state(server, job["id"], "CANCELLED", timeout=60)
+    finally:
+        kill_leftovers(corral_home)
+    wait_for(lambda: not _links("crh") and not _links("crl-"), timeout=30)
