@@ -251,3 +251,17 @@ run: |
     finally:
         kill_leftovers(corral_home)
     wait_for(lambda: not _links("crh") and not _links("crl-"), timeout=30)
+
+
+def test_a_server_that_cannot_wire_namespaces_refuses_to_start(tmp_path: Path) -> None:
+    """Without ``ip`` (here: on no PATH) the server refuses the setting with a sentence, and
+    makes nothing."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("infra: {local: {network: namespace}}\n")
+    before = _links("crl-")
+    done = subprocess.run([sys.executable, "-m", "corral.server"], capture_output=True, text=True, timeout=120,
+                          env={"HOME": str(tmp_path), "PATH": "/nonexistent", "CORRAL_HOME": str(home)})
+    assert done.returncode == 2, done.stderr
+    assert "the corral server cannot start: infra.local.network: namespace needs the 'ip' program" in done.stderr
+    assert _links("crl-") == before
