@@ -152,7 +152,7 @@ run: |
             addrs = {r["addr"] for r in servers["replicas"]}
             assert len(addrs) == 2 and all(a.startswith("10.") for a in addrs), addrs
             client = next(t for t in status["tasks"] if t["name"] == "client")["replicas"][0]
-            gateway = Bridge(scope_of(settings), settings.runtime_dir / ".network")
+            gateway = Bridge(scope_of(settings), settings.home / "network")
             host_addr = lines[2].split()[0].removeprefix("host=")
             assert host_addr.startswith("10.") and host_addr.endswith(".0.1")  # the bridge's address
             assert lines[2] == f"host={host_addr} addr={client['addr']}"

@@ -55,7 +55,7 @@ class LocalExecutor(EventStream):
         self.settings = settings
         self.bridge: Bridge | None = None
         if network == "namespace":  # refused here (NetworkError), before any replica starts, if it cannot be
-            self.bridge = Bridge(scope, settings.runtime_dir / ".network")
+            self.bridge = Bridge(scope, settings.home / "network")  # outlives the runtime dir: a kept bridge's state
             self.bridge.open()
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge)
         try:  # replicas create files as the user would, not with the server's private umask
