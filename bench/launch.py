@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch latency and throughput of corral's embedded local server, beside real Slurm.
 
-  python bench/launch.py [--n 1000] [--latency-samples 20] [--with-slurm] [--json]
+  python bench/launch.py [--n 1000] [--latency-samples 20] [--with-slurm] [--json] [--network namespace]
 
 Workloads (an idle pool of one node with 8 GPUs and 64 CPUs):
   * latency, one-task job: submit → the replica's process runs (it writes `date +%s.%N`),
@@ -114,7 +114,7 @@ def corral_throughput(client: Client, n: int) -> dict[str, float]:
 
 def run_corral(args: argparse.Namespace) -> dict[str, object]:
     home = Path(tempfile.mkdtemp(prefix="corral-bench-"))
-    (home / "config.yaml").write_text(POOL)
+    (home / "config.yaml").write_text(POOL + f"infra: {{local: {{network: {args.network}}}}}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
     env["CORRAL_HOME"] = str(home)
     settings = Settings.from_env(env)
@@ -185,6 +185,8 @@ def main() -> None:
     parser.add_argument("--latency-samples", type=int, default=20)
     parser.add_argument("--with-slurm", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--network", choices=("host", "namespace"), default="host",
+                        help="the local infra's network: namespace gives each replica its own (root)")
     args = parser.parse_args()
     if getattr(args, "with_slurm", False) and not SLURM_LAB.is_dir():
         sys.exit(f"launch: --with-slurm needs slurm-lab at {SLURM_LAB} (the shared tools beside the checkout)")

@@ -26,6 +26,7 @@ from pathlib import Path
 import uvicorn
 
 from corral import homelock
+from corral.node.network import NetworkError
 from corral.api.app import create_app
 from corral.api.deps import ServerState
 from corral.auth.accounts import open_for_jobs
@@ -168,7 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     # the event loop (no thread hop), so Python's default 5 ms switch interval serves best:
     # bench/submit.py 507 vs 372 accepted/s at 0.2 ms, bench/launch.py unchanged (~100 jobs/s).
     sys.setswitchinterval(0.005)
-    state = build_state(settings, claim=claim)
+    try:
+        state = build_state(settings, claim=claim)
+    except NetworkError as exc:  # a setting this machine cannot honour: refused, with what to change
+        print(f"the corral server cannot start: {exc}", file=sys.stderr)
+        return 2
     app = create_app(state)
     _tune_gc()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,

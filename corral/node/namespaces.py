@@ -13,6 +13,11 @@ thread that forks it. So one thread, used for nothing else, enters fresh namespa
 server's namespaces (``setns(2)``) before the next start: the new namespaces then belong to
 the attempt alone, and the server's own are never changed. Python has no ``mount`` and (before
 3.12) no ``unshare`` or ``setns``, so they are called from the C library.
+
+With a ``Bridge`` (``infra: {local: {network: namespace}}``, see ``corral.node.network``) the
+thread also enters a fresh network namespace and wires it before the fork, by netlink: a
+socket it made at its start in the server's namespace creates the veth pair (the machine's
+end on the bridge, the other in the new namespace), one made inside configures that end.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+from corral.node.netlink import Netlink
+
+if TYPE_CHECKING:
+    from corral.node.network import Bridge
 
 T = TypeVar("T")
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
+CLONE_NEWNET = 0x40000000
 MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
@@ -57,19 +68,21 @@ class NamespaceSpawner:
     """Runs a start (a callable that forks the attempt) on the namespace thread, inside a fresh
     mount namespace where ``hosts`` is ``/etc/hosts`` and a fresh UTS namespace named ``name``."""
 
-    def __init__(self) -> None:
+    def __init__(self, bridge: Bridge | None = None) -> None:
         self._libc = _libc()
-        self._queue: queue.SimpleQueue[tuple[str, str, Callable[[], object], Future] | None] = queue.SimpleQueue()
+        self.bridge = bridge  # each start in a network namespace of its own, on this bridge
+        self._queue: queue.SimpleQueue[tuple[str, str, tuple[str, str] | None, Callable[[], object], Future] | None] \
+            = queue.SimpleQueue()
         self._ready: Future = Future()
         self.broken: str | None = None  # why starts can no longer be made here (the caller falls back)
         self._thread = threading.Thread(target=self._run, name="corral-namespaces", daemon=True)
         self._thread.start()
 
     @classmethod
-    def create(cls) -> NamespaceSpawner | None:
+    def create(cls, bridge: Bridge | None = None) -> NamespaceSpawner | None:
         """A spawner whose thread could enter fresh namespaces and come back, or None (not root,
         no CAP_SYS_ADMIN, a seccomp profile that refuses unshare)."""
-        spawner = cls()
+        spawner = cls(bridge)
         try:
             spawner._ready.result(timeout=10)
         except (OSError, TimeoutError):
@@ -77,13 +90,14 @@ class NamespaceSpawner:
             return None
         return spawner
 
-    def start(self, hosts: str, name: str, fork: Callable[[], T]) -> T:
+    def start(self, hosts: str, name: str, fork: Callable[[], T], net: tuple[str, str] | None = None) -> T:
         """``fork()``'s result, called on the namespace thread inside the attempt's namespaces;
-        its exception otherwise. A ``NamespaceError`` means nothing was forked."""
+        its exception otherwise. A ``NamespaceError`` means nothing was forked. ``net``
+        (address, the machine's end of its veth pair) with a bridge: its own network too."""
         if self.broken is not None:
             raise NamespaceError(0, self.broken)
         done: Future = Future()
-        self._queue.put((hosts, name, fork, done))
+        self._queue.put((hosts, name, net, fork, done))
         return done.result()
 
     def close(self) -> None:
@@ -93,7 +107,10 @@ class NamespaceSpawner:
         try:
             home_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             home_uts = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
-            self._enter("", "")  # the first round trip proves both ways work here
+            self._home_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            # made here and now, in the server's network namespace: it stays that namespace's
+            self._host_netlink = Netlink() if self.bridge is not None else None
+            self._enter("", "", None)  # the first round trip proves both ways work here
             self._leave(home_mnt, home_uts)
         except OSError as exc:
             self.broken = str(exc)
@@ -101,12 +118,12 @@ class NamespaceSpawner:
             return
         self._ready.set_result(None)
         while (item := self._queue.get()) is not None:
-            hosts, name, fork, done = item
+            hosts, name, net, fork, done = item
             if self.broken is not None:
                 done.set_exception(NamespaceError(0, self.broken))
                 continue
             try:
-                self._enter(hosts, name)
+                self._enter(hosts, name, net)
             except OSError as exc:
                 done.set_exception(exc if isinstance(exc, NamespaceError) else NamespaceError(exc.errno, str(exc)))
                 self._come_back(home_mnt, home_uts)
@@ -118,9 +135,13 @@ class NamespaceSpawner:
             self._come_back(home_mnt, home_uts)
         os.close(home_mnt)
         os.close(home_uts)
+        os.close(self._home_net)
+        if self._host_netlink is not None:
+            self._host_netlink.close()
 
-    def _enter(self, hosts: str, name: str) -> None:
-        _check(self._libc.unshare(CLONE_NEWNS | CLONE_NEWUTS), "unshare")
+    def _enter(self, hosts: str, name: str, net: tuple[str, str] | None) -> None:
+        flags = CLONE_NEWNS | CLONE_NEWUTS | (CLONE_NEWNET if self.bridge is not None else 0)
+        _check(self._libc.unshare(flags), "unshare")
         # Private, so the bind below never propagates to the machine's own mount namespace.
         _check(self._libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
         if hosts:
@@ -128,10 +149,22 @@ class NamespaceSpawner:
                    f"binding {hosts} over /etc/hosts")
         if name:
             socket.sethostname(name)
+        if self.bridge is not None:
+            resolv = self.bridge.resolv_conf
+            if resolv.exists() and os.path.exists("/etc/resolv.conf"):  # the machine's may name 127.0.0.53
+                _check(self._libc.mount(os.fsencode(resolv), b"/etc/resolv.conf", None, MS_BIND, None),
+                       f"binding {resolv} over /etc/resolv.conf")
+            if net is not None:
+                self._wire(*net)
+
+    def _wire(self, address: str, host_end: str) -> None:
+        self.bridge.wire(address, host_end, self._host_netlink)
 
     def _leave(self, home_mnt: int, home_uts: int) -> None:
         _check(self._libc.setns(home_mnt, CLONE_NEWNS), "returning to the server's mount namespace")
         _check(self._libc.setns(home_uts, CLONE_NEWUTS), "returning to the server's UTS namespace")
+        if self.bridge is not None:
+            _check(self._libc.setns(self._home_net, CLONE_NEWNET), "returning to the server's network namespace")
 
     def _come_back(self, home_mnt: int, home_uts: int) -> None:
         try:

@@ -38,6 +38,7 @@ from corral.node.container import (LAUNCH as CONTAINER_LAUNCH, READS as CONTAINE
                                    SHELL as CONTAINER_SHELL)
 from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
+from corral.node.network import Bridge
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
@@ -183,11 +184,12 @@ def _mount_namespaces() -> bool:
 
 
 class NodeRunner:
-    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str):
+    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, bridge: Bridge | None = None):
         self.runs_dir = runs_dir
         self.runtime_dir = runtime_dir
         self.trees = ProcessTrees(scope)
-        self.hosts_mode = "mount-namespace" if _mount_namespaces() else "python"
+        self.bridge = bridge  # every attempt in a network namespace of its own, on this bridge
+        self.hosts_mode = "mount-namespace" if bridge is not None or _mount_namespaces() else "python"
         self._spawner: NamespaceSpawner | None = None  # made at the first start that needs it
         self._spawner_tried = False
         self._spawner_lock = threading.Lock()
@@ -226,12 +228,13 @@ class NodeRunner:
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
               cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
               repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None,
-              container: Container | None = None) -> subprocess.Popen:
+              container: Container | None = None, address: str | None = None) -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running.
         With ``hosts``, where namespaces are allowed, it starts inside its own (made by
         the namespace thread, or failing that by the wrapper). With ``account`` the replica's
-        own processes run as that Unix account (the wrapper drops to it before exec)."""
+        own processes run as that Unix account (the wrapper drops to it before exec). With a
+        bridge, in a network namespace of its own at ``address``, or not at all."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
@@ -252,14 +255,19 @@ class NodeRunner:
                 return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         cwd=workdir, env=env, start_new_session=True, close_fds=True, umask=umask)
 
-        namespaces = hosts and self.hosts_mode == "mount-namespace"
+        namespaces = (hosts or self.bridge is not None) and self.hosts_mode == "mount-namespace"
         spawner = self._namespace_spawner() if namespaces else None
+        if self.bridge is not None and (spawner is None or not address):
+            raise OSError("no network namespace can be made for it here (the namespace thread is not running)")
         if spawner is not None:
             argv = self._argv(key, job_id, setup, run, env, False, procs, repo, name)
             workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
+            net = (address, self.bridge.host_end(key)) if self.bridge is not None and address else None
             try:
-                return spawner.start(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir))
-            except NamespaceError:
+                return spawner.start(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir), net)
+            except NamespaceError as exc:
+                if self.bridge is not None:  # the wrapper cannot wire a network: never the machine's instead
+                    raise OSError(f"its network namespace could not be made: {exc}") from None
                 pass  # nothing was started: the wrapper makes the namespaces itself
         return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
 
@@ -306,7 +314,7 @@ class NodeRunner:
         with self._spawner_lock:
             if self._spawner is None and not self._spawner_tried:
                 self._spawner_tried = True
-                self._spawner = NamespaceSpawner.create()
+                self._spawner = NamespaceSpawner.create(self.bridge)
             if self._spawner is not None and self._spawner.broken is not None:
                 return None
             return self._spawner

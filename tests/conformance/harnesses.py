@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 HARNESS_VAR = "CORRAL_CONFORMANCE_HARNESS"
+NETWORK_VAR = "CORRAL_CONFORMANCE_LOCAL_NETWORK"  # host (default) or namespace: the local harness's network
 PARTITION = "conf"  # the partition every conformance job is launched into
 
 
@@ -67,9 +68,14 @@ class Harness:
 
 
 class LocalHarness(Harness):
-    """Processes on this machine, on two declared nodes of four GPUs each."""
+    """Processes on this machine, on two declared nodes of four GPUs each; with
+    CORRAL_CONFORMANCE_LOCAL_NETWORK=namespace each replica in a network namespace of its own
+    (``infra: {local: {network: namespace}}``, root only)."""
 
     name = "local"
+
+    def __init__(self) -> None:
+        self.network = os.environ.get(NETWORK_VAR, "host")
 
     def site(self) -> str:
         return f"""
@@ -77,6 +83,7 @@ nodes:
   - {{name: node, count: 2, gpus: 4, gpu_type: {self.gpu_type}, cpus: 8, memory: 32}}
 partitions:
   - {{name: {PARTITION}, infra: local}}
+infra: {{local: {{network: {self.network}}}}}
 """
 
     def lose(self, node: str, job_id: int) -> str:

@@ -96,14 +96,16 @@ def test_two_replicas_declaring_one_port_both_serve_on_it_by_name(corral: Corral
     if harness.name == "slurm":
         return _never_together_on_one_address(corral, work, harness.gpu_type)
     # Replicas on the local executor each have an address of their own on this machine (not a
-    # network of their own): they serve their declared port on it; binding 0.0.0.0 there is
-    # what two replicas of one machine cannot both do. Elsewhere they bind 0.0.0.0.
-    bind = "$CORRAL_ADDR" if harness.name == "local" else "0.0.0.0"
+    # network of their own, unless network: namespace): they serve their declared port on it;
+    # binding 0.0.0.0 there is what two replicas of one machine cannot both do. Elsewhere (and in
+    # network namespaces of their own) they bind 0.0.0.0.
+    shared = harness.name == "local" and getattr(harness, "network", "host") == "host"
+    bind = "$CORRAL_ADDR" if shared else "0.0.0.0"
     job = corral.launch("web", _group(work, 2, bind, harness.gpu_type))
     _served(corral, job, 2)
     reps = corral.replicas(job)
     assert reps["server-0"]["addr"] != reps["server-1"]["addr"], describe(corral.status(job))
-    if harness.name == "local":
+    if shared:
         # both binding 0.0.0.0 on one machine: the second cannot, and the job says so and how
         job = corral.launch("web", _group(work, 2, "0.0.0.0", harness.gpu_type))
         done = corral.wait_job(job, timeout=180)

@@ -25,6 +25,7 @@ from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launc
                                        ShellRequest, Started, Wake)
 from corral.node import container as containers
 from corral.node.mounts import MountError, attach_as
+from corral.node.network import HOST_ADDR_VAR, Bridge
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
                                 run_as_value)
@@ -48,11 +49,15 @@ class LocalExecutor(EventStream):
     name = "local"
 
     def __init__(self, nodes: list[NodeSpec], settings: Settings, scope: str,
-                 wake: Wake = lambda: None):
+                 wake: Wake = lambda: None, network: str = "host"):
         super().__init__(wake)
         self._nodes = list(nodes)
         self.settings = settings
-        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
+        self.bridge: Bridge | None = None
+        if network == "namespace":  # refused here (NetworkError), before any replica starts, if it cannot be
+            self.bridge = Bridge(scope, settings.home / "network")  # outlives the runtime dir: a kept bridge's state
+            self.bridge.open()
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
         except ValueError:
@@ -80,6 +85,8 @@ class LocalExecutor(EventStream):
 
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
+        if self.bridge is not None:
+            return Binding(self.bridge.address(replica_id), dict(ports))
         return Binding(loopback_address(replica_id), dict(ports))
 
     def prepare(self, key: str) -> None:
@@ -112,7 +119,7 @@ class LocalExecutor(EventStream):
                 attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
             proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
                                      launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account,
-                                     launch.container)
+                                     launch.container, address=launch.env.get("CORRAL_ADDR"))
         except (OSError, ValueError, MountError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
@@ -198,7 +205,10 @@ class LocalExecutor(EventStream):
 
 
     def attempt_env(self, job_id: int) -> dict[str, str]:
-        return self.runner.attempt_env(job_id, None)
+        env = self.runner.attempt_env(job_id, None)
+        if self.bridge is not None and self.bridge.gateway is not None:  # the machine, seen from a replica's namespace
+            env[HOST_ADDR_VAR] = str(self.bridge.gateway.ip)
+        return env
 
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
@@ -217,7 +227,8 @@ class LocalExecutor(EventStream):
             user_env, env = env, {}
         if self.runner.hosts_mode == "mount-namespace" and pid > 0 and shutil.which("nsenter"):
             # in the attempt's mount namespace, so the probe resolves names as the replica does
-            return self.runner.exec_probe(f"exec nsenter -t {pid} -m -- bash -c {_quote(command)}", env, cwd,
+            net = " -n" if self.bridge is not None else ""  # its localhost, its 0.0.0.0
+            return self.runner.exec_probe(f"exec nsenter -t {pid} -m{net} -- bash -c {_quote(command)}", env, cwd,
                                           timeout, user_env)
         return self.runner.exec_probe(command, env, cwd, timeout, user_env)
 
@@ -246,7 +257,7 @@ class LocalExecutor(EventStream):
                 cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 cwd = request.cwd or env.get("HOME") or "/"
-            enter = ["nsenter", "-t", str(pid), "-m", "-u", "--"] \
+            enter = ["nsenter", "-t", str(pid), "-m", "-u", *(["-n"] if self.bridge is not None else []), "--"] \
                 if self.runner.hosts_mode == "mount-namespace" and root and shutil.which("nsenter") else []
             if account is not None and root:  # its variables only past the switch to its account
                 uid, gid, groups = run_as_value(account).split(":")
@@ -274,6 +285,8 @@ class LocalExecutor(EventStream):
     def close(self) -> None:
         self._closed = True
         self.runner.close()
+        if self.bridge is not None:
+            self.bridge.close()
         try:
             os.write(self._wake_w, b"x")
         except OSError:

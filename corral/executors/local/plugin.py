@@ -4,20 +4,28 @@
 from __future__ import annotations
 
 import fnmatch
+from typing import Literal
+
+from pydantic import Field
 
 from corral.executors.registry import Infra
 from corral.spec.base import Strict
 
 
 class LocalConfig(Strict):
-    """``infra: {local: {}}`` takes no settings: the pool is ``nodes:``."""
+    """``infra: {local: {network: host|namespace}}``; the pool itself is ``nodes:``."""
+
+    # host: replicas share the machine's network, each on its own loopback address;
+    # namespace: each in a network namespace of its own on a bridge (0.0.0.0 is its own)
+    network: Literal["host", "namespace"] = Field("host", description="host or namespace")
 
 
 def _build(settings, config, nodes, wake):  # noqa: ANN001 - see Infra.build
     from corral.executors import scope_of
     from corral.executors.local.executor import LocalExecutor
 
-    return LocalExecutor(nodes, settings, scope_of(settings), wake)
+    return LocalExecutor(nodes, settings, scope_of(settings), wake,
+                         network=getattr(config, "network", "host"))
 
 
 def _partition_nodes(config, patterns: tuple[str, ...], declared: list[str]) -> tuple[str, ...]:  # noqa: ANN001
