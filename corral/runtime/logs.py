@@ -36,7 +36,8 @@ def last_words(path: Path, tail: int = 4096, code: int | None = None) -> str:
         return said[-1][:500]
     if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
         return ("its log says a port it binds is already in use on its node (replicas on one machine share a "
-                "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0)")
+                "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0, or when the server "
+                "gives each a network of its own: infra: {local: {network: namespace}} in config.yaml)")
     if code in (126, 127):
         shell = [line.strip() for line in text.splitlines() if _SHELL_SAYS.search(line)]
         if shell:
