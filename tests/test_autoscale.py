@@ -10,19 +10,7 @@ import sys
 from pathlib import Path
 
 from conftest import submit, wait_for, wait_state
-
-KEEP_ALIVE = r"""
-import os
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: many requests on one connection
-    def do_GET(self):
-        body = os.environ["CORRAL_REPLICA"].encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a): pass
-ThreadingHTTPServer((os.environ["CORRAL_ADDR"], int(os.environ["CORRAL_PORT_SERVICE"])), H).serve_forever()
-"""
+from replica_servers import NAMED_SERVER
 
 
 def _requests(endpoint: str, count: int) -> None:
@@ -43,7 +31,7 @@ def _replicas(server, job_id: int) -> list[dict]:
 
 
 def test_a_service_grows_with_its_request_rate(server, tmp_path: Path) -> None:
-    (tmp_path / "serve.py").write_text(KEEP_ALIVE)
+    (tmp_path / "serve.py").write_text(NAMED_SERVER)
     job = submit(server, f"""
 name: auto
 service:

@@ -13,25 +13,13 @@ import time
 from pathlib import Path
 
 from conftest import bearer, kill_leftovers, submit, wait_for, wait_state
+from replica_servers import NAMED_SERVER
 
 from corral.spec.world import submitter_environment
 
-SERVE = r"""
-import json
-import os
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-class H(BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = os.environ["CORRAL_REPLICA"].encode()
-        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a): pass
-ThreadingHTTPServer((os.environ["CORRAL_ADDR"], int(os.environ["CORRAL_PORT_SERVICE"])), H).serve_forever()
-"""
-
 
 def service(tmp_path: Path, num_nodes: int = 1) -> str:
-    (tmp_path / "serve.py").write_text(SERVE)
+    (tmp_path / "serve.py").write_text(NAMED_SERVER)
     return f"""
 name: llm
 num_nodes: {num_nodes}
