@@ -202,8 +202,10 @@ def test_a_service_scales_to_zero_and_back_from_a_request(server, tmp_path: Path
     # held, then answered once a gang is back (placed by the scheduler, probed on its head)
     out: list = []
     held_get(endpoint, out).join(60)
-    status, body, took = out[0]
-    assert (status, body) == (200, "0") and took > 0.3
+    status, body, _took = out[0]
+    # held, not served by a replica left over: the job was at zero when it was sent, and the
+    # gang came back because of it (how long a gang takes to start is not the point here)
+    assert (status, body) == (200, "0")
     events = server.get(f"/v1/jobs/{job_id}/events").json()
     assert any(e["cause"] == "autoscaled" and "while at zero" in e["message"] for e in events)
 
