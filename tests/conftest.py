@@ -27,7 +27,36 @@ nodes:
     labels: {switch: leaf0}
 """
 
-PG_URL = os.environ.get("CORRAL_TEST_DB_URL")
+def _worker_database(url: str | None) -> str | None:
+    """Under pytest-xdist each worker gets a database of its own beside the given one
+    (``test_gw0``, made here when missing), since every PostgreSQL test starts by wiping
+    its schema; a single process uses the URL as given."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import DBAPIError
+
+    given = make_url(url)
+    name = f"{given.database}_{worker}"
+    engine = create_engine(given, isolation_level="AUTOCOMMIT")
+    try:
+        for attempt in range(20):  # CREATE DATABASE copies template1, one copy at a time
+            try:
+                with engine.connect() as conn:
+                    if not conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar():
+                        conn.execute(text(f'CREATE DATABASE "{name}"'))
+                break
+            except DBAPIError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+    finally:
+        engine.dispose()
+    return given.set(database=name).render_as_string(hide_password=False)
+
+
+PG_URL = _worker_database(os.environ.get("CORRAL_TEST_DB_URL"))
 DB_PARAMS = ["sqlite"] + (["postgresql"] if PG_URL else [])
 
 
@@ -37,6 +66,28 @@ def reset_postgres(url: str) -> None:
         conn.execute(text("DROP SCHEMA public CASCADE"))
         conn.execute(text("CREATE SCHEMA public"))
     engine.dispose()
+
+
+# Tests that share one thing of the machine's run one after another, in one pytest-xdist
+# worker: the slurm-lab (its tests cancel every corral Slurm job they find, and size their jobs
+# to its free nodes), with the tests whose containers or ports could be mistaken for theirs
+# (the same job ids and task names in another home); the Ray tests, so that one Ray cluster
+# at a time takes the two cores; the network-namespace tests (the machine's IP forwarding).
+_SERIAL = {
+    "slurm": {"test_slurm.py", "test_slurm_fidelity.py", "test_degrade.py", "test_slurm_containers.py",
+              "test_containers.py", "test_container_pulls.py", "test_pyxis.py", "test_ports.py"},
+    "ray": {"test_ray.py", "test_ray_faults.py", "test_ray_containers.py"},
+    "netns": {"test_netns.py"},
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's Config and Items
+    for item in items:
+        infra = getattr(getattr(item, "callspec", None), "params", {}).get("harness")
+        group = infra if infra in ("ray", "slurm") else \
+            next((name for name, files in _SERIAL.items() if item.path.name in files), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001 - pytest's Metafunc

@@ -22,14 +22,13 @@ def test_cut_database_connections_break_no_promise(tmp_path: Path) -> None:
     """Every connection the server holds to PostgreSQL (its claim's too) is cut every 0.3 s
     while jobs are submitted, exit and are cancelled: no exit is lost, no job stays running
     without a process, no cancel is forgotten, the server keeps its claim."""
-    import os
-
     import pytest
 
-    db = os.environ.get("CORRAL_TEST_DB_URL")
+    from conftest import PG_URL, reset_postgres
+
+    db = PG_URL  # this worker's database under pytest-xdist
     if not db:
         pytest.skip("needs PostgreSQL (CORRAL_TEST_DB_URL)")
-    from conftest import reset_postgres
 
     reset_postgres(db)
     report = run(jobs=40, kills=0, seed=11, home=tmp_path / "home", quiet=True, db=db, cut_every=0.3)

@@ -140,7 +140,7 @@ def test_a_component_whose_node_holder_dies_ends_the_whole_job_and_its_steps(cor
 
     script = corral.work / "lose.sbatch"
     script.write_text("#!/bin/bash\n#SBATCH -N1 -c 1\n#SBATCH hetjob\n#SBATCH -J critic -N1 -c 1\n"
-                      "srun --het-group=1 sleep 300 &\nsrun --het-group=0 sleep 300\n")
+                      "srun --het-group=1 sleep 3071 &\nsrun --het-group=0 sleep 3071\n")
     job_id = corral("sbatch", "--parsable", "lose.sbatch", check=True).stdout.strip()
 
     def holder() -> dict | None:
@@ -151,7 +151,7 @@ def test_a_component_whose_node_holder_dies_ends_the_whole_job_and_its_steps(cor
 
     critic = wait_for(holder, timeout=60)
     steps = lambda: [p for p in psutil.process_iter(["cmdline"])  # noqa: E731
-                     if p.info["cmdline"] == ["sleep", "300"] and p.ppid() != critic["pid"]]
+                     if p.info["cmdline"] == ["sleep", "3071"] and p.ppid() != critic["pid"]]
     wait_for(lambda: len(steps()) >= 2, timeout=30)
     for child in psutil.Process(critic["pid"]).children(recursive=True):
         child.kill()

@@ -36,15 +36,26 @@ def need_root() -> None:
         pytest.skip("useradd and setpriv are needed to check who jobs run as")
 
 
+def _accounts(*argv: str, check: bool = False) -> subprocess.CompletedProcess:
+    """useradd, userdel, groupadd or groupdel, one at a time on this machine: each takes the
+    account files' lock and gives up at once ("cannot lock /etc/passwd") when another holds
+    it, as happens when tests run in parallel (pytest-xdist)."""
+    import fcntl
+
+    with open("/tmp/corral-tests-accounts.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(list(argv), check=check, capture_output=True)
+
+
 @contextmanager
 def unix_user(prefix: str = "cid") -> Iterator[ThrowawayUser]:
     """A new Unix account with its own home and an extra group; removed on exit."""
     need_root()
     name = f"{prefix}{uuid.uuid4().hex[:8]}"
     extra = f"{name}x"
-    subprocess.run(["groupadd", extra], check=True, capture_output=True)
+    _accounts("groupadd", extra, check=True)
     try:
-        subprocess.run(["useradd", "-m", "-U", "-G", extra, "-s", "/bin/bash", name], check=True, capture_output=True)
+        _accounts("useradd", "-m", "-U", "-G", extra, "-s", "/bin/bash", name, check=True)
         try:
             import pwd
 
@@ -53,9 +64,9 @@ def unix_user(prefix: str = "cid") -> Iterator[ThrowawayUser]:
             yield ThrowawayUser(name, entry.pw_uid, entry.pw_gid, groups, entry.pw_dir)
         finally:
             subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)  # only this throwaway account's
-            subprocess.run(["userdel", "-r", name], capture_output=True)
+            _accounts("userdel", "-r", name)
     finally:
-        subprocess.run(["groupdel", extra], capture_output=True)
+        _accounts("groupdel", extra)
 
 
 @contextmanager
