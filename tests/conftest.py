@@ -74,7 +74,7 @@ def reset_postgres(url: str) -> None:
 # (the same job ids and task names in another home); the Ray tests, so that one Ray cluster
 # at a time takes the two cores; the network-namespace tests (the machine's IP forwarding).
 _SERIAL = {
-    "slurm": {"test_slurm.py", "test_slurm_fidelity.py", "test_degrade.py", "test_slurm_containers.py",
+    "slurm": {"test_slurm.py", "test_slurm_fidelity.py", "test_degrade.py", "test_hetjob_slurm.py", "test_slurm_containers.py",
               "test_containers.py", "test_container_pulls.py", "test_pyxis.py", "test_ports.py"},
     "ray": {"test_ray.py", "test_ray_faults.py", "test_ray_containers.py"},
     "netns": {"test_netns.py"},
