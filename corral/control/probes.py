@@ -30,6 +30,8 @@ class ProbeTarget:
     cwd: str | None
     # Runs an exec probe where the replica runs (its executor's node); None: here.
     run_exec: Callable[[str, float], tuple[bool, str]] | None = None
+    # Whether the answer on a port came from someone else than the replica (None: from it).
+    answered_by_other: Callable[[int], str | None] | None = None
 
 
 ResultCallback = Callable[[ProbeTarget, bool, str], None]
@@ -44,11 +46,14 @@ def run_check(target: ProbeTarget) -> tuple[bool, str]:
             response = httpx.request(check.method, f"http://{target.addr}:{port}{check.path}", timeout=probe.timeout,
                                      headers=check.headers or None,
                                      **({"json": check.body} if check.body is not None else {}))
-            return 200 <= response.status_code < 400, f"HTTP {response.status_code}"
+            if not 200 <= response.status_code < 400:
+                return False, f"HTTP {response.status_code}"
+            return _own(target, port, f"HTTP {response.status_code}")
         if probe.tcp is not None:
             port = resolve_port(probe.tcp, target.ports)
             with socket.create_connection((target.addr, port), timeout=probe.timeout):
-                return True, f"tcp {port} open"
+                pass
+            return _own(target, port, f"tcp {port} open")
         if target.run_exec is not None:
             return target.run_exec(probe.exec or "true", probe.timeout)
         done = subprocess.run(["bash", "-c", probe.exec or "true"], env=target.env, cwd=target.cwd,
@@ -58,6 +63,12 @@ def run_check(target: ProbeTarget) -> tuple[bool, str]:
         return False, f"timed out after {probe.timeout:g}s"
     except (OSError, httpx.HTTPError, ValueError) as exc:
         return False, type(exc).__name__ + (f": {exc}" if str(exc) else "")
+
+
+def _own(target: ProbeTarget, port: int, said: str) -> tuple[bool, str]:
+    """A passed HTTP or TCP probe counts only if the replica itself answered."""
+    other = target.answered_by_other(port) if target.answered_by_other is not None else None
+    return (False, other) if other else (True, said)
 
 
 class Prober:

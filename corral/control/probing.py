@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from corral.control.probes import Prober, ProbeTarget
 from corral.control.records import JobRec, ReplicaRec
-from corral.executors.contract import ExecProbes, Executor
+from corral.executors.contract import ExecProbes, Executor, Listening
 from corral.metrics import Metrics
 
 
@@ -42,9 +42,15 @@ class Probes:
                 return False, f"exec probes cannot run where {label} runs ({executor.name})"
             return executor.exec_probe(handle, command, env, cwd, timeout)
 
+        addr = replica.addr or "127.0.0.1"
+        other = None
+        if isinstance(executor, Listening) and handle is not None:
+            def other(port: int) -> str | None:  # noqa: E306 - the replica's own answer, or who gave it
+                return executor.answered_by_other(handle, addr, port)
+
         for kind, probe in probes:
-            self.prober.watch(ProbeTarget(replica.launch_key, kind, probe, replica.addr or "127.0.0.1",
-                                          dict(replica.ports or service.ports), env, cwd, run_exec))
+            self.prober.watch(ProbeTarget(replica.launch_key, kind, probe, addr,
+                                          dict(replica.ports or service.ports), env, cwd, run_exec, other))
 
     def wanted(self, job: JobRec, replica: ReplicaRec) -> bool:
         service = job.task(replica.task).service

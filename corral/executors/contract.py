@@ -14,6 +14,8 @@ with its optional interfaces), never by the infra's name:
 * ``Reserving``   — hold a gang's resources in the engine's own accounting before any
                     replica starts (Ray's placement groups);
 * ``ExecProbes``  — run a probe command where the attempt runs;
+* ``Listening``   — say whether the attempt itself answers on its address and port, where
+                    replicas share a network stack with others (a probe counts only then);
 * ``Shells``      — start a process in a running attempt's world (``corral exec``/``shell``);
 * ``Preparing``   — get ready for an attempt as soon as it is placed, before its start;
 * ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
@@ -281,6 +283,14 @@ class ExecProbes(Protocol):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         """Run an exec probe where the attempt runs: (passed, what it said)."""
+        ...
+
+
+@runtime_checkable
+class Listening(Protocol):
+    def answered_by_other(self, handle: Handle, addr: str, port: int) -> str | None:
+        """None when a process of the attempt holds the socket that answers ``addr:port`` on
+        its node (or no other could: it has a network of its own); else why not, a sentence."""
         ...
 
 

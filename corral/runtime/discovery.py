@@ -21,15 +21,6 @@ from typing import Any
 RESOLVER_DIR = Path(__file__).parents[1] / "node" / "resolver"
 
 
-def loopback_address(replica_id: int) -> str:
-    """127.a.b.c, skipping 127.0.x.x (where other local services live) and .0/.255 hosts."""
-    index = replica_id - 1
-    c = 1 + index % 254
-    b = (index // 254) % 256
-    a = 1 + (index // (254 * 256)) % 254
-    return f"127.{a}.{b}.{c}"
-
-
 LOOPBACK = "loopback"
 
 

@@ -4,8 +4,8 @@ Each attempt is a process group in its own session, so it outlives a server rest
 own cgroup where the machine allows (see ``proctree``). Exits are observed through pidfds
 (which also work for adopted processes that are not our children) on one watcher thread;
 no polling. Every replica gets its own loopback address (Linux routes all of 127.0.0.0/8 to
-``lo``), derived from its row id, so two replicas may listen on one port and a restarted
-replica keeps its address."""
+``lo``) in its home's block (``corral.node.loopback``), derived from its row id, so two
+replicas may listen on one port and a restarted replica keeps its address."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ from corral.auth.accounts import LOGIN_UMASK, hand_over, open_discovery, peers_r
 from corral.executors.contract import (Binding, EventStream, Handle, Kind, Launch, LaunchError, Observed, ShellError,
                                        ShellRequest, Started, Wake)
 from corral.node import container as containers
+from corral.node import listeners
 from corral.node.mounts import MountError, attach_as
+from corral.node.loopback import LoopbackBlock
 from corral.node.network import HOST_ADDR_VAR, Bridge
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
@@ -32,7 +34,6 @@ from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TO
 from corral.node.terminal import ENTER, ENTER_OWN, Terminal, env_file
 from corral.pool import NodeSpec
 from corral.runtime.batchenv import hand_over_job_files
-from corral.runtime.discovery import loopback_address
 from corral.settings import Settings
 
 
@@ -57,6 +58,8 @@ class LocalExecutor(EventStream):
         if network == "namespace":  # refused here (NetworkError), before any replica starts, if it cannot be
             self.bridge = Bridge(scope, settings.home / "network")  # outlives the runtime dir: a kept bridge's state
             self.bridge.open()
+        # the home's own 127.B.0.0/16, so another server's replicas on this machine never share an address
+        self.loopback: LoopbackBlock | None = LoopbackBlock.claim(settings.home) if self.bridge is None else None
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
@@ -87,7 +90,10 @@ class LocalExecutor(EventStream):
              previous: Binding | None) -> Binding:
         if self.bridge is not None:
             return Binding(self.bridge.address(replica_id), dict(ports))
-        return Binding(loopback_address(replica_id), dict(ports))
+        if previous is not None and previous.addr:  # a restart keeps its address, whichever block it came from
+            return Binding(previous.addr, dict(ports))
+        assert self.loopback is not None
+        return Binding(self.loopback.address(replica_id), dict(ports))
 
     def prepare(self, key: str) -> None:
         """Optional: an attempt with this key was placed here and launches after the loop's
@@ -232,6 +238,15 @@ class LocalExecutor(EventStream):
                                           timeout, user_env)
         return self.runner.exec_probe(command, env, cwd, timeout, user_env)
 
+    def answered_by_other(self, handle: Handle, addr: str, port: int) -> str | None:
+        """``Listening``: replicas in host networking share the machine's ports, and a sibling
+        (or anyone) bound to 0.0.0.0 answers on a replica's address too."""
+        if self.bridge is not None or handle.get("container"):
+            # its own network namespace; or a container's processes, which the engine runs
+            # outside the attempt's tree (its own address still, from its host networking)
+            return None
+        return listeners.who_answers(addr, port, self.runner.trees.members(handle["key"]))
+
     def open_shell(self, handle: Handle, request: ShellRequest) -> Terminal:
         """A process in the attempt's world (``Shells``): inside its container by its engine, or
         in its mount and UTS namespaces (its hosts file, its hostname) and its working
@@ -287,6 +302,8 @@ class LocalExecutor(EventStream):
         self.runner.close()
         if self.bridge is not None:
             self.bridge.close()
+        if self.loopback is not None:
+            self.loopback.close()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
