@@ -34,6 +34,10 @@ class Book:
     # placed replicas whose node's engine did not answer at placement (replica id -> its words):
     # they are lost with their node instead of launched
     unanswered: dict[int, str] = field(default_factory=dict)
+    # attempts on a node the site's configuration no longer declares (attempt key -> why), found
+    # at recovery: ended when adopted (``departing`` once their kill is on its way), then lost
+    departed: dict[str, str] = field(default_factory=dict)
+    departing: dict[str, str] = field(default_factory=dict)
     cancels_seen: set[int] = field(default_factory=set)
     timers: list[tuple[float, int]] = field(default_factory=list)  # (due, job id), a heap
     dirty: set[int] = field(default_factory=set)  # jobs to evaluate this cycle

@@ -71,7 +71,14 @@ class Observations:
             return
         if event.kind == Kind.STARTED:
             self._started(infra, job, replica, event, now)
+            if event.key in self.book.departed and event.handle is not None:  # on a node that left the site
+                self.book.departing[event.key] = self.book.departed.pop(event.key)
+                self.carrier.effects.kill(infra, event.handle, f"{replica.label}: {self.book.departing[event.key]}")
             return
+        self.book.departed.pop(event.key, None)  # it ended by itself: its own exit stands
+        departed = self.book.departing.pop(event.key, None)
+        if departed is not None:  # ended by corral because its node left the site
+            event = Observed(event.key, Kind.LOST, reason=departed, node=replica.node)
         self.book.by_key.pop(event.key, None)
         self.book.unconfirmed.discard(replica.id)
         if event.kind == Kind.ABSENT:

@@ -2,7 +2,8 @@
 were lost (the database went away mid-commit; the memory that cycle changed is not to be
 trusted). Every job the store holds as STARTING, RUNNING or PREEMPTED is loaded; each
 executor adopts the attempts the store knows of (alive ones are watched again, ones that
-ended report their exits, ones that never started are launched anew under a new key); kill
+ended report their exits, ones that never started are launched anew under a new key; ones on
+a node the site's configuration dropped are killed once adopted and reported lost); kill
 and restart deadlines are re-armed; scale requests not yet carried out are reconciled.
 Pending jobs are read back by the queue's next scan."""
 
@@ -19,7 +20,7 @@ from corral.control.inventory import Inventory
 from corral.control.observations import Observations
 from corral.control.records import load_records
 from corral.control.scaling import Scaling
-from corral.executors.contract import Handle
+from corral.executors.contract import DeclaredNodes, Handle
 from corral.states import JobState, ReplicaState
 from corral.store.tables import Job
 
@@ -55,6 +56,10 @@ class Recovery:
                 infra = replica.infra or self.inventory.infra_of_node(replica.node)
                 replica.infra = infra
                 book.by_key[replica.launch_key] = (job.id, replica.id)
+                executor = self.inventory.executors.get(infra)
+                if isinstance(executor, DeclaredNodes) and not executor.declares(replica.node):
+                    # adopted to be ended (never alive beside its replacement), then lost
+                    book.departed[replica.launch_key] = f"node {replica.node} is no longer in the site's configuration"
                 adopt.setdefault(infra, []).append((replica.launch_key, replica.handle))
         for job in book.active.values():  # scale requests that were not carried out yet
             for task in job.tasks:

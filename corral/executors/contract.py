@@ -14,6 +14,8 @@ with its optional interfaces), never by the infra's name:
 * ``Reserving``   — hold a gang's resources in the engine's own accounting before any
                     replica starts (Ray's placement groups);
 * ``ExecProbes``  — run a probe command where the attempt runs;
+* ``DeclaredNodes`` — nodes given by the site's configuration: one it no longer declares has
+                    left for good, and attempts recorded there are ended and lost;
 * ``Listening``   — say whether the attempt itself answers on its address and port, where
                     replicas share a network stack with others (a probe counts only then);
 * ``Shells``      — start a process in a running attempt's world (``corral exec``/``shell``);
@@ -283,6 +285,14 @@ class ExecProbes(Protocol):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         """Run an exec probe where the attempt runs: (passed, what it said)."""
+        ...
+
+
+@runtime_checkable
+class DeclaredNodes(Protocol):
+    def declares(self, node: str) -> bool:
+        """Whether ``node`` is one the site's configuration gives this executor; a node it does
+        not declare has left the site (not merely stopped answering)."""
         ...
 
 

@@ -209,6 +209,8 @@ class FreePool:
         self._rebucket(node, before)
 
     def release(self, alloc: Allocation) -> None:
+        if alloc.node not in self.by_name:  # held on a node that left the pool: nothing comes back here
+            return
         node = self._own(alloc.node)
         before = len(node.gpus)
         if self.rooms:
@@ -225,6 +227,8 @@ class FreePool:
 
     def release_except(self, alloc: Allocation, keep: set[int]) -> None:
         """Release an allocation but for the GPUs in ``keep`` (held by a reservation)."""
+        if alloc.node not in self.by_name:
+            return
         node = self._own(alloc.node)
         before = len(node.gpus)
         if self.rooms:

@@ -406,3 +406,18 @@ def test_the_oldest_starving_job_is_first_in_line(snap: Snapshot, starve: float)
         assert first.id not in plan.reserved_starts
     else:
         assert plan.reserved_starts[first.id] == found.start
+
+
+def test_a_running_job_on_a_node_that_left_the_pool_breaks_no_cycle() -> None:
+    # a replica still recorded on a node the configuration no longer has (the server restarted
+    # with that node removed): its release is nothing the pool gets back, for backfill and
+    # for preemption's what-if alike; before, both raised KeyError on every cycle
+    from corral.scheduler import Allocation
+
+    gone = RunningJob(9, (Allocation("t", 0, "gone", (0, 1), 1.0, 1.0),), 100.0, "a", "a")
+    snap = world([node("n", gpus=4)], [(8, 4, 50.0)], [pending(1, 4, 1000, 0), pending(2, 4, 10, 1)])
+    snap = replace(snap, running=snap.running + (gone,))
+    for policy in (SLURM, CORRAL):
+        plan = schedule(snap, 0.0, policy)
+        assert not plan.starts  # "gone"'s GPUs never count as coming back to "n"
+        assert min(plan.reserved_starts[j] for j in (1, 2)) == 50.0  # when job 8 gives "n" back

@@ -86,6 +86,10 @@ class LocalExecutor(EventStream):
     def inventory_version(self) -> int:
         return 0  # declared in config.yaml: fixed while the server runs
 
+    def declares(self, node: str) -> bool:
+        """``DeclaredNodes``: a node config.yaml no longer lists has left this site."""
+        return any(n.name == node for n in self._nodes)
+
     def bind(self, job_id: int, replica_id: int, node: str, ports: dict[str, int],
              previous: Binding | None) -> Binding:
         if self.bridge is not None:
