@@ -172,3 +172,33 @@ def test_the_corral_scale_command_says_what_a_count_and_bounds_do(corral_home: P
         corral("cancel", job_id, check=True)
     finally:
         corral.stop()
+
+
+def test_a_fixed_service_takes_a_new_count_as_a_deployment_and_keeps_it_through_a_requeue(server, tmp_path: Path) -> None:
+    # README's gang example: service.replicas 2 of num_nodes 2 (4 replicas); `corral scale JOB llm 6`
+    (tmp_path / "serve.py").write_text(NAMED_SERVER)
+    job_id = submit(server, f"""
+name: llm
+num_nodes: 2
+resources: {{accelerators: H100:1}}
+service: {{replicas: 2, readiness_probe: /, ports: 8080}}
+run: exec {sys.executable} {tmp_path / 'serve.py'}
+""")["id"]
+    wait_state(server, job_id, "RUNNING")
+    assert task_of(server, job_id)["num_nodes"] == 4
+    odd = scale(server, job_id, replicas=5)
+    assert odd.status_code == 422 and "multiple of 2" in odd.text
+    none = scale(server, job_id, replicas=0)
+    assert none.status_code == 422 and "at least 2 replicas (1 service replica(s) of 2 nodes each)" in none.text
+    assert scale(server, job_id, replicas=6).status_code == 200
+    wait_for(lambda: len(live(server, job_id)) == 6, timeout=30)
+    assert task_of(server, job_id)["num_nodes"] == 6
+    # a requeue starts it again at its new size, not at the file's
+    assert server.post(f"/v1/jobs/{job_id}/requeue").status_code == 200
+    wait_for(lambda: server.get(f"/v1/jobs/{job_id}").json()["requeues"] == 1 and len(live(server, job_id)) == 6,
+             timeout=60)
+    # a batch task of a fixed count is not a service: its count stays the file's
+    batch = submit(server, "name: train\nnum_nodes: 1\nrun: sleep 60\n")["id"]
+    wait_state(server, batch, "RUNNING")
+    refused = server.post(f"/v1/jobs/{batch}/scale", json={"task": "train", "replicas": 2})
+    assert refused.status_code == 422 and "is not elastic: its file fixes it at 1 replica " in refused.text

@@ -1,5 +1,6 @@
 """What ``corral scale`` asks of a running task, checked before the control loop carries it
-out: a replica count within the task's elastic bounds, new bounds (``--min/--max``), or both.
+out: a replica count within the task's elastic bounds, new bounds (``--min/--max``), or both;
+a task of a fixed count takes a new count as a Deployment does (``kubectl scale``).
 
 An autoscaled service's count belongs to its autoscaler, so a manual count alone would be
 undone a downscale delay later. Here it is not: a count given to an autoscaled task without
@@ -29,6 +30,7 @@ class Scale:
     replicas: int
     bounds: tuple[int, int] | None = None  # new (min, max), or None: as they are
     why: str = ""  # what the new bounds mean, for the event and the answer
+    fixed: bool = False  # a task of a fixed count given a new one (kept across restarts and requeues)
 
 
 def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[PendingJob], str | None]) -> Scale:
@@ -42,7 +44,8 @@ def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[Pe
     high = spec.get("max_nodes") or spec["num_nodes"]
 
     def units(n: int) -> str:
-        return f"{n} replicas" + (f" ({n // gang} service replica(s) of {gang} nodes each)" if gang > 1 else "")
+        return f"{n} replica{'' if n == 1 else 's'}" + (
+            f" ({n // gang} service replica(s) of {gang} nodes each)" if gang > 1 else "")
 
     def whole(field: str, n: int) -> None:
         if n % gang:
@@ -54,17 +57,27 @@ def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[Pe
         if body.replicas is None:
             raise invalid_parameter("body", "replicas", "give replicas, min_nodes and/or max_nodes")
         count = body.replicas
+        if not auto and low == high and spec.get("endpoint") is not None:
+            # a service of a fixed count changes as `kubectl scale` changes a Deployment's: the
+            # new count is the task's from now on (a restart or requeue brings it back at that size)
+            if count < gang:
+                raise invalid_parameter("body", "replicas", (
+                    f"task {name!r} needs at least {units(gang)}; cancel the job to stop it"))
+            whole("replicas", count)
+            _fits(name, count, units, "replicas", task, spec, never_holds)
+            return Scale(count, fixed=True)
         if not auto:
             if not low <= count <= high:
-                detail = (f"task {name!r} is not elastic: num_nodes is fixed at {low}" if low == high else
+                detail = (f"task {name!r} is not elastic: its file fixes it at {units(low)} (num_nodes: "
+                          "{min: N, max: M} makes it elastic; a service's count can always be set)"
+                          if low == high else
                           f"task {name!r} scales between {low} and {high} replicas (num_nodes: "
                           f"{{min: {low}, max: {high}}})")
-                if gang > 1:  # in the service's own units too: its file counts service replicas (gangs)
-                    detail += (f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
-                               if low != high else
-                               f", that is {low // gang} service replica(s) of {gang} nodes each")
+                if gang > 1 and low != high:  # in the service's own units too: its file counts gangs
+                    detail += f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
                 raise invalid_parameter("body", "replicas", detail + "; corral scale --min/--max changes the bounds")
             whole("replicas", count)
+            _fits(name, count, units, "replicas", task, spec, never_holds)
             return Scale(count)
         # an autoscaled task: a bare count would be undone by the autoscaler, so it pins the bounds
         if count == 0:

@@ -85,6 +85,7 @@ class ScaleTask(Change):
     replicas: int = 0
     bounds: tuple[int, int] | None = None  # new elastic bounds (min, max), checked by the API
     why: str = ""  # what the bounds mean, for the event (a bare count pins an autoscaled task)
+    fixed: bool = False  # a fixed-count task's new count, kept in its spec (what a requeue starts)
 
 
 @dataclass(eq=False)
@@ -166,6 +167,12 @@ class Commands:
                                              + (f": {c.why}" if c.why else ""))
                 self._audit(s, c, "scale", f"job {c.job_id}", "ok",
                             f"task {c.task} bounds {c.bounds[0]}..{c.bounds[1]}")
+            if c.fixed:
+                stored = repository.set_fixed_replicas(s, c.job_id, c.task, c.replicas)
+                task = job.task(c.task) if job is not None else None
+                if task is not None:
+                    task.spec = stored
+                    task.__dict__.pop("service", None)
             repository.set_desired_replicas(s, c.job_id, c.task, c.replicas)
             repository.add_event(s, c.job_id, now, c.task, "scale_requested",
                                  message=f"{user} asked for {c.replicas} replica(s)")

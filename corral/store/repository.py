@@ -425,6 +425,23 @@ def set_replica_bounds(session: Session, job_id: int, task: str, low: int, high:
     return changed
 
 
+def set_fixed_replicas(session: Session, job_id: int, task: str, count: int) -> dict:
+    """A new count for a task of a fixed count (``corral scale JOB TASK N``, as ``kubectl
+    scale``), kept in the job's stored spec: a requeue or a restarted server starts it at that
+    size. Returns the task's spec as stored now."""
+    spec = session.execute(select(Job.spec).where(Job.id == job_id)).scalar_one()
+    tasks = []
+    changed: dict = {}
+    for t in spec["tasks"]:
+        if t.get("name") == task:
+            t = changed = {**t, "num_nodes": count}
+            if t.get("min_nodes") is not None:  # equal bounds: the count they pin moves with it
+                changed.update(min_nodes=count, max_nodes=count)
+        tasks.append(t)
+    session.execute(update(Job).where(Job.id == job_id).values(spec={**spec, "tasks": tasks}))
+    return changed
+
+
 def set_priority(session: Session, job_id: int, now: float, by: str, **values: float | int | None) -> bool:
     """Change a pending job's ``priority`` (a fixed value, or None for the formula's) and/or
     ``nice`` (Slurm's ``scontrol update``): False once it is no longer pending."""

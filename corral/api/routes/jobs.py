@@ -346,7 +346,7 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
     job_id = found.id
     session.close()  # no connection held while the loop carries the change out
     state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=asked.replicas, bounds=asked.bounds,
-                           why=asked.why))
+                           why=asked.why, fixed=asked.fixed))
     return JobOut.of(repository.load_job(session, job_id))
 
 
