@@ -202,3 +202,28 @@ run: exec {sys.executable} {tmp_path / 'serve.py'}
     wait_state(server, batch, "RUNNING")
     refused = server.post(f"/v1/jobs/{batch}/scale", json={"task": "train", "replicas": 2})
     assert refused.status_code == 422 and "is not elastic: its file fixes it at 1 replica " in refused.text
+
+
+def test_a_replica_added_by_scale_that_finds_no_place_says_why(server, tmp_path: Path) -> None:
+    (tmp_path / "serve.py").write_text(NAMED_SERVER)
+    blocker = submit(server, "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 600\n")["id"]
+    wait_state(server, blocker, "RUNNING")
+    job_id = submit(server, f"""
+name: llm
+resources: {{accelerators: H100:2}}
+service: {{replicas: 1, readiness_probe: /, ports: 8080}}
+run: exec {sys.executable} {tmp_path / 'serve.py'}
+""")["id"]
+    wait_state(server, job_id, "RUNNING")
+    assert scale(server, job_id, replicas=3).status_code == 200  # 4 GPUs left: room for two
+
+    def waiting_one() -> dict | None:
+        return next((r for r in task_of(server, job_id)["replicas"] if r["reason"]), None)
+
+    waiting = wait_for(waiting_one, timeout=30)
+    assert waiting["state"] == "PENDING" and waiting["reason"] == "waiting for a place (reason Resources)"
+    assert wait_for(lambda: len(live(server, job_id)) == 2, timeout=30)
+    # the reason goes once it has a place
+    server.post(f"/v1/jobs/{blocker}/cancel")
+    wait_for(lambda: len(live(server, job_id)) == 3, timeout=30)
+    assert all(r["reason"] is None for r in task_of(server, job_id)["replicas"])

@@ -70,7 +70,8 @@ class ReplicaOut(BaseModel):
     log_path: str | None
     reason: str | None = Field(default=None, description=(
         "Why a STARTING replica does not run yet: its container image being pulled (or its container "
-        "started) on its node; null otherwise"))
+        "started) on its node; why a PENDING replica of a running job (its task grew, or it is placed "
+        "again) waits for a place, with the scheduler's reason; null otherwise"))
 
 
 class TaskOut(BaseModel):
@@ -147,12 +148,13 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job, expected_start: float | None = None, down: Mapping[str, str] | None = None,
-           predicted: Mapping[int, float] | None = None) -> JobOut:
+           predicted: Mapping[int, float] | None = None, waiting: Mapping[int, str] | None = None) -> JobOut:
         """Built from a stored row without validating it again (``model_construct``): every
         value already has its field's type, and a listing of thousands of jobs (or a flood of
         submissions, each answered with its job) would otherwise validate each one twice.
         ``down``: partitions DOWN now, with why (a job waiting for one shows why); ``predicted``:
-        pending jobs' predicted run times (the loop's, as of its last pass)."""
+        pending jobs' predicted run times (the loop's, as of its last pass); ``waiting``: why a
+        running job's replicas wait for a place (replica id -> the scheduler's reason)."""
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
@@ -168,7 +170,7 @@ class JobOut(BaseModel):
             predicted_run_s=_predicted(job, predicted),
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
             array_throttle=getattr(job, "array_throttle", None), **_world(job), run_as=getattr(job, "run_as", None),
-            tasks=[_task(job, t, by_task.get(t.name, [])) for t in job.tasks])
+            tasks=[_task(job, t, by_task.get(t.name, []), waiting) for t in job.tasks])
 
 
 def _predicted(job: Job, predicted: Mapping[int, float] | None) -> float | None:
@@ -267,7 +269,7 @@ def _workdir(spec: dict) -> str | None:
     return workdir.get("url") if isinstance(workdir, dict) else workdir
 
 
-def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
+def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, str] | None = None) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
     image = (spec.get("resources") or {}).get("image_id")
@@ -285,8 +287,15 @@ def _task(job: Job, task: Task, replicas: list[Replica]) -> TaskOut:
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,
             restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path,
-            reason=waiting if r.state == "STARTING" else None)
+            reason=waiting if r.state == "STARTING" else _placing(r, placing, job.state))
             for r in replicas])
+
+
+def _placing(replica: Replica, placing: Mapping[int, str] | None, state: str) -> str | None:
+    if replica.state != "PENDING" or not placing or state not in (JobState.RUNNING.value, JobState.STARTING.value):
+        return None
+    reason = placing.get(replica.id)
+    return f"waiting for a place (reason {reason})" if reason else None
 
 
 class SubmitResponse(BaseModel):

@@ -379,7 +379,8 @@ class ControlLoop:
             partitions = MappingProxyType(dict(inv.down_partitions))
         self.view = LoopView(self.cycles, self.failing_cycles, self.last_error, nodes, infra, down,
                              MappingProxyType(self.scheduling.expected_starts), unreachable, partitions,
-                             MappingProxyType(self.runtimes.predictions))
+                             MappingProxyType(self.runtimes.predictions),
+                             MappingProxyType(self.book.growth_reasons))  # a new dict each pass, never changed
 
     def ask(self, read: Callable[[], object]) -> Future:
         """An answer computed on the loop's thread between cycles (reads of its memory, never

@@ -97,6 +97,19 @@ class Scaling:
                                       job.nice, job.partition, job.qos, job.priority, (), job.name, owner=job.id))
         return out
 
+    def spread(self, reasons: dict[int, str]) -> dict[int, str]:
+        """Why requests of ``requests`` wait (keyed by their first replica's id), for every
+        replica of each request: a waiting gang's members all wait for the same reason."""
+        if not reasons:
+            return {}
+        out = dict(reasons)
+        for job in self.book.active.values():
+            for _, members in _waiting(job, {t.name for t in job.tasks}):
+                reason = reasons.get(members[0].id)
+                if reason is not None:
+                    out.update((m.id, reason) for m in members)
+        return out
+
     def place(self, replica_id: int, allocs: tuple[Allocation, ...], now: float) -> None:
         """Bind what the scheduler placed for a request of ``requests``: the replica of that id
         and, for a gang, its other waiting members, in rank order."""

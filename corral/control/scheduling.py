@@ -217,7 +217,8 @@ class Scheduling:
                 self.moves.kill_all(job, JobState.CANCELLED, now, "dependency", cancel.why,
                                     reason=Reason.DEPENDENCY_NEVER.value, message=cancel.why)
         # why a running job's waiting replicas wait (what a held request to its endpoint is told)
-        book.growth_reasons = {-job_id: reason.value for job_id, reason in plan.reasons.items() if job_id < 0}
+        book.growth_reasons = self.scaling.spread(
+            {-job_id: reason.value for job_id, reason in plan.reasons.items() if job_id < 0})
         down = self.inventory.down_partitions
         for job_id, reason in plan.reasons.items():
             if job_id in plan.cancels or job_id < 0 or job_id in book.engine_waiting:

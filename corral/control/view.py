@@ -38,6 +38,8 @@ class LoopView:
     unreachable: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # infra -> why its engine does not answer
     down_partitions: Mapping[str, str] = field(default_factory=lambda: _EMPTY)  # partition -> why it is DOWN
     predictions: Mapping[int, float] = field(default_factory=lambda: _EMPTY)  # pending job -> predicted run time (s)
+    # a running job's replica waiting for a place (grown, or placed again) -> the scheduler's reason
+    waiting: Mapping[int, str] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass(frozen=True)

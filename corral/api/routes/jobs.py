@@ -248,15 +248,15 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
         response.headers["X-Next-After"] = str(jobs[-1].id)
     expected = dict(state_.loop.view.expected_starts)
     down = state_.loop.view.down_partitions
-    predicted = state_.loop.view.predictions
-    return [JobOut.of(j, expected.get(j.id), down, predicted) for j in jobs]
+    predicted, waiting = state_.loop.view.predictions, state_.loop.view.waiting
+    return [JobOut.of(j, expected.get(j.id), down, predicted, waiting) for j in jobs]
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
 def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
     found = _job_or_404(session, job, who.user)
     view = state.loop.view
-    return JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions)
+    return JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions, view.waiting)
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
