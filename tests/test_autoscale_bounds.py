@@ -65,11 +65,14 @@ def test_a_manual_scale_is_not_undone_and_bounds_give_the_autoscaler_room(server
     assert task_of(server, job_id)["num_nodes"] == 3 and len(live(server, job_id)) == 3
     assert not events(server, job_id, "autoscaled")
     (said,) = events(server, job_id, "scale_bounds")
-    assert "alice set its bounds to 1..4 -> 3..3 replicas" in said and "pins it" in said
+    assert "alice set its bounds: 1..4 -> 3..3 replicas" in said and "pins it" in said
 
     # bounds alone: the count stays, then the autoscaler brings it down to the new min, saying why
     assert scale(server, job_id, min_nodes=2, max_nodes=4).status_code == 200
     assert (task_of(server, job_id)["min_nodes"], task_of(server, job_id)["max_nodes"]) == (2, 4)
+    # new bounds alone ask for no count: one scale request so far (the count above), no "3 -> 3"
+    assert len(events(server, job_id, "scale_requested")) == 1
+    assert not [m for m in events(server, job_id, "scaled") if "3 -> 3" in m]
     wait_for(lambda: task_of(server, job_id)["num_nodes"] == 2, timeout=20)
     (why,) = events(server, job_id, "autoscaled")
     assert "3 -> 2 replicas" in why and "within its bounds 2..4" in why and "its min is 2" in why
@@ -169,6 +172,7 @@ def test_the_corral_scale_command_says_what_a_count_and_bounds_do(corral_home: P
         assert nothing.returncode == 2 and "--min N" in nothing.stderr
         upside = corral("scale", job_id, "llm", "--min", "3", "--max", "1")
         assert upside.returncode == 2 and "min 3 replicas is above max 1" in upside.stderr
+        assert "--min: task 'llm'" in upside.stderr and "body." not in upside.stderr  # the option, not the API's field
         corral("cancel", job_id, check=True)
     finally:
         corral.stop()

@@ -101,6 +101,9 @@ class TaskOut(BaseModel):
         "For an elastic task: its bounds and who moves its count within them (the autoscaler, or pinned); "
         "for a service in gangs its service replicas in words; at zero replicas why and what brings one "
         "back; null for a fixed task that is none of these"))
+    gang_size: int = Field(default=1, description=(
+        "Replicas per service replica: a multi-node service replica is a gang of this many, served by "
+        "its rank 0; 1 otherwise"))
     replicas: list[ReplicaOut]
 
 
@@ -254,7 +257,8 @@ def _scale_words(spec: dict, count: int) -> str | None:
             within += (f", pinned: the autoscaler holds it at {low} (corral scale --min/--max gives it room "
                        "again)")
         elif auto:
-            within += f", autoscaled at {auto.get('target_qps_per_replica'):g} requests/s per service replica"
+            target = auto.get("target_qps_per_replica")
+            within += f", autoscaled at {target:g} request{'' if target == 1 else 's'}/s per service replica"
         words.append(within)
     if gang > 1:
         words.append(f"{count // gang} service replica(s), each a gang of {gang} replicas served by its rank 0")
@@ -283,6 +287,7 @@ def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, s
         alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
         scale=_scale_words(spec, task.num_nodes) if job.state in _LIVE else None,
+        gang_size=int(spec.get("gang_size") or 1),
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,

@@ -281,6 +281,10 @@ def scale(args: Namespace) -> None:
     try:
         data = daemon.client().scale(args.job, args.task, args.replicas, args.min_nodes, args.max_nodes)
     except CorralError as exc:
+        # the API names its body's fields; a CLI user gave options and an argument
+        for field, option in (("body.min_nodes: ", "--min: "), ("body.max_nodes: ", "--max: "),
+                              ("body.replicas: ", "REPLICAS: ")):
+            exc.message = exc.message.replace(field, option)
         fail(exc)
     task = next((t for t in data.get("tasks", []) if t["name"] == args.task), {})
     low, high = task.get("min_nodes"), task.get("max_nodes")

@@ -295,10 +295,12 @@ def status(args: Namespace) -> None:
         if task.get("workdir") != data.get("cwd") or len(dirs) > 1:
             out.print(f"  task {task['name']}: runs in {task.get('workdir') or 'its user’s home'}", markup=False)
         if task.get("endpoint"):
-            ready = sum(r["ready"] and r["state"] == "RUNNING" for r in task["replicas"])
+            gang = task.get("gang_size") or 1  # a gang is one service replica, ready when its head is
+            ready = sum(r["ready"] and r["state"] == "RUNNING" and r["rank"] % gang == 0 and r["rank"] < task["num_nodes"]
+                        for r in task["replicas"])
             # of the replicas it has now (those a scale-down retired are still listed below)
-            out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {task['num_nodes']} "
-                      "replicas ready)", markup=False)
+            out.print(f"  task {task['name']}: endpoint {task['endpoint']} ({ready} of {task['num_nodes'] // gang} "
+                      f"{'service ' if gang > 1 else ''}replicas ready)", markup=False)
         if task.get("scale"):
             out.print(f"  task {task['name']}: {task['scale']}", markup=False)
         if task.get("restart"):

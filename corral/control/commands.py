@@ -163,7 +163,7 @@ class Commands:
                     f"{before.min_nodes if before.min_nodes is not None else task.num_nodes}.." \
                     f"{before.max_nodes or task.num_nodes} -> "
                 repository.add_event(s, c.job_id, now, c.task, "scale_bounds",
-                                     message=f"{user} set its bounds to {was}{c.bounds[0]}..{c.bounds[1]} replicas"
+                                     message=f"{user} set its bounds: {was}{c.bounds[0]}..{c.bounds[1]} replicas"
                                              + (f": {c.why}" if c.why else ""))
                 self._audit(s, c, "scale", f"job {c.job_id}", "ok",
                             f"task {c.task} bounds {c.bounds[0]}..{c.bounds[1]}")
@@ -173,11 +173,13 @@ class Commands:
                 if task is not None:
                     task.spec = stored
                     task.__dict__.pop("service", None)
+            current = job.task(c.task).num_nodes if job is not None else None
             repository.set_desired_replicas(s, c.job_id, c.task, c.replicas)
-            repository.add_event(s, c.job_id, now, c.task, "scale_requested",
-                                 message=f"{user} asked for {c.replicas} replica(s)")
-            self._audit(s, c, "scale", f"job {c.job_id}", "ok", f"task {c.task} to {c.replicas} replica(s)")
-            if job is not None:
+            if c.bounds is None or c.replicas != current:  # new bounds alone move no count: said above
+                repository.add_event(s, c.job_id, now, c.task, "scale_requested",
+                                     message=f"{user} asked for {c.replicas} replica(s)")
+                self._audit(s, c, "scale", f"job {c.job_id}", "ok", f"task {c.task} to {c.replicas} replica(s)")
+            if job is not None and c.replicas != current:
                 self.scaling.reconcile(s, job, c.task, c.replicas, now)
             return Outcome(True)
         if isinstance(c, SetHold):
