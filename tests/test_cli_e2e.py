@@ -205,6 +205,20 @@ run: |
     history = json.loads(corral("queue", "--all", "--json", check=True).stdout)
     assert {j["name"]: j["state"] for j in history} == {"survivor": "SUCCEEDED", "shortlived": "FAILED",
                                                         "waiter": "SUCCEEDED"}
+    # AGE is the time since submission, ended or not (it stopped at the end: a job that ran
+    # for no time showed 0s minutes after it was submitted)
+    def age() -> int:
+        import re
+
+        rows = [line.split() for line in corral("queue", "--all", check=True).stdout.splitlines()[1:]]
+        shown = next(row[-1] for row in rows if "shortlived" in row)
+        parts = re.fullmatch(r"(?:(\d+)m)?(\d+)s", shown)
+        assert parts, rows
+        return int(parts[1] or 0) * 60 + int(parts[2])
+
+    before = age()
+    time.sleep(2.5)
+    assert age() >= before + 2
 
 
 def test_server_crash_recovers_and_reports_replicas_lost_while_down(corral, tmp_path: Path) -> None:

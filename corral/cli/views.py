@@ -15,7 +15,7 @@ from corral.cli.render import Column, Usage, err, fail, moment, out, print_json,
 from corral.client import TERMINAL, CorralError
 
 def _age(iso: str | None, until: str | None = None) -> str:
-    """Time since ``iso``; an ended job's age stops at its end."""
+    """Time since ``iso`` (until ``until`` when given)."""
     if not iso:
         return "-"
     end = datetime.fromisoformat(until) if until else datetime.now(timezone.utc)
@@ -100,7 +100,7 @@ def queue(args: Namespace) -> None:
               [[ident, j["name"], j["user"], j.get("partition") or "-", j["state"],
                 "-" if j["state"] in TERMINAL or j["reason"] in (None, "None") else j["reason"],
                 " ".join(f"{t['name']}:{t['num_nodes']}" for t in j["tasks"]), j["gpus"],
-                _age(j["submitted_at"], j.get("ended_at"))] for ident, j in fold_arrays(jobs)])
+                _age(j["submitted_at"])] for ident, j in fold_arrays(jobs)])  # since submission, ended or not
         if note:  # on stderr: a pipe still reads only rows under the header
             err.print(note, markup=False)
 
