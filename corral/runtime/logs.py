@@ -34,7 +34,8 @@ def last_words(path: Path, tail: int = 4096, code: int | None = None) -> str:
     said = [line.split(": ", 2)[2].strip() for line in text.splitlines() if line.startswith(LAST_WORDS)]
     if said:
         return said[-1][:500]
-    if "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
+    killed = code is not None and (code < 0 or 128 < code < 160)  # ended by a signal: stopped, not a failed bind
+    if not killed and "address already in use" in text.lower():  # EADDRINUSE, as Python, uvicorn, vLLM, NCCL print it
         return ("its log says a port it binds is already in use on its node (replicas on one machine share a "
                 "port only when each binds its own address, $CORRAL_ADDR, not 0.0.0.0, or when the server "
                 "gives each a network of its own: infra: {local: {network: namespace}} in config.yaml)")

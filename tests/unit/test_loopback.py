@@ -88,3 +88,13 @@ def test_a_socket_on_every_address_answers_for_each_of_them() -> None:
         assert said is not None and "every address" in said
     finally:
         wildcard.close()
+
+
+def test_a_replica_stopped_by_a_signal_is_not_said_to_have_lost_its_port(tmp_path: Path) -> None:
+    # its log still holds an earlier attempt's bind failure; this attempt was stopped (143)
+    from corral.runtime.logs import last_words
+
+    log = tmp_path / "server-1.log"
+    log.write_text("OSError: [Errno 98] Address already in use\nserving on 127.1.0.2:8000\n")
+    assert last_words(log, code=143) == "" and last_words(log, code=-9) == ""
+    assert "a port it binds is already in use" in last_words(log, code=1)
