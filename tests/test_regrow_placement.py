@@ -39,5 +39,8 @@ def test_a_scale_up_keeps_to_the_task_s_nodes(server, where: str) -> None:
     placed = _nodes(server, job["id"])
     assert sorted(n for s, n in placed if s == "RUNNING") == ["fast", "spare"]
     assert ("PENDING", None) in placed
+    # and says why it waits
+    wait_for(lambda: any((r["reason"] or "").startswith("waiting for a place (reason ")
+                         for r in server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"]), timeout=15)
     server.post(f"/v1/jobs/{job['id']}/cancel")
     wait_state(server, job["id"], "CANCELLED", timeout=30)

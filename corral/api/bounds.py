@@ -76,8 +76,7 @@ def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[Pe
                 if gang > 1 and low != high:  # in the service's own units too: its file counts gangs
                     detail += f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
                 raise invalid_parameter("body", "replicas", detail + "; corral scale --min/--max changes the bounds")
-            whole("replicas", count)
-            _fits(name, count, units, "replicas", task, spec, never_holds)
+            whole("replicas", count)  # within bounds already accepted: what cannot be placed waits, saying why
             return Scale(count)
         # an autoscaled task: a bare count would be undone by the autoscaler, so it pins the bounds
         if count == 0:
