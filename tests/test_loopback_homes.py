@@ -10,9 +10,12 @@ from pathlib import Path
 
 from conftest import POOL, cli_for, shared_account, submit, wait_for, wait_state
 
+# a port no other test serves on: tests running in parallel share this machine's ports
+PORT = 18231
+
 SERVE = """
 name: web-{who}
-resources: {{ports: {{http: 8000}}}}
+resources: {{ports: {{http: {port}}}}}
 readiness_probe: {{http: {{path: /, port: http}}, period: 0.3s}}
 run: |
   exec {python} -c '
@@ -21,7 +24,7 @@ run: |
       def do_GET(self):
           self.send_response(200); self.end_headers(); self.wfile.write(b"{who}")
       def log_message(self, *args): pass
-  http.server.HTTPServer((os.environ["CORRAL_ADDR"], 8000), Who).serve_forever()'
+  http.server.HTTPServer((os.environ["CORRAL_ADDR"], {port}), Who).serve_forever()'
 """
 
 
@@ -40,7 +43,7 @@ def test_two_homes_replicas_get_addresses_of_their_own_and_each_serves_its_own(t
         replicas = {}
         for who, corral in homes.items():
             spec = tmp_path / f"{who}.yaml"
-            spec.write_text(SERVE.format(who=who, python=sys.executable))
+            spec.write_text(SERVE.format(who=who, python=sys.executable, port=PORT))
             job = corral("launch", "-d", str(spec), check=True).stdout.strip()
 
             def ready(corral=corral, job=job) -> dict | None:
@@ -53,7 +56,7 @@ def test_two_homes_replicas_get_addresses_of_their_own_and_each_serves_its_own(t
         # could not bind, and its probe was answered by the first home's replica
         assert replicas["alpha"]["addr"] != replicas["beta"]["addr"], replicas
         for who, replica in replicas.items():
-            with urllib.request.urlopen(f"http://{replica['addr']}:8000/", timeout=10) as answer:
+            with urllib.request.urlopen(f"http://{replica['addr']}:{PORT}/", timeout=10) as answer:
                 assert answer.read().decode() == who
     finally:
         for corral in homes.values():
@@ -61,17 +64,17 @@ def test_two_homes_replicas_get_addresses_of_their_own_and_each_serves_its_own(t
 
 
 def test_a_probe_answered_by_a_sibling_on_every_address_does_not_make_a_replica_ready(server, tmp_path: Path) -> None:
-    # rank 0 serves 0.0.0.0:8000, which also answers on rank 1's address; rank 1 listens on nothing
+    # rank 0 serves 0.0.0.0:PORT+1, which also answers on rank 1's address; rank 1 listens on nothing
     job = submit(server, f"""
 name: spoof
 num_nodes: 2
-resources: {{ports: {{http: 8000}}}}
+resources: {{ports: {{http: {PORT + 1}}}}}
 readiness_probe: {{tcp: http, period: 0.3s}}
 startup_timeout: 4s
 restart: {{policy: never}}
 run: |
   if [ "$CORRAL_REPLICA" = 0 ]; then
-    exec {sys.executable} -m http.server 8000 --bind 0.0.0.0
+    exec {sys.executable} -m http.server {PORT + 1} --bind 0.0.0.0
   fi
   exec sleep 600
 """)
