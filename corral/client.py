@@ -15,14 +15,13 @@ issues, ``Unauthorized``, ``NotFound``, ``Conflict``, ``Forbidden``, ``Unavailab
 carry ``Authorization: Bearer TOKEN``: the token given, else ``CORRAL_TOKEN``, else the one
 ``corral login`` saved for the server, else (for this ``CORRAL_HOME``'s own server) the local
 token its owner alone can read. ``https://`` servers are checked against ``ca_bundle`` (or
-``CORRAL_CA_BUNDLE``, or the system's CAs). It speaks HTTP/1.1 with
-the standard library's ``http.client`` over one keep-alive connection: every ``corral``
-command starts a fresh interpreter, and importing a full HTTP library cost more than the
-whole request."""
+``CORRAL_CA_BUNDLE``, or the system's CAs). It speaks HTTP/1.1
+over one keep-alive connection (``corral.http1``): every ``corral`` command starts a fresh
+interpreter, and importing a full HTTP library (even the standard library's ``http.client``)
+cost more than the whole request."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import socket
@@ -32,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any, Mapping
 from urllib.parse import urlencode, urlsplit
 
+from corral import http1
 from corral.states import TERMINAL_JOB_STATES
 
 
@@ -130,7 +130,7 @@ class Client:
         self.timeout = timeout
         self.ca_bundle, self.pinned_cert = ca_bundle, pinned_cert
         self.headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn: http1.Connection | None = None
         self._tls = None
 
     def close(self) -> None:
@@ -144,10 +144,8 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self._https:
-            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._context())
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+    def _connection(self, timeout: float | None) -> http1.Connection:
+        return http1.Connection(self._host, self._port, timeout, self._context() if self._https else None)
 
     def _context(self):  # noqa: ANN202 - ssl is imported only for https servers
         if self._tls is None:
@@ -169,7 +167,7 @@ class Client:
         return self._tls
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
-                 stream: bool = False) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+                 stream: bool = False) -> tuple[http1.Connection, http1.Response]:
         query = urlencode([(k, _wire(v)) for k, value in (params or {}).items()
                            for v in (value if isinstance(value, list) else [value])])
         target = self._prefix + path + (f"?{query}" if query else "")
@@ -183,13 +181,12 @@ class Client:
         for attempt in (1, 2):
             conn = self._connection(None) if stream else (self._conn or self._connection(self.timeout))
             try:
-                conn.request(method, target, body=payload, headers=headers)
-                response = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
+                response = conn.request(method, target, payload, headers)
+            except OSError as exc:
                 conn.close()
                 if not stream:
                     self._conn = None
-                stale = isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError))
+                stale = isinstance(exc, (http1.Closed, BrokenPipeError, ConnectionResetError))
                 if reuse and stale and attempt == 1:
                     continue
                 reason = "timed out" if isinstance(exc, socket.timeout) else exc
@@ -203,7 +200,7 @@ class Client:
         _, response = self._request(method, path, params, json_body)
         try:
             data = response.read()
-        except (OSError, http.client.HTTPException) as exc:
+        except OSError as exc:
             self.close()
             raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
         _check(response.status, data)
@@ -407,7 +404,7 @@ class Client:
             while True:
                 try:
                     chunk = response.read1(65536)
-                except (OSError, http.client.HTTPException) as exc:
+                except OSError as exc:
                     raise Unavailable(f"log stream from {self.url} broke: {exc}") from None
                 if not chunk:
                     return
