@@ -151,15 +151,30 @@ class Carrier:
         service = job.task(replica.task).service
         signame = signame or service.stop_signal
         infra = replica.infra or self.inventory.infra_of_node(replica.node or "")
-        self.effects.signal(infra, replica.handle, signal_number(signame), f"job {job.id} {replica.label}")
+        what = f"job {job.id} {replica.label}"
         if grace is None:
+            self.effects.signal(infra, replica.handle, signal_number(signame), what)
             self.moves.event(job.id, now, replica.label, cause, message)
             return
         grace = service.grace_period if grace < 0 else grace
-        replica.kill_at = now + grace
+        self.effects.signal(infra, replica.handle, signal_number(signame), what, (job.id, replica.id, grace))
+        replica.kill_at = now + grace  # moved later by ``regrace`` once the signal is really sent
         self.moves.journal.replica(replica.id, kill_at=replica.kill_at)
         self.book.wake_at(replica.kill_at, job.id)
         self.moves.event(job.id, now, replica.label, cause, f"{message}; {signame} sent, SIGKILL after {grace:g}s")
+
+    def regrace(self) -> None:
+        """Count each signal's grace from when it was sent (after the commit), not from the
+        cycle that decided it."""
+        sent, self.effects.signalled = self.effects.signalled, []
+        for job_id, replica_id, earliest in sent:
+            job = self.book.active.get(job_id)
+            replica = next((r for r in job.replicas if r.id == replica_id), None) if job else None
+            if replica is None or replica.kill_at is None or replica.handle is None or earliest <= replica.kill_at:
+                continue
+            replica.kill_at = earliest
+            self.moves.journal.replica(replica.id, kill_at=earliest)
+            self.book.wake_at(earliest, job_id)
 
     def kill_now(self, job: JobRec, replica: ReplicaRec) -> None:
         """SIGKILL the attempt's whole tree after the commit (a job the loop gives up on)."""

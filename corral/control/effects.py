@@ -5,12 +5,19 @@ end (or requeue) is durable.
 
 A cycle queues effects while it decides; ``run`` carries them out after the commit. A cycle
 whose commit fails drops its queue with the rest of its memory (``recovery``): nothing it
-decided happened, outside the store or in it."""
+decided happened, outside the store or in it.
+
+A signal with a grace period is sent a commit (and, under load, a good part of a second) after
+the cycle that decided it; the grace counts from the send, so ``run`` notes when each went out
+(``signalled``) and the loop moves the kill deadline to match: a stop never gets less grace
+than its task asked for."""
 
 from __future__ import annotations
 
 import logging
 import signal as signals
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from corral.control.inventory import Inventory
@@ -25,6 +32,7 @@ class SendSignal:
     handle: Handle
     signum: int
     what: str  # "job 12 trainer-0", for the log when it fails
+    grace: tuple[int, int, float] | None = None  # (job id, replica id, seconds) the kill waits after the send
 
 
 @dataclass(frozen=True)
@@ -43,12 +51,15 @@ Effect = SendSignal | Forget | Release
 
 
 class Effects:
-    def __init__(self, inventory: Inventory):
-        self.inventory = inventory
+    def __init__(self, inventory: Inventory, clock: Callable[[], float] = time.time):
+        self.inventory, self.clock = inventory, clock
         self._queue: list[Effect] = []
+        # (job id, replica id, the earliest its SIGKILL may come) for each graced signal sent
+        self.signalled: list[tuple[int, int, float]] = []
 
-    def signal(self, infra: str, handle: Handle, signum: int, what: str) -> None:
-        self._queue.append(SendSignal(infra, handle, signum, what))
+    def signal(self, infra: str, handle: Handle, signum: int, what: str,
+               grace: tuple[int, int, float] | None = None) -> None:
+        self._queue.append(SendSignal(infra, handle, signum, what, grace))
 
     def kill(self, infra: str, handle: Handle, what: str) -> None:
         self._queue.append(SendSignal(infra, handle, signals.SIGKILL, what))
@@ -81,6 +92,9 @@ class Effects:
                     executor = self.inventory.executors.get(effect.infra)
                     if executor is not None:
                         executor.signal(effect.handle, effect.signum)
+                    if effect.grace is not None:
+                        job_id, replica_id, seconds = effect.grace
+                        self.signalled.append((job_id, replica_id, self.clock() + seconds))
                 elif isinstance(effect, Forget):
                     executor = self.inventory.executors.get(effect.infra)
                     if executor is not None:

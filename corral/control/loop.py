@@ -97,7 +97,7 @@ class ControlLoop:
         self.book = book = Book()
         self.journal = Journal()
         moves = Transitions(book, self.journal)
-        self.effects = Effects(self.inventory)
+        self.effects = Effects(self.inventory, clock)
         self.supervisor = Supervisor()
         self.probes = Probes(self._wake.set, self.metrics)
         self.carrier = Carrier(book, moves, self.effects, self.inventory, self.supervisor, self.probes, self.metrics)
@@ -263,10 +263,12 @@ class ControlLoop:
             # 5. execute
             if self.effects.run() and self.inventory.refresh():
                 book.sched_needed = True  # nodes that left with their job are not placed on again
+            self.carrier.regrace()
             self.launcher.launch_ready(now)
             self.ledger.flush(s, now)
             self._commit(s)
             self.effects.run()
+            self.carrier.regrace()  # journalled by the next cycle's commit; memory rules until then
         self.discovery.publish_marked(now)
         if self.endpoints:  # routing needs no store; an endpoint opened on a new port is journalled
             with self.write_lock:
