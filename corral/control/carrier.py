@@ -111,6 +111,9 @@ class Carrier:
         # job whose node failed (same id, same names, same checkpoint directory).
         job.requeue_requested = True
         self.moves.journal.job(job.id, requeue_requested_at=now)
+        if d.hold:
+            job.hold = d.hold
+            self.moves.journal.job(job.id, hold=d.hold)
         replica.ready = False
         self.moves.replica_to(replica, ReplicaState.FAILED, "lost", now, d.message, ended_at=now, ready=False,
                               handle=None)

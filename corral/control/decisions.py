@@ -56,6 +56,7 @@ class RequeueJob:
     replica_id: int
     message: str
     job_message: str
+    hold: str = ""  # "admin": pending again only once an operator releases it
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,9 @@ class Inventory:
 
 
 class _Gone:
-    """Stands in for an infra the site dropped while attempts ran on it: reports them lost."""
+    """Stands in for an infra the site dropped while attempts ran on it: reports them lost,
+    unverified (with the infra's configuration gone, nothing can reach them to end them or to
+    see that they ended, so their jobs wait, held, for an operator)."""
 
     name = "gone"
     inventory_version = 0
@@ -146,7 +148,8 @@ class _Gone:
 
     def adopt(self, attempts) -> None:  # noqa: ANN001 - see Executor.adopt
         for key, _ in attempts:
-            self._events.append(Observed(key, Kind.LOST, reason=f"infra {self.infra!r} is not configured any more"))
+            self._events.append(Observed(key, Kind.LOST, reason=f"infra {self.infra!r} is not configured any more",
+                                         unverified=True))
 
     def nodes(self) -> list[NodeSpec]:
         return []

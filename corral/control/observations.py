@@ -105,7 +105,8 @@ class Observations:
         if event.kind == Kind.EXITED and event.code and not reason:  # what corral's shell said, if it failed it
             reason = last_words(self.launcher.settings.log_file(job.id, replica.label), code=event.code)
         ended = AttemptEnded(replica.id, event.code if event.kind == Kind.EXITED else None, lost, reason,
-                             self.inventory.up(replica.node), event.kind == Kind.EXITED and event.permanent)
+                             self.inventory.up(replica.node), event.kind == Kind.EXITED and event.permanent,
+                             unverified=lost and event.unverified)
         self.carrier.apply(job, self.supervisor.attempt_ended(job, replica, ended, now), now)
 
     def _started(self, infra: str, job: JobRec, replica, event: Observed, now: float) -> None:  # noqa: ANN001

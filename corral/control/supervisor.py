@@ -44,6 +44,7 @@ class AttemptEnded:
     reason: str | None = None
     node_up: bool = True  # its node is still in the inventory
     permanent: bool = False  # a new attempt would fail the same way (a registry refused its image)
+    unverified: bool = False  # lost where no one can make sure it ended (``Observed.unverified``)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,12 @@ class Supervisor:
         if following is not None and not asked and not ending and job.state != JobState.PREEMPTED:
             return [Restart(replica.id, max(now, following), code,
                             f"stopped for its gang's restart (exit code {code}); restarts with it")]
+        if event.unverified and not ending and job.state in (JobState.RUNNING, JobState.STARTING):
+            # a restart or a requeue that ran it again could run beside it: never alive twice
+            return [RequeueJob(replica.id, f"lost: {event.reason}",
+                               f"{replica.label} may still run where corral cannot see or stop it ({event.reason}); "
+                               "the job is requeued and held: an operator releases it (corral release) once "
+                               "that attempt is known to have ended", hold="admin")]
         if not asked and not ending and job.state != JobState.PREEMPTED and not event.permanent \
                 and policy.should_restart(code, replica.restarts):
             delay = policy.backoff.delay(replica.restarts)

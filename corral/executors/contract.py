@@ -141,6 +141,9 @@ class Observed:
     # EXITED: it failed for a reason every new attempt would meet again (a registry refused its
     # image: ``corral.node.container.refused``), so its restart policy is not asked
     permanent: bool = False
+    # LOST: nobody could make sure it ended (its engine is out of reach for good), so nothing may
+    # replace it until a person who can look says it has: its job is requeued held
+    unverified: bool = False
 
 
 Wake = Callable[[], None]
