@@ -142,8 +142,10 @@ def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
     os.chown(submit_dir, ann.uid, ann.gid)
     # the srun of a batch script off Slurm is the server's Python: it runs only where the account may
     # run that (not on a machine whose Python lives in root's home, as on some test machines)
-    script = ("#!/bin/bash\n#SBATCH -N 1\n#SBATCH --ntasks=2\necho batch=$(id -u)\n"
-              "if srun bash -c 'echo step$SLURM_PROCID=$(id -u)'; then echo steps=ran; else echo steps=no; fi\n")
+    # two nodes: the second task runs in the other node's holder, through its step agent (as ann too)
+    script = ("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=1\necho batch=$(id -u)\n"
+              "if srun bash -c 'echo step$SLURM_PROCID=$(id -u) in $CORRAL_TASK'; then echo steps=ran; "
+              "else echo steps=no; fi\n")
     batch = load_batch(script, source="as-ann.sbatch", submit_dir=str(submit_dir), args=(), overrides={},
                        environ={}, warnings=[])
     job = client.submit(batch.documents, source="as-ann.sbatch", base_dir=str(submit_dir), name="batched",
@@ -152,7 +154,7 @@ def test_a_batch_script_and_its_steps_run_as_the_submitter(served) -> None:
     log = corral.log(job)
     assert done["state"] == "SUCCEEDED", (done, log)
     assert f"batch={ann.uid}" in log, log
-    assert "steps=no" in log or (f"step0={ann.uid}" in log and f"step1={ann.uid}" in log), log
+    assert "steps=no" in log or (f"step0={ann.uid} in batch" in log and f"step1={ann.uid} in node" in log), log
     if "steps=no" in log:  # and then it says why, naming the Python it could not run
         assert f"the account {ann.name} may not run: install corral where every account may read it" in log, log
     (output,) = submit_dir.glob("slurm-*.out")

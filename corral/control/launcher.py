@@ -22,9 +22,10 @@ from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.control.supervisor import AttemptEnded
 from corral.control.transitions import Transitions
 from corral.auth.accounts import account_to_start
-from corral.executors.contract import Container, Handle, Launch, LaunchError, Reserving
+from corral.executors.contract import Container, Handle, Launch, LaunchError, Reserving, StepAgents
 from corral.metrics import Metrics
 from corral.runtime import batchenv
+from corral.node import stepagent
 from corral.node.namedcontainer import NAMED_VAR
 from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
@@ -190,6 +191,11 @@ class Launcher:
             for name in batchenv.TASK_LAYOUT:  # the batch step's are the job's (none of a step's)
                 env.pop(name, None)
             env.update(self._batch_env(job, task, replica))
+        if task.service.sbatch is not None and isinstance(executor, StepAgents):
+            # steps on the job's other nodes run in their holders (``corral.node.stepagent``)
+            shims = batchenv.ensure_shims(self.settings.runtime_dir / "slurm-bin")
+            env[stepagent.DIR_VAR] = executor.step_agents_dir(job.id)
+            env[stepagent.AGENT_VAR] = str(shims / "corral-stepd")
         workdir = task.spec.get("workdir")
         repo = (workdir["url"], workdir.get("ref")) if isinstance(workdir, dict) else None
         # no workdir (a job submitted without a directory): its user's home, as a login starts;

@@ -19,6 +19,8 @@ with its optional interfaces), never by the infra's name:
 * ``Listening``   — say whether the attempt itself answers on its address and port, where
                     replicas share a network stack with others (a probe counts only then);
 * ``Shells``      — start a process in a running attempt's world (``corral exec``/``shell``);
+* ``StepAgents``  — nodes that are all this machine: a batch job's steps on its other nodes
+                    run inside those nodes' holder replicas (``corral.node.stepagent``);
 * ``Preparing``   — get ready for an attempt as soon as it is placed, before its start;
 * ``Provisioner`` — obtain nodes for a job before corral can place it (a Slurm allocation
                     today; a cloud or Kubernetes node pool later), checked at submission
@@ -288,6 +290,14 @@ class ExecProbes(Protocol):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:
         """Run an exec probe where the attempt runs: (passed, what it said)."""
+        ...
+
+
+@runtime_checkable
+class StepAgents(Protocol):
+    def step_agents_dir(self, job_id: int) -> str:
+        """Where a batch job's holder replicas open their step agents' sockets, one per node:
+        a directory every replica of the job sees as the same (its runtime files')."""
         ...
 
 

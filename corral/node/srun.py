@@ -375,7 +375,7 @@ def _output_path(pattern: str, task: dict, step: int, env: dict[str, str], cwd: 
 
 def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str, str],
               boxes: list, wait_s: int, kill_bad: bool) -> int:
-    from corral.node import stepcontainer
+    from corral.node import stepagent, stepcontainer
 
     cwd = opts.get("chdir") or os.getcwd()
     batch_only = env.get("CORRAL_SBATCH_BATCH_SIGNAL", "")
@@ -389,6 +389,9 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         with lock:
             for proc in procs:
                 if proc.poll() is None:
+                    if isinstance(proc, stepagent.RemoteTask):
+                        proc.signal_group(signum)
+                        continue
                     try:
                         os.killpg(proc.pid, signum)
                     except ProcessLookupError:
@@ -425,9 +428,11 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         started.append((task, task_env, argv, out, err, "label" in own))
     for task, task_env, argv, out, err, label in started:
         try:
-            proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
-                                    stdout=subprocess.PIPE if label else out,
-                                    stderr=subprocess.STDOUT if label and err is out else err)
+            proc = _on_its_node(task["node"], env, argv, task_env, cwd, out, err, label)
+            if proc is None:  # this node's task, or no agent to run it on its own
+                proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
+                                        stdout=subprocess.PIPE if label else out,
+                                        stderr=subprocess.STDOUT if label and err is out else err)
         except OSError as exc:
             print(f"srun: error: task {task['rank']}: {argv[0]}: {exc.strerror}", file=sys.stderr)
             forward(signal.SIGKILL, None)
@@ -444,6 +449,37 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
     for handle in files.values():
         handle.close()
     return max(codes) if codes else 0
+
+
+def _on_its_node(node: str, env: dict[str, str], argv: list[str], task_env: dict[str, str], cwd: str,
+                 out, err, label: bool):  # noqa: ANN001, ANN202
+    """A task of another node started in that node's holder (``corral.node.stepagent``), its
+    output where srun would put its own child's; None where srun runs it itself."""
+    from corral.node import stepagent
+
+    if not env.get(stepagent.DIR_VAR):
+        return None
+    read = write = None
+    if label:
+        read, write = os.pipe()
+    reader = None
+    try:
+        stdout = write if label else (out.fileno() if out is not None else 1)
+        stderr = write if label and err is out else (err.fileno() if err is not None else 2)
+        if read is not None:
+            reader, read = os.fdopen(read, "rb"), None
+        task = stepagent.start_on(node, env, argv, task_env, cwd, 0, stdout, stderr, reader)
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    finally:
+        for fd in (read, write):
+            if fd is not None:
+                os.close(fd)
+    if task is None and reader is not None:
+        reader.close()
+    return task
 
 
 def _het_step_env(tasks: list[dict]) -> dict[str, str]:
@@ -554,6 +590,10 @@ def _clock(seconds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "corral-stepd":  # a holder replica: its node's step agent (``node.stepagent``)
+        from corral.node import stepagent
+
+        return stepagent.main(argv[1:])
     if argv and argv[0] == "corral-container":  # a batch script in its own container (``node.stepcontainer``)
         from corral.node import stepcontainer
 

@@ -11,9 +11,10 @@ ones its replica holds.
 
 ``srun`` and ``scontrol`` are corral's own commands (``corral.node.srun``), put first on the
 script's PATH through ``CORRAL_SLURM_SHIMS``. The local executor's nodes are all this
-machine, so ``srun`` starts each task itself, as a process of the batch replica (inside its
-process tree and cgroup, so it ends with the job) with the environment of the node it stands
-for (``SLURMD_NODENAME``, that node's GPUs in ``CUDA_VISIBLE_DEVICES``). An infra that runs
+machine: ``srun`` starts the batch node's tasks itself, as processes of the batch replica,
+and each other node's inside that node's holder replica through its step agent
+(``corral.node.stepagent``), each with the environment of the node it stands for
+(``SLURMD_NODENAME``, that node's GPUs in ``CUDA_VISIBLE_DEVICES``). An infra that runs
 replicas inside real Slurm allocations replaces this layout with Slurm's own at launch (the
 Slurm executor, ``corral.executors.slurm.layout``): the variables named in ``LAYOUT`` describe the job's
 shape, the rest its identity."""
@@ -338,8 +339,9 @@ def hand_over_job_files(job_dir: Path, env: dict[str, str], account, base: Path)
 
 
 def ensure_shims(directory: Path) -> Path:
-    """Write ``srun``, ``scontrol`` and ``corral-container`` (a batch script in its container,
-    ``corral.node.stepcontainer``) commands that run ``corral.node.srun`` with this server's
+    """Write ``srun``, ``scontrol``, ``corral-container`` (a batch script in its container,
+    ``corral.node.stepcontainer``) and ``corral-stepd`` (a holder's step agent,
+    ``corral.node.stepagent``) commands that run ``corral.node.srun`` with this server's
     Python (which has corral and its libraries), whatever the job's PYTHONPATH; and in
     ``slurm/``, the ``srun`` a batch script runs on a Slurm infra: Slurm's own, through
     ``corral.node.slurmstep`` when a line gives Pyxis's options (``SLURM_SRUN``)."""
@@ -349,13 +351,16 @@ def ensure_shims(directory: Path) -> Path:
     runner = (Path(__file__).parents[1] / "node" / "srun.py").resolve()
     python = _sh(sys.executable)
     texts = {}
-    for command in ("srun", "scontrol", "corral-container"):
+    for command in ("srun", "scontrol", "corral-container", "corral-stepd"):
         # (a job of another account cannot run a Python kept in the server account's private
         # home: say so, rather than the shell's bare "Permission denied")
         texts[command] = (f"#!/bin/sh\nif [ ! -x {python} ]; then\n"
                           f"  echo \"{command}: corral's {command} runs with the server's Python, $(printf %s {python}),"
                           f" which the account $(id -un) may not run: install corral where every account may read it\" >&2\n"
-                          f"  exit 127\nfi\nexec {python} {_sh(str(runner))} {command} \"$@\"\n")
+                          f"  exit 127\nfi\n"
+                          # a holder asks first, so where its account cannot run it, it holds as before
+                          + ('[ "${1:-}" = --runnable ] && exit 0\n' if command == "corral-stepd" else "")
+                          + f"exec {python} {_sh(str(runner))} {command} \"$@\"\n")
     texts["slurm/srun"] = SLURM_SRUN.replace("PYTHON", python).replace("RUNNER", _sh(str(runner))) \
         .replace("HERE", _sh(str(directory / "slurm")))
     for command, text in texts.items():

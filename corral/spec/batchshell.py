@@ -12,8 +12,11 @@ import secrets
 import shlex
 
 # A replica holding one of the job's other nodes: it waits until the script ends (then it is
-# stopped like any auxiliary task) and exits 0 on the stop signal.
-HOLD = "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"
+# stopped like any auxiliary task) and exits 0 on the stop signal. Where the executor runs
+# step agents (``corral.node.stepagent``) it is its node's agent: the script's steps run there.
+HOLD = ('if [ -n "${CORRAL_STEP_AGENTS:-}" ] && [ -x "${CORRAL_STEP_AGENT:-}" ] '
+        '&& "$CORRAL_STEP_AGENT" --runnable 2>/dev/null; then exec "$CORRAL_STEP_AGENT"; fi; '
+        "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
 
 
 def runner(text: str, args: tuple[str, ...]) -> str:

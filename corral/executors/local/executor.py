@@ -214,6 +214,10 @@ class LocalExecutor(EventStream):
         peers_readable(self.runner.job_dir(job_id))  # read by replicas that may run as other accounts
 
 
+    def step_agents_dir(self, job_id: int) -> str:
+        """``StepAgents``: every node is this machine, so the job's runtime directory is one."""
+        return str(self.runner.job_dir(job_id) / "steps")
+
     def attempt_env(self, job_id: int) -> dict[str, str]:
         env = self.runner.attempt_env(job_id, None)
         if self.bridge is not None and self.bridge.gateway is not None:  # the machine, seen from a replica's namespace
