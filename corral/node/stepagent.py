@@ -116,12 +116,12 @@ class Agent:
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             _, uid, _ = struct.unpack("3i", creds)
             if uid != self.uid:
-                return
+                raise ValueError("only the job's own account may start its tasks")
             _, fds, _, _ = socket.recv_fds(conn, 1, 3)
             reader = conn.makefile("rb")
             line = reader.readline(_MAX_HEADER)
             if len(fds) != 3 or not line.endswith(b"\n"):
-                return
+                raise ValueError("not a step request")
             request = json.loads(line)
             env = {**request["env"], **self.own}
             if self.stopping:
