@@ -26,10 +26,11 @@ import json
 import os
 import socket
 import time
+from _thread import allocate_lock  # (threading's import costs a read command ~1 ms; a lock is all it needs)
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any, Mapping
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 from corral import http1
 from corral.states import TERMINAL_JOB_STATES
@@ -132,6 +133,9 @@ class Client:
         self.headers = {"Accept": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
         self._conn: http1.Connection | None = None
         self._tls = None
+        # one exchange at a time on the kept connection: a Client shared by threads never
+        # reads another call's answer (each stream has a connection of its own)
+        self._exchange = allocate_lock()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -170,7 +174,8 @@ class Client:
                  stream: bool = False) -> tuple[http1.Connection, http1.Response]:
         query = urlencode([(k, _wire(v)) for k, value in (params or {}).items()
                            for v in (value if isinstance(value, list) else [value])])
-        target = self._prefix + path + (f"?{query}" if query else "")
+        # an id with a space, a '?' or non-ASCII letters stays one path segment (and cannot end the line)
+        target = quote(self._prefix + path, safe="/:@!$&'()*+,;=") + (f"?{query}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
         headers = dict(self.headers, **({"Content-Type": "application/json"} if payload is not None else {}))
         # A kept-alive connection the server has meanwhile closed fails at once; a GET is then sent
@@ -182,6 +187,9 @@ class Client:
             conn = self._connection(None) if stream else (self._conn or self._connection(self.timeout))
             try:
                 response = conn.request(method, target, payload, headers)
+            except http1.BadRequest as exc:
+                what = str(exc).replace("the Authorization header", "the token")
+                raise InvalidRequest(f"not sent to {self.url}: {what}") from None
             except OSError as exc:
                 conn.close()
                 if not stream:
@@ -190,6 +198,10 @@ class Client:
                 if reuse and stale and attempt == 1:
                     continue
                 reason = "timed out" if isinstance(exc, socket.timeout) else exc
+                if method != "GET" and conn.sent:  # it went out: the server may have carried it out
+                    raise Unavailable(f"sent to the corral server at {self.url}, but no answer came ({reason}): it "
+                                      "may have been carried out; look (corral queue, corral status) before sending "
+                                      "it again") from None
                 raise Unavailable(f"cannot reach the corral server at {self.url}: {reason}") from None
             if not stream:
                 self._conn = conn
@@ -197,14 +209,22 @@ class Client:
         raise AssertionError("unreachable")
 
     def _call(self, method: str, path: str, params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
-        _, response = self._request(method, path, params, json_body)
+        with self._exchange:
+            _, response = self._request(method, path, params, json_body)
+            try:
+                data = response.read()
+            except OSError as exc:
+                self.close()
+                raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
+        _check(response.status, data, self.url)
+        if not data:
+            return None
         try:
-            data = response.read()
-        except OSError as exc:
-            self.close()
-            raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
-        _check(response.status, data)
-        return json.loads(data) if data else None
+            return json.loads(data)
+        except ValueError:
+            raise Unavailable(f"{self.url} did not answer as a corral server does (HTTP {response.status}, "
+                              f"{response.headers.get('content-type') or 'no content type'}, not JSON): is it "
+                              "one? (CORRAL_SERVER, corral login)") from None
 
     def health(self) -> dict[str, Any]:
         return self._call("GET", "/v1/health")
@@ -534,13 +554,18 @@ def _wire(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def _check(status: int, data: bytes) -> None:
+def _check(status: int, data: bytes, url: str = "the server") -> None:
     if status < 400:
         return
     try:
-        detail = json.loads(data).get("detail")
-    except (ValueError, AttributeError):
-        detail = data.decode(errors="replace")
+        detail = json.loads(data)["detail"]
+    except (ValueError, TypeError, KeyError):  # not corral's own error (its answers all say "detail")
+        text = " ".join(data.decode(errors="replace").split())[:200]
+        if status >= 500:
+            raise Unavailable(f"the server at {url} failed (HTTP {status}){': ' + text if text else ''}",
+                              status) from None
+        raise Unavailable(f"{url} answered HTTP {status} without a corral error: is it a corral server? "
+                          "(CORRAL_SERVER, corral login)", status) from None
     kind = _BY_STATUS.get(status, CorralError)
     if isinstance(detail, dict):
         raise kind(detail.get("message", "request failed"), status, detail.get("errors"))

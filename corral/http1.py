@@ -29,6 +29,17 @@ class Closed(ConnectionError):
     """The server closed the connection before any byte of an answer."""
 
 
+class BadRequest(ValueError):
+    """A request line or header this client will not send: a byte that would end the line
+    (CR, LF, NUL) or one outside ASCII (never sent raw, as it could start a second request)."""
+
+
+def _checked(what: str, text: str) -> str:
+    if any(c in text for c in "\r\n\0") or not text.isascii():
+        raise BadRequest(f"{what} holds a line break, a NUL or a non-ASCII character")
+    return text
+
+
 class Response:
     """One answer: ``status``, ``headers`` (lower-case names), and its body read whole
     (``read``) or as it arrives (``read1``)."""
@@ -76,7 +87,7 @@ class Response:
             return data
         data = self._reader.read1(min(size, self._left))
         if not data:
-            raise ProtocolError(f"the answer ended {self._left} byte(s) short")
+            raise ProtocolError(f"the server closed the connection {self._left} byte(s) before the end of its answer")
         self._left -= len(data)
         self._done = self._left == 0
         return data
@@ -84,6 +95,8 @@ class Response:
     def _chunk(self, size: int) -> bytes:
         if not self._left:
             line = self._reader.readline(_MAX_LINE)
+            if not line:
+                raise ProtocolError("the server closed the connection in the middle of its answer")
             try:
                 self._left = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
@@ -95,7 +108,7 @@ class Response:
                 return b""
         data = self._reader.read1(min(size, self._left))
         if not data:
-            raise ProtocolError("the answer ended inside a chunk")
+            raise ProtocolError("the server closed the connection in the middle of its answer")
         self._left -= len(data)
         if self._left == 0:
             self._reader.readline(_MAX_LINE)  # the CRLF after the chunk
@@ -112,6 +125,7 @@ class Connection:
         self._sock: socket.socket | None = None
         self._reader: Any = None
         self._last: Response | None = None  # the previous answer on this socket
+        self.sent = False  # the last request went out whole
 
     @property
     def idle(self) -> bool:
@@ -141,24 +155,30 @@ class Connection:
     def request(self, method: str, target: str, body: bytes | None, headers: dict[str, str]) -> Response:
         """Send one request and read the answer's head; the body is the caller's to read
         before the next request on this connection."""
+        lines = [f"{method} {_checked('the request target', target).replace(' ', '%20')} HTTP/1.1"]
+        lines += [f"{_checked('a header name', name)}: {_checked(f'the {name} header', value)}"
+                  for name, value in headers.items()]
         if self._sock is not None and not self.idle:
             self.close()
-        if self._sock is None:
+        fresh = self._sock is None
+        if fresh:
             self._open()
             self._last = None
         host = f"[{self.host}]" if ":" in self.host else self.host
         default = 443 if self.tls is not None else 80
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}" + ("" if self.port == default else f":{self.port}")]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines.insert(1, f"Host: {host}" + ("" if self.port == default else f":{self.port}"))
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         assert self._sock is not None
+        self.sent = False
         self._sock.sendall(head + (body or b""))
+        self.sent = True  # whatever happens next, the server may have carried it out
         status_line = self._reader.readline(_MAX_LINE)
         if not status_line:
             self.close()
-            raise Closed("the server closed the connection without answering")
+            hint = "" if self.tls is not None or not fresh else " (if it serves https, give an https:// address)"
+            raise Closed(f"the server closed the connection without answering{hint}")
         parts = status_line.decode("latin-1").rstrip("\r\n").split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
             self.close()

@@ -8,7 +8,9 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import submit, wait_for, wait_state
+import pytest
+
+from conftest import cli_for, shared_account, submit, wait_for, wait_state
 
 
 def test_the_grace_period_counts_from_the_signal_s_send(server, tmp_path: Path) -> None:
@@ -38,3 +40,86 @@ run: |
     # its last heartbeat came the whole grace period after SIGTERM reached it (0.5 s when the
     # grace was counted from the decision); the heartbeat's 0.05 s period is the slack
     assert lived >= 1.85, lived
+
+
+PROGRAM = """
+import signal, sys, time
+log = open(sys.argv[1], "a", buffering=1)
+def on(signum, frame):
+    log.write(f"got {signal.Signals(signum).name} {time.time()}\\n")
+    if signum == signal.SIGTERM:  # save a checkpoint, then end well
+        time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 1.5)
+        log.write(f"saved {time.time()}\\n")
+        sys.exit(0)
+signal.signal(signal.SIGTERM, on)
+signal.signal(signal.SIGUSR1, on)
+for _ in range(int(sys.argv[2])):
+    time.sleep(0.1)
+log.write("finished\\n")
+"""
+
+
+@pytest.mark.parametrize("form", ["python3 {program} {log} 600", "python3 {program} {log} 600 & wait"])
+def test_a_program_under_the_run_shell_gets_its_grace_and_its_exit_stands(server, tmp_path: Path, form: str) -> None:
+    """``run: python train.py`` (no exec), or in the background: the shell around the program
+    used to die of the stop signal at once, and the attempt with it, so the program was killed
+    mid-checkpoint."""
+    program, log = tmp_path / "train.py", tmp_path / "train.log"
+    program.write_text(PROGRAM)
+    command = form.format(program=program, log=log)
+    job = submit(server, f"name: ckpt\ngrace_period: 10s\nrun: |\n  {command}\n  echo after\n")
+    wait_state(server, job["id"], "RUNNING")
+    wait_for(lambda: log.exists(), timeout=20)
+    time.sleep(0.3)
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
+    done = wait_state(server, job["id"], "CANCELLED", timeout=30)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("got SIGTERM") and lines[1].startswith("saved"), lines  # the checkpoint was saved
+    replica = done["tasks"][0]["replicas"][0]
+    # its own exit, not a kill (in the background: the shell's wait, cut by the signal); the script did not go on
+    assert replica["exit_code"] == (0 if "&" not in form else 143), replica
+    assert "after" not in server.get(f"/v1/jobs/{job['id']}/logs").text
+
+
+def test_a_warning_signal_before_the_time_limit_leaves_the_run_running(server, tmp_path: Path) -> None:
+    """``signal_before_timeout`` with a program that handles it: the run's shell used to die of
+    SIGUSR1 (exit 138, FAILED) long before the limit."""
+    program, log = tmp_path / "train.py", tmp_path / "train.log"
+    program.write_text(PROGRAM)
+    job = submit(server, f"""
+name: warned
+time_limit: 8s
+signal_before_timeout: {{signal: SIGUSR1, seconds: 5}}
+run: |
+  python3 {program} {log} 50
+  echo "then $?"
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", "TIMEOUT", timeout=40)
+    lines = log.read_text().splitlines()
+    assert lines[0].startswith("got SIGUSR1") and lines[-1] == "finished", lines
+    assert done["state"] == "SUCCEEDED", done  # it ran to its end (5 s) after the warning at 3 s
+    assert "then 0" in server.get(f"/v1/jobs/{job['id']}/logs").text
+
+
+def test_a_batch_script_s_program_gets_its_grace(tmp_path: Path) -> None:
+    """A plain ``python3 train.py`` in a batch script, cancelled: the script's shell dies of
+    SIGTERM (as under Slurm) but the program it ran keeps its grace to save its work."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text(shared_account(""))
+    corral = cli_for(home, cwd=tmp_path, timeout=120)
+    program, log = tmp_path / "train.py", tmp_path / "train.log"
+    program.write_text(PROGRAM)
+    script = tmp_path / "train.sbatch"
+    # a checkpoint longer than the 2 s the batch shell gives its output files after the script
+    script.write_text(f"#!/bin/bash\n#SBATCH -J train\npython3 {program} {log} 600 4\n")
+    try:
+        job = corral("sbatch", "--parsable", str(script), check=True).stdout.strip()
+        wait_for(lambda: log.exists(), timeout=30)
+        time.sleep(0.3)
+        assert corral("cancel", job).returncode == 0
+        wait_for(lambda: '"CANCELLED"' in corral("status", job, "--json", check=True).stdout, timeout=60)
+        lines = log.read_text().splitlines()
+        assert lines[0].startswith("got SIGTERM") and lines[1].startswith("saved"), lines
+    finally:
+        corral.stop()

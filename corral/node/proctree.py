@@ -45,6 +45,27 @@ corral_reap() {
   done
   return 1
 }
+# ``corral_linger KEY``: wait while any other process of the attempt KEY lives (found as
+# ``corral_reap`` finds them; a pid its own helpers printed is checked to be there still).
+corral_linger() {
+  local pid alive
+  while :; do
+    alive=""
+    if [ -n "$2" ] && [ -r "$2" ]; then
+      while read -r pid; do
+        [ "$pid" = "$$" ] && continue
+        kill -0 "$pid" 2>/dev/null && { alive=1; break; }
+      done < "$2"
+    else
+      for pid in $(grep -lzxF "CORRAL_ATTEMPT=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); do
+        [ "$pid" = "$$" ] && continue
+        kill -0 "$pid" 2>/dev/null && { alive=1; break; }
+      done
+    fi
+    [ -z "$alive" ] && return 0
+    sleep 0.1
+  done
+}
 """
 
 

@@ -68,8 +68,11 @@ LOAD_ENV = 'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_FILE_VAR = "CORRAL_ENV_FILE"
 
+USER_TRAPS = "trap exit TERM INT HUP QUIT; trap : USR1 USR2"
+
 WRAPPER = REAP + r"""
-trap : TERM INT HUP USR1 USR2 QUIT PIPE
+trap 'stopping=1' TERM INT HUP QUIT
+trap : USR1 USR2 PIPE
 as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
 if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"
 elif [ -n "$CORRAL_ENV_FILE" ]; then """ + LOAD_ENV.replace("<&4; exec 4<&-", '< "$CORRAL_ENV_FILE"') + r"""fi
@@ -80,7 +83,7 @@ until wait; do :; done
 printf '%s\n' "$$" > "$1/started"
 exec 3>&2
 rc=0
-AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; eval "$script"'
+AS_USER='""" + LOAD_ENV + r"""cd -- "$1" || exit 1; script=$2; set --; """ + USER_TRAPS + r"""; eval "$script"'
 USER_ENV="env -i PATH=/usr/bin:/bin CORRAL_ATTEMPT=$CORRAL_ATTEMPT"
 SETUP_FAILED='""" + SETUP_FAILED + r"""'
 CONTAINER_SHELL='""" + CONTAINER_SHELL + r"""'
@@ -107,10 +110,13 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
     { $drop "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
   fi
 else
-  if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
+  if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED, so its run was not started" >&3; fi
-  if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - TERM INT HUP USR1 USR2 QUIT PIPE; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+  if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 fi
+# stopped: what the run started may still be saving its work (its shell ended first); the
+# attempt lives until it is done, or until corral's SIGKILL once the grace period is over
+if [ -n "$stopping" ] && [ -n "$CORRAL_ATTEMPT" ]; then corral_linger "$CORRAL_ATTEMPT" "$4"; fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
@@ -121,10 +127,21 @@ exit "$rc"
 # stays the server's. The replica enters its working directory again as the account, so a
 # directory the account may not reach is refused, not entered on the server's rights.
 #
-# The user's setup and run execute in subshells (a fork, no new bash) with the traps reset,
-# so they see default signal handling and no positional arguments of the wrapper; their
-# stderr is the log (fd 3) while the wrapper's own "Terminated" notices go to /dev/null. The
-# exit file is only read once the wrapper has exited, so a plain write is enough.
+# The user's setup and run execute in subshells (a fork, no new bash) with no positional
+# arguments of the wrapper; their stderr is the log (fd 3) while the wrapper's own
+# "Terminated" notices go to /dev/null. The exit file is only read once the wrapper has
+# exited, so a plain write is enough.
+#
+# Signals (``USER_TRAPS``): a stop signal reaches the attempt's process group, the script's
+# shell and the program it runs alike. A shell with default handling would die at once, and
+# the attempt with it, taking the grace period from a program that saves a checkpoint on the
+# signal; a shell that ignored it would pass that on to every program it starts. So the
+# script's shell *handles* the stop signals by ending once its current command has (with that
+# command's exit status: `python train.py` that checkpoints and exits 0 ends the run with 0),
+# and USR1/USR2 (``signal_before_timeout``) by carrying on; what it starts gets default
+# handling (a handler, unlike an ignored signal, does not survive exec). After a stop the
+# wrapper waits for the rest of the attempt (programs started in the background) before it
+# reaps: corral's SIGKILL at the end of the grace period ends what is still there.
 
 EXIT_FILE = "exit_code"
 STARTED_FILE = "started"

@@ -51,7 +51,9 @@ run: echo "gpus=$CUDA_VISIBLE_DEVICES node=$CORRAL_NODE"; exec sleep 300
 def test_exit_codes_are_the_replicas(corral: Corral) -> None:
     ok = corral.launch("ok", "run: echo fine; exit 0\n")
     three = corral.launch("three", "run: exit 3\n")
-    signalled = corral.launch("signalled", "run: kill -USR1 $BASHPID\n")  # dies of SIGUSR1 (10)
+    # its program dies of SIGUSR1 (10); the run's own shell carries on through USR1/USR2 (they
+    # warn a program before its time limit), so the program is a process of its own
+    signalled = corral.launch("signalled", "run: bash -c 'kill -USR1 $$'\n")
     done = corral.wait_job(ok)
     assert (done["state"], done["exit_code"]) == ("SUCCEEDED", 0), describe(done)
     done = corral.wait_job(three)

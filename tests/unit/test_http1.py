@@ -5,6 +5,7 @@ reported as the server unreachable, never as data."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from corral import http1
-from corral.client import Client, Unavailable
+from corral.client import Client, InvalidRequest, Unavailable
 
 
 class Scripted:
@@ -117,7 +118,7 @@ def test_a_get_is_sent_again_on_a_connection_closed_while_idle_but_a_post_is_nev
         assert client._call("GET", "/a") == 1
         assert client._call("GET", "/b") == 2  # the kept socket was closed unanswered: sent once more
         assert client._call("POST", "/c", json_body={"k": 1}) == 3
-        with pytest.raises(Unavailable, match="cannot reach"):
+        with pytest.raises(Unavailable, match="no answer came .*may have been carried out"):
             client._call("POST", "/d", json_body={})
     posts = [r for c in server.connections for r in c if r.startswith(b"POST /d ")]
     assert len(posts) == 1
@@ -127,7 +128,7 @@ def test_a_get_is_sent_again_on_a_connection_closed_while_idle_but_a_post_is_nev
 
 @pytest.mark.parametrize("answer, words", [
     (b"SSH-2.0-OpenSSH_9.2\r\n", "not an HTTP/1.x answer"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", "short"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", "7 byte.s. before the end of its answer"),
     (b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n", "Content-Length"),
     (b"HTTP/1.1 200 OK\r\ncontent-type: x\r\n", "inside its headers"),
     (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "chunk size"),
@@ -146,3 +147,109 @@ def test_errors_keep_the_servers_words(scripted) -> None:
         with pytest.raises(Exception, match="no job 7") as caught:
             client._call("GET", "/v1/jobs/7")
     assert type(caught.value).__name__ == "NotFound"
+
+
+class Echo:
+    """A keep-alive server answering every request with its own request line, as JSON."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[bytes] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            while True:
+                head = []
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    head.append(line)
+                if not head:
+                    return
+                self.lines.append(head[0])
+                body = json.dumps({"line": head[0].decode("latin-1").strip()}).encode()
+                conn.sendall(f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def test_a_client_shared_by_threads_never_reads_another_call_s_answer() -> None:
+    server = Echo()
+    try:
+        with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
+            wrong: list[tuple[str, str]] = []
+
+            def calls(me: int) -> None:
+                for i in range(150):
+                    path = f"/v1/jobs/{me}-{i}"
+                    line = client._call("GET", path)["line"]
+                    if line != f"GET {path} HTTP/1.1":
+                        wrong.append((path, line))
+
+            threads = [threading.Thread(target=calls, args=(n,)) for n in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert wrong == [] and len(server.lines) == 600
+    finally:
+        server.sock.close()
+
+
+def test_ids_stay_one_path_segment_and_nothing_can_start_a_second_request() -> None:
+    server = Echo()
+    try:
+        with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
+            sneaky = "1 HTTP/1.1\r\nX-Injected: 1\r\n\r\nGET /v1/tokens"
+            assert client.job(sneaky)["line"] == ("GET /v1/jobs/1%20HTTP/1.1%0D%0AX-Injected:%201%0D%0A%0D%0AGET"
+                                                  "%20/v1/tokens HTTP/1.1")
+            assert client.job("日本")["line"] == "GET /v1/jobs/%E6%97%A5%E6%9C%AC HTTP/1.1"
+            assert client.job("a?b#c")["line"] == "GET /v1/jobs/a%3Fb%23c HTTP/1.1"
+        assert len(server.lines) == 3  # one request each, nothing injected
+        for token in ("x\r\nX-Evil: 1", "x\r", "日本"):
+            with Client(f"http://127.0.0.1:{server.port}", token=token) as client:
+                with pytest.raises(InvalidRequest, match="the token holds a line break, a NUL or a non-ASCII"):
+                    client.whoami()
+        assert len(server.lines) == 3
+    finally:
+        server.sock.close()
+
+
+def test_a_server_that_is_not_corral_is_said_to_be_so(scripted) -> None:
+    page = b"<!DOCTYPE HTML><html><body>Error response 404</body></html>"
+    server = scripted(f"HTTP/1.0 404 File not found\r\ncontent-type: text/html\r\ncontent-length: {len(page)}\r\n\r\n"
+                      .encode() + page,
+                      b"HTTP/1.0 200 OK\r\ncontent-type: text/html\r\ncontent-length: 5\r\n\r\n<p/>\n",
+                      close_after=lambda n: True)
+    with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
+        with pytest.raises(Unavailable, match="answered HTTP 404 without a corral error: is it a corral server"):
+            client.whoami()
+        with pytest.raises(Unavailable, match=r"did not answer as a corral server does \(HTTP 200, text/html"):
+            client.whoami()
+
+
+def test_a_stream_cut_by_the_server_says_so(scripted) -> None:
+    server = scripted(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nab\n\r\n", close_after=lambda n: True)
+    with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
+        chunks = client.logs(1, follow=True)
+        assert next(chunks) == b"ab\n"
+        with pytest.raises(Unavailable, match="closed the connection in the middle of its answer"):
+            next(chunks)
+
+
+def test_a_post_without_an_answer_may_have_been_carried_out_and_says_so() -> None:
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        with Client(f"http://127.0.0.1:{silent.getsockname()[1]}", token="t", timeout=0.5) as client:
+            with pytest.raises(Unavailable, match="but no answer came .*may have been carried out"):
+                client._call("POST", "/v1/jobs", json_body={"yaml": "run: 'true'"})
+            with pytest.raises(Unavailable, match="cannot reach .*timed out"):
+                client._call("GET", "/v1/jobs")
+    finally:
+        silent.close()
