@@ -173,6 +173,9 @@ def locate(settings: Settings | None = None, autostart: bool = True) -> tuple[st
         return settings.server_url, for_server(settings.server_url, settings.home)
     saved = SavedLogins().default()
     if saved is not None:
+        if os.environ.get("CORRAL_HOME"):  # both given: say which wins, or a home's jobs seem to vanish
+            print(f"corral: using {saved[0]} (your `corral login`), not the server of CORRAL_HOME={settings.home}; "
+                  "`corral logout` or CORRAL_SERVER=URL to choose", file=sys.stderr)
         return saved[0], for_server(saved[0], settings.home)
     info = running(settings)
     if not info and autostart:

@@ -16,6 +16,15 @@ from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# A `corral login` saved by whoever runs the tests (~/.config/corral) would send every
+# CORRAL_HOME-based command to that server instead: the tests keep a login store of their own.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="corral-tests-xdg-")
+atexit.register(shutil.rmtree, os.environ["XDG_CONFIG_HOME"], True)
+
 POOL = """
 nodes:
   - name: gpu

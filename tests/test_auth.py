@@ -375,7 +375,10 @@ def test_the_cli_creates_lists_and_revokes_tokens_logs_in_and_out_and_reads_the_
     assert "as ann (user)" in logged.stdout
     saved = tmp_path / "xdg" / "corral" / "credentials.json"
     assert oct(saved.stat().st_mode & 0o777) == "0o600" and token in saved.read_text()
-    assert server.cli(["whoami"], check=True).stdout.startswith(f"ann (user) on {server.url}, token 1")
+    whoami = server.cli(["whoami"], check=True)
+    assert whoami.stdout.startswith(f"ann (user) on {server.url}, token 1")
+    # CORRAL_HOME is set too (as here): the login wins, and the command says so
+    assert f"using {server.url} (your `corral login`), not the server of CORRAL_HOME=" in whoami.stderr
     job = tmp_path / "job.yaml"
     job.write_text("name: mine\nrun: echo from ann\n")
     launched = server.cli(["launch", str(job)], check=True)

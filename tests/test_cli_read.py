@@ -210,3 +210,14 @@ def test_a_server_said_not_to_have_come_up_does_not_come_up_later(tmp_path: Path
 
     time.sleep(3)  # it would have taken the home by now
     assert servers_of_home() == [] and embedded.running(settings) is None
+
+
+def test_a_long_array_is_one_row_however_long(corral, tmp_path: Path) -> None:
+    """The default queue lists the first 100 pending jobs; an array longer than that was folded
+    from what the page held (``7_[0-99]``), not the array (``7_[0-149]``)."""
+    spec = tmp_path / "a.yaml"
+    spec.write_text("name: sweep\nrun: 'true'\n")
+    corral("launch", "-d", "-H", "--array", "0-149", str(spec), check=True)
+    rows = corral("queue", check=True).stdout.splitlines()
+    sweep = [r for r in rows if "sweep" in r]
+    assert len(sweep) == 1 and "_[0-149]" in sweep[0], rows

@@ -47,6 +47,10 @@ def _queue_view(client, user: str | None) -> tuple[list[dict], str | None]:  # n
     totals = client.queue(user=user)
     running = list(client.iter_jobs(user=user, states=RUNNING))
     pending = client.jobs(user=user, states=["PENDING"], limit=SHOWN_PENDING) if totals["pending"] else []
+    if totals["pending"] > len(pending):  # an array the page cut short is one whole folded row, as squeue shows it
+        shown = {j["id"] for j in pending}
+        for array in dict.fromkeys(j["array_job_id"] for j in pending if j.get("array_job_id") is not None):
+            pending += [j for j in client.iter_jobs(user=user, states=["PENDING"], array=array) if j["id"] not in shown]
     jobs = sorted(running + pending, key=lambda j: j["id"])
     hidden = totals["pending"] - len(pending)
     if hidden <= 0:
