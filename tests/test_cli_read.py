@@ -221,3 +221,19 @@ def test_a_long_array_is_one_row_however_long(corral, tmp_path: Path) -> None:
     rows = corral("queue", check=True).stdout.splitlines()
     sweep = [r for r in rows if "sweep" in r]
     assert len(sweep) == 1 and "_[0-149]" in sweep[0], rows
+
+
+def test_array_elements_are_named_array_index_everywhere(corral, tmp_path: Path) -> None:
+    spec = tmp_path / "e.yaml"
+    spec.write_text("name: elems\nrun: 'true'\n")
+    corral("launch", "-d", "-H", "--array", "0-2", str(spec), check=True)
+    rows = json.loads(corral("queue", "--json", check=True).stdout)
+    first = next(r for r in rows if r["name"] == "elems")
+    array, second = first["array_job_id"], next(r for r in rows if r["name"] == "elems" and r["array_index"] == 1)
+    assert f"Job {array}_1 ({second['id']})" in corral("status", f"{array}_1", check=True).stdout
+    assert corral("cancel", f"{array}_2", check=True).stdout.strip() == f"Job {array}_2: cancelling"
+    acct = corral("acct", check=True).stdout
+    assert [line.split()[0] for line in acct.splitlines()[1:]] == [f"{array}_0", f"{array}_1", f"{array}_2"], acct
+    data = json.loads(corral("acct", "--json", check=True).stdout)
+    assert {(r["array_job_id"], r["array_index"]) for r in data if r["name"] == "elems"} == {(array, 0), (array, 1),
+                                                                                             (array, 2)}

@@ -123,3 +123,29 @@ def test_a_batch_script_s_program_gets_its_grace(tmp_path: Path) -> None:
         assert lines[0].startswith("got SIGTERM") and lines[1].startswith("saved"), lines
     finally:
         corral.stop()
+
+
+def test_an_auxiliary_that_ends_well_on_its_stop_signal_succeeded(server, tmp_path: Path) -> None:
+    """Once the primaries are done each auxiliary is stopped; one that exits 0 on the signal
+    (a buffer that flushes) is done, as Slurm's accounting records it, not killed."""
+    job = submit(server, """
+name: aux
+execution: parallel
+primary_tasks: [main]
+termination_delay: 0s
+---
+name: main
+run: sleep 1
+---
+name: flusher
+run: |
+  trap 'echo flushed; exit 0' TERM
+  while :; do sleep 0.1; done
+---
+name: plain
+run: sleep 300
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", done
+    states = {t["name"]: (t["replicas"][0]["state"], t["replicas"][0]["exit_code"]) for t in done["tasks"]}
+    assert states == {"main": ("SUCCEEDED", 0), "flusher": ("SUCCEEDED", 0), "plain": ("KILLED", 143)}, states

@@ -213,7 +213,8 @@ def cancel(args: Namespace) -> None:
         verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
         if result.get("elements"):  # a whole array: say how many of its elements stop
             verb += f" ({result['elements']} array element{'s' if result['elements'] != 1 else ''})"
-        out.print(f"Job {result['id']}: {verb}")
+        # as named (an array element as ARRAY_INDEX, as scancel and squeue show it)
+        out.print(f"Job {ident if '_' in str(ident) else result['id']}: {verb}")
     sys.exit(failed)
 
 

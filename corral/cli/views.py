@@ -173,7 +173,8 @@ def _elapsed(seconds: float | None) -> str:
 
 
 ACCT_FIELDS = ("id", "name", "user", "account", "partition", "state", "exit_code", "submit", "start", "end",
-               "elapsed_s", "predicted_run_s", "time_limit", "gpus", "gpu_hours", "requeues")
+               "elapsed_s", "predicted_run_s", "time_limit", "gpus", "gpu_hours", "requeues", "array_job_id",
+               "array_index")
 JUDGED = ("SUCCEEDED", "TIMEOUT")  # the runs predictions are learned from, and judged against
 
 
@@ -190,7 +191,7 @@ def _accounting(job: dict, now: datetime) -> dict:
             "elapsed_s": None if elapsed is None else round(max(0.0, elapsed), 3),
             "predicted_run_s": job.get("predicted_run_s"), "time_limit": job.get("time_limit"),
             "gpus": job["gpus"], "gpu_hours": round(job["gpus"] * max(0.0, elapsed or 0.0) / 3600, 4),
-            "requeues": job["requeues"]}
+            "requeues": job["requeues"], "array_job_id": job.get("array_job_id"), "array_index": job.get("array_index")}
 
 
 def acct(args: Namespace) -> None:
@@ -251,7 +252,7 @@ def _acct_table(rows: list[dict]) -> None:
            Column("EXIT", right=True), Column("SUBMIT", optional=2), Column("START", optional=5),
            Column("END", optional=1), Column("ELAPSED", right=True), Column("PREDICTED", right=True, optional=7),
            Column("GPUS", right=True, optional=6), Column("GPU-HOURS", right=True)],
-          [[r["id"], r["name"], r["user"], r["account"], r["partition"], r["state"], r["exit_code"], stamp(r["submit"]),
+          [[job_ident(r), r["name"], r["user"], r["account"], r["partition"], r["state"], r["exit_code"], stamp(r["submit"]),
             stamp(r["start"]), stamp(r["end"]), _elapsed(r["elapsed_s"]), _elapsed(r["predicted_run_s"]), r["gpus"],
             f"{r['gpu_hours']:.2f}"] for r in rows])
 
@@ -284,7 +285,8 @@ def status(args: Namespace) -> None:
         return
     exit_code = "-" if data["exit_code"] is None else data["exit_code"]
     reason = "-" if data["state"] in TERMINAL or data["reason"] in (None, "None") else data["reason"]
-    out.print(f"[bold]Job {data['id']}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
+    shown = job_ident(data) + (f" ({data['id']})" if data.get("array_job_id") is not None else "")
+    out.print(f"[bold]Job {shown}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
               f"reason={reason}  exit_code={exit_code}")
     if data.get("run_as") and data["run_as"] != data["user"]:  # config.yaml identity maps the user
         out.print(f"  runs as Unix account {data['run_as']}", markup=False)

@@ -165,7 +165,12 @@ class Supervisor:
                 and job.state in (JobState.RUNNING, JobState.STARTING):
             return [RequeueJob(replica.id, f"lost: {event.reason}",
                                f"node {replica.node} is down ({replica.label} was lost); the job is requeued")]
-        if asked:
+        if asked and code == 0 and replica.stop_cause == "termination_delay":
+            # an auxiliary that ended well on its stop signal once the primaries were done
+            # (a replay buffer flushing, a reward server closing): done, as Slurm's accounting
+            # records it COMPLETED, not killed
+            state, cause = ReplicaState.SUCCEEDED, "exited"
+        elif asked:
             state, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
         elif code == 0:
             state, cause = ReplicaState.SUCCEEDED, "exited"
