@@ -290,3 +290,27 @@ def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_pat
         assert done["state"] == "FAILED" and "image pull failed" in (done["message"] or ""), done
     finally:
         corral.stop()
+
+
+def test_a_program_in_a_container_gets_the_stop_signal_and_its_grace(server, tmp_path: Path) -> None:
+    """The run's shell in the container (under the engine's init) is not the program: the
+    program gets the stop signal too, and its whole grace period to save its work."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    program = "trap 'echo got TERM >> /out/log; sleep 2; echo saved >> /out/log; exit 0' TERM; " \
+              "echo up >> /out/log; while :; do sleep 0.1; done"
+    job = submit(server, f"""
+name: boxed
+resources: {{image_id: "docker:{IMAGE}"}}
+grace_period: 10s
+file_mounts: {{/out: {out}}}
+run: |
+  sh -c "{program}"
+  echo after >> /out/log
+""")
+    wait_state(server, job["id"], "RUNNING")
+    wait_for(lambda: (out / "log").exists(), timeout=60)
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
+    wait_state(server, job["id"], "CANCELLED", timeout=60)
+    assert (out / "log").read_text().splitlines() == ["up", "got TERM", "saved"]

@@ -65,7 +65,13 @@ _SAFE_NAME = re.compile(r"corral-[A-Za-z0-9_.-]{1,240}")
 # then run, in the same container so what setup installed is there for run.
 # what a replica's log says last when its setup failed (read back by runtime.logs.last_words)
 SETUP_FAILED = "corral: error: setup failed"
-SHELL = ('S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || { rc=$?; [ "$rc" -gt 128 ] || '
+# Where the executor signals every process of the container (``SIGNALS_VAR``, ``signal_argv``),
+# the run's shell takes the stop signals as outside a container (``corral.node.runner.USER_TRAPS``):
+# it ends after its current command, which the signal reached too. Elsewhere the engine's init
+# signals this shell alone, which then ends at once and the container with it.
+SIGNALS_VAR = "CORRAL_SIGNALS_REACH_ALL"
+SHELL = (f'if [ -n "${{{SIGNALS_VAR}:-}}" ]; then trap exit TERM INT HUP QUIT; trap : USR1 USR2; fi; '
+         'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || { rc=$?; [ "$rc" -gt 128 ] || '
          f'echo "{SETUP_FAILED}, so its run was not started" >&2; exit "$rc"; }}; fi; eval "$R"')
 # What the container starts (its image's ENTRYPOINT set aside): the variables that span lines
 # (``PROFILE``), then ``SHELL`` in bash where the image has it (SkyPilot's scripts are bash),
@@ -406,6 +412,13 @@ def shell_argv(run_dir: Path, command: list[str], tty: bool, term: str | None) -
     inner = command or ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash || exec sh"]
     return [boxed[0], "exec", "-i", *(["-t"] if tty else []), *(["-e", f"TERM={term}"] if term else []), boxed[1],
             *entry(run_dir, inner)]
+
+
+def signal_argv(engine: str, name: str, signame: str, run_as: str | None) -> list[str]:
+    """A signal for every process of the attempt's container but its init: the engine's init
+    passes a signal to its child (the run's shell) alone, so a program the shell started
+    would never see the stop signal, and would lose its grace period with the shell."""
+    return exec_argv(engine, name, f"kill -s {signame} -1", run_as)
 
 
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:

@@ -45,8 +45,12 @@ corral_reap() {
   done
   return 1
 }
-# ``corral_linger KEY``: wait while any other process of the attempt KEY lives (found as
+# ``corral_linger KEY PROCS``: wait while any other process of the attempt KEY lives (found as
 # ``corral_reap`` finds them; a pid its own helpers printed is checked to be there still).
+# Processes outside the stop signal's reach (a daemon in a session of its own, a `corral
+# exec` session) are not signalled again here: a batch script's steps got it from the batch
+# shell's relay, and a second SIGTERM can cut a checkpoint short; what is left goes with
+# corral's SIGKILL at the end of the grace period.
 corral_linger() {
   local pid alive
   while :; do

@@ -123,6 +123,8 @@ class LocalExecutor(EventStream):
                 hand_over_job_files(self.runner.job_dir(launch.job_id), launch.env, account, self.runner.runtime_dir)
             # exactly the replica's environment (runtime.environment), the account's login basics under it
             env = {**(account.env() if account else {}), **launch.env}
+            if launch.container is not None:  # ``signal`` reaches every process in it
+                env[containers.SIGNALS_VAR] = "1"
             if launch.file_mounts and launch.container is None:  # as the account, in its job's record (a container binds them)
                 record = self.runner.mounts_dir(launch.job_id)
                 hand_over(record, account, self.settings.home)
@@ -199,6 +201,12 @@ class LocalExecutor(EventStream):
         if signum == signal.SIGKILL:
             self.runner.end_tree(key, pid)
             return True
+        if handle.get("container"):  # and to the programs in its container (off the loop's thread)
+            engine, name = handle["container"]
+            run_as = handle.get("run_as")
+            argv = containers.signal_argv(engine, name, signal.Signals(signum).name.removeprefix("SIG"),
+                                          run_as if run_as and os.geteuid() == 0 else None)
+            threading.Thread(target=_quietly, args=(argv,), daemon=True, name=f"corral-signal-{key}").start()
         try:
             os.killpg(pid, signum)
             return True
@@ -395,3 +403,13 @@ _PROBE_AS_USER = LOAD_ENV + 'eval "$1"'
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def _quietly(argv: list[str]) -> None:
+    """Run a short command of corral's own; what it says matters to no one (a container that
+    has just ended cannot be signalled, and need not be)."""
+    try:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=30, env={"PATH": SAFE_PATH})
+    except (OSError, subprocess.SubprocessError):
+        pass
