@@ -256,6 +256,26 @@ def test_a_source_over_the_limit_fails_its_replica_naming_the_mount(corral, lab:
     assert replicas(done)["big-0"]["restarts"] == 0, done
 
 
+def test_a_program_in_a_container_on_ray_gets_the_stop_signal_and_its_grace(corral, lab: RayLab,
+                                                                            tmp_path: Path) -> None:
+    program = "trap 'echo got TERM; sleep 2; echo saved; exit 0' TERM; echo up; while :; do sleep 0.1; done"
+    spec = tmp_path / "graced.yaml"
+    spec.write_text(f"""
+name: graced
+resources: {{image_id: docker:{IMAGE}, accelerators: H100:1}}
+grace_period: 15s
+run: |
+  sh -c "{program}"
+  echo after
+""")
+    job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "up" in corral("logs", job).stdout.split(), timeout=120)
+    assert corral("cancel", job).returncode == 0
+    _ended(corral, job)
+    log = [line.split(" | ", 1)[-1] for line in corral("logs", job).stdout.splitlines()]
+    assert "got TERM" in log and "saved" in log and "after" not in log, log
+
+
 def _beats(path: Path) -> list[str]:
     """The attempt keys of the beats in the order they were written (one file, appended)."""
     return [line.split()[1] for line in path.read_text().splitlines() if len(line.split()) == 2] \

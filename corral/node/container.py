@@ -414,11 +414,25 @@ def shell_argv(run_dir: Path, command: list[str], tty: bool, term: str | None) -
             *entry(run_dir, inner)]
 
 
-def signal_argv(engine: str, name: str, signame: str, run_as: str | None) -> list[str]:
-    """A signal for every process of the attempt's container but its init: the engine's init
-    passes a signal to its child (the run's shell) alone, so a program the shell started
-    would never see the stop signal, and would lose its grace period with the shell."""
-    return exec_argv(engine, name, f"kill -s {signame} -1", run_as)
+def signal_all(engine: str, name: str, signum: int, run_as: str | None) -> None:
+    """Send a signal to every process of the attempt's container but its init, from a thread
+    of its own (an exec takes a while; the caller is the control loop). The engine's init
+    passes a signal to its child (the run's shell) alone, so a program the shell started would
+    never see the stop signal, and would lose its grace period with the shell."""
+    import signal as signals
+    import subprocess
+    import threading
+
+    argv = exec_argv(engine, name, f"kill -s {signals.Signals(signum).name.removeprefix('SIG')} -1", run_as)
+
+    def send() -> None:  # what it says matters to no one: a container that just ended need not be signalled
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=30, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+    threading.Thread(target=send, daemon=True, name=f"corral-signal-{name}").start()
 
 
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:

@@ -204,9 +204,7 @@ class LocalExecutor(EventStream):
         if handle.get("container"):  # and to the programs in its container (off the loop's thread)
             engine, name = handle["container"]
             run_as = handle.get("run_as")
-            argv = containers.signal_argv(engine, name, signal.Signals(signum).name.removeprefix("SIG"),
-                                          run_as if run_as and os.geteuid() == 0 else None)
-            threading.Thread(target=_quietly, args=(argv,), daemon=True, name=f"corral-signal-{key}").start()
+            containers.signal_all(engine, name, signum, run_as if run_as and os.geteuid() == 0 else None)
         try:
             os.killpg(pid, signum)
             return True
@@ -403,13 +401,3 @@ _PROBE_AS_USER = LOAD_ENV + 'eval "$1"'
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
-
-
-def _quietly(argv: list[str]) -> None:
-    """Run a short command of corral's own; what it says matters to no one (a container that
-    has just ended cannot be signalled, and need not be)."""
-    try:
-        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=30, env={"PATH": SAFE_PATH})
-    except (OSError, subprocess.SubprocessError):
-        pass

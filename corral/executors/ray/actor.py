@@ -134,6 +134,8 @@ class ReplicaActor:
             return {"failed": str(exc)}
         self._start_fence()
         repo = launch.get("repo")
+        if boxed:  # ``signal`` reaches every process in it
+            env = {**env, containers.SIGNALS_VAR: "1"}
         container = Container(**{**boxed, "options": tuple(boxed["options"]),
                                  "login": tuple(boxed["login"]) if boxed.get("login") else None,
                                  "mounts": tuple(mounts)}) if boxed else None
@@ -263,6 +265,9 @@ class ReplicaActor:
         if signum == 9:
             self.runner.end_tree(self.key or "", self.proc.pid)
             return True
+        boxed = containers.named(self.runner.run_dir(self.key)) if self.key else None
+        if boxed is not None:  # and to the programs in its container (``containers.signal_all``)
+            containers.signal_all(boxed[0], boxed[1], signum, None)
         try:
             os.killpg(self.proc.pid, signum)
             return True
