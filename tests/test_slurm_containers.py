@@ -119,6 +119,24 @@ run: |
     wait_for(lambda: _mine(job, "boxed") == [], timeout=30, interval=0.5)
 
 
+def test_a_program_in_a_container_on_slurm_gets_the_stop_signal_and_its_grace(corral, tmp_path: Path) -> None:
+    program = "trap 'echo got TERM; sleep 2; echo saved; exit 0' TERM; echo up; while :; do sleep 0.1; done"
+    spec = tmp_path / "graced.yaml"
+    spec.write_text(f"""
+name: graced
+resources: {{image_id: docker:{IMAGE}, accelerators: H100:1}}
+grace_period: 15s
+run: |
+  sh -c "{program}"
+  echo after
+""")
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: "up" in [x.split(" | ", 1)[-1] for x in corral("logs", job).stdout.splitlines()], timeout=90)
+    assert corral("cancel", job).returncode == 0
+    wait_for(lambda: _status(corral, job)["state"] in ("CANCELLED", "FAILED"), timeout=90)
+    log = [line.split(" | ", 1)[-1] for line in corral("logs", job).stdout.splitlines()]
+    assert "got TERM" in log and "saved" in log and "after" not in log, (log, _told(corral, job))
+
 def test_a_container_of_an_allocation_slurm_ends_itself_is_removed(corral, tmp_path: Path) -> None:
     """An operator's scancel of the allocation: the step ends under Slurm, the engine's
     monitor (outside the step) would keep the container running; corral ends it."""

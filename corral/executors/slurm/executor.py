@@ -257,6 +257,8 @@ class SrunExecutor(EventStream):
             layout = batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
         else:
             layout = step_layout(env, self.allocations.host_of)
+        if launch.container is not None:  # a stop signal reaches every process in it (``sidesteps``)
+            env[containers.SIGNALS_VAR] = "1"
         try:
             # a step of another account cannot make namespaces: its names resolve through the files
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,

@@ -31,9 +31,13 @@ from corral.node.terminal import ENTER_OWN, Terminal, env_bytes
 
 log = logging.getLogger("corral.srun")
 
-# the attempt's process group, if that pid is still its wrapper's (its key in its environment)
+# the attempt's process group, if that pid is still its wrapper's (its key in its environment),
+# and every process in its container (named in the file "$4"): the engine's init passes a
+# signal to the run's shell alone (``corral.node.container.signal_all``)
 SIGNAL_GROUP = ('grep -qzxF "CORRAL_ATTEMPT=$2" "/proc/$1/environ" 2>/dev/null || exit 3; '
-                'kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"')
+                '{ kill -s "$3" -- "-$1" 2>/dev/null || kill -s "$3" "$1"; } && '
+                'if [ -n "$4" ] && [ -r "$4" ]; then { read -r e; read -r n; } < "$4"; '
+                '"$e" exec "$n" /bin/sh -c "kill -s $3 -1" >/dev/null 2>&1; true; fi')
 
 
 # A shell step, as the allocation's account: the job's variables from the file "$1" (the
@@ -104,12 +108,14 @@ class SideSteps:
                 "--gres=none", "--mem=16M", "--quiet", f"--job-name={name}",
                 *self.allocations.step_identity(slurm_id), "bash", "-c", script, *args]
 
-    def signal_group(self, slurm_id: str, host: str, pid: int | None, key: str, step_id: str, name: str) -> None:
-        """Send signal ``name`` to the attempt's process group on ``host``, as the local executor
-        does; where that step cannot run, ``scancel --signal`` the step."""
+    def signal_group(self, slurm_id: str, host: str, pid: int | None, key: str, step_id: str, name: str,
+                     boxed: str = "") -> None:
+        """Send signal ``name`` to the attempt's process group on ``host`` (and, ``boxed`` naming
+        its container, every process in that), as the local executor does; where that step
+        cannot run, ``scancel --signal`` the step."""
         if pid and host:
             argv = self._argv(slurm_id, host, f"corral-{self.scope}-signal", SIGNAL_GROUP, "corral-signal",
-                              str(pid), key, name)
+                              str(pid), key, name, boxed)
             try:
                 done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
                                       timeout=30, stdin=subprocess.DEVNULL)

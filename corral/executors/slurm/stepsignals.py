@@ -105,7 +105,8 @@ class StepSignals:
         except LaunchError:
             host = ""
         self.side.signal_group(attempt.slurm_id, host, self.runner.started_pid(attempt.key), attempt.key, step_id,
-                               signals.Signals(signum).name.removeprefix("SIG"))
+                               signals.Signals(signum).name.removeprefix("SIG"),
+                               str(self.runner.run_dir(attempt.key) / containers.NAME_FILE))
 
     def _kill_srun(self, attempt: Attempt) -> None:
         if self.srun_alive(attempt):
