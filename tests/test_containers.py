@@ -292,9 +292,11 @@ def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_pat
         corral.stop()
 
 
-def test_a_program_in_a_container_gets_the_stop_signal_and_its_grace(server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", ["setup", "run"])
+def test_a_program_in_a_container_gets_the_stop_signal_and_its_grace(server, tmp_path: Path, stage: str) -> None:
     """The run's shell in the container (under the engine's init) is not the program: the
-    program gets the stop signal too, and its whole grace period to save its work."""
+    program gets the stop signal too, and its whole grace period to save its work (in setup
+    as in run; a setup stopped so starts no run)."""
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -305,10 +307,10 @@ name: boxed
 resources: {{image_id: "docker:{IMAGE}"}}
 grace_period: 10s
 file_mounts: {{/out: {out}}}
-run: |
+{stage}: |
   sh -c "{program}"
   echo after >> /out/log
-""")
+""" + ("run: echo run >> /out/log\n" if stage == "setup" else ""))
     wait_state(server, job["id"], "RUNNING")
     wait_for(lambda: (out / "log").exists(), timeout=60)
     assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True

@@ -63,6 +63,8 @@ echo "exit $?" >> {tmp_path}/where.out
     assert running["state"] == "SUCCEEDED", running
     lines = (tmp_path / "where.out").read_text().splitlines()
     assert lines[-1] == "exit 5"  # the highest task exit code, the remote task's
+    assert f"srun: error: {_replicas(running)['node-0']['node']}: task 1: Exited with exit code 5" \
+        in corral("logs", job, check=True).stdout  # which task failed, and how, as Slurm's srun says
     tasks = [dict(w.split("=", 1) for w in line.split(": ", 1)[1].split()) for line in lines[:-1]]
     replicas = _replicas(running)
     batch, holder = replicas["batch-0"], replicas["node-0"]

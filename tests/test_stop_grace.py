@@ -149,3 +149,39 @@ run: sleep 300
     assert done["state"] == "SUCCEEDED", done
     states = {t["name"]: (t["replicas"][0]["state"], t["replicas"][0]["exit_code"]) for t in done["tasks"]}
     assert states == {"main": ("SUCCEEDED", 0), "flusher": ("SUCCEEDED", 0), "plain": ("KILLED", 143)}, states
+
+
+def test_a_stopped_script_starts_nothing_new_whatever_its_stop_signal(server, tmp_path: Path) -> None:
+    """After a stop the script goes no further: not from setup to run, and not to its next
+    command when the task's stop_signal is one the shell otherwise carries on through."""
+    program, log = tmp_path / "train.py", tmp_path / "train.log"
+    program.write_text(PROGRAM.replace("if signum == signal.SIGTERM:", "if signum == signal.SIGUSR1:"))
+    custom = submit(server, f"""
+name: custom
+stop_signal: SIGUSR1
+grace_period: 20s
+run: |
+  python3 {program} {log} 600 0.5
+  echo next >> {log}
+  sleep 300
+""")
+    stages, staged = tmp_path / "stages.py", tmp_path / "stages.log"
+    stages.write_text(PROGRAM)
+    setup = submit(server, f"""
+name: staged
+grace_period: 20s
+setup: python3 {stages} {staged} 600 0.5
+run: echo run started >> {staged}
+""")
+    for job, path in ((custom, log), (setup, staged)):
+        wait_state(server, job["id"], "RUNNING")
+        wait_for(lambda: path.exists(), timeout=20)
+    time.sleep(0.3)
+    started = time.monotonic()
+    for job in (custom, setup):
+        assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
+    for job in (custom, setup):
+        wait_state(server, job["id"], "CANCELLED", timeout=40)
+    assert time.monotonic() - started < 15  # neither waited out its 20 s grace
+    assert [line.split()[0] for line in log.read_text().splitlines()] == ["got", "saved"]
+    assert [line.split()[0] for line in staged.read_text().splitlines()] == ["got", "saved"]

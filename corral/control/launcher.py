@@ -27,6 +27,7 @@ from corral.metrics import Metrics
 from corral.runtime import batchenv
 from corral.node import stepagent
 from corral.node.namedcontainer import NAMED_VAR
+from corral.node.runner import STOP_SIGNAL_VAR
 from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
 from corral.scheduler import Allocation
 from corral.settings import Settings
@@ -187,6 +188,7 @@ class Launcher:
             if task.service.ports.get(name, port) != port:  # it could not have the one declared
                 env[f"CORRAL_PORT_{name.upper()}_DECLARED"] = str(task.service.ports[name])
         env["CORRAL_LAUNCH_KEY"] = replica.launch_key
+        env[STOP_SIGNAL_VAR] = task.service.stop_signal  # its run's shell stops on it (``node.runner.USER_TRAPS``)
         if task.service.sbatch is not None and task.service.sbatch.role == "batch":
             for name in batchenv.TASK_LAYOUT:  # the batch step's are the job's (none of a step's)
                 env.pop(name, None)

@@ -70,8 +70,11 @@ SETUP_FAILED = "corral: error: setup failed"
 # it ends after its current command, which the signal reached too. Elsewhere the engine's init
 # signals this shell alone, which then ends at once and the container with it.
 SIGNALS_VAR = "CORRAL_SIGNALS_REACH_ALL"
-SHELL = (f'if [ -n "${{{SIGNALS_VAR}:-}}" ]; then trap exit TERM INT HUP QUIT; trap : USR1 USR2; fi; '
-         'S=$1; R=$2; set --; if [ -n "$S" ]; then (eval "$S") || { rc=$?; [ "$rc" -gt 128 ] || '
+TRAPS = ('trap exit TERM INT HUP QUIT; trap : USR1 USR2; '
+         'case ${CORRAL_STOP_SIGNAL#SIG} in ""|TERM|INT|HUP|QUIT) ;; *) trap exit "${CORRAL_STOP_SIGNAL#SIG}";; esac')
+# (no single quote in it: the wrapper holds it in one)
+SHELL = (f'if [ -n "${{{SIGNALS_VAR}:-}}" ]; then corral_traps() {{ {TRAPS}; }}; else corral_traps() {{ :; }}; fi; '
+         'corral_traps; S=$1; R=$2; set --; if [ -n "$S" ]; then (corral_traps; eval "$S") || { rc=$?; [ "$rc" -gt 128 ] || '
          f'echo "{SETUP_FAILED}, so its run was not started" >&2; exit "$rc"; }}; fi; eval "$R"')
 # What the container starts (its image's ENTRYPOINT set aside): the variables that span lines
 # (``PROFILE``), then ``SHELL`` in bash where the image has it (SkyPilot's scripts are bash),

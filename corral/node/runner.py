@@ -68,11 +68,14 @@ LOAD_ENV = 'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_FILE_VAR = "CORRAL_ENV_FILE"
 
-USER_TRAPS = "trap exit TERM INT HUP QUIT; trap : USR1 USR2"
+STOP_SIGNAL_VAR = "CORRAL_STOP_SIGNAL"  # the task's stop_signal, where it is not one of the four
+USER_TRAPS = ('trap exit TERM INT HUP QUIT; trap : USR1 USR2; '
+              f'case ${{{STOP_SIGNAL_VAR}#SIG}} in ""|TERM|INT|HUP|QUIT) ;; *) trap exit "${{{STOP_SIGNAL_VAR}#SIG}}";; esac')
 
 WRAPPER = REAP + r"""
 trap 'stopping=1' TERM INT HUP QUIT
 trap : USR1 USR2 PIPE
+case ${CORRAL_STOP_SIGNAL#SIG} in ""|TERM|INT|HUP|QUIT) ;; *) trap 'stopping=1' "${CORRAL_STOP_SIGNAL#SIG}";; esac
 as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
 if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"
 elif [ -n "$CORRAL_ENV_FILE" ]; then """ + LOAD_ENV.replace("<&4; exec 4<&-", '< "$CORRAL_ENV_FILE"') + r"""fi
@@ -112,7 +115,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
 else
   if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED, so its run was not started" >&3; fi
-  if [ "$rc" -eq 0 ] && [ -n "$3" ]; then { (script=$3; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+  if [ "$rc" -eq 0 ] && [ -z "$stopping" ] && [ -n "$3" ]; then { (script=$3; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 fi
 # stopped: what the run started may still be saving its work (its shell ended first); the
 # attempt lives until it is done, or until corral's SIGKILL once the grace period is over
@@ -325,7 +328,7 @@ class NodeRunner:
         nothing of the job's (its variables go through ``write_env_file``)."""
         path = self.write_env_file(key, env, owner)
         return {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key, RUN_AS_VAR: env.get(RUN_AS_VAR, ""),
-                ENV_FILE_VAR: str(path)}
+                ENV_FILE_VAR: str(path), STOP_SIGNAL_VAR: env.get(STOP_SIGNAL_VAR, "")}
 
     def _namespace_spawner(self) -> NamespaceSpawner | None:
         with self._spawner_lock:

@@ -448,6 +448,10 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         thread.join(timeout=5)
     for handle in files.values():
         handle.close()
+    for (task, *_), code in zip(started, codes):  # as Slurm's srun says which task failed, and how
+        if code:
+            how = f"Killed by signal {code - 128}" if code > 128 else f"Exited with exit code {code}"
+            print(f"srun: error: {task['node']}: task {task['rank']}: {how}", file=sys.stderr)
     return max(codes) if codes else 0
 
 

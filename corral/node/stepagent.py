@@ -146,12 +146,15 @@ class Agent:
             self.tasks.pop(proc.pid, None)
 
     def _signals(self, reader, proc: subprocess.Popen) -> None:  # noqa: ANN001
-        for line in reader:
-            try:
-                signum = int(json.loads(line)["signal"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            _killpg(proc, signum)
+        try:
+            for line in reader:
+                try:
+                    signum = int(json.loads(line)["signal"])
+                except (ValueError, KeyError, TypeError):
+                    continue
+                _killpg(proc, signum)
+        except OSError:  # reset rather than closed: srun is gone all the same
+            pass
         _killpg(proc, signal.SIGKILL)  # srun is gone (or done): as Slurm, its step ends with it
 
     @staticmethod
