@@ -6,6 +6,7 @@ field, fair-share accounting, the partition's default time limit, config errors.
 from __future__ import annotations
 
 from pathlib import Path
+import time
 
 import pytest
 
@@ -28,6 +29,7 @@ accounts:
 qos:
   - {name: normal}
   - {name: capped, max_gpus_per_user: 2}
+  - {name: rush, preempt: [normal]}
 topology: [leaf]
 """
 
@@ -77,6 +79,26 @@ run: |
     assert scheduled >= killed
     server.post(f"/v1/jobs/{low['id']}/cancel")
     wait_state(server, low["id"], "CANCELLED")
+
+
+def test_the_preemptor_starts_and_its_requeued_victim_waits_behind_it(server) -> None:
+    """QOS preemption within one partition: the victim, older and no lower in the queue, used to
+    take its room back once requeued, be preempted again, and so on, the preemptor never
+    starting (23 preemptions in 30 s in a trial)."""
+    low = submit(server, "name: low\nresources: {accelerators: H100:4}\ngrace_period: 1s\nrun: sleep 300\n")
+    wait_state(server, low["id"], "RUNNING")
+    rush = submit(server, "name: rush\nresources: {accelerators: H100:4}\nrun: sleep 300\n",
+                  scheduling={"qos": "rush"})
+    wait_state(server, rush["id"], "RUNNING", timeout=30)
+    time.sleep(1.5)  # a few cycles: the victim does not come back while the preemptor runs
+    assert server.get(f"/v1/jobs/{rush['id']}").json()["state"] == "RUNNING"
+    waiting = server.get(f"/v1/jobs/{low['id']}").json()
+    assert waiting["state"] == "PENDING" and waiting["requeues"] == 1, waiting
+    assert [e for e in events(server, low["id"]) if e[2] == "preempted" and e[0] == "job"] == \
+        [("job", "PREEMPTED", "preempted")]  # once
+    for job in (rush, low):
+        server.post(f"/v1/jobs/{job['id']}/cancel")
+        wait_state(server, job["id"], "CANCELLED")
 
 
 def test_an_elastic_task_shrinks_instead_of_its_job_being_preempted(server) -> None:
@@ -248,7 +270,7 @@ def test_a_bad_site_config_is_refused_with_field_and_line(tmp_path: Path) -> Non
 @pytest.mark.parametrize("replace, line, words", [
     ("  - {name: capped, max_gpus_per_user: 2}", 15, "did you mean 'normal'"),
     ('nodes: ["gpu-*"], max_time: 1h', 6, "'cpu-*' matches no node"),
-    ("topology: [leaf]", 16, "no node has the label 'spine'"),
+    ("topology: [leaf]", 17, "no node has the label 'spine'"),
     ("  - {name: physics, shares: 1}", 12, "no account is named 'chem'"),
 ])
 def test_site_config_errors_name_the_line(tmp_path: Path, replace: str, line: int, words: str) -> None:

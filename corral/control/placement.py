@@ -34,6 +34,7 @@ class Placer:
     def admit(self, job: JobRec, allocations: tuple[Allocation, ...], now: float, choice: tuple[int, ...] = ()) -> None:
         """A job the scheduler placed and the loop claimed (PENDING → STARTING in the store)."""
         job.state = JobState.STARTING
+        job.yields_to = 0
         self.book.active[job.id] = job
         chosen = self._choose(job, choice)
         self.moves.journal.event(job.id, now, "job", "scheduled", JobState.PENDING.value, JobState.STARTING.value,

@@ -124,6 +124,7 @@ class JobRec:
     run_as: str | None = None  # the Unix account its replicas run as (None: the server's own)
     # GPU-seconds held in earlier attempts (least attained service; kept in memory only)
     attained_gpu_s: float = 0.0
+    yields_to: int = 0  # preempted for this job: it goes first (``PendingJob.yields_to``; in memory)
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -155,7 +156,8 @@ class JobRec:
         array = (self.array_job_id, self.array_throttle) if self.array_job_id and self.array_throttle else None
         return PendingJob(self.id, tuple(tasks), self.submitted_at, self.user, self.account, self.time_limit,
                           self.nice, self.partition, self.qos, self.priority, self.dependency, self.name,
-                          self.kill_on_invalid_dep, array, attained_gpu_s=self.attained_gpu_s)
+                          self.kill_on_invalid_dep, array, attained_gpu_s=self.attained_gpu_s,
+                          yields_to=self.yields_to)
 
     @property
     def preemptible(self) -> bool:

@@ -51,6 +51,7 @@ class Requeues:
         if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
             return
         then = f"it will be {'requeued' if mode == 'requeue' else 'cancelled'}"
+        job.yields_to = for_job
         self.moves.job_to(job, JobState.PREEMPTED, now, "preempted",
                           f"{why}; {then}" if why else f"preempted by job {for_job}; {then}")
         self._stop_all(job, "preempted", now)

@@ -95,8 +95,13 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     ready: list[PendingJob] = []
     ahead = {(r.user, r.name) for r in snapshot.running if r.name}
     limited = any(p.max_time is not None for p in policy.partitions)
+    # preemptors that wait and yield to no one themselves (two jobs preempted for each other
+    # in turn must not each wait for the other)
+    waiting = any(j.yields_to for j in snapshot.pending) and {j.id for j in snapshot.pending if not j.yields_to}
     for job in snapshot.pending:  # submit order: "ahead" grows as we go (singleton)
         held = _hold(job, snapshot, policy, ahead) if job.dependencies or limited else None
+        if held is None and job.yields_to and job.yields_to in waiting:  # its preemptor goes first
+            held = Reason.PRIORITY
         if job.name:
             ahead.add((job.user, job.name))
         if held is None:

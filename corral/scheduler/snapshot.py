@@ -110,6 +110,10 @@ class PendingJob:
     # its predicted run time (corral.scheduler.durations), at most its time limit; None: none
     expected: float | None = None
     attained_gpu_s: float = 0.0  # GPU-seconds it held in earlier attempts (least attained service)
+    # a job requeued by a preemption: the job it made room for, which goes first while it waits
+    # (else the victim, older and as high in the queue, takes its room back and is preempted
+    # again, over and over)
+    yields_to: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", sum(t.replicas * t.gpus for t in self.tasks))

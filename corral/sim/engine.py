@@ -207,6 +207,7 @@ class _Life:
     gpu_s: float = 0.0  # ... held so far, every attempt
     gpu_s_at_start: float = 0.0  # ... before the current attempt
     lost: float = 0.0  # ... counted as lost to preemption
+    yields_to: int = 0  # preempted for this job: it goes first once requeued (``PendingJob.yields_to``)
 
 
 @dataclass(frozen=True)
@@ -281,7 +282,7 @@ class _Replay:
         if self.durations is not None:
             request = self._predicted(i, request)
         if self.lives[i].gpu_s:  # a requeued job: what it attained counts (least attained service)
-            request = replace(request, attained_gpu_s=self.lives[i].gpu_s)
+            request = replace(request, attained_gpu_s=self.lives[i].gpu_s, yields_to=self.lives[i].yields_to)
         self.pending[i] = request
         self.smallest[_smallest(request)] += 1
 
@@ -322,6 +323,7 @@ class _Replay:
 
     def start(self, i: int, allocations: tuple[Allocation, ...], now: float, priority: float) -> None:
         job, life = self.jobs[i], self.lives[i]
+        life.yields_to = 0
         expected = self.pending[i].expected
         end = planned_end(now, expected, job.time_limit_s, now)
         self.running[i] = RunningJob(i, allocations, end, job.user, self.accounts[job.user],
@@ -377,6 +379,7 @@ class _Replay:
             progress = life.kept + max(0.0, now - life.since - (job.restart_cost_s if life.restarts else 0.0))
             kept = min(job.duration_s, math.floor(progress / job.checkpoint_s) * job.checkpoint_s)
         why = "preempted (no requeue)" if job.no_requeue else "preempted (preempt mode cancel)"
+        life.yields_to = eviction.for_job
         self._stop(_Stop(i, eviction.mode, life.token, kept, why=why), now)
         self.running[i] = replace(self.running[i], ending=True, elastic=())
         self.preemptions += 1

@@ -136,3 +136,30 @@ def test_failed_gang_leaves_the_pool_untouched(data) -> None:
             continue
         before = [(n.view.name, frozenset(n.gpus), n.cpus) for n in pool.nodes]
     assert before == [(n.view.name, frozenset(n.gpus), n.cpus) for n in pool.nodes]
+
+
+def test_a_requeued_victim_lets_the_job_it_was_preempted_for_go_first() -> None:
+    """The victim is older and as high in the queue: without this it took its room back as
+    soon as it was free, was preempted again, and the preemptor never started."""
+    from dataclasses import replace
+
+    victim = replace(job(1, task(gpus=8), submitted_at=0.0), yields_to=2)
+    preemptor = job(2, task(gpus=8), submitted_at=10.0)
+    for policy in ("fifo", "slurm", "corral"):
+        from corral.scheduler import Policy
+
+        plan = schedule(snapshot([node(gpus=8)], [victim, preemptor]), 20.0, Policy(name=policy))
+        assert plan.started_ids() == {2}, (policy, plan)
+        assert plan.reasons[1] is Reason.PRIORITY
+    # once its preemptor is no longer waiting, the victim is a job like any other
+    plan = schedule(snapshot([node(gpus=8)], [victim]), 20.0)
+    assert plan.started_ids() == {1}
+
+
+def test_two_jobs_preempted_for_each_other_in_turn_do_not_wait_for_each_other() -> None:
+    from dataclasses import replace
+
+    a = replace(job(1, task(gpus=8), submitted_at=0.0), yields_to=2)
+    b = replace(job(2, task(gpus=8), submitted_at=5.0), yields_to=1)
+    plan = schedule(snapshot([node(gpus=8)], [a, b]), 20.0)
+    assert len(plan.started_ids()) == 1  # one of them runs; neither holds for the other
