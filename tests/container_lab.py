@@ -166,3 +166,15 @@ auth: {{htpasswd: {{realm: corral-test, path: {root / 'htpasswd'}}}}}
     subprocess.run([podman, "push", "-q", "--creds", f"{user}:{password}", target], check=True, capture_output=True)
     subprocess.run([podman, "rmi", "-f", target], capture_output=True)  # only the registry has it now
     return registry
+
+
+# A job whose program (not its run's shell) saves its work on SIGTERM for 2 s: in the log, "up",
+# then "got TERM" and "saved" once stopped, and never "after" (the run's shell starts nothing more)
+GRACED = f"""
+name: graced
+resources: {{image_id: docker:{IMAGE}, accelerators: H100:1}}
+grace_period: 15s
+run: |
+  sh -c "trap 'echo got TERM; sleep 2; echo saved; exit 0' TERM; echo up; while :; do sleep 0.1; done"
+  echo after
+"""

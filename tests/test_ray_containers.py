@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_events, cli_for, cli_status, replicas_by_label, wait_for
-from container_lab import IMAGE, MARKER, SITE, containers_of, ensure_image, start_registry
+from container_lab import GRACED, IMAGE, MARKER, SITE, containers_of, ensure_image, start_registry
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'corral[ray]')")
 
@@ -258,16 +258,8 @@ def test_a_source_over_the_limit_fails_its_replica_naming_the_mount(corral, lab:
 
 def test_a_program_in_a_container_on_ray_gets_the_stop_signal_and_its_grace(corral, lab: RayLab,
                                                                             tmp_path: Path) -> None:
-    program = "trap 'echo got TERM; sleep 2; echo saved; exit 0' TERM; echo up; while :; do sleep 0.1; done"
     spec = tmp_path / "graced.yaml"
-    spec.write_text(f"""
-name: graced
-resources: {{image_id: docker:{IMAGE}, accelerators: H100:1}}
-grace_period: 15s
-run: |
-  sh -c "{program}"
-  echo after
-""")
+    spec.write_text(GRACED)
     job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
     wait_for(lambda: "up" in corral("logs", job).stdout.split(), timeout=120)
     assert corral("cancel", job).returncode == 0

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_for, wait_for
-from container_lab import IMAGE, MARKER, SITE as CONTAINERS, containers_of, ensure_image, start_registry
+from container_lab import GRACED, IMAGE, MARKER, SITE as CONTAINERS, containers_of, ensure_image, start_registry
 from test_slurm import ENV, _squeue_ids, _why_no_slurm
 
 SITE = """
@@ -120,16 +120,8 @@ run: |
 
 
 def test_a_program_in_a_container_on_slurm_gets_the_stop_signal_and_its_grace(corral, tmp_path: Path) -> None:
-    program = "trap 'echo got TERM; sleep 2; echo saved; exit 0' TERM; echo up; while :; do sleep 0.1; done"
     spec = tmp_path / "graced.yaml"
-    spec.write_text(f"""
-name: graced
-resources: {{image_id: docker:{IMAGE}, accelerators: H100:1}}
-grace_period: 15s
-run: |
-  sh -c "{program}"
-  echo after
-""")
+    spec.write_text(GRACED)
     job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
     wait_for(lambda: "up" in [x.split(" | ", 1)[-1] for x in corral("logs", job).stdout.splitlines()], timeout=90)
     assert corral("cancel", job).returncode == 0

@@ -428,7 +428,7 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         started.append((task, task_env, argv, out, err, "label" in own))
     for task, task_env, argv, out, err, label in started:
         try:
-            proc = _on_its_node(task["node"], env, argv, task_env, cwd, out, err, label)
+            proc = stepagent.start_task(task["node"], env, argv, task_env, cwd, out, err, label)
             if proc is None:  # this node's task, or no agent to run it on its own
                 proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
                                         stdout=subprocess.PIPE if label else out,
@@ -453,37 +453,6 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
             how = f"Killed by signal {code - 128}" if code > 128 else f"Exited with exit code {code}"
             print(f"srun: error: {task['node']}: task {task['rank']}: {how}", file=sys.stderr)
     return max(codes) if codes else 0
-
-
-def _on_its_node(node: str, env: dict[str, str], argv: list[str], task_env: dict[str, str], cwd: str,
-                 out, err, label: bool):  # noqa: ANN001, ANN202
-    """A task of another node started in that node's holder (``corral.node.stepagent``), its
-    output where srun would put its own child's; None where srun runs it itself."""
-    from corral.node import stepagent
-
-    if not env.get(stepagent.DIR_VAR):
-        return None
-    read = write = None
-    if label:
-        read, write = os.pipe()
-    reader = None
-    try:
-        stdout = write if label else (out.fileno() if out is not None else 1)
-        stderr = write if label and err is out else (err.fileno() if err is not None else 2)
-        if read is not None:
-            reader, read = os.fdopen(read, "rb"), None
-        task = stepagent.start_on(node, env, argv, task_env, cwd, 0, stdout, stderr, reader)
-    except BaseException:
-        if reader is not None:
-            reader.close()
-        raise
-    finally:
-        for fd in (read, write):
-            if fd is not None:
-                os.close(fd)
-    if task is None and reader is not None:
-        reader.close()
-    return task
 
 
 def _het_step_env(tasks: list[dict]) -> dict[str, str]:

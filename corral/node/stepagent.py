@@ -235,6 +235,36 @@ def start_on(node: str, env: dict[str, str], argv: list[str], task_env: dict[str
             time.sleep(0.02)
 
 
+def start_task(node: str, env: dict[str, str], argv: list[str], task_env: dict[str, str], cwd: str,
+               out, err, label: bool) -> RemoteTask | None:  # noqa: ANN001
+    """srun's task of another node, started in that node's holder, its output where srun
+    would put its own child's (``out``/``err`` files, its own stdout/stderr, or a pipe it reads
+    for ``-l``); None where srun runs it itself."""
+    if not env.get(DIR_VAR):
+        return None
+    read = write = None
+    if label:
+        read, write = os.pipe()
+    reader = None
+    try:
+        stdout = write if label else (out.fileno() if out is not None else 1)
+        stderr = write if label and err is out else (err.fileno() if err is not None else 2)
+        if read is not None:
+            reader, read = os.fdopen(read, "rb"), None
+        task = start_on(node, env, argv, task_env, cwd, 0, stdout, stderr, reader)
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    finally:
+        for fd in (read, write):
+            if fd is not None:
+                os.close(fd)
+    if task is None and reader is not None:
+        reader.close()
+    return task
+
+
 def start(path: str, argv: list[str], env: dict[str, str], cwd: str, stdin: int, stdout: int, stderr: int,
           reader=None) -> RemoteTask:  # noqa: ANN001
     """Start one task through the agent at ``path``; raises OSError with the agent's words."""
