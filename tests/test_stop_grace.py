@@ -185,3 +185,15 @@ run: echo run started >> {staged}
     assert time.monotonic() - started < 15  # neither waited out its 20 s grace
     assert [line.split()[0] for line in log.read_text().splitlines()] == ["got", "saved"]
     assert [line.split()[0] for line in staged.read_text().splitlines()] == ["got", "saved"]
+
+
+def test_the_job_s_own_variables_cannot_pass_for_a_stop(server, tmp_path: Path) -> None:
+    out = tmp_path / "ran"
+    job = submit(server, f"""
+name: named
+envs: {{stopping: "1", corral_stopping: "1"}}
+setup: echo setup >> {out}
+run: echo run >> {out}
+""")
+    assert wait_state(server, job["id"], "SUCCEEDED", "FAILED")["state"] == "SUCCEEDED"
+    assert out.read_text().split() == ["setup", "run"]

@@ -73,9 +73,10 @@ USER_TRAPS = ('trap exit TERM INT HUP QUIT; trap : USR1 USR2; '
               f'case ${{{STOP_SIGNAL_VAR}#SIG}} in ""|TERM|INT|HUP|QUIT) ;; *) trap exit "${{{STOP_SIGNAL_VAR}#SIG}}";; esac')
 
 WRAPPER = REAP + r"""
-trap 'stopping=1' TERM INT HUP QUIT
+corral_stopping=  # (set, never inherited: the job's own variables reach this shell too)
+trap 'corral_stopping=1' TERM INT HUP QUIT
 trap : USR1 USR2 PIPE
-case ${CORRAL_STOP_SIGNAL#SIG} in ""|TERM|INT|HUP|QUIT) ;; *) trap 'stopping=1' "${CORRAL_STOP_SIGNAL#SIG}";; esac
+case ${CORRAL_STOP_SIGNAL#SIG} in ""|TERM|INT|HUP|QUIT) ;; *) trap 'corral_stopping=1' "${CORRAL_STOP_SIGNAL#SIG}";; esac
 as=$CORRAL_RUN_AS; unset CORRAL_RUN_AS; drop=
 if [ -n "$as" ]; then r=${as#*:}; drop="setpriv --reuid=${as%%:*} --regid=${r%%:*} --groups=${r#*:} --"
 elif [ -n "$CORRAL_ENV_FILE" ]; then """ + LOAD_ENV.replace("<&4; exec 4<&-", '< "$CORRAL_ENV_FILE"') + r"""fi
@@ -115,11 +116,11 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
 else
   if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
     [ "$rc" -eq 0 ] || [ "$rc" -gt 128 ] || echo "$SETUP_FAILED, so its run was not started" >&3; fi
-  if [ "$rc" -eq 0 ] && [ -z "$stopping" ] && [ -n "$3" ]; then { (script=$3; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
+  if [ "$rc" -eq 0 ] && [ -z "$corral_stopping" ] && [ -n "$3" ]; then { (script=$3; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?; fi
 fi
 # stopped: what the run started may still be saving its work (its shell ended first); the
 # attempt lives until it is done, or until corral's SIGKILL once the grace period is over
-if [ -n "$stopping" ] && [ -n "$CORRAL_ATTEMPT" ]; then corral_linger "$CORRAL_ATTEMPT" "$4"; fi
+if [ -n "$corral_stopping" ] && [ -n "$CORRAL_ATTEMPT" ]; then corral_linger "$CORRAL_ATTEMPT" "$4"; fi
 if [ -n "$CORRAL_ATTEMPT" ]; then corral_reap "$CORRAL_ATTEMPT" "$4"; fi
 printf '%s\n' "$rc" > "$1/exit_code"
 exit "$rc"
