@@ -6,6 +6,7 @@ and leave the attempt running beside its next attempt."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import select
 import signal
@@ -21,6 +22,9 @@ from corral.executors.ray.fence import FENCED_FILE
 from corral.node.proctree import ATTEMPT_VAR
 
 
+_KEYS = itertools.count(7)
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -33,7 +37,9 @@ def world(tmp_path: Path, monkeypatch):
     """A fake raylet, an attempt (a loop that forks all the time, in a session of its own,
     carrying its key), and the fence started as the actor starts it."""
     monkeypatch.setenv("CORRAL_RAY_DIR", str(tmp_path))
-    scope, key = f"fence{os.getpid()}", "7.work.0.1"
+    # a key of its own per test: a fence still finishing the previous test's kill (it finds the
+    # attempt's processes by key) must not take this test's attempt for its own
+    scope, key = f"fence{os.getpid()}", f"{next(_KEYS)}.work.0.1"
     from corral.executors.ray.actor import node_runner
     runner = node_runner(scope)
     runner.run_dir(key).mkdir(parents=True)
@@ -53,6 +59,7 @@ def world(tmp_path: Path, monkeypatch):
     for proc in (raylet, attempt):
         proc.kill()
         proc.wait()
+    select.select([gone_read], [], [], 10.0)  # the fence is gone before the next test starts
     for fd in (write, gone_read):
         try:
             os.close(fd)
@@ -80,6 +87,8 @@ def test_the_fence_ends_the_attempt_when_its_worker_dies(world):
     attempt = world["attempt"]
     os.close(world["write"])  # the worker's end of the pipe: closed however the worker dies
     wait_for(lambda: not _alive(attempt.pid), timeout=5)
+    ready, _, _ = select.select([world["gone"]], [], [], 10.0)
+    assert ready and os.read(world["gone"], 1) == b""  # the fence has done all it does
     assert (world["runner"].run_dir(world["key"]) / FENCED_FILE).read_text() == "its Ray worker died"
 
 
