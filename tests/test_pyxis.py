@@ -423,6 +423,100 @@ echo "client killed"
         time.sleep(0.2)
 
 
+@pytest.fixture
+def gated(tmp_path: Path):
+    """A server whose node engine is podman, except that looking for an image tagged
+    ``gated`` waits until the test opens the gate: a pull that takes as long as a test needs."""
+    import subprocess
+
+    from container_lab import SITE, ensure_image, need_podman
+
+    home = tmp_path / "home"
+    home.mkdir()
+    engine = tmp_path / "gated-podman"
+    engine.write_text(f'#!/bin/sh\ncase "$1 $2 $3" in "image exists "*:gated)\n'
+                      f'  touch {tmp_path}/waiting; while [ ! -e {tmp_path}/gate ]; do sleep 0.1; done;; esac\n'
+                      f'exec {need_podman()} "$@"\n')
+    engine.chmod(0o755)
+    (home / "config.yaml").write_text(POOL + SITE + f"  engine: {engine}\n")
+    import corral as package
+    root = str(Path(package.__file__).resolve().parents[1])
+    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=tmp_path, timeout=120)
+    for name in [k for k in run.env if k.startswith("SLURM_")]:
+        del run.env[name]
+    run.image = ensure_image().rsplit(":", 1)[0] + ":gated"
+    subprocess.run([need_podman(), "tag", ensure_image(), run.image], check=True)
+    yield run
+    (tmp_path / "gate").touch()
+    run.stop()
+
+
+def test_a_batch_script_is_starting_while_its_container_s_image_is_pulled(gated) -> None:
+    """As a replica with ``image_id``: the batch script's replica is STARTING, and says it
+    pulls, until its container can run; then RUNNING, and the script runs inside."""
+    import time
+
+    from container_lab import MARKER
+
+    corral = gated
+    (corral.work / "gated.sbatch").write_text(f"#!/bin/sh\n#SBATCH --container-image={corral.image}\ncat {MARKER}\n")
+    job_id = corral("sbatch", "gated.sbatch", check=True).stdout.split()[-1]
+
+    def replica() -> dict:
+        return json.loads(corral("status", job_id, "--json", check=True).stdout)["tasks"][0]["replicas"][0]
+
+    deadline = time.monotonic() + 60
+    while "batch script's container runs" not in corral("events", job_id).stdout:
+        assert time.monotonic() < deadline, corral("events", job_id).stdout
+        time.sleep(0.2)
+    seen = [replica() for _ in range(3)]  # the gate is shut: however long it takes, no further
+    assert {r["state"] for r in seen} == {"STARTING"}, seen
+    assert seen[-1]["reason"].startswith(f"pulling image {corral.image}"), seen
+    assert "PULLING" in corral("status", job_id).stdout
+    (corral.work / "gate").touch()
+    deadline = time.monotonic() + 60
+    while (done := json.loads(corral("status", job_id, "--json", check=True).stdout))["state"] not in (
+            "SUCCEEDED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, done
+        time.sleep(0.2)
+    assert done["state"] == "SUCCEEDED", corral("events", job_id).stdout + corral("logs", job_id).stdout
+    assert "inside" in corral("logs", job_id).stdout
+    assert "its batch script's image is here" in corral("events", job_id).stdout  # running once it was
+
+
+def test_a_step_stopped_while_its_image_is_pulled_starts_no_task(gated) -> None:
+    """A stop signal that reaches srun before its tasks start (here: while its image is being
+    pulled) is not lost: no task starts, srun says so and exits 128+15, as the rest of the
+    job's processes do within their grace (the signal would otherwise reach nothing, and the
+    task run until corral's SIGKILL)."""
+    import time
+
+    corral = gated
+    out = corral.work / "out"
+    out.mkdir()
+    (corral.work / "early.sbatch").write_text(f"""#!/bin/bash
+srun --container-image={corral.image} --container-mounts={out}:{out} touch {out}/ran &
+until [ -e {corral.work}/waiting ]; do sleep 0.1; done
+kill -TERM $!
+echo "stopped srun"
+wait $!
+echo "srun exit $?"
+""")
+    job_id = corral("sbatch", "early.sbatch", check=True).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while "stopped srun" not in (log := corral("logs", job_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.2)
+    (corral.work / "gate").touch()
+    while "srun exit" not in (log := corral("logs", job_id).stdout):
+        assert time.monotonic() < deadline, log
+        time.sleep(0.2)
+    assert "srun exit 143" in log and "stopped (SIGTERM) before its tasks started" in log, log
+    time.sleep(1)
+    assert not (out / "ran").exists(), log
+
+
 def test_a_batch_script_whose_image_cannot_be_pulled_says_why_in_its_job_s_message(corral) -> None:
     import json
 

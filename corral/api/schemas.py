@@ -276,7 +276,10 @@ def _workdir(spec: dict) -> str | None:
 def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, str] | None = None) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
-    image = (spec.get("resources") or {}).get("image_id")
+    # a batch script run in its own container (#SBATCH --container-image) waits for it alike
+    script = spec.get("sbatch") or {}
+    image = (spec.get("resources") or {}).get("image_id") \
+        or ((script.get("container") or {}).get("image") if script.get("role") == "batch" else None)
     # an attempt with a container is STARTING until the engine runs it: nearly always its pull
     waiting = f"pulling image {image.removeprefix('docker:')} (or starting its container)" if image else None
     return TaskOut.model_construct(

@@ -107,9 +107,11 @@ class Launcher:
             if not started.confirmed:  # the engine confirms the start later (a STARTED event)
                 self.book.unconfirmed.add(replica.id)
                 self.moves.journal.replica(replica.id, handle=started.handle)
-                if launch.container is not None:  # a pull may take minutes: STARTING says why
+                whose, image = ("its", launch.container.image) if launch.container is not None \
+                    else ("its batch script's", batchenv.script_image(launch.env))
+                if image:  # a pull may take minutes: STARTING says why
                     self.moves.event(job.id, now, replica.label, "pulling",
-                                     f"STARTING until its container runs (image {launch.container.image}, "
+                                     f"STARTING until {whose} container runs (image {image}, "
                                      f"pulled first if {replica.node} lacks it)")
                 continue
             self.running(job, replica, started.handle, now, "launched", None, launch, started.gpus, started.detail)

@@ -51,6 +51,10 @@ AUTH_FILE = "auth.json"
 REASON_FILE = "reason"  # what a failed pull said
 PULL_OUT_FILE = "pull.out"  # the engine's own words while it pulls
 RUNNING_FILE = "running"  # the image is there: its container starts (the wrapper's mark)
+# a batch script run in its own container (``#SBATCH --container-image``): the script's
+# container writes "running" here once its image is on the node (``node.stepcontainer``)
+SCRIPT_FILE = "script.container"
+SCRIPT_VAR = "CORRAL_SBATCH_BOX_MARK"  # that file's path, in the batch script's environment
 STEPS_FILE = "steps.engine"  # a batch script's attempt: the engine (and account) its steps' containers use
 STEP_LABEL = "corral.attempt"  # on every container a batch script's step makes: the attempt's key
 CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
@@ -376,6 +380,44 @@ def ended(run_dir: Path) -> tuple[str, bool]:
 def running(run_dir: Path) -> bool:
     """Whether the attempt's container runs (or ran): its image is there and the engine starts it."""
     return (run_dir / RUNNING_FILE).exists()
+
+
+def pulling(run_dir: Path) -> bool:
+    """Whether the attempt waits for an image (its own container's, or its batch script's)
+    before it runs: STARTING, not RUNNING, on every infra while a pull may take minutes."""
+    if named(run_dir) is not None:
+        return not running(run_dir)
+    try:
+        return (run_dir / SCRIPT_FILE).read_text().strip() != "running"
+    except OSError:  # (none: no container to wait for)
+        return False
+
+
+def await_script(run_dir: Path, env: dict[str, str], account: UnixAccount | None) -> None:
+    """For a batch script run in its own container, the file its container marks once the
+    image is there (``pulling``), writable by the job's account alone; nothing otherwise."""
+    from corral.auth.accounts import hand_over
+
+    if "CORRAL_SBATCH_CONTAINER" not in env:
+        return
+    path = run_dir / SCRIPT_FILE
+    hand_over(path, account, run_dir, directory=False)
+    env[SCRIPT_VAR] = str(path)
+
+
+def script_runs(env: dict[str, str]) -> None:
+    """Said by a batch script's container once its image is on the node (``await_script``)."""
+    path = env.get(SCRIPT_VAR)
+    if not path:
+        return
+    try:  # the file is there already (made by the node's side): never created, never through a link
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return
+    try:
+        os.write(fd, b"running\n")
+    finally:
+        os.close(fd)
 
 
 def pull_failure(run_dir: Path) -> str:

@@ -226,6 +226,7 @@ class NodeRunner:
         node: the srun executor hands it to ``srun``); its run directory must not exist yet.
         With ``hosts`` (and namespaces allowed) the wrapper makes its own namespaces."""
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
+        containers.await_script(self.run_dir(key), env, account)  # (into the caller's env: the step's)
         if container is not None:  # the step's own variables (its GPUs, ids) exist only once it starts
             self._container(key, job_id, container, env, account, None, STEP_VARIABLES)
         return self._argv(key, job_id, setup, run, env, hosts and self.hosts_mode == "mount-namespace", procs, repo)
@@ -263,6 +264,7 @@ class NodeRunner:
         self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
+        containers.await_script(self.run_dir(key), env, account)
         if env.get(STEP_ENGINE_VAR):  # a batch script: its steps may make containers of their own
             containers.note_steps(self.run_dir(key), env[STEP_ENGINE_VAR], account.uid if account else os.geteuid())
         name = _hostname(env)

@@ -33,6 +33,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+STOPS = frozenset((signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT))
 
 # (long, short, takes a value); values are parsed in ``_step``
 _OPTIONS = {
@@ -380,22 +381,20 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
     cwd = opts.get("chdir") or os.getcwd()
     batch_only = env.get("CORRAL_SBATCH_BATCH_SIGNAL", "")
     procs: list[subprocess.Popen] = []
-    lock = threading.Lock()
+    lock = threading.RLock()  # (reentrant: the signal handler runs on the thread that may hold it)
     files: dict[str, object] = {}  # --output/--error files, opened once each (shared by tasks naming one)
+    # a stop signal that comes while the step's containers are made and its tasks started: the
+    # tasks not started yet never start (it would reach none of them, and their grace be lost)
+    stopped: list[int] = []
 
     def forward(signum: int, _frame) -> None:
         if batch_only and signal.Signals(signum).name == batch_only:
             return  # --signal=B:…: meant for the batch shell only
+        if signum in STOPS:
+            stopped.append(signum)
         with lock:
             for proc in procs:
-                if proc.poll() is None:
-                    if isinstance(proc, stepagent.RemoteTask):
-                        proc.signal_group(signum)
-                        continue
-                    try:
-                        os.killpg(proc.pid, signum)
-                    except ProcessLookupError:
-                        pass
+                _deliver(proc, signum)
 
     def opened(pattern: str | None, task: dict, mode: str):
         if pattern is None:
@@ -411,6 +410,8 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
     started = []
     het = len({t["group"] for t in tasks}) > 1
     for task in tasks:  # every task's container made (and its image pulled) before any task starts
+        if stopped:
+            return _aborted(stopped[0])
         own = task["opts"]
         task_env = _task_env(task["base"], task, tasks, step, own)
         if het:
@@ -427,6 +428,10 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         err = opened(own.get("error"), task, mode) or out
         started.append((task, task_env, argv, out, err, "label" in own))
     for task, task_env, argv, out, err, label in started:
+        if stopped and not procs:
+            return _aborted(stopped[0])
+        if stopped:  # those started have it; the rest never start
+            break
         try:
             proc = stepagent.start_task(task["node"], env, argv, task_env, cwd, out, err, label)
             if proc is None:  # this node's task, or no agent to run it on its own
@@ -439,6 +444,8 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
             return 2
         with lock:
             procs.append(proc)
+            if stopped:  # it came between the check above and now: this task has it too
+                _deliver(proc, stopped[-1])
         if label:
             thread = threading.Thread(target=_pump, args=(proc, task["rank"], out), daemon=True)
             thread.start()
@@ -453,6 +460,27 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
             how = f"Killed by signal {code - 128}" if code > 128 else f"Exited with exit code {code}"
             print(f"srun: error: {task['node']}: task {task['rank']}: {how}", file=sys.stderr)
     return max(codes) if codes else 0
+
+
+def _deliver(proc, signum: int) -> None:
+    """``signum`` to a task's process group (here, or on its node through its agent)."""
+    from corral.node import stepagent
+
+    if proc.poll() is not None:
+        return
+    if isinstance(proc, stepagent.RemoteTask):
+        proc.signal_group(signum)
+        return
+    try:
+        os.killpg(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _aborted(signum: int) -> int:
+    print(f"srun: error: the step was stopped ({signal.Signals(signum).name}) before its tasks started",
+          file=sys.stderr)
+    return 128 + signum
 
 
 def _het_step_env(tasks: list[dict]) -> dict[str, str]:

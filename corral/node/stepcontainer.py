@@ -242,11 +242,13 @@ def remove(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def run(container: StepContainer, key: str, env: dict[str, str], command: list[str], who: str = "corral") -> int:
+def run(container: StepContainer, key: str, env: dict[str, str], command: list[str], who: str = "corral",
+        script: bool = False) -> int:
     """Run ``command`` in the container (the batch script's own, ``#SBATCH --container-image``;
     a task of a step Slurm's own srun started, ``corral.node.slurmstep``) and return its exit
     code (``who`` says its errors); the signals this process gets go to the engine's client, which
-    hands them to the container. Its files and container are gone when it returns."""
+    hands them to the container. Its files and container are gone when it returns. A batch
+    ``script`` says once its image is there: its replica is STARTING until then."""
     import signal
 
     stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -268,6 +270,8 @@ def run(container: StepContainer, key: str, env: dict[str, str], command: list[s
         except StepContainerError as exc:
             print(f"{who}: error: {exc}", file=sys.stderr)
             return 1
+        if script:
+            engine_files.script_runs(env)
         proc = subprocess.Popen(box.argv(command), env=env)
         for sig in stops + (signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
@@ -288,4 +292,4 @@ def main(argv: list[str]) -> int:
     """``corral-container SCRIPT ARGS``: the batch script in the container ``CORRAL_SBATCH_CONTAINER`` names."""
     env = dict(os.environ)
     container = StepContainer.from_json(env[BATCH_VAR])
-    return run(container, f"{env.get('CORRAL_LAUNCH_KEY', 'batch')}.{_home(env)}.batch", env, argv)
+    return run(container, f"{env.get('CORRAL_LAUNCH_KEY', 'batch')}.{_home(env)}.batch", env, argv, script=True)

@@ -286,6 +286,14 @@ def batch_env(step: BatchStep, ctx: BatchContext, shims: Path | None, keep: tupl
     return env
 
 
+def script_image(env: dict[str, str]) -> str | None:
+    """The image a batch script runs in (``#SBATCH --container-image``), if it asked for one."""
+    try:
+        return json.loads(env["CORRAL_SBATCH_CONTAINER"]).get("image") or None
+    except (KeyError, ValueError, AttributeError):
+        return None
+
+
 def het_groups(step: BatchStep, nodes: tuple[NodeSlot, ...]) -> list[list[NodeSlot]]:
     """The nodes of each component of a heterogeneous job, in the order given (the batch node
     first)."""

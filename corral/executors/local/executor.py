@@ -145,7 +145,7 @@ class LocalExecutor(EventStream):
         with self._lock:
             self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
-        if in_container is not None:  # STARTING while its image is pulled; running once its container starts
+        if containers.pulling(self.runner.run_dir(launch.key)):  # STARTING while its image is pulled; running once its container starts
             threading.Thread(target=self._await_container, args=(launch.key, proc.pid, handle), daemon=True,
                              name=f"corral-container-{launch.key}").start()
             return Started(handle, confirmed=False, detail=f"pid {proc.pid}")
@@ -154,11 +154,12 @@ class LocalExecutor(EventStream):
     def _await_container(self, key: str, pid: int, handle: Handle) -> None:
         """Confirm a container's start once its wrapper has the image (a pull may take
         minutes); its exit, if it comes first, is reported by the watcher."""
-        marker = self.runner.run_dir(key) / containers.RUNNING_FILE
+        run_dir = self.runner.run_dir(key)
+        boxed = handle.get("container")
+        where = f"in container {boxed[1]}" if boxed else "its batch script's image is here"
         while not self._closed and self._alive(pid, key, handle.get("started_at")):
-            if marker.exists():
-                self._emit(Observed(key, Kind.STARTED, handle=handle,
-                                    detail=f"pid {pid}, in container {handle['container'][1]}"))
+            if not containers.pulling(run_dir):
+                self._emit(Observed(key, Kind.STARTED, handle=handle, detail=f"pid {pid}, {where}"))
                 return
             time.sleep(0.05)
 
@@ -179,7 +180,7 @@ class LocalExecutor(EventStream):
                     new["container"] = list(boxed)
                 with self._lock:  # adopted again (a cycle's writes were lost): one watch is enough
                     watched = any(k == key for k, _ in self._watched.values())
-                if boxed is not None and not (self.runner.run_dir(key) / containers.RUNNING_FILE).exists():
+                if containers.pulling(self.runner.run_dir(key)):
                     # still pulling its image: STARTING until its container runs
                     if not watched:
                         threading.Thread(target=self._await_container, args=(key, pid, new), daemon=True,

@@ -177,8 +177,7 @@ class ReplicaActor:
 
     def _pulling(self) -> bool:
         """Its container does not run yet (its image is being pulled)."""
-        run_dir = self.runner.run_dir(self.key or "")
-        return containers.named(run_dir) is not None and not containers.running(run_dir)
+        return containers.pulling(self.runner.run_dir(self.key or ""))
 
     def until_running(self) -> bool:
         """Once its container runs: True; False if the attempt ended first."""

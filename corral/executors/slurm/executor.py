@@ -328,7 +328,7 @@ class SrunExecutor(EventStream):
         run_dir = self.runner.run_dir(key)
         if self.runner.started_pid(key) is None:
             return False
-        return containers.named(run_dir) is None or containers.running(run_dir)
+        return not containers.pulling(run_dir)
 
     def _confirm(self, attempt: Attempt) -> None:
         pending, attempt.unconfirmed = attempt.unconfirmed, None
