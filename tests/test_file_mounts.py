@@ -55,6 +55,23 @@ def test_cancelled_job_leaves_no_mount(server, tmp_path: Path) -> None:
     wait_for(lambda: not os.path.lexists(tmp_path / "m"), timeout=15)
 
 
+def test_two_jobs_mounting_one_source_at_one_path_run_together(server, tmp_path: Path) -> None:
+    """The same file launched twice (or an array): both run with the mount; it stays while
+    either runs and goes when the last ends, whichever ends first."""
+    work = _tree(tmp_path)
+    spec = f"file_mounts: {{{tmp_path}/shared/m: data}}\nrun: cat {tmp_path}/shared/m/shard-0; exec sleep 300\n"
+    first, second = (submit(server, f"name: twice{n}\n" + spec, cwd=str(work)) for n in range(2))
+    for job in (first, second):
+        wait_state(server, job["id"], "RUNNING")
+        wait_for(lambda j=job: "rows" in server.get(f"/v1/jobs/{j['id']}/logs").text, timeout=15)
+    server.post(f"/v1/jobs/{first['id']}/cancel")
+    wait_state(server, first["id"], "CANCELLED")
+    assert (tmp_path / "shared/m/shard-0").read_text() == "rows\n"  # the other job's still
+    server.post(f"/v1/jobs/{second['id']}/cancel")
+    wait_state(server, second["id"], "CANCELLED")
+    wait_for(lambda: not os.path.lexists(tmp_path / "shared"), timeout=15)
+
+
 def test_what_is_already_there_is_not_replaced(server, tmp_path: Path) -> None:
     work = _tree(tmp_path)
     (tmp_path / "taken").write_text("precious\n")

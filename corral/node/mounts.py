@@ -8,6 +8,12 @@ archive (``archive``) and is unpacked once per job per node into the job's recor
 under a lock so concurrent replicas of the job on one node copy it once; the remote path
 then links to that copy.
 
+Jobs of one account that link one remote path to one source on a node (a YAML launched twice,
+the elements of an array) share the link: a small state file per remote path, in a directory
+of the account's own (``_Users``), lists the jobs using it; the last one to end removes it,
+with the directories made above it. A link to another source, or another account's, is never
+shared: that job fails with a sentence, as for anything else already there.
+
 A container binds the source where the node sees it, else that same copy (``here``).
 
 Everything here runs as the job's Unix account, never with the server's rights on its behalf:
@@ -93,6 +99,51 @@ def _record(record_dir: Path, **entry: str) -> None:
         out.write(json.dumps({**entry, "host": socket.gethostname()}) + "\n")
         out.flush()
         os.fsync(out.fileno())
+
+
+class _Users:
+    """Who uses the link at one remote path on this node: the state file (target, the jobs'
+    record directories, the directories made above it) of one account, under a lock. None of
+    it exists where the account has no private directory for it: then nothing is shared."""
+
+    def __init__(self, path: str) -> None:
+        base = Path("/tmp") / f"corral-links-{os.getuid()}"  # (not TMPDIR: the same for every process of the account)
+        self.file: Path | None = base / (hashlib.sha1(path.encode()).hexdigest()[:24] + ".json")
+        try:
+            os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            self.file = None
+            return
+        info = os.lstat(base)
+        if not os.path.isdir(base) or os.path.islink(base) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            self.file = None  # planted by someone else: shared with no one
+
+    @contextmanager
+    def held(self) -> Iterator[dict | None]:
+        """The state (None: not sharable), written back when the block ends."""
+        if self.file is None:
+            yield None
+            return
+        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                state = json.loads(os.read(fd, 1 << 20) or b"{}")
+            except ValueError:
+                state = {}
+            if not isinstance(state, dict):
+                state = {}
+            # a job whose record is gone ended (or its node was cleaned): it uses nothing
+            state["users"] = [u for u in state.get("users", []) if isinstance(u, str) and os.path.isdir(u)]
+            yield state
+            data = json.dumps(state).encode() if state.get("users") else b""
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
 
 def copy_dir(record_dir: Path, source: str) -> Path:
@@ -204,30 +255,43 @@ def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
     corral already made for it (another replica's, an earlier attempt's) is kept. Raises
     ``MountError`` naming the mount."""
     made = []
+    me = str(record_dir)
     with _locked(record_dir):
-        ours = {(e["path"], e.get("target")) for e in _records(record_dir) if e.get("kind") == "link"}
+        ours = {(e["path"], e.get("target")) for e in _records(record_dir) if e.get("kind") in ("link", "shared")}
         for remote, source in mounts:
             path = expand(remote, home)
             target = source if sees(source) else _copy(record_dir, source, archive, remote)
-            if os.path.lexists(path):
-                if os.path.islink(path) and os.readlink(path) == target and (path, target) in ours:
-                    made.append(path)
-                    continue
-                raise MountError(f"file_mounts.{remote}: {path} already exists on this node and corral did not make "
-                                 "it for this job; corral replaces nothing: remove it, or mount somewhere else")
-            try:
-                _parents(record_dir, Path(path).parent)
-                _record(record_dir, kind="link", path=path, target=target)
-                os.symlink(target, path)
-            except OSError as exc:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {path} on this node "
-                                 f"({exc.strerror or exc})") from None
+            with _Users(path).held() as users:
+                if os.path.lexists(path):
+                    if os.path.islink(path) and os.readlink(path) == target and (path, target) in ours:
+                        made.append(path)
+                        continue
+                    if users is not None and users.get("users") and users.get("target") == target \
+                            and os.path.islink(path) and os.readlink(path) == target \
+                            and os.lstat(path).st_uid == os.getuid():
+                        _record(record_dir, kind="shared", path=path, target=target)  # another job's, ours too
+                        users["users"].append(me)
+                        made.append(path)
+                        continue
+                    raise MountError(f"file_mounts.{remote}: {path} already exists on this node and corral did not "
+                                     "make it for this job (nor for another of this account's jobs, to the same "
+                                     "source); corral replaces nothing: remove it, or mount somewhere else")
+                try:
+                    dirs = _parents(record_dir, Path(path).parent)
+                    _record(record_dir, kind="link", path=path, target=target)
+                    os.symlink(target, path)
+                except OSError as exc:
+                    raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {path} on this "
+                                     f"node ({exc.strerror or exc})") from None
+                if users is not None:
+                    users.update(target=target, users=[me], dirs=dirs)
             made.append(path)
     return made
 
 
-def _parents(record_dir: Path, directory: Path) -> None:
-    """Create the missing directories above a remote path, each recorded once made."""
+def _parents(record_dir: Path, directory: Path) -> list[str]:
+    """Create the missing directories above a remote path, each recorded once made; returns
+    them, deepest first."""
     missing = []
     while not os.path.lexists(directory) and directory != directory.parent:
         missing.append(directory)
@@ -238,6 +302,7 @@ def _parents(record_dir: Path, directory: Path) -> None:
         except FileExistsError:
             continue  # made meanwhile by someone else: theirs
         _record(record_dir, kind="dir", path=str(each))
+    return [str(each) for each in missing]
 
 
 def detach(record_dir: Path) -> list[str]:
@@ -250,10 +315,11 @@ def detach(record_dir: Path) -> list[str]:
     with _locked(record_dir):
         for entry in reversed(_records(record_dir)):
             path, kind = entry["path"], entry.get("kind")
+            if kind in ("link", "shared"):
+                removed += _leave(record_dir, path, entry.get("target"))
+                continue
             try:
-                if kind == "link" and os.path.islink(path) and os.readlink(path) == entry.get("target"):
-                    os.unlink(path)
-                elif kind == "dir" and os.path.isdir(path) and not os.path.islink(path):
+                if kind == "dir" and os.path.isdir(path) and not os.path.islink(path):
                     os.rmdir(path)
                 elif kind == "copy" and Path(path).resolve().is_relative_to(record_dir.resolve()):
                     shutil.rmtree(path)
@@ -264,6 +330,34 @@ def detach(record_dir: Path) -> list[str]:
             removed.append(path)
         (record_dir / RECORD).unlink(missing_ok=True)
     shutil.rmtree(record_dir, ignore_errors=True)
+    return removed
+
+
+def _leave(record_dir: Path, path: str, target: str | None) -> list[str]:
+    """The job stops using the link at ``path``: removed (with the directories made above it)
+    when no other job of the account uses it, and only while it still points at ``target``."""
+    me, removed = str(record_dir), []
+    with _Users(path).held() as users:
+        if users is not None and users.get("target") == target:
+            users["users"] = [u for u in users["users"] if u != me]
+            if users["users"]:
+                return removed  # another job's still
+            made = users.get("dirs") or []
+        else:
+            made = []  # (none shared: its own "dir" entries remove the directories)
+        try:
+            if os.path.islink(path) and os.readlink(path) == target:
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            return removed
+        for directory in made:  # deepest first; only while empty, and never through a link
+            try:
+                if os.path.isdir(directory) and not os.path.islink(directory):
+                    os.rmdir(directory)
+                    removed.append(directory)
+            except OSError:
+                break
     return removed
 
 

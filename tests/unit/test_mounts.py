@@ -5,6 +5,7 @@ node that does not see the source, copied once for concurrent replicas."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -87,6 +88,49 @@ def test_something_already_there_is_not_replaced(tmp_path: Path) -> None:
             attach(tmp_path / "record", [(str(tmp_path / remote), str(tmp_path / "src"))], str(tmp_path))
     detach(tmp_path / "record")
     assert (tmp_path / "taken").read_text() == "precious" and (tmp_path / "same-link").is_symlink()
+
+
+def test_jobs_of_one_account_linking_one_path_to_one_source_share_the_link(tmp_path: Path) -> None:
+    """A YAML launched twice, an array's elements: the link is there while any of them runs,
+    and goes (with the directories made above it) when the last one ends, whichever it is."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_text("A")
+    mounts = [(str(tmp_path / "made/above/m"), str(tmp_path / "src"))]
+    first, second, third = (tmp_path / f"record{n}" for n in (1, 2, 3))
+    attach(first, mounts, str(tmp_path))
+    attach(second, mounts, str(tmp_path))
+    attach(second, mounts, str(tmp_path))  # its next replica, its next attempt: still one use
+    attach(third, mounts, str(tmp_path))
+    detach(first)  # the one that made it ends first
+    assert (tmp_path / "made/above/m/a").read_text() == "A"
+    detach(third)
+    assert (tmp_path / "made/above/m/a").read_text() == "A"
+    detach(second)
+    assert not (tmp_path / "made").exists()
+    assert (tmp_path / "src" / "a").read_text() == "A"
+
+
+def test_a_link_to_another_source_or_of_a_job_gone_is_not_shared(tmp_path: Path) -> None:
+    for name in ("src", "other"):
+        (tmp_path / name).mkdir()
+    remote = str(tmp_path / "m")
+    attach(tmp_path / "record1", [(remote, str(tmp_path / "src"))], str(tmp_path))
+    with pytest.raises(MountError, match=f"file_mounts.{remote}: .* already exists .* to the same source"):
+        attach(tmp_path / "record2", [(remote, str(tmp_path / "other"))], str(tmp_path))
+    shutil.rmtree(tmp_path / "record1")  # its job's record gone (not ended by corral): nobody's now
+    with pytest.raises(MountError, match="already exists"):
+        attach(tmp_path / "record3", [(remote, str(tmp_path / "src"))], str(tmp_path))
+    assert os.readlink(remote) == str(tmp_path / "src")  # and never replaced
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the link to another account")
+def test_another_account_s_link_is_not_shared(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    remote = str(tmp_path / "m")
+    attach(tmp_path / "record1", [(remote, str(tmp_path / "src"))], str(tmp_path))
+    os.lchown(remote, 4242, 4242)  # (as if another account had made it, with its own state)
+    with pytest.raises(MountError, match="already exists"):
+        attach(tmp_path / "record2", [(remote, str(tmp_path / "src"))], str(tmp_path))
 
 
 def test_a_link_changed_since_is_left_alone(tmp_path: Path) -> None:
