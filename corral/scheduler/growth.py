@@ -75,6 +75,9 @@ def grow(plan: Plan, running: tuple[RunningJob, ...], pool: FreePool, book: Book
             key = (job.id, part.task)
             mine = added.setdefault(key, [])
             request = request_of(job, part, now)
+            if part.request.distinct and mine:  # a distinct_nodes task: one replica per node
+                task = request.tasks[0]
+                request = replace(request, tasks=(replace(task, avoid=task.avoid | {a.node for a in mine}),))
             if tally.blocked(request) is not None or pool.free_gpus < request.gpus:
                 continue
             placed = place_gang(pool, request, scope_of(request, now))
