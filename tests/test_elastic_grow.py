@@ -6,6 +6,7 @@ GPUs (that job starts), and no GPU is ever held twice."""
 from __future__ import annotations
 
 import threading
+import time
 
 from conftest import submit, wait_for, wait_state
 
@@ -71,6 +72,13 @@ def test_a_growing_task_fills_idle_gpus_then_gives_them_back_to_a_pending_job(se
         assert ranks == [0, 1, 2, 3]  # the highest ranks went
         # nothing is left idle to grow into, and it never goes below what it started with
         assert len(live(server, grower["id"])) + 4 <= 8
+        # the other job ends: its GPUs are idle, but the grower was just shrunk for it, so it
+        # waits its settle time (60 s) before growing again instead of thrashing
+        server.post(f"/v1/jobs/{other['id']}/cancel")
+        wait_state(server, other["id"], "CANCELLED")
+        time.sleep(3.0)
+        assert len(live(server, grower["id"])) == 4
+        assert not [e for e in events(server, grower["id"]) if e["cause"] == "grew"][len(grew):]
     finally:
         overlaps = watch.close()
         for job in server.get("/v1/jobs").json():
@@ -84,8 +92,6 @@ def test_a_task_that_did_not_ask_stays_at_its_size(server) -> None:
                          + LOOP)
     wait_state(server, job["id"], "RUNNING")
     wait_for(lambda: len([r for r in live(server, job["id"]) if r["state"] == "RUNNING"]) == 2)
-    import time
-
     time.sleep(2.0)  # several passes
     assert len(live(server, job["id"])) == 2
     assert not [e for e in events(server, job["id"]) if e["cause"] == "grew"]

@@ -164,7 +164,8 @@ class Scheduling:
         book = self.book
         growth = self.scaling.requests(now)
         # a task that grows on its own into idle GPUs needs a pass even with nothing pending
-        growing = self.policy.grow and any(t.service.grow for job in book.active.values() for t in job.tasks)
+        growing = self.policy.grow and any(t.service.grow and t.num_nodes < (t.service.max_nodes or 0)
+                                           for job in book.active.values() for t in job.tasks)
         if not book.pending and not growth and not growing:
             self.priorities, self.expected_starts = {}, {}
             if self.runtimes.predictions:

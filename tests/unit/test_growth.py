@@ -211,9 +211,10 @@ def worlds(draw):
             break
         low = draw(st.integers(1, count))
         high = draw(st.integers(count, 12))
+        initial = draw(st.integers(low, count))  # below count: some of it was lent
         end = draw(st.sampled_from([500.0, 2000.0, 50_000.0]))
         try:
-            job = elastic(pool, job_id, count, low=low, high=high, gpus=per, end=end,
+            job = elastic(pool, job_id, count, low=low, high=high, initial=initial, gpus=per, end=end,
                           grow=draw(st.booleans()), user=f"u{job_id}")
         except (TypeError, ValueError):  # did not fit
             break
@@ -259,3 +260,7 @@ def test_growth_never_overcommits_nor_exceeds_max_nor_takes_what_a_pending_job_i
                 used.add((a.node, g))
     applied = apply_plan(FreePool(pool.views()), plan, running, policy)
     assert applied.grown == plan.grows  # the applier agrees with a fresh plan
+    for preemption in plan.preemptions:  # a job that may not preempt takes back only what was lent
+        for shrink in preemption.shrinks:
+            part = next(p for p in by_id[shrink.job_id].elastic if p.task == shrink.task)
+            assert shrink.replicas >= max(part.min_replicas, part.lent_above or 0) or policy.preempting
