@@ -88,3 +88,17 @@ def test_growth_keeps_a_reservation_in_place() -> None:
     assert done["big"].start == 500.0 and done["grower"].start == 2.0
     assert result.grown == 2 and done["grower"].end < 302.0
     never_overcommitted(result)
+
+
+def test_the_trace_column_max_gpus_is_read_and_checked(tmp_path) -> None:
+    from corral.sim.trace import TraceError, load_trace
+
+    path = tmp_path / "t.csv"
+    path.write_text("job_id,user,submit_s,gpus,duration_s,min_gpus,max_gpus\nj1,u,0,2,100,1,8\n")
+    (job,) = load_trace(path)
+    assert (job.min_gpus, job.max_gpus) == (1, 8)
+    for row, words in (("j1,u,0,2,100,,8", "on an elastic job"), ("j1,u,0,2,100,1,2", "above the job's gpus")):
+        path.write_text(f"job_id,user,submit_s,gpus,duration_s,min_gpus,max_gpus\n{row}\n")
+        with pytest.raises(TraceError, match="max_gpus") as caught:
+            load_trace(path)
+        assert words in str(caught.value)
