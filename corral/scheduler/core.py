@@ -139,7 +139,9 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     claimed: set[int] = set()
     types: frozenset[str] | None = None  # the nodes' GPU types, once a job's reason needs them
     # replicas lent to a growing task are taken back by any pending job, preemption or not
-    preempting = (policy.preempting or any(p.lent for r in running for p in r.elastic)) and bool(running)
+    lent_gpus = sum(len(a.gpus) for r in running for p in r.elastic if p.lent
+                    for a in p.allocations[len(p.allocations) - p.lent:])
+    preempting = (policy.preempting or lent_gpus > 0) and bool(running)
     cut = False  # the queue was not walked to its end this cycle
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
@@ -194,7 +196,9 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
             continue
         first = within[0][1]
         # 5. preempt
-        if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
+        # (without tiers only lent GPUs can be taken back: a job they could not make fit is not tried)
+        if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle and \
+                (policy.preempting or first.gpus <= pool.free_gpus + lent_gpus):
             chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
             if chosen is not None:
                 found, placement = chosen
