@@ -60,7 +60,8 @@ def test_a_growing_task_fills_idle_gpus_then_gives_them_back_to_a_pending_job(se
                  all(r["state"] == "RUNNING" for r in live(server, grower["id"])), timeout=30)
         grew = [e for e in events(server, grower["id"]) if e["cause"] == "grew"]
         assert grew and "grew into idle GPUs" in grew[0]["message"]
-        assert server.get(f"/v1/jobs/{grower['id']}").json()["tasks"][0]["num_nodes"] == 6
+        task = server.get(f"/v1/jobs/{grower['id']}").json()["tasks"][0]
+        assert task["num_nodes"] == 6 and "grows on its own into idle GPUs" in task["scale"]  # corral status
         # a job of 4 GPUs: 2 are idle, the other 2 are lent to the grower, which gives them back
         other = submit(server, "name: other\nresources: {accelerators: H100:4}\n" + LOOP)
         watch.job_ids.append(other["id"])
