@@ -28,11 +28,12 @@ whatever its tier, highest rank first."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around
 from corral.scheduler.limits import Tally
-from corral.scheduler.placement import FreePool, place_gang
+from corral.scheduler.placement import FreePool, Scope, place_gang
 from corral.scheduler.plan import Allocation, Grow, Plan, Reason
 from corral.scheduler.snapshot import Growable, PendingJob, RunningJob
 
@@ -60,7 +61,7 @@ def request_of(job: RunningJob, part: Growable, now: float) -> PendingJob:
 
 
 def grow(plan: Plan, running: tuple[RunningJob, ...], pool: FreePool, book: Book, timeline: Timeline, tally: Tally,
-         scope_of, now: float) -> None:  # noqa: ANN001 - scope_of: (PendingJob, now) -> Scope
+         scope_of: Callable[[PendingJob, float], Scope], now: float) -> None:
     """Add to ``plan.grows`` what the growable tasks of ``running`` take of ``pool``, each
     replica assumed in the pool, the book and the timeline as a backfilled job would be."""
     turns = [(r, part) for r in sorted(running, key=lambda r: (-r.priority, r.started_at, r.id))
