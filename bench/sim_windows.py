@@ -7,7 +7,7 @@ offered load, over several seeds of the users' time-limit over-estimates.
   python bench/sim_windows.py [--windows pollux:w10,pollux:w13,4vc:h1,4vc:h2,alibaba:h1,alibaba:h2]
                               [--seeds 0,1,2,3,4] [--load 0.9] [--workers 2] [--plot DIR]
                               [--policies fifo,slurm,corral | --no-baselines]
-                              [--variant LABEL=config.yaml ...] [--out NAME.json]
+                              [--variant LABEL=config.yaml ...] [--elastic FRACTION] [--out NAME.json]
 
 A window is ``TRACE:wN`` (the jobs submitted in week N, [7N d, 7N + 7 d) of the trace),
 ``TRACE:h1`` / ``TRACE:h2`` (the first or second half of the trace's submission span) or
@@ -24,6 +24,13 @@ policy's ratios to ``slurm`` against the study's targets: mean wait ≤ 0.5, p99
 bounded slowdown ≤ 0.3, worst user's mean wait ≤ 0.75 (each the ratio of the seeds' means,
 with how many seeds hold it), utilisation not lower, mean JCT within 2 % of its floor.
 
+``--elastic FRACTION`` marks that share of the multi-GPU jobs (chosen by seed) elastic, as
+``num_nodes: {min: gpus/2, max: 2 x gpus, grow: true}`` would (trace columns ``min_gpus``,
+``max_gpus``: one-GPU replicas, a pace linear in the GPUs held, grown GPUs at 0.9), the same
+jobs for every row, and adds the row ``corral+grow``: corral with growth into idle GPUs on;
+every other row has it off (Slurm has no such thing), so ``corral`` beside ``corral+grow`` is
+what growth alone changes.
+
 ``--variant LABEL=config.yaml`` adds a row for a site config (its scheduler section and
 account tree, as ``corral sim --config`` reads them), judged against slurm like corral.
 ``--plot DIR`` writes DIR/WINDOW.png per window (the first seed): wait and bounded-slowdown
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import random
 import re
 import statistics
 import sys
@@ -154,14 +162,29 @@ def checkpointing(jobs: list[TraceJob], assumed: tuple[float, float, float] | No
             else j for j in jobs]
 
 
+GROW_ROW = "corral+grow"
+
+
+def elastic(jobs: list[TraceJob], fraction: float | None, seed: int) -> list[TraceJob]:
+    """With ``--elastic FRACTION``: that share of the multi-GPU jobs (drawn per job id and
+    seed, the same for every row) elastic from half their GPUs to twice them."""
+    if not fraction:
+        return jobs
+    return [replace(j, min_gpus=max(1, j.gpus // 2), max_gpus=2 * j.gpus)
+            if j.gpus >= 2 and random.Random(f"{seed}:{j.id}").random() < fraction else j for j in jobs]
+
+
 def run(args: tuple) -> tuple[str, str, int, dict, object, float, float]:
-    window, policy, seed, config, curves, assumed = args
+    window, policy, seed, config, curves, assumed, fraction = args
     jobs = checkpointing(list(window_jobs(window.trace, window.after, window.before, seed)), assumed)
+    jobs = elastic(jobs, fraction, seed)
     site_kwargs: dict = {}
     if config is not None:  # a variant: the site's policy, as `corral sim --config` runs it
         named, site_kwargs = load_site(Path(config)).replay(("leaf",))
     else:
-        named = Policy.named(policy, topology=("leaf",))
+        named = Policy.named("corral" if policy == GROW_ROW else policy, topology=("leaf",))
+    if fraction:  # growth is what the corral+grow row alone has
+        named = replace(named, grow=policy == GROW_ROW)
     started, cpu = time.time(), time.process_time()
     result = simulate(jobs, cluster(window.nodes, window.gpus_per_node, 8), named, **site_kwargs,
                       **loop_of(named.name), record=True)
@@ -215,6 +238,9 @@ def main() -> None:
     parser.add_argument("--checkpointing", metavar="OVER,EVERY,COST",
                         help="assume jobs running over OVER checkpoint every EVERY and pay COST per restart "
                              "(durations, e.g. 1h,30m,5m); the traces declare none")
+    parser.add_argument("--elastic", type=float, metavar="FRACTION",
+                        help="mark this share of multi-GPU jobs elastic (min gpus/2, max 2 x gpus) and add the row "
+                             f"{GROW_ROW} (growth into idle GPUs on; off in every other row)")
     parser.add_argument("--out", type=Path, help="the results file (a bare name: under bench/results/)")
     args = parser.parse_args()
     if not TRACES_DIR.is_dir():
@@ -261,7 +287,9 @@ def main() -> None:
         windows = [sized(parse_window(w.strip()), args.load) for w in args.windows.split(",") if w.strip()]
     except (ValueError, OSError) as exc:
         parser.error(f"--windows: {exc}")
-    rows = [*policies, *variants]
+    if args.elastic is not None and not 0 < args.elastic <= 1:
+        parser.error(f"--elastic {args.elastic}: a share of the multi-GPU jobs in (0, 1]")
+    rows = [*policies, *([GROW_ROW] if args.elastic else []), *variants]
     assumed = None
     if args.checkpointing:
         try:
@@ -270,7 +298,7 @@ def main() -> None:
             parser.error(f"--checkpointing {args.checkpointing!r}: {exc}")
         if len(assumed) != 3 or not all(v > 0 for v in assumed):
             parser.error(f"--checkpointing {args.checkpointing!r}: expected three positive durations OVER,EVERY,COST")
-    runs = [(w, p, s, variants.get(p), args.plot is not None and s == seeds[0], assumed) for w in windows
+    runs = [(w, p, s, variants.get(p), args.plot is not None and s == seeds[0], assumed, args.elastic) for w in windows
             for s in seeds for p in rows]
     # the big windows first, so the pool's last minutes are not one straggler
     runs.sort(key=lambda r: -r[0].jobs)
@@ -317,6 +345,17 @@ def main() -> None:
                   f"{m['preemptions']:.0f} ({m['lost_gpu_s'] / 3600:,.0f}) |")
             label = ""
 
+    if args.elastic:
+        print(f"\nelastic jobs ({args.elastic:g} of the multi-GPU ones): shrinks and GPUs grown into, seeds' means\n")
+        print("| window | policy | shrinks | GPUs grown |")
+        print("| --- | --- | --- | --- |")
+        for w in windows:
+            for policy in rows:
+                per_seed = results.get((w.key, policy))
+                if per_seed:
+                    print(f"| {w.key} | {policy} | {mean_of(per_seed, 'shrinks') or 0:.0f} | "
+                          f"{mean_of(per_seed, 'grown') or 0:.0f} |")
+
     verdicts: dict[str, dict] = {}
     for w in windows:
         base = results.get((w.key, BASELINE), {})
@@ -360,7 +399,7 @@ def main() -> None:
                 draw(curves, path, f"{w.label()}, time-limit seed {seeds[0]}")
                 print(f"plot: {path}", file=sys.stderr)
     record = {"at": datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "seeds": seeds,
-              "load": args.load, "checkpointing": args.checkpointing, "elapsed_s": round(elapsed, 1), "cpu_s": round(cpu, 1), "variants": variants,
+              "load": args.load, "checkpointing": args.checkpointing, "elastic": args.elastic, "elapsed_s": round(elapsed, 1), "cpu_s": round(cpu, 1), "variants": variants,
               "windows": [asdict(w) for w in windows], "verdicts": verdicts,
               "runs": [{"window": k, "policy": p, "seed": s, **m} for (k, p), by in results.items() for s, m in by.items()]}
     path = args.out or Path("sim_windows_variants.json" if variants else "sim_windows.json")

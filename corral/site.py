@@ -9,7 +9,7 @@ starts with it.
                           expansion: 0},
                 max_age: 3d, age_power: 1, favor_small: true, size_fades: true, size_by: gpu_time,
                 expansion_cap: 1d, starve_after: 1d, backfill: {max_reservations: 100, max_jobs: 500},
-                packing: best_fit, preemption: true,   # packing: best_fit (corral) | first_fit (Slurm's)
+                packing: best_fit, preemption: true, grow: true,   # packing: best_fit (corral) | first_fit (Slurm's)
                 las: {thresholds: [1h, 8h], min_run_factor: 3, min_run: 10m, max_preempted: 2,
                       promote_after: 4}}   # preemption for shorter work (off unless given)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
@@ -128,6 +128,8 @@ class SchedulerSettings(_Strict):
     backfill: BackfillSettings = BackfillSettings()
     packing: Literal["best_fit", "first_fit"] | None = None  # default: the named policy's
     preemption: bool = True
+    # elastic tasks with num_nodes grow: true grow into idle GPUs (off: they never grow on their own)
+    grow: bool = True
     # preemption for shorter work within a tier (least attained service); off by default
     las: LasSettings | None = None
 
@@ -401,7 +403,7 @@ def _policy(config: SiteConfig) -> Policy:
                       q.max_gpus_per_account, q.max_gpus, q.gpu_minutes) for q in config.qos),
         accounts=tuple(Account(a.name, a.parent, a.shares, tuple(a.users), a.max_gpus, a.gpu_minutes)
                        for a in config.accounts),
-        topology=tuple(config.topology), preemption=s.preemption, packing=_pick(s.packing, base.packing),
+        topology=tuple(config.topology), preemption=s.preemption, grow=s.grow, packing=_pick(s.packing, base.packing),
         learn_durations=_pick(s.learn_durations, base.learn_durations),
         las=None if s.las is None else Las(tuple(s.las.thresholds), s.las.min_run_factor, s.las.min_run,
                                            s.las.max_preempted, s.las.promote_after))

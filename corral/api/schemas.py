@@ -259,6 +259,9 @@ def _scale_words(spec: dict, count: int) -> str | None:
         elif auto:
             target = auto.get("target_qps_per_replica")
             within += f", autoscaled at {target:g} request{'' if target == 1 else 's'}/s per service replica"
+        elif spec.get("grow"):
+            within += (f", grows on its own into idle GPUs (replicas above {spec.get('num_nodes') or 1} are lent: "
+                       "given back first when a pending job needs the GPUs)")
         words.append(within)
     if gang > 1:
         words.append(f"{count // gang} service replica(s), each a gang of {gang} replicas served by its rank 0")

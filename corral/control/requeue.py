@@ -66,6 +66,10 @@ class Requeues:
                          f"{len(job.replicas_of(task_name))} -> {replicas} replicas to make room "
                          f"for job {for_job} (elastic minimum {task.service.min_nodes})")
         self.moves.journal.task(task.id, num_nodes=replicas)
+        shrunk = self.scaling.shrunk_at
+        if len(shrunk) > 256:  # forget jobs that ended
+            self.scaling.shrunk_at = shrunk = {k: t for k, t in shrunk.items() if k[0] in self.book.active}
+        shrunk[(job.id, task_name)] = now  # a growing task waits before it grows again
         self.scaling.reconcile(s, job, task_name, replicas, now)
 
     def _stop_all(self, job: JobRec, cause: str, now: float) -> None:

@@ -18,7 +18,8 @@ from corral.control.carrier import Carrier
 from corral.control.placement import Placer
 from corral.control.records import JobRec, ReplicaRec
 from corral.control.transitions import Transitions
-from corral.scheduler import Allocation, PendingJob, TaskRequest
+from corral.scheduler import Allocation, Growable, PendingJob, TaskRequest
+from corral.scheduler.growth import SETTLE_S
 from corral.states import JobState, ReplicaState
 from corral.store import repository
 
@@ -26,6 +27,50 @@ from corral.store import repository
 class Scaling:
     def __init__(self, book: Book, moves: Transitions, carrier: Carrier, placer: Placer):
         self.book, self.moves, self.carrier, self.placer = book, moves, carrier, placer
+        # (job, task) -> when it was last shrunk for another job: a task that grows on its own
+        # waits growth.SETTLE_S after it (in memory: a restart forgets it, one early regrowth)
+        self.shrunk_at: dict[tuple[int, str], float] = {}
+
+    def grow(self, s: Session, job_id: int, task_name: str, count: int, allocs: tuple[Allocation, ...],
+             now: float) -> None:
+        """A task growing on its own into idle GPUs (``num_nodes: {..., grow: true}``): its new
+        ranks are added as ``corral scale`` adds them, journalled, and bound at once to where
+        the plan put them (the applier re-checked that they are free)."""
+        job = self.book.active.get(job_id)
+        if job is None or job.state not in (JobState.RUNNING, JobState.STARTING):
+            return
+        task = job.task(task_name)
+        before = len(job.replicas_of(task_name))
+        self.moves.event(job.id, now, task_name, "grew",
+                         f"{before} -> {count} replicas: grew into idle GPUs (elastic max {task.service.max_nodes}; "
+                         f"replicas above {max(int(task.spec.get('num_nodes') or 1), task.service.min_nodes or 0)} "
+                         f"are given back first when a pending job needs them)")
+        self.moves.journal.task(task.id, num_nodes=count)
+        self.reconcile(s, job, task_name, count, now)
+        where = {a.rank: a for a in allocs}
+        for replica in job.replicas_of(task_name):
+            alloc = where.get(replica.rank)
+            if alloc is not None and replica.state == ReplicaState.PENDING:
+                self.placer.place(job, replica, Allocation(task_name, replica.rank, alloc.node, alloc.gpus, alloc.cpus,
+                                                           alloc.memory, alloc.ports), now)
+        self.book.launch_check.add(job.id)
+
+    def growable(self, job: JobRec, task, members: list[ReplicaRec], now: float) -> Growable | None:  # noqa: ANN001
+        """The task as one that grows on its own now, or None: it asks to (``grow``), is below
+        its max, and every member is placed and not stopping (the count the plan grows from)."""
+        spec = task.service
+        if not spec.grow or job.state != JobState.RUNNING or spec.max_nodes is None:
+            return None
+        if len(members) >= spec.max_nodes or len(members) != len(job.replicas_of(task.name)):
+            return None
+        ports = tuple(sorted(set(spec.ports.values())))
+        request = TaskRequest(task.name, 1, task.gpus, task.cpus, task.memory, task.gpu_type,
+                              constraint=spec.constraint, nodes=frozenset(spec.nodelist) if spec.nodelist else None,
+                              exclusive=spec.exclusive, ports=ports, distinct=spec.distinct_nodes,
+                              avoid=_apart(job, task.name, []) if spec.distinct_nodes else frozenset())
+        shrunk = self.shrunk_at.get((job.id, task.name))
+        return Growable(task.name, len(members), spec.max_nodes, request,
+                        0.0 if shrunk is None else shrunk + SETTLE_S)
 
     def reconcile(self, s: Session, job: JobRec, task_name: str, count: int, now: float) -> None:
         """Grow a task with new (or revived) ranks for the scheduler to place, or shrink it by

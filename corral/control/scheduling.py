@@ -98,12 +98,19 @@ class Scheduling:
         live = [r for r in job.members if not r.state.terminal and r.id in allocs]
         ends = [job.started_at + limit for t in job.tasks
                 if job.started_at is not None and (limit := job.time_limit_of(t)) is not None]
-        elastic = []
+        elastic, growable = [], []
         for task in job.tasks:
             low = task.service.min_nodes
             mine = sorted((r for r in live if r.task == task.name and r.stop_requested_at is None), key=lambda r: r.rank)
+            grows = task.service.grow
             if low is not None and len(mine) > low and len(mine) == len(job.replicas_of(task.name)):
-                elastic.append(Shrinkable(task.name, low, tuple(allocs[r.id] for r in mine)))
+                # what a growing task grew above its initial size is lent: anyone takes it back first
+                lent = int(task.spec.get("num_nodes") or 1) if grows else None
+                elastic.append(Shrinkable(task.name, low, tuple(allocs[r.id] for r in mine), lent))
+            if grows and all(r.state in (ReplicaState.RUNNING, ReplicaState.STARTING) for r in mine):
+                part = self.scaling.growable(job, task, mine, now)
+                if part is not None:
+                    growable.append(part)
         ending = job.state == JobState.PREEMPTED or job.cancel_requested or \
             any(t.termination_deadline is not None for t in job.tasks)
         stopping = tuple(allocs[r.id] for r in live if r.stop_requested_at is not None)
@@ -112,7 +119,8 @@ class Scheduling:
                           job.account, job.partition, job.qos, job.started_at or job.submitted_at, job.rank_priority,
                           ending, tuple(elastic), job.name, job.array_job_id, job.no_requeue, stopping,
                           limit_end=limit_end, preemptible=job.preemptible, restart_cost_s=job.restart_cost,
-                          preempted=job.requeues, attained_gpu_s=job.attained_gpu_s)
+                          preempted=job.requeues, attained_gpu_s=job.attained_gpu_s,
+                          growable=tuple(growable) if not ending else ())
 
     def _dependency_states(self, pending: tuple[PendingJob, ...]) -> dict[int, str]:
         wanted = {i for job in pending for dep in job.dependencies for i in dep.job_ids}
@@ -155,7 +163,10 @@ class Scheduling:
         far (a job requeued this cycle is PENDING in the store before its claim)."""
         book = self.book
         growth = self.scaling.requests(now)
-        if not book.pending and not growth:
+        # a task that grows on its own into idle GPUs needs a pass even with nothing pending
+        growing = self.policy.grow and any(t.service.grow and t.num_nodes < (t.service.max_nodes or 0)
+                                           for job in book.active.values() for t in job.tasks)
+        if not book.pending and not growth and not growing:
             self.priorities, self.expected_starts = {}, {}
             if self.runtimes.predictions:
                 self.runtimes.requests(())
@@ -211,6 +222,8 @@ class Scheduling:
             self.requeues.evict(eviction.job_id, eviction.mode, eviction.for_job, now, eviction.why)
         for downsize in applied.downsizes:
             self.requeues.shrink(s, downsize.job_id, downsize.task, downsize.replicas, downsize.for_job, now)
+        for grow in applied.grown:  # elastic tasks growing on their own into what no one else could use
+            self.scaling.grow(s, grow.job_id, grow.task, grow.replicas, grow.allocations, now)
         for cancel in applied.cancels:
             job = book.pending.pop(cancel.job_id, None)
             if job is not None:

@@ -26,6 +26,11 @@ Contract of ``apply_plan(pool, plan, running, policy, pending=None) -> Applied``
   is at least the task's elastic minimum and below its current size (a second shrink of
   the same task in one plan counts from the first's result). ``stopped`` names the highest
   ranks' allocations: those replicas stop, with grace; the job keeps running.
+- A growth (``Plan.grows``, a task growing on its own into idle resources) becomes a
+  ``Grow`` in ``grown`` if its job is still running, not being stopped nor evicted or
+  shrunk in this plan, the task still grows on its own with the size the plan saw, the new
+  size is at most its maximum, and every new replica's allocation still fits the pool (all
+  or none; assumed in it, after the starts, so it never takes a start's place).
 - A dependency cancel becomes a ``DependencyCancel`` if the job is still pending (when
   ``pending`` is given; the caller's own check otherwise).
 - Everything not taken is in ``refused`` with the reason, so the caller can log it; the
@@ -40,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from corral.scheduler.placement import FreePool
-from corral.scheduler.plan import Allocation, Plan, Start
+from corral.scheduler.plan import Allocation, Grow, Plan, Start
 from corral.scheduler.policy import Policy
 from corral.scheduler.snapshot import RunningJob
 
@@ -75,10 +80,10 @@ class DependencyCancel:
 
 @dataclass(frozen=True)
 class Refusal:
-    """A part of the plan not carried out: ``kind`` is evict, shrink or cancel."""
+    """A part of the plan not carried out: ``kind`` is evict, shrink, grow or cancel."""
 
     job_id: int
-    kind: Literal["evict", "shrink", "cancel"]
+    kind: Literal["evict", "shrink", "grow", "cancel"]
     why: str
 
 
@@ -88,6 +93,7 @@ class Applied:
     stale: list[Start] = field(default_factory=list)
     evictions: list[Eviction] = field(default_factory=list)
     downsizes: list[Downsize] = field(default_factory=list)
+    grown: list[Grow] = field(default_factory=list)
     cancels: list[DependencyCancel] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
 
@@ -149,6 +155,12 @@ def apply_plan(pool: FreePool, plan: Plan, running: Iterable[RunningJob], policy
                 out.refused.append(Refusal(shrink.job_id, "shrink", why))
             else:
                 out.downsizes.append(downsize)
+    for grow in plan.grows:
+        why = _grow(pool, jobs.get(grow.job_id), grow, evicted, sizes)
+        if why:
+            out.refused.append(Refusal(grow.job_id, "grow", why))
+        else:
+            out.grown.append(grow)
     for job_id, why in plan.cancels.items():
         if pending is not None and job_id not in pending:
             out.refused.append(Refusal(job_id, "cancel", "no longer pending"))
@@ -173,3 +185,31 @@ def _downsize(job: RunningJob | None, task: str, replicas: int, for_job: int, ev
         return f"task {task!r} already has {current} replicas, not more than {replicas}", None
     sizes[(job.id, task)] = replicas
     return "", Downsize(job.id, task, replicas, for_job, tuple(part.allocations[replicas:current]))
+
+
+def _grow(pool: FreePool, job: RunningJob | None, grow: Grow, evicted: set[int],
+          sizes: dict[tuple[int, str], int]) -> str:
+    """Why ``grow`` is not carried out ("" if it is: its allocations are then assumed in ``pool``)."""
+    if job is None:
+        return "no longer running"
+    if job.ending or job.id in evicted:
+        return "already being stopped"
+    if (job.id, grow.task) in sizes:
+        return f"task {grow.task!r} is being shrunk"
+    part = next((p for p in job.growable if p.task == grow.task), None)
+    if part is None:
+        return f"task {grow.task!r} does not grow on its own now"
+    if part.replicas + len({a.rank for a in grow.allocations}) != grow.replicas:
+        return f"task {grow.task!r} has {part.replicas} replicas now, not what the plan grew from"
+    if grow.replicas > part.max_replicas:
+        return f"{grow.replicas} replicas is above task {grow.task!r}'s elastic maximum {part.max_replicas}"
+    taken = []
+    try:
+        for alloc in grow.allocations:
+            pool.assume(alloc)
+            taken.append(alloc)
+    except (ValueError, KeyError):
+        for alloc in taken:
+            pool.release(alloc)
+        return "its resources are no longer free"
+    return ""

@@ -20,7 +20,9 @@ The cycle, in numbered steps:
   6. reserve  — otherwise it gets a reservation (its earliest start on the timeline), up
                 to the policy's number of reservations;
   7. backfill — a later job may still start now only if it delays no reservation
-                (bounded: at most ``max_backfill_jobs`` jobs are examined per cycle).
+                (bounded: at most ``max_backfill_jobs`` jobs are examined per cycle);
+  8. grow     — elastic tasks that grow on their own (``growth``) take, replica by replica,
+                what no pending job can use: like backfilled jobs running to their limit.
 Strict FIFO stops at the first job that does not fit (held and limit-blocked jobs aside).
 ``full=False`` is Slurm's main scheduler between its backfill passes: priority order, and a
 partition's first job that does not fit blocks the rest of that partition (no reservations,
@@ -40,7 +42,7 @@ from __future__ import annotations
 import gc
 import math
 
-from corral.scheduler import attained, dependency, fairshare, preemption
+from corral.scheduler import attained, dependency, fairshare, growth, preemption
 from corral.scheduler.backfill import INFINITY, Book, Timeline, fits_around, reserve
 from corral.scheduler.guarantee import Guarantees
 from corral.scheduler.limits import Tally
@@ -136,7 +138,11 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     running = list(snapshot.running)
     claimed: set[int] = set()
     types: frozenset[str] | None = None  # the nodes' GPU types, once a job's reason needs them
-    preempting = policy.preempting and bool(running)
+    # replicas lent to a growing task are taken back by any pending job, preemption or not
+    lent_gpus = sum(len(a.gpus) for r in running for p in r.elastic if p.lent
+                    for a in p.allocations[len(p.allocations) - p.lent:])
+    preempting = (policy.preempting or lent_gpus > 0) and bool(running)
+    cut = False  # the queue was not walked to its end this cycle
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
     arrays: dict[int, int] = {}  # array id -> its elements running (a %N throttle caps them)
@@ -149,6 +155,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
             continue
         if len(plan.starts) >= policy.max_starts_per_cycle or (book and examined >= policy.max_backfill_jobs):
             plan.reasons.update(dict.fromkeys((j.id for j in ready[position:]), Reason.PRIORITY))
+            cut = True
             break
         if blocked and job.partition in blocked:
             plan.reasons[job.id] = Reason.PRIORITY
@@ -189,7 +196,9 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
             continue
         first = within[0][1]
         # 5. preempt
-        if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle:
+        # (without tiers only lent GPUs can be taken back: a job they could not make fit is not tried)
+        if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle and \
+                (policy.preempting or first.gpus <= pool.free_gpus + lent_gpus):
             chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
             if chosen is not None:
                 found, placement = chosen
@@ -232,6 +241,9 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                     guarantees.add(best, book)
                 plan.reserved_starts[job.id] = best.start
                 plan.reserved_on[job.id] = best.allocations
+    # 8. grow
+    if policy.grow and any(r.growable for r in running) and not growth.blocked_by(plan, ready, cut, full):
+        growth.grow(plan, snapshot.running, pool, book, timeline, tally, scopes.of, now)
     return plan
 
 

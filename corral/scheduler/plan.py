@@ -47,6 +47,17 @@ class Preemption:
     notes: tuple[tuple[int, str], ...] = ()
 
 
+@dataclass(frozen=True)
+class Grow:
+    """Grow ``task`` of running ``job_id`` to ``replicas`` on its own, into resources no
+    pending job can use this cycle: the new ranks (its highest) go on ``allocations``."""
+
+    job_id: int
+    task: str
+    replicas: int  # the task's new size
+    allocations: tuple[Allocation, ...]
+
+
 @dataclass
 class Plan:
     starts: list[Start] = field(default_factory=list)
@@ -54,6 +65,7 @@ class Plan:
     reserved_starts: dict[int, float] = field(default_factory=dict)  # blocked job -> its planned start
     reserved_on: dict[int, tuple[Allocation, ...]] = field(default_factory=dict)  # ... and where
     preemptions: list[Preemption] = field(default_factory=list)
+    grows: list[Grow] = field(default_factory=list)  # elastic tasks growing into idle resources
     cancels: dict[int, str] = field(default_factory=dict)  # job -> why (an unsatisfiable dependency)
     priorities: dict[int, object] = field(default_factory=dict)  # job -> its Factors, for sprio-like views
     # (account, user) holding less than its share of the GPUs: its starving jobs go first

@@ -153,6 +153,9 @@ class Policy:
     accounts: tuple[Account, ...] = ()  # empty: every account an equal share
     topology: tuple[str, ...] = ()  # node label keys, leaf switch first: ("leaf", "spine")
     preemption: bool = True
+    # elastic tasks that ask for it (num_nodes grow: true) grow into idle resources
+    # (corral.scheduler.growth); a site may turn it off
+    grow: bool = True
     max_preemptions_per_cycle: int = 10
     packing: Packing = "best_fit"  # see corral.scheduler.placement
     # plan with run times learned from history (corral.scheduler.durations) instead of the

@@ -6,8 +6,10 @@ preempt mode is not ``off`` are candidates. Work is lost as little as possible:
 
   1. resources of jobs already being stopped, and of replicas a shrink is stopping, count
      as free first (no new victim if they are enough: the job waits for them);
-  2. surplus replicas of elastic tasks (above their minimum, highest rank first) are taken
-     before any whole job — a shrink loses no job;
+  2. replicas lent to a growing task (``Shrinkable.lent``: what it took of idle resources,
+     ``corral.scheduler.growth``) are taken back first, by any pending job whatever its tier,
+     highest rank first; then surplus replicas of elastic tasks the job may preempt (above
+     their minimum, highest rank first), before any whole job — a shrink loses no job;
   3. then whole jobs: lowest priority first, among equals the most recently started (it
      has done the least work), then the smallest;
   4. victims are added until the gang fits, then every victim that turns out not to be
@@ -60,15 +62,24 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
     placed = _fit(trial, job, scope)
     if placed is not None:
         return Preemption(job.id, ()), placed
-    victims = candidates(job, running, policy, claimed, now)
-    if not victims:
+    victims = candidates(job, running, policy, claimed, now) if policy.preempting else []
+    # (a running job's own growth request never takes back what another job was lent: the
+    # applier refuses any preemption for one, and the request would hold its place for nothing)
+    lenders = [] if job.id < 0 else sorted((r for r in running if not r.ending and r.id not in claimed and any(p.lent for p in r.elastic)),
+                     key=lambda r: (r.priority, -r.started_at, r.id))
+    if not victims and not lenders:
         return None
     units: list[_Unit] = []
+    for r in lenders:  # what growth lent is given back first, by anyone
+        for part in r.elastic:
+            for alloc in reversed(part.allocations[len(part.allocations) - part.lent:] if part.lent else ()):
+                units.append(_Unit(r.id, part.task, (alloc,)))
     by_cost = sorted(victims, key=lambda r: (attained.order(job, r, policy, now), r.priority, -r.started_at, r.gpus, r.id))
     for r in by_cost:
         for part in r.elastic:
-            surplus = len(part.allocations) - part.min_replicas
-            for alloc in reversed(part.allocations[len(part.allocations) - surplus:] if surplus > 0 else ()):
+            surplus = len(part.allocations) - part.min_replicas - part.lent
+            end = len(part.allocations) - part.lent
+            for alloc in reversed(part.allocations[end - surplus:end] if surplus > 0 else ()):
                 units.append(_Unit(r.id, part.task, (alloc,)))
     units += [_Unit(r.id, None, tuple(a for a in r.allocations if a not in r.stopping) if r.stopping else r.allocations)
               for r in by_cost]
@@ -112,7 +123,7 @@ def find(job: PendingJob, pool: FreePool, scope: Scope, running: list[RunningJob
             if unit.task is not None:
                 stuck.add((unit.job_id, unit.task))
     shrinks: dict[tuple[int, str], int] = {}
-    sizes = {(r.id, p.task): len(p.allocations) for r in victims for p in r.elastic}
+    sizes = {(r.id, p.task): len(p.allocations) for r in (*victims, *lenders) for p in r.elastic}
     for unit in chosen.values():
         if unit.task is not None:
             key = (unit.job_id, unit.task)

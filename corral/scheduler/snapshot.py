@@ -154,6 +154,32 @@ class Shrinkable:
     task: str
     min_replicas: int
     allocations: tuple  # tuple[Allocation, ...] of the current members, rank order
+    # a task that grows on its own (``Growable``): replicas above this count were lent to it
+    # while nobody else could use them, so any pending job may take them back (not only one
+    # that may preempt it); None: none are lent
+    lent_above: int | None = None
+
+    @property
+    def lent(self) -> int:
+        """How many of its highest ranks are lent (taken back first, by anyone)."""
+        if self.lent_above is None:
+            return 0
+        return max(0, len(self.allocations) - max(self.lent_above, self.min_replicas))
+
+
+@dataclass(frozen=True)
+class Growable:
+    """An elastic task that grows on its own into resources nobody else can use
+    (``num_nodes: {min, max, grow: true}``, ``corral.scheduler.growth``): it has ``replicas``
+    now (all placed), may have ``max_replicas``, and each more replica needs ``request`` (a
+    one-replica request: its resources and where it may go). It does not grow before
+    ``settled_at`` (it was shrunk for someone else just before)."""
+
+    task: str
+    replicas: int
+    max_replicas: int
+    request: TaskRequest
+    settled_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,6 +213,7 @@ class RunningJob:
     restart_cost_s: float = 0.0  # what a restart costs it (declared or measured)
     attained_gpu_s: float = 0.0  # GPU-seconds held in earlier attempts; this one adds gpus x run
     preempted: int = 0  # times it was preempted so far
+    growable: tuple[Growable, ...] = ()  # tasks that grow on its own into idle resources
 
     @property
     def latest_end(self) -> float:

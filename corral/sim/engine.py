@@ -17,7 +17,16 @@ stop, and each restart first spends ``restart_cost_s``. An elastic job (``min_gp
 be shrunk instead: its highest ranks stop and free their GPUs after the same grace, and it
 keeps running to its original end (its duration is modelled as unchanged by the shrink,
 an optimistic bound for work that slows with fewer workers). A job whose dependency can
-never be met is cancelled. Every such action goes through the applier, re-checked as the
+never be met is cancelled.
+
+An elastic job that grows on its own (``max_gpus``, ``num_nodes`` grow) is given idle GPUs
+by the scheduler's growth step (``corral.scheduler.growth``), up to ``max_gpus``, and gives
+back what it grew above its ``gpus`` first when a pending job needs them. Its work is
+``duration_s x gpus`` GPU-seconds at its asked size, done at a rate linear in the GPUs it
+holds: each GPU up to ``gpus`` counts fully, each GPU above counts ``GROWN_EFFICIENCY``
+(0.9: data-parallel scaling is sub-linear), and a shrink slows it the same way, from the
+moment its replicas are told to stop. A job shrunk for another grows again no sooner than
+``growth.SETTLE_S`` later. Every such action goes through the applier, re-checked as the
 loop re-checks it (a victim already gone is skipped, no shrink goes below the minimum)."""
 
 from __future__ import annotations
@@ -31,14 +40,17 @@ from dataclasses import dataclass, replace
 
 from corral.scheduler import Dependency, NodeView, PendingJob, Policy, Snapshot, TaskRequest, schedule
 from corral.scheduler.applier import Downsize, Eviction, apply_plan
+from corral.scheduler.growth import SETTLE_S
 from corral.scheduler.durations import DurationModel, planned_end
 from corral.scheduler.placement import FreePool
-from corral.scheduler.plan import Allocation
+from corral.scheduler.plan import Allocation, Grow
 from corral.scheduler.priority import CALC_PERIOD_S, decay
-from corral.scheduler.snapshot import RunningJob, Shrinkable
+from corral.scheduler.snapshot import Growable, RunningJob, Shrinkable
 from corral.scheduler.usage import Holding, UsageLedger
 from corral.sim.results import Cancelled, Hold, Outcome, SimResult
 from corral.sim.trace import TraceJob
+
+GROWN_EFFICIENCY = 0.9  # what a GPU above a growing job's asked size adds to its pace
 
 __all__ = ["Cancelled", "Hold", "Outcome", "SimResult", "cluster", "loop_of", "simulate", "to_request"]
 
@@ -150,7 +162,8 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
                 ticking = False
         dirty = dirty or happened
         full = bf_interval_s is None or now >= next_full
-        if not pending or not dirty or (not happened and not full):
+        growing = run.growers and run.pool.free_gpus > 0  # idle GPUs a growing job may take
+        if (not pending and not growing) or not dirty or (not happened and not full):
             continue
         if full and bf_interval_s is not None:
             next_full, dirty = now + bf_interval_s, False
@@ -159,7 +172,8 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
             ticking = True
         if bf_interval_s is None:
             dirty = False
-        if not preempting and run.pool.count_with(min(smallest)) == 0:
+        if not preempting and not growing and not run.lending() and \
+                (not smallest or run.pool.count_with(min(smallest)) == 0):
             continue  # nothing could start: the pass would only compute reservations and reasons
         run.overrun(now)
         if now - last_calc >= priority_calc_s:
@@ -180,12 +194,16 @@ def simulate(jobs: list[TraceJob], nodes: list[NodeView], policy: Policy, bf_int
             run.evict(eviction, now)
         for downsize in applied.downsizes:
             run.shrink(downsize, now)
+        for grow in applied.grown:
+            run.grow(grow, now)
         for cancel in applied.cancels:
             run.cancel_pending(cancel.job_id, cancel.why, now)
+        if applied.accepted and run.growers and run.pool.free_gpus:  # a job that grows may take what is left
+            heapq.heappush(events, (now, _AGAIN, -1, 0))
         if applied.cancels and run.states:  # as the loop rescans: a job waiting on one is cancelled next
             heapq.heappush(events, (now, _AGAIN, -1, 0))
     return SimResult(run.outcomes, total_gpus, sched_cpu, run.placements, unplaceable + len(pending), cycles, usage,
-                     run.cancelled, run.preemptions, run.requeues, run.shrinks, run.lost_gpu_s, run.holds)
+                     run.cancelled, run.preemptions, run.requeues, run.shrinks, run.lost_gpu_s, run.holds, run.grown)
 
 
 # at one instant: grace periods over, then ends, then arrivals; _AGAIN is another pass at once
@@ -208,6 +226,13 @@ class _Life:
     gpu_s_at_start: float = 0.0  # ... before the current attempt
     lost: float = 0.0  # ... counted as lost to preemption
     yields_to: int = 0  # preempted for this job: it goes first once requeued (``PendingJob.yields_to``)
+    # a growing job's pace (``max_gpus``): GPU-seconds of work left as of ``paced``, the GPUs
+    # working on it, the end its pace gives, and when it was last shrunk for another job
+    left: float = 0.0
+    paced: float = 0.0
+    working: int = 0
+    end_at: float | None = None
+    shrunk_at: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -248,7 +273,8 @@ class _Replay:
         self.cancelled: list[Cancelled] = []
         self.holds: list[Hold] = []
         self.held: dict[int, dict[Allocation, float]] = {}  # job -> allocation -> since (when recording)
-        self.placements = self.preemptions = self.requeues = self.shrinks = 0
+        self.placements = self.preemptions = self.requeues = self.shrinks = self.grown = 0
+        self.growers: set[int] = set()  # running jobs that grow on their own
         self.lost_gpu_s = 0.0
         # run times learned from the replay's own completions, when the policy plans with them
         self.durations = DurationModel() if policy.learn_durations else None
@@ -274,7 +300,44 @@ class _Replay:
     def _elastic(self, job: TraceJob, allocations: tuple[Allocation, ...]) -> tuple[Shrinkable, ...]:
         if job.min_gpus is None or len(allocations) <= job.min_gpus:
             return ()
-        return (Shrinkable("main", job.min_gpus, tuple(sorted(allocations, key=lambda a: a.rank))),)
+        # what a growing job grew above its asked size is lent: anyone takes it back first
+        return (Shrinkable("main", job.min_gpus, tuple(sorted(allocations, key=lambda a: a.rank)),
+                           job.gpus if job.max_gpus is not None else None),)
+
+    def _growable(self, i: int, allocations: tuple[Allocation, ...]) -> tuple[Growable, ...]:
+        job = self.jobs[i]
+        if job.max_gpus is None or len(allocations) >= job.max_gpus:
+            return ()
+        return (Growable("main", len(allocations), job.max_gpus, TaskRequest("main", 1, 1, 0.0, 0.0),
+                         self.lives[i].shrunk_at + SETTLE_S),)
+
+    def lending(self) -> bool:
+        """Whether a running job holds GPUs it grew into (any pending job may take them back)."""
+        return bool(self.growers) and any(p.lent for i in self.growers if i in self.running
+                                          for p in self.running[i].elastic)
+
+    def _pace(self, i: int, working: int, now: float) -> None:
+        """A growing job's work goes on with ``working`` GPUs from ``now``: its end moves."""
+        job, life = self.jobs[i], self.lives[i]
+        life.left = max(0.0, life.left - (now - life.paced) * _rate(life.working, job.gpus))
+        life.paced, life.working = now, working
+        life.end_at = now + life.left / _rate(working, job.gpus) if working else math.inf
+        if life.end_at < math.inf:
+            heapq.heappush(self.events, (life.end_at, _END, i, life.token))
+
+    def grow(self, grow: Grow, now: float) -> None:
+        """The applier took the allocations in the pool: the job holds and works on them now."""
+        i = grow.job_id
+        r, life = self.running[i], self.lives[i]
+        self._charge(life, now)
+        allocations = r.allocations + grow.allocations
+        life.gpus += sum(len(a.gpus) for a in grow.allocations)
+        if self.record:
+            self.held[i].update(dict.fromkeys(grow.allocations, now))
+        self.running[i] = replace(r, allocations=allocations, elastic=self._elastic(self.jobs[i], allocations),
+                                  growable=self._growable(i, allocations))
+        self._pace(i, life.working + len(grow.allocations), now)
+        self.grown += len(grow.allocations)
 
     def submit(self, i: int) -> None:
         job = self.jobs[i]
@@ -331,7 +394,7 @@ class _Replay:
                                      elastic=self._elastic(job, allocations), no_requeue=job.no_requeue,
                                      limit_end=now + job.time_limit_s, preemptible=bool(job.checkpoint_s),
                                      restart_cost_s=job.restart_cost_s, attained_gpu_s=life.gpu_s,
-                                     preempted=life.restarts)
+                                     preempted=life.restarts, growable=self._growable(i, allocations))
         if life.first_start is None:
             life.first_start = now
         life.since = life.mark = now
@@ -348,13 +411,19 @@ class _Replay:
         work = job.duration_s - life.kept
         if life.restarts:
             work += job.restart_cost_s
+        if job.max_gpus is not None:  # its pace follows the GPUs it holds
+            self.growers.add(i)
+            life.left, life.paced, life.working = work * job.gpus, now, job.gpus
+            life.end_at = now + work
         heapq.heappush(self.events, (now + work, _END, i, life.token))
 
     def end(self, i: int, token: int, now: float) -> bool:
         """The job's work is done, unless that attempt was stopped since (then: False)."""
         life = self.lives[i]
-        if token != life.token or i not in self.running:
-            return False
+        if token != life.token or i not in self.running or life.end_at is not None and now != life.end_at:
+            return False  # (a growing job's end moved since this one was planned)
+        life.end_at = None
+        self.growers.discard(i)
         self._release(i, self.running.pop(i).allocations, now)
         self._charge(life, now)
         if life.restarts and self.jobs[i].restart_cost_s:  # its last restart's overhead: lost to preemption too
@@ -381,7 +450,9 @@ class _Replay:
         why = "preempted (no requeue)" if job.no_requeue else "preempted (preempt mode cancel)"
         life.yields_to = eviction.for_job
         self._stop(_Stop(i, eviction.mode, life.token, kept, why=why), now)
-        self.running[i] = replace(self.running[i], ending=True, elastic=())
+        self.running[i] = replace(self.running[i], ending=True, elastic=(), growable=())
+        self.growers.discard(i)
+        life.end_at = None
         self.preemptions += 1
 
     def shrink(self, downsize: Downsize, now: float) -> None:
@@ -389,8 +460,12 @@ class _Replay:
         r = self.running[i]
         self._stop(_Stop(i, "shrink", self.lives[i].token, allocations=downsize.stopped), now)
         # as the loop shows it: the stopping replicas are no longer surplus, and free soon
-        self.running[i] = replace(r, elastic=(), stopping=r.stopping + downsize.stopped)
+        self.running[i] = replace(r, elastic=(), stopping=r.stopping + downsize.stopped, growable=())
         self.shrinks += 1
+        if i in self.growers:  # its stopped replicas work no more; it grows again after settling
+            self.lives[i].shrunk_at = now
+            self._pace(i, self.lives[i].working - len(downsize.stopped), now)
+            heapq.heappush(self.events, (now + SETTLE_S, _AGAIN, -1, 0))
 
     def _stop(self, stop: _Stop, now: float) -> None:
         key = self.stop_count = self.stop_count + 1
@@ -411,7 +486,8 @@ class _Replay:
             left = tuple(a for a in r.allocations if a not in stop.allocations)
             stopping = tuple(a for a in r.stopping if a not in stop.allocations)
             self.running[i] = replace(r, allocations=left, stopping=stopping,
-                                      elastic=() if stopping else self._elastic(job, left))
+                                      elastic=() if stopping else self._elastic(job, left),
+                                      growable=() if stopping else self._growable(i, left))
             return
         self._release(i, self.running.pop(i).allocations, now)
         self._charge(life, now)
@@ -435,6 +511,11 @@ class _Replay:
         life = self.lives[i]
         self._state(i, "CANCELLED")
         self.cancelled.append(Cancelled(self.jobs[i], now, why, life.first_start, life.gpu_s, life.restarts))
+
+
+def _rate(working: int, gpus: int) -> float:
+    """GPU-seconds of a growing job's work done per second with ``working`` GPUs (asked: ``gpus``)."""
+    return min(working, gpus) + GROWN_EFFICIENCY * max(0, working - gpus)
 
 
 def _smallest(request: PendingJob) -> int:

@@ -72,6 +72,7 @@ class SimResult:
     # cancelled victim ever held. Grace periods count.
     lost_gpu_s: float = 0.0
     holds: list[Hold] = field(default_factory=list)  # every allocation over time, when asked to record them
+    grown: int = 0  # GPUs elastic jobs grew into on their own (``max_gpus``)
 
     def waits(self) -> list[float]:
         """Each completed job's wait: submit to first start (a requeued job's later waits
@@ -163,7 +164,8 @@ class SimResult:
 
     def _preemption(self) -> dict:
         return {"cancelled": len(self.cancelled), "preemptions": self.preemptions, "requeues": self.requeues,
-                "shrinks": self.shrinks, "lost_gpu_s": round(self.lost_gpu_s, 1)}
+                "shrinks": self.shrinks, "grown": self.grown,
+                "lost_gpu_s": round(self.lost_gpu_s, 1)}
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -7,7 +7,8 @@ preemption cancels the job); ``checkpoint_s`` (the job saves its work every that
 seconds of progress, so a requeued job resumes from its last checkpoint; empty: it starts
 over); ``restart_cost_s`` (seconds each restart after a requeue spends before progressing:
 loading the checkpoint, warming up); ``min_gpus`` (elastic: the job is ``gpus`` one-GPU
-replicas that preemption may shrink down to ``min_gpus``); ``dependency`` (Slurm's syntax on
+replicas that preemption may shrink down to ``min_gpus``); ``max_gpus`` (with ``min_gpus``: it
+also grows on its own into idle GPUs up to that many, ``num_nodes`` grow); ``dependency`` (Slurm's syntax on
 the trace's job ids, ``afterok:7:9,afterany:12``; a dependency that can never be met, e.g. on
 a job cancelled or not in the trace, cancels the job, like ``--kill-on-invalid-dep``).
 
@@ -50,6 +51,8 @@ class TraceJob:
     checkpoint_s: float | None = None
     restart_cost_s: float = 0.0
     min_gpus: int | None = None
+    # an elastic job that grows on its own into idle GPUs up to this many (``num_nodes`` grow)
+    max_gpus: int | None = None
     dependency: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (kind, trace job ids) each
 
 
@@ -84,7 +87,8 @@ def load_trace(path: Path, limit: int | None = None, seed: int = 0, after: float
     return jobs
 
 
-_PREEMPTION_COLUMNS = {"partition", "qos", "no_requeue", "checkpoint_s", "restart_cost_s", "min_gpus", "dependency"}
+_PREEMPTION_COLUMNS = {"partition", "qos", "no_requeue", "checkpoint_s", "restart_cost_s", "min_gpus", "max_gpus",
+                       "dependency"}
 
 
 def _with_preemption(job: TraceJob, row: dict, where: str) -> TraceJob:
@@ -110,7 +114,12 @@ def _with_preemption(job: TraceJob, row: dict, where: str) -> TraceJob:
     if min_gpus is not None and (min_gpus != int(min_gpus) or min_gpus > job.gpus):
         raise TraceError(f"{where}: min_gpus: must be a whole number from 1 to the job's gpus ({job.gpus}), "
                          f"got {row['min_gpus']!r}")
+    max_gpus = number("max_gpus", 1.0)
+    if max_gpus is not None and (max_gpus != int(max_gpus) or max_gpus <= job.gpus or min_gpus is None):
+        raise TraceError(f"{where}: max_gpus: a whole number above the job's gpus ({job.gpus}), on an elastic job "
+                         f"(min_gpus), got {row['max_gpus']!r}")
     return replace(job, partition=(row.get("partition") or "").strip(), qos=(row.get("qos") or "").strip(),
+                   max_gpus=None if max_gpus is None else int(max_gpus),
                    no_requeue=flag in ("1", "true", "yes"), checkpoint_s=checkpoint,
                    restart_cost_s=number("restart_cost_s", 0.0) or 0.0,
                    min_gpus=None if min_gpus is None else int(min_gpus),

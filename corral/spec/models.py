@@ -87,6 +87,9 @@ class TaskSpec(Strict):
     # elastic bounds (None: fixed); min 0 lets an autoscaled service scale to zero
     min_nodes: int | None = Field(default=None, ge=0, le=4096)
     max_nodes: int | None = Field(default=None, ge=1, le=4096)
+    # num_nodes: {..., grow: true}: grows on its own into GPUs nobody else can use, up to
+    # max_nodes; what it grows above its initial count any pending job takes back first
+    grow: bool = False
     # replicas come in gangs of this many (a multi-node service replica: SkyServe's num_nodes
     # under service:); each gang has its own rank 0, MASTER_ADDR and readiness (spec/service.py)
     gang_size: int = Field(default=1, ge=1, le=4096)
@@ -179,6 +182,19 @@ class TaskSpec(Strict):
         if low == 0 and self.autoscale is None:
             raise ValueError("num_nodes min 0 (scale to zero) needs autoscale: the endpoint's requests are what "
                              "bring a replica back")
+        if self.grow:
+            if self.min_nodes is None or self.max_nodes is None or low == high:
+                raise ValueError(f"grow: a task grows on its own only between an elastic min and max "
+                                 f"(num_nodes: {{min: 1, max: 8, grow: true}}); this one is fixed at {self.num_nodes}")
+            if self.num_nodes == high:
+                raise ValueError(f"grow: the task starts at its max ({high}); there is nothing to grow into "
+                                 f"(give initial below max)")
+            if self.autoscale is not None:
+                raise ValueError("grow: an autoscaled service's count follows its request rate; it cannot "
+                                 "also grow into idle GPUs (drop grow or autoscale)")
+            if self.gang_size > 1:
+                raise ValueError(f"grow: a task in gangs of {self.gang_size} (gang_size) does not grow on "
+                                 f"its own (a replica added alone would be a partial gang)")
         if self.gang_size > 1:
             uneven = [f"{name} {value}" for name, value in (("num_nodes", self.num_nodes), ("min", low),
                                                              ("max", high)) if value % self.gang_size]
@@ -280,12 +296,17 @@ class TaskSpec(Strict):
 
 
 def _elastic(value: dict[str, Any]) -> dict[str, Any]:
-    """``num_nodes: {min: 1, max: 4}`` (starts with ``min``, or ``initial`` when given)."""
-    unknown = set(value) - {"min", "max", "initial"}
+    """``num_nodes: {min: 1, max: 4}`` (starts with ``min``, or ``initial`` when given;
+    ``grow: true`` grows it on its own into idle GPUs)."""
+    unknown = set(value) - {"min", "max", "initial", "grow"}
     if unknown or "min" not in value or "max" not in value:
-        raise ValueError("an elastic num_nodes is {min: N, max: M} (optionally initial: K)"
+        raise ValueError("an elastic num_nodes is {min: N, max: M} (optionally initial: K, grow: true)"
                          + (f"; unknown key(s) {sorted(unknown)}" if unknown else ""))
-    return {"num_nodes": value.get("initial", value["min"]), "min_nodes": value["min"], "max_nodes": value["max"]}
+    grow = value.get("grow", False)
+    if not isinstance(grow, bool):
+        raise ValueError(f"grow: true or false (grow into idle GPUs on its own), got {grow!r}")
+    out = {"num_nodes": value.get("initial", value["min"]), "min_nodes": value["min"], "max_nodes": value["max"]}
+    return {**out, "grow": True} if grow else out
 
 
 def _delays(value: Any) -> float | dict[str, float] | None:

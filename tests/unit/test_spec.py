@@ -161,3 +161,19 @@ def test_a_container_task_keeps_its_image_and_options_through_storage() -> None:
     cloud = load_job("name: t\nresources: {image_id: ami-0123456789abcdef0}\nrun: echo\n", source="t.yaml")
     assert cloud.spec.tasks[0].resources.image is None
     assert any("cloud machine image" in w for w in cloud.warnings), cloud.warnings
+
+
+def test_grow_into_idle_gpus_is_opt_in_and_validated() -> None:
+    task = load_job("num_nodes: {min: 1, max: 8, initial: 2, grow: true}\nrun: x\n").spec.tasks[0]
+    assert (task.num_nodes, task.min_nodes, task.max_nodes, task.grow) == (2, 1, 8, True)
+    assert load_job("num_nodes: {min: 1, max: 8}\nrun: x\n").spec.tasks[0].grow is False
+    refused = {
+        "num_nodes: {min: 2, max: 2, grow: true}\nrun: x\n": "only between an elastic min and max",
+        "num_nodes: {min: 1, max: 4, initial: 4, grow: true}\nrun: x\n": "starts at its max",
+        "num_nodes: {min: 1, max: 4, grow: idle}\nrun: x\n": "grow: true or false",
+        "num_nodes: {min: 1, max: 4, grow: true}\ngang_size: 2\nrun: x\n": "gangs",
+    }
+    for text, words in refused.items():
+        with pytest.raises(SpecError, match="grow") as caught:
+            load_job(text)
+        assert words in str(caught.value)
