@@ -148,3 +148,30 @@ def test_only_the_job_s_account_reaches_a_holder_s_agent(corral, tmp_path: Path)
     wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60)
     time.sleep(0.5)
     assert not sock.exists() or not directory.exists()  # the agent removed its socket (or the job its files)
+
+
+def test_a_step_for_a_node_whose_holder_ended_fails_and_never_runs_elsewhere(corral, tmp_path: Path) -> None:
+    """Cancelled, a script that traps the stop and goes on starting a step: node 2's holder has
+    ended, so its task fails at once, never runs in the batch replica with node 2's name (and
+    GPUs that may be another job's by now)."""
+    script = tmp_path / "late.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH -J late -N2 --ntasks-per-node=1
+trap 'echo stopped > {tmp_path}/stopped' TERM
+touch {tmp_path}/up
+while [ ! -e {tmp_path}/stopped ]; do sleep 0.1; done
+srun -N1 -w "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n1)" touch {tmp_path}/ran
+echo "srun exit $?" > {tmp_path}/after
+""")
+    job = corral("sbatch", "--parsable", str(script), check=True).stdout.strip()
+    wait_for(lambda: (tmp_path / "up").exists(), timeout=60)
+    holder = wait_for(lambda: (r := _replicas(_status(corral, job))["node-0"])["state"] == "RUNNING" and r, timeout=30)
+    started = time.monotonic()
+    assert corral("cancel", job, timeout=60).returncode == 0
+    wait_for(lambda: (tmp_path / "after").exists(), timeout=25)
+    assert time.monotonic() - started < 9  # not after srun's wait for a holder that may still come
+    assert (tmp_path / "after").read_text() == "srun exit 1\n"
+    assert not (tmp_path / "ran").exists()
+    wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60)
+    log = corral("logs", job, check=True).stdout
+    assert f"srun: error: {holder['node']}: task 0: its holder on {holder['node']} has ended" in log, log

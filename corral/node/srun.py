@@ -438,8 +438,12 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
                 proc = subprocess.Popen(argv, env=task_env, cwd=cwd, process_group=0, preexec_fn=_restore_signals,
                                         stdout=subprocess.PIPE if label else out,
                                         stderr=subprocess.STDOUT if label and err is out else err)
+        except stepagent.HolderGone as exc:
+            print(f"srun: error: {task['node']}: task {task['rank']}: {exc}", file=sys.stderr)
+            forward(signal.SIGKILL, None)
+            return 1
         except OSError as exc:
-            print(f"srun: error: task {task['rank']}: {argv[0]}: {exc.strerror}", file=sys.stderr)
+            print(f"srun: error: task {task['rank']}: {argv[0]}: {exc.strerror or exc}", file=sys.stderr)
             forward(signal.SIGKILL, None)
             return 2
         with lock:
@@ -455,9 +459,11 @@ def _run_step(opts: dict[str, str], tasks: list[dict], step: int, env: dict[str,
         thread.join(timeout=5)
     for handle in files.values():
         handle.close()
-    for (task, *_), code in zip(started, codes):  # as Slurm's srun says which task failed, and how
+    for (task, *_), proc, code in zip(started, procs, codes):  # as Slurm's srun says which task failed, and how
         if code:
-            how = f"Killed by signal {code - 128}" if code > 128 else f"Exited with exit code {code}"
+            how = f"Killed by signal {code - 128}" if 128 < code < 128 + 65 else f"Exited with exit code {code}"
+            if getattr(proc, "lost", False):
+                how = "Lost: its holder on that node ended under it (exit code 255)"
             print(f"srun: error: {task['node']}: task {task['rank']}: {how}", file=sys.stderr)
     return max(codes) if codes else 0
 

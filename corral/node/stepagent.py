@@ -50,6 +50,16 @@ def socket_name(node: str) -> str:
     return f"{node}.sock"
 
 
+def ended_name(node: str) -> str:
+    """Left by a node's agent when it exits: its holder ended (the job ends, or the node was
+    lost), so a step there fails rather than running in another replica."""
+    return socket_name(node)[:-len(".sock")] + ".ended"
+
+
+class HolderGone(OSError):
+    """The node's holder has ended (or its agent died): its tasks cannot start."""
+
+
 def _short(directory: int, name: str) -> str:
     """A path to ``name`` in an open directory that fits a socket address (108 bytes) however
     deep the job's runtime directory is."""
@@ -82,6 +92,10 @@ class Agent:
         os.chmod(_short(fd, temp), 0o600)
         server.listen(64)
         os.rename(_short(fd, temp), _short(fd, name))
+        try:  # (a holder started again over its last attempt's)
+            os.unlink(_short(fd, ended_name(self.node)))
+        except FileNotFoundError:
+            pass
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._stop)
         server.settimeout(0.2)
@@ -95,6 +109,10 @@ class Agent:
                     continue
                 threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
         finally:
+            try:  # said before the socket goes, so srun never finds neither
+                os.close(os.open(_short(fd, ended_name(self.node)), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            except OSError:
+                pass
             try:
                 os.unlink(_short(fd, name))
             except FileNotFoundError:
@@ -189,11 +207,12 @@ class RemoteTask:
     def __init__(self, conn: socket.socket, pid: int, stdout=None):  # noqa: ANN001
         self.conn, self.pid, self.stdout = conn, pid, stdout
         self.returncode: int | None = None
+        self.lost = False  # its agent went away without a word: no exit code of the task's own
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        code = 255  # the agent went away without a word: its holder ended under the task
+        code = None
         try:
             for line in self.conn.makefile("rb"):
                 message = json.loads(line)
@@ -202,7 +221,8 @@ class RemoteTask:
                     break
         except (OSError, ValueError):
             pass
-        self.returncode = code
+        self.lost = code is None
+        self.returncode = 255 if code is None else code  # 255: its holder ended under the task
 
     def poll(self) -> int | None:
         return self.returncode
@@ -220,19 +240,28 @@ def start_on(node: str, env: dict[str, str], argv: list[str], task_env: dict[str
     """Start a task through ``node``'s agent for this job, waiting a while for it (its holder
     may be starting, or restarting over the socket its last attempt left); None where there
     is none to ask (not an executor with agents, the batch script's own node, or a holder
-    that never opened one: an older job's), and srun then runs the task itself."""
+    that never opened one: one that only holds, an older job's), and srun then runs the task
+    itself. ``HolderGone`` where the node's holder had an agent and has ended: its task
+    never runs elsewhere (in another replica, with another node's GPUs)."""
     directory = env.get(DIR_VAR)
     if not directory or node == env.get("SLURMD_NODENAME"):
         return None
     path = os.path.join(directory, socket_name(node))
     deadline = time.monotonic() + wait_s
+    refused = False
     while True:
         try:
             return start(path, argv, task_env, cwd, stdin, stdout, stderr, reader)
-        except (FileNotFoundError, ConnectionRefusedError):
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(0.02)
+        except FileNotFoundError:
+            if os.path.lexists(os.path.join(directory, ended_name(node))):
+                raise HolderGone(f"its holder on {node} has ended (the job is ending, or the node was lost)") from None
+        except ConnectionRefusedError:  # a socket nobody listens on: its agent was killed
+            refused = True
+        if time.monotonic() >= deadline:
+            if refused:
+                raise HolderGone(f"the step agent of its holder on {node} does not answer (it was killed)")
+            return None
+        time.sleep(0.02)
 
 
 def start_task(node: str, env: dict[str, str], argv: list[str], task_env: dict[str, str], cwd: str,
