@@ -126,7 +126,10 @@ class Client:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InvalidRequest(f"{url!r} is not an http(s):// server address")
         self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port
+        try:
+            self._host, self._port = parts.hostname, parts.port
+        except ValueError as exc:  # a port out of range, or not a number
+            raise InvalidRequest(f"{url!r} is not a server address: {exc}") from None
         self._prefix = parts.path.rstrip("/")
         self.timeout = timeout
         self.ca_bundle, self.pinned_cert = ca_bundle, pinned_cert
@@ -175,7 +178,7 @@ class Client:
         query = urlencode([(k, _wire(v)) for k, value in (params or {}).items()
                            for v in (value if isinstance(value, list) else [value])])
         # an id with a space, a '?' or non-ASCII letters stays one path segment (and cannot end the line)
-        target = quote(self._prefix + path, safe="/:@!$&'()*+,;=") + (f"?{query}" if query else "")
+        target = quote(self._prefix + path, safe="/:@!$&'()*+,;=%") + (f"?{query}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
         headers = dict(self.headers, **({"Content-Type": "application/json"} if payload is not None else {}))
         # A kept-alive connection the server has meanwhile closed fails at once; a GET is then sent
@@ -324,7 +327,7 @@ class Client:
     def endpoints(self, ident: str | int) -> dict[str, Any]:
         """Every replica's rank, name, address, ports, state and readiness, and each service
         task's balanced endpoint (``endpoints``): the job's ``CORRAL_PEERS_FILE`` document."""
-        return self._call("GET", f"/v1/jobs/{ident}/endpoints")
+        return self._call("GET", f"/v1/jobs/{_segment(ident)}/endpoints")
 
     def share(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/share")
@@ -374,33 +377,33 @@ class Client:
             after = batch[-1]["id"]
 
     def job(self, ident: str | int) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{ident}")
+        return self._call("GET", f"/v1/jobs/{_segment(ident)}")
 
     def cancel(self, ident: str | int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/cancel")
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/cancel")
 
     def hold(self, ident: str | int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/hold")
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/hold")
 
     def release(self, ident: str | int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/release")
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/release")
 
     def requeue(self, ident: str | int, hold: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{ident}/requeue", {"hold": True} if hold else None)
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/requeue", {"hold": True} if hold else None)
 
     def set_priority(self, ident: str | int, **changes: float | int | None) -> dict[str, Any]:
         """Change a pending job's ``priority`` (None: back to the formula's) and/or ``nice``."""
-        return self._call("POST", f"/v1/jobs/{ident}/priority", json_body=changes)
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/priority", json_body=changes)
 
     def scale(self, ident: str | int, task: str, replicas: int | None = None, min_nodes: int | None = None,
               max_nodes: int | None = None) -> dict[str, Any]:
         """A task's replica count and/or its elastic bounds (a count alone on an autoscaled
         task pins both bounds to it)."""
         body = {"task": task, "replicas": replicas, "min_nodes": min_nodes, "max_nodes": max_nodes}
-        return self._call("POST", f"/v1/jobs/{ident}/scale", json_body={k: v for k, v in body.items() if v is not None})
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/scale", json_body={k: v for k, v in body.items() if v is not None})
 
     def events(self, ident: str | int) -> list[dict[str, Any]]:
-        return self._call("GET", f"/v1/jobs/{ident}/events")
+        return self._call("GET", f"/v1/jobs/{_segment(ident)}/events")
 
     def partitions(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/partitions")
@@ -417,10 +420,10 @@ class Client:
             params["replica"] = replica
         if prefix is not None:
             params["prefix"] = prefix
-        conn, response = self._request("GET", f"/v1/jobs/{ident}/logs", params, stream=True)
+        conn, response = self._request("GET", f"/v1/jobs/{_segment(ident)}/logs", params, stream=True)
         try:
-            if response.status >= 400:
-                _check(response.status, response.read())
+            if not 200 <= response.status < 300:
+                _check(response.status, response.read(), self.url)
             while True:
                 try:
                     chunk = response.read1(65536)
@@ -440,7 +443,6 @@ class Client:
         ``tty`` gives it a terminal of ``rows`` x ``cols``. Returned once it runs; refusals
         raise as for every call (``Forbidden`` for another user's job, ``Conflict`` when
         the job or replica is not running, ``NotFound`` for no such replica)."""
-        from urllib.parse import quote
 
         from websockets.exceptions import InvalidHandshake, InvalidStatus, WebSocketException
         from websockets.sync.client import connect
@@ -448,7 +450,7 @@ class Client:
         query = f"?{urlencode({'replica': replica})}" if replica else ""
         scheme = "wss" if self._https else "ws"
         port = f":{self._port}" if self._port else ""
-        url = f"{scheme}://{self._host}{port}{self._prefix}/v1/jobs/{quote(str(ident), safe='')}/shell{query}"
+        url = f"{scheme}://{self._host}{port}{self._prefix}/v1/jobs/{_segment(ident)}/shell{query}"
         try:
             ws = connect(url, additional_headers={k: v for k, v in self.headers.items() if k != "Accept"},
                          ssl=self._context() if self._https else None, open_timeout=self.timeout, max_size=None,
@@ -550,13 +552,25 @@ class ShellSession:
         self.close()
 
 
+def _segment(value: object) -> str:
+    """A job id or name as one path segment (a '%' or '?' in it stays inside it); no job's id
+    or name holds a '/', so one that does names none (NotFound), never another path."""
+    text = str(value)
+    if "/" in text:
+        raise NotFound(f"no job {text!r}: a job's id or name never holds '/'", 404)
+    return quote(text, safe="")
+
+
 def _wire(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def _check(status: int, data: bytes, url: str = "the server") -> None:
-    if status < 400:
+    if 200 <= status < 300:
         return
+    if status < 400:  # corral's server never redirects: another server (a proxy, a login page) does
+        raise Unavailable(f"{url} answered HTTP {status} (a redirect), which a corral server never does: is it "
+                          "one, at its own address? (CORRAL_SERVER, corral login)", status)
     try:
         detail = json.loads(data)["detail"]
     except (ValueError, TypeError, KeyError):  # not corral's own error (its answers all say "detail")

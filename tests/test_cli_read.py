@@ -237,3 +237,40 @@ def test_array_elements_are_named_array_index_everywhere(corral, tmp_path: Path)
     data = json.loads(corral("acct", "--json", check=True).stdout)
     assert {(r["array_job_id"], r["array_index"]) for r in data if r["name"] == "elems"} == {(array, 0), (array, 1),
                                                                                              (array, 2)}
+
+
+def test_an_answer_of_another_shape_is_one_line_never_a_traceback(tmp_path: Path) -> None:
+    """Another program on the server's port answering JSON corral's server never gives: every
+    command says so in a line and exits 1 (CORRAL_DEBUG=1 shows the traceback)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    bodies = [b'{"jobs": 5}', b'[1, 2]', b'{"state": null}', b"[" * 50000 + b"]" * 50000]
+
+    def serve() -> None:
+        n = 0
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                body = bodies[n % len(bodies)]
+                n += 1
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                             b"content-length: %d\r\n\r\n" % len(body) + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    env = {**os.environ, "CORRAL_SERVER": f"http://127.0.0.1:{server.getsockname()[1]}", "CORRAL_TOKEN": "t",
+           "XDG_CONFIG_HOME": str(tmp_path), "CORRAL_HOME": str(tmp_path / "home")}
+    env.pop("CORRAL_DEBUG", None)
+    try:
+        for args in (["queue"], ["status", "1"], ["acct"], ["nodes"], ["status", "2"], ["whoami"]):
+            done = subprocess.run([sys.executable, "-m", "corral.cli.main", *args], env=env, capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 1 and "Traceback" not in done.stderr, (args, done.stderr)
+            assert len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+    finally:
+        server.close()

@@ -261,7 +261,9 @@ def test_srun_spreads_tasks_and_splits_gpus() -> None:
 
 def test_srun_refuses_what_the_allocation_cannot_give() -> None:
     for argv, message in ((["-w", "gpu-9"], "not in the job's allocation"), (["-N", "4"], r"3 node\(s\)"),
-                          (["-N1", "-n3", "--gpus-per-task=2"], "not enough"), (["--frobnicate"], "unrecognized")):
+                          (["-N1", "-n3", "--gpus-per-task=2"], "not enough"), (["--frobnicate"], "unrecognized"),
+                          (["-n", "0"], "--ntasks=0: at least 1"), (["--ntasks-per-node=0"], "at least 1"),
+                          (["-w", ""], "names no node")):
         with pytest.raises(UsageError, match=message):
             opts, _ = parse_args(argv + ["cmd"])
             plan_step(opts, NODES, {"SLURM_NTASKS": "3"})

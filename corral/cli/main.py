@@ -317,6 +317,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except CorralError as exc:  # whatever a command did not catch itself (no server, a bad config.yaml …)
         fail(exc)
+    except (KeyError, TypeError, IndexError, AttributeError, RecursionError) as exc:
+        # an answer of a shape no corral server gives (another program on the port, another
+        # version): one line, never a traceback, unless asked for (CORRAL_DEBUG=1)
+        if os.environ.get("CORRAL_DEBUG"):
+            raise
+        print(f"corral {args.command}: error: the server's answer is not what this corral expects "
+              f"({type(exc).__name__}: {str(exc)[:200]}); is CORRAL_SERVER a corral server of this version? "
+              "(CORRAL_DEBUG=1 shows where)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -124,11 +124,18 @@ def plan_step(opts: dict[str, str], nodes: list[dict], env: dict[str, str]) -> l
             raise UsageError(f"--nodelist: {', '.join(missing)} not in the job's allocation "
                              f"({env.get('SLURM_JOB_NODELIST', '')})")
         chosen = [by_name[w] for w in wanted]
+        if not chosen:
+            raise UsageError("--nodelist: names no node")
     else:
         chosen = [by_name[n["name"]] for n in nodes]
     count_nodes = _int(opts, "nodes")
     ntasks = _int(opts, "ntasks")
     per_node = _int(opts, "ntasks-per-node")
+    for name, value in (("ntasks", ntasks), ("ntasks-per-node", per_node)):
+        if value is not None and value < 1:
+            raise UsageError(f"--{name}={value}: at least 1")
+    if not chosen:
+        raise UsageError("the job has no node to run a step on")
     if count_nodes is not None:
         if count_nodes < 1 or count_nodes > len(chosen):
             raise UsageError(f"--nodes={count_nodes}: the job has {len(chosen)} node(s) to run on")

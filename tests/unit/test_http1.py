@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from corral import http1
-from corral.client import Client, InvalidRequest, Unavailable
+from corral.client import Client, InvalidRequest, NotFound, Unavailable
 
 
 class Scripted:
@@ -206,17 +206,18 @@ def test_ids_stay_one_path_segment_and_nothing_can_start_a_second_request() -> N
     server = Echo()
     try:
         with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
-            sneaky = "1 HTTP/1.1\r\nX-Injected: 1\r\n\r\nGET /v1/tokens"
-            assert client.job(sneaky)["line"] == ("GET /v1/jobs/1%20HTTP/1.1%0D%0AX-Injected:%201%0D%0A%0D%0AGET"
-                                                  "%20/v1/tokens HTTP/1.1")
+            sneaky = "1 HTTP\r\nX-Injected: 1\r\n\r\nGET tokens"
+            assert client.job(sneaky)["line"] == ("GET /v1/jobs/1%20HTTP%0D%0AX-Injected%3A%201%0D%0A%0D%0AGET"
+                                                  "%20tokens HTTP/1.1")
+            assert client.job("%41")["line"] == "GET /v1/jobs/%2541 HTTP/1.1"  # a '%' stays itself
             assert client.job("日本")["line"] == "GET /v1/jobs/%E6%97%A5%E6%9C%AC HTTP/1.1"
             assert client.job("a?b#c")["line"] == "GET /v1/jobs/a%3Fb%23c HTTP/1.1"
-        assert len(server.lines) == 3  # one request each, nothing injected
+        assert len(server.lines) == 4  # one request each, nothing injected
         for token in ("x\r\nX-Evil: 1", "x\r", "日本"):
             with Client(f"http://127.0.0.1:{server.port}", token=token) as client:
                 with pytest.raises(InvalidRequest, match="the token holds a line break, a NUL or a non-ASCII"):
                     client.whoami()
-        assert len(server.lines) == 3
+        assert len(server.lines) == 4
     finally:
         server.sock.close()
 
@@ -232,6 +233,21 @@ def test_a_server_that_is_not_corral_is_said_to_be_so(scripted) -> None:
             client.whoami()
         with pytest.raises(Unavailable, match=r"did not answer as a corral server does \(HTTP 200, text/html"):
             client.whoami()
+
+
+def test_a_redirect_a_slash_in_an_id_and_a_bad_port_are_errors_never_data(scripted) -> None:
+    server = scripted(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /v1/jobs/1\r\ncontent-length: 0\r\n\r\n",
+                      close_after=lambda n: True)
+    with Client(f"http://127.0.0.1:{server.port}", token="t") as client:
+        with pytest.raises(Unavailable, match=r"answered HTTP 307 \(a redirect\), which a corral server never does"):
+            client.job(1)
+        for ident in ("1/", "1/events", "../tokens"):  # never another path of the server's
+            with pytest.raises(NotFound, match="never holds '/'"):
+                client.job(ident)
+    assert len(server.connections) == 1  # (one request: the redirect's)
+    for address in ("http://127.0.0.1:99999", "http://127.0.0.1:abc"):
+        with pytest.raises(InvalidRequest, match="is not a server address"):
+            Client(address)
 
 
 def test_a_stream_cut_by_the_server_says_so(scripted) -> None:
