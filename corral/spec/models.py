@@ -108,7 +108,8 @@ class TaskSpec(Strict):
     depends_on: list[Dependency] = []
     restart: RestartPolicy = RestartPolicy()
     stop_signal: SignalName = "SIGTERM"
-    grace_period: Duration = DEFAULT_GRACE_S
+    # at most a day: a program that ignores its stop signal holds its GPUs for the whole of it
+    grace_period: Annotated[Duration, Field(le=86400.0)] = DEFAULT_GRACE_S
     time_limit: Duration | None = None
     signal_before_timeout: WarnBeforeTimeout | None = None
     # it saves its work (checkpoints) and resumes from it when requeued: a site whose scheduler

@@ -177,3 +177,10 @@ def test_grow_into_idle_gpus_is_opt_in_and_validated() -> None:
         with pytest.raises(SpecError, match="grow") as caught:
             load_job(text)
         assert words in str(caught.value)
+
+
+def test_a_grace_period_is_at_most_a_day() -> None:
+    """A program that ignores its stop signal holds its GPUs for the whole grace period."""
+    assert load_job("run: x\ngrace_period: 1d\n").spec.tasks[0].grace_period == 86400
+    with pytest.raises(SpecError, match=r"<spec>:2: .*grace_period: .*less than or equal to 86400"):
+        load_job("run: x\ngrace_period: 100000d\n")
