@@ -379,8 +379,10 @@ class Client:
     def job(self, ident: str | int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_segment(ident)}")
 
-    def cancel(self, ident: str | int) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{_segment(ident)}/cancel")
+    def cancel(self, ident: str | int, force: bool = False) -> dict[str, Any]:
+        """Stop the job (its replicas' stop signal, SIGKILL after their grace period); ``force``:
+        SIGKILL now, also for a job already in its grace period."""
+        return self._call("POST", f"/v1/jobs/{_segment(ident)}/cancel", {"force": True} if force else None)
 
     def hold(self, ident: str | int) -> dict[str, Any]:
         return self._call("POST", f"/v1/jobs/{_segment(ident)}/hold")

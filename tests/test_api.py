@@ -176,6 +176,27 @@ run: |
     assert "killed" in causes and "cancel_requested" in causes
 
 
+def test_cancel_force_kills_now_also_a_job_in_its_grace_period(server, tmp_path: Path) -> None:
+    """scancel -s KILL, kubectl delete --force: a program ignoring its stop signal with a long
+    grace period is SIGKILLed now, by its owner, whether or not its grace period has begun."""
+    spec = "grace_period: 1h\nrun: |\n  trap '' TERM\n  while true; do sleep 0.1; done\n"
+    waiting, direct = (submit(server, f"name: stubborn{n}\n" + spec) for n in range(2))
+    for job in (waiting, direct):
+        wait_state(server, job["id"], "RUNNING")
+    assert server.post(f"/v1/jobs/{waiting['id']}/cancel").json()["cancelled"] is True
+    time.sleep(1.0)
+    assert server.get(f"/v1/jobs/{waiting['id']}").json()["state"] == "RUNNING"  # in its 1 h grace period
+    for job in (waiting, direct):
+        started = time.monotonic()
+        assert server.post(f"/v1/jobs/{job['id']}/cancel", params={"force": True}).json()["cancelled"] is True
+        done = wait_state(server, job["id"], "CANCELLED", timeout=10)
+        assert time.monotonic() - started < 5
+        replica = done["tasks"][0]["replicas"][0]
+        assert replica["state"] == "KILLED" and replica["exit_code"] == 137, replica
+        told = [e["message"] for e in server.get(f"/v1/jobs/{job['id']}/events").json()]
+        assert any("cancel --force by" in (m or "") for m in told), told
+
+
 def test_cancel_pending_job(server) -> None:
     blocker = submit(server, "name: blocker\nnum_nodes: 2\nresources: {accelerators: H100:4}\nrun: sleep 30\n")
     wait_state(server, blocker["id"], "RUNNING")  # else the small job, favoured by priority, would go first

@@ -205,12 +205,14 @@ def cancel(args: Namespace) -> None:
     failed = 0
     for ident in jobs:
         try:
-            result = client.cancel(ident)
+            result = client.cancel(ident, force=args.force)
         except CorralError as exc:
             err.print(f"[red]error:[/red] {exc.message}")
             failed = max(failed, _code(exc))
             continue
         verb = "cancelling" if result["cancelled"] else f"not cancelled (already {result['state']} or cancelling)"
+        if args.force and result["cancelled"]:
+            verb = "killed (SIGKILL, no grace period)"
         if result.get("elements"):  # a whole array: say how many of its elements stop
             verb += f" ({result['elements']} array element{'s' if result['elements'] != 1 else ''})"
         # as named (an array element as ARRAY_INDEX, as scancel and squeue show it)

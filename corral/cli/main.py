@@ -182,6 +182,9 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                    help="only jobs in these states: PENDING, STARTING, RUNNING (or PD, R; repeatable or comma-separated)")
     c.add_argument("-n", "--name", help="only jobs of this name")
     c.add_argument("-p", "--partition", help="only jobs in this partition")
+    c.add_argument("--force", action="store_true",
+                   help="SIGKILL every replica now, without its grace period (also one already in it), "
+                        "as scancel -s KILL or kubectl delete --force")
 
     for name, summary in (("hold", "Keep pending jobs from starting until `corral release` (reason JobHeldUser; "
                                    "JobHeldAdmin when an operator holds another user's job)."),

@@ -58,7 +58,8 @@ class Carrier:
                     self._restart_causes[replica.id] = d.cause
                 self.signal(job, replica, d.cause, now, d.message, d.signal, d.grace)
             elif isinstance(d, Kill):
-                self.moves.event(job.id, now, replica.label, "killed", "grace period over: SIGKILL")
+                self.moves.event(job.id, now, replica.label, "killed",
+                                 "cancel --force: SIGKILL" if job.force_kill else "grace period over: SIGKILL")
                 self.effects.kill(replica.infra or self.inventory.infra_of_node(replica.node or ""), replica.handle,
                                   f"job {job.id} {replica.label}")
                 replica.kill_at = None
@@ -159,7 +160,7 @@ class Carrier:
             self.effects.signal(infra, replica.handle, signal_number(signame), what)
             self.moves.event(job.id, now, replica.label, cause, message)
             return
-        grace = service.grace_period if grace < 0 else grace
+        grace = 0.0 if job.force_kill else service.grace_period if grace < 0 else grace
         self.effects.signal(infra, replica.handle, signal_number(signame), what, (job.id, replica.id, grace))
         replica.kill_at = now + grace  # moved later by ``regrace`` once the signal is really sent
         self.moves.journal.replica(replica.id, kill_at=replica.kill_at)

@@ -63,6 +63,7 @@ class Change:
 class CancelJobs(Change):
     job_ids: tuple[int, ...] = ()
     target: str = ""  # what the audit names: "job 7", "job 7 (array)"
+    force: bool = False  # SIGKILL now, no grace period (also for a job already in it)
 
 
 @dataclass(eq=False)
@@ -146,9 +147,12 @@ class Commands:
         user = c.who.user
         if isinstance(c, CancelJobs):
             changed = tuple(repository.request_cancels(s, list(c.job_ids), now, user))
-            self._audit(s, c, "cancel", c.target + (f" ({len(changed)} element(s))" if len(c.job_ids) > 1 else ""),
-                        "ok", None if changed else "already ended or cancelling")
+            forced = self._force(c.job_ids, now, user) if c.force else ()
+            self._audit(s, c, "cancel --force" if c.force else "cancel",
+                        c.target + (f" ({len(changed)} element(s))" if len(c.job_ids) > 1 else ""),
+                        "ok", None if changed or forced else "already ended or cancelling")
             cancels.extend(changed)
+            changed = tuple(dict.fromkeys(changed + forced))
             return Outcome(bool(changed), ids=changed)
         if isinstance(c, ScaleTask):
             job = self.book.active.get(c.job_id)
@@ -242,6 +246,25 @@ class Commands:
         return list(s.scalars(select(Job.id).where(
             Job.requeue_requested_at.is_not(None),
             Job.state.in_([JobState.STARTING.value, JobState.RUNNING.value]))))
+
+    def _force(self, job_ids: tuple[int, ...], now: float, user: str) -> tuple[int, ...]:
+        """``cancel --force``: the job's stops give no grace period, and replicas already in
+        theirs are SIGKILLed at the cycle's end (their ``kill_at`` journalled as now)."""
+        forced = []
+        for job_id in job_ids:
+            job = self.book.active.get(job_id)
+            if job is None:
+                continue  # pending (cancelled at once) or over: nothing runs
+            job.force_kill = True
+            forced.append(job_id)
+            for replica in job.replicas:
+                if replica.kill_at is not None and replica.handle is not None and replica.kill_at > now:
+                    replica.kill_at = now
+                    self.moves.journal.replica(replica.id, kill_at=now)
+            self.moves.event(job_id, now, "job", "cancel", f"cancel --force by {user}: SIGKILL now, no grace period")
+            self.book.wake_at(now, job_id)
+            self.book.dirty.add(job_id)
+        return tuple(forced)
 
     def cancel(self, s: Session, job_ids: list[int], now: float) -> None:
         """A pending job ends CANCELLED at once; an active one is marked, and stops (every

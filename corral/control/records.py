@@ -97,6 +97,7 @@ class JobRec:
     state: JobState
     submitted_at: float
     cancel_requested: bool
+    force_kill: bool = False  # cancel --force: its stops give no grace period (in memory only)
     tasks: list[TaskRec] = field(default_factory=list)
     replicas: list[ReplicaRec] = field(default_factory=list)
     partition: str = ""

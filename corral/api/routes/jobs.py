@@ -260,15 +260,17 @@ def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
-def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
+def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep, force: bool = False):
     """Cancel a job; an array's id (its first element's) cancels every element, and
-    ``ARRAYID_INDEX`` one element, as ``scancel`` does."""
+    ``ARRAYID_INDEX`` one element, as ``scancel`` does. ``force``: SIGKILL every replica now,
+    without its grace period (also a job already in it), as ``scancel -s KILL``."""
     found = _acting_on(session, job, who, state, "cancel")
     whole = found.array_job_id == found.id and "_" not in job
     targets = tuple(t.id for t in repository.array_members(session, found.id)) if whole else (found.id,)
     job_id, job_state = found.id, found.state
     session.close()  # no connection held while the loop carries the change out
-    done = state.change(CancelJobs(who, job_ids=targets, target=f"job {job_id}" + (" (array)" if whole else "")))
+    done = state.change(CancelJobs(who, job_ids=targets, target=f"job {job_id}" + (" (array)" if whole else ""),
+                                   force=force))
     return CancelResponse(id=job_id, cancelled=done.changed, state=job_state,
                           elements=len(done.ids) if whole else None)
 
