@@ -189,6 +189,20 @@ def _free_subnet() -> int:
     raise RuntimeError("no free 172.31.N.0/24 for the lab")
 
 
+def _nameservers() -> list[str]:
+    """This machine's DNS servers (IPv4), which a worker's namespace cannot reach: its packets
+    would be dropped (no forwarding from the lab's bridge), so every lookup DNS is asked, as
+    ``getent hosts`` asks for a name's IPv6 address before reading the IPv4 one in /etc/hosts,
+    would wait out the resolver's timeouts (20 s). Routed as unreachable there, a lookup fails
+    at once, as a cluster's DNS server answers at once for a name it does not know."""
+    try:
+        lines = Path("/etc/resolv.conf").read_text().splitlines()
+    except OSError:
+        return []
+    return [parts[1] for parts in (line.split() for line in lines)
+            if len(parts) >= 2 and parts[0] == "nameserver" and parts[1].count(".") == 3]
+
+
 def _cleanup_leftovers() -> None:
     """Namespaces and bridges of earlier runs that died without tearing down."""
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
@@ -279,6 +293,8 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
                 _run("ip", "netns", "exec", netns, "ip", "link", "set", ns_end, "up")
                 _run("ip", "netns", "exec", netns, "ip", "link", "set", "lo", "up")
                 _run("ip", "netns", "exec", netns, "ip", "route", "add", "default", "via", head_ip)
+                for server in _nameservers():  # unreachable at once, not a black hole (see _nameservers)
+                    _run("ip", "netns", "exec", netns, "ip", "route", "add", "unreachable", server, check=False)
             lab.wait_nodes(i + 1)  # one at a time: raylets starting together on one machine can time out
             manager_port = port + 10 + i
             # its own directories for corral's files (CORRAL_RAY_DIR), as a machine of its own has

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_for, wait_for
+from conftest import cli_events, cli_for, wait_for
 from corral.admission import Admitted, Refusal, admit
 from corral.control.inventory import Inventory
 from corral.pool import NodeSpec
@@ -382,9 +382,11 @@ def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_
     started again; once Slurm answers, the job is adopted and ends as it ran."""
     lab = _LabCopy(tmp_path)
     corral = lab.corral
-    marker = tmp_path / "ran"
+    marker, release = tmp_path / "ran", tmp_path / "release"
+    # it runs until the test releases it, once adopted (before, a fixed 40 s that mostly waited)
     (tmp_path / "gpu.yaml").write_text(f"resources: {{accelerators: H100:1}}\n"
-                                       f"run: echo x >> {marker}; sleep 40; echo finished\n")
+                                       f"run: echo x >> {marker}; while [ ! -e {release} ]; do sleep 0.2; done; "
+                                       f"echo finished\n")
     try:
         gpu = corral("launch", "-d", "-p", "gpu", str(tmp_path / "gpu.yaml"), timeout=120).stdout.strip()
         wait_for(lambda: json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING", timeout=120,
@@ -396,6 +398,9 @@ def test_a_slurm_job_running_when_the_server_restarts_blind_is_kept_and_adopted_
         time.sleep(5)  # some cycles with Slurm silent
         assert json.loads(corral("status", gpu, "--json").stdout)["state"] == "RUNNING"
         lab.restore()
+        # adopted while it still runs, then it ends by itself
+        wait_for(lambda: any(e["cause"] == "adopted" for e in cli_events(corral, gpu)), timeout=120, interval=1)
+        release.touch()
         done = wait_for(lambda: (j := json.loads(corral("status", gpu, "--json").stdout))["state"]
                         in ("SUCCEEDED", "FAILED", "CANCELLED") and j, timeout=180, interval=1)
         if done["state"] != "SUCCEEDED":
