@@ -267,6 +267,17 @@ def corral(tmp_path_factory):
     run.stop()
 
 
+def _until(corral, job_id: str, text: str, what: str = "logs", timeout: float = 60) -> str:
+    """The job's log (or events) once ``text`` is in it."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while text not in (said := corral(what, job_id).stdout):
+        assert time.monotonic() < deadline, said
+        time.sleep(0.2)
+    return said
+
+
 def test_an_srun_step_runs_in_its_container_with_its_mounts(corral) -> None:
     from container_lab import MARKER, containers_of
 
@@ -363,10 +374,7 @@ echo "kept in $CORRAL_NAMED_CONTAINERS"
 srun --container-name=tf sleep 300
 """)
     job_id = corral("sbatch", "named-long.sbatch", check=True).stdout.split()[-1]
-    deadline = time.monotonic() + 60
-    while "kept in " not in (log := corral("logs", job_id).stdout):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.2)
+    log = _until(corral, job_id, "kept in ", timeout=60)
     kept = Path(log.split("kept in ", 1)[1].split()[0])
     assert (kept / "index").exists(), log
     corral("cancel", job_id, check=True)
@@ -413,10 +421,7 @@ kill -9 $client
 echo "client killed"
 """)
     job_id = corral("sbatch", "orphan.sbatch", check=True).stdout.split()[-1]
-    deadline = time.monotonic() + 90
-    while "client killed" not in (log := corral("logs", job_id).stdout):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.2)
+    _until(corral, job_id, "client killed", timeout=90)
     deadline = time.monotonic() + 60
     while containers_of("step"):
         assert time.monotonic() < deadline, f"left running: {containers_of('step')}"
@@ -466,10 +471,7 @@ def test_a_batch_script_is_starting_while_its_container_s_image_is_pulled(gated)
     def replica() -> dict:
         return json.loads(corral("status", job_id, "--json", check=True).stdout)["tasks"][0]["replicas"][0]
 
-    deadline = time.monotonic() + 60
-    while "batch script's container runs" not in corral("events", job_id).stdout:
-        assert time.monotonic() < deadline, corral("events", job_id).stdout
-        time.sleep(0.2)
+    _until(corral, job_id, "batch script's container runs", "events")
     seen = [replica() for _ in range(3)]  # the gate is shut: however long it takes, no further
     assert {r["state"] for r in seen} == {"STARTING"}, seen
     assert seen[-1]["reason"].startswith(f"pulling image {corral.image}"), seen
@@ -504,14 +506,9 @@ wait $!
 echo "srun exit $?"
 """)
     job_id = corral("sbatch", "early.sbatch", check=True).stdout.split()[-1]
-    deadline = time.monotonic() + 60
-    while "stopped srun" not in (log := corral("logs", job_id).stdout):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.2)
+    _until(corral, job_id, "stopped srun")
     (corral.work / "gate").touch()
-    while "srun exit" not in (log := corral("logs", job_id).stdout):
-        assert time.monotonic() < deadline, log
-        time.sleep(0.2)
+    log = _until(corral, job_id, "srun exit")
     assert "srun exit 143" in log and "stopped (SIGTERM) before its tasks started" in log, log
     time.sleep(1)
     assert not (out / "ran").exists(), log
