@@ -98,3 +98,22 @@ def test_a_task_that_did_not_ask_stays_at_its_size(server) -> None:
     assert not [e for e in events(server, job["id"]) if e["cause"] == "grew"]
     server.post(f"/v1/jobs/{job['id']}/cancel")
     wait_state(server, job["id"], "CANCELLED")
+
+
+def test_a_count_given_by_hand_caps_a_growing_task(server) -> None:
+    """As a HorizontalPodAutoscaler would undo a bare `kubectl scale`, growth would undo a
+    scale-down at once (stopping replicas only to start them again): the count caps it."""
+    grower = submit(server, "name: capped\nnum_nodes: {min: 1, max: 6, initial: 2, grow: true}\n"
+                            "resources: {accelerators: H100:1}\n" + LOOP)
+    wait_for(lambda: len(live(server, grower["id"])) == 6, timeout=30)
+    for count in (3, 1):
+        done = server.post(f"/v1/jobs/{grower['id']}/scale", json={"task": "capped", "replicas": count})
+        assert done.status_code == 200, done.text
+        wait_for(lambda c=count: len(live(server, grower["id"])) == c, timeout=30)
+        time.sleep(2.0)  # idle GPUs all around: it stays at the count
+        assert len(live(server, grower["id"])) == count
+        task = server.get(f"/v1/jobs/{grower['id']}").json()["tasks"][0]
+        assert task["max_nodes"] == count, task
+    grew = server.post(f"/v1/jobs/{grower['id']}/scale", json={"task": "capped", "max_nodes": 4})
+    assert grew.status_code == 200, grew.text
+    wait_for(lambda: len(live(server, grower["id"])) == 4, timeout=30)  # room again: it grows into it

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from corral.api.errors import invalid_parameter
 from corral.api.schemas import ScaleRequest
 from corral.scheduler import PendingJob, TaskRequest
-from corral.spec.models import TaskSpec
+from corral.spec.models import STORED, TaskSpec
 from corral.store.tables import Task
 
 
@@ -77,6 +77,12 @@ def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[Pe
                     detail += f", that is {low // gang} to {high // gang} service replicas of {gang} nodes each"
                 raise invalid_parameter("body", "replicas", detail + "; corral scale --min/--max changes the bounds")
             whole("replicas", count)  # within bounds already accepted: what cannot be placed waits, saying why
+            if spec.get("grow") and count < high:
+                # it would grow straight back into the GPUs it gives up: the count caps it, as a
+                # count pins an autoscaled task (a HorizontalPodAutoscaler overrides a bare scale)
+                why = (f"a count on a task that grows on its own caps it: it grows no further than {units(count)} "
+                       "until corral scale --max gives it room again")
+                return Scale(count, (low, count), why)
             return Scale(count)
         # an autoscaled task: a bare count would be undone by the autoscaler, so it pins the bounds
         if count == 0:
@@ -110,7 +116,7 @@ def decide(body: ScaleRequest, spec: dict, task: Task, never_holds: Callable[[Pe
     changed = {**spec, "min_nodes": new_low, "max_nodes": new_high,
                "num_nodes": min(new_high, max(new_low, int(spec.get("num_nodes") or 1)))}
     try:
-        TaskSpec.model_validate(changed)
+        TaskSpec.model_validate(changed, context={STORED: True})  # (a grow task may be capped at its min)
     except ValidationError as exc:
         raise invalid_parameter("body", "min_nodes" if body.min_nodes is not None else "max_nodes",
                                 f"task {name!r}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None

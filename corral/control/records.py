@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from corral.control.lifecycle import JobView, ReplicaView, TaskView
 from corral.scheduler import Allocation, Dependency, PendingJob, TaskRequest, Topology
-from corral.spec.models import TaskSpec
+from corral.spec.models import STORED, TaskSpec
 from corral.states import JobState, ReplicaState, retired
 from corral.store.tables import Job, Replica, Task
 
@@ -209,7 +209,7 @@ def alternatives_of(spec: TaskSpec) -> tuple[tuple[int, float, float, str | None
 
 @lru_cache(maxsize=4096)
 def _task_spec(text: str) -> TaskSpec:
-    return TaskSpec.model_validate_json(text)
+    return TaskSpec.model_validate_json(text, context={STORED: True})
 
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,

@@ -25,6 +25,9 @@ from corral.spec.world import World
 from corral.spec.service import (Autoscale, Dependency, Endpoint, Ports, Probe, RestartPolicy, Scheduling, SignalName,
                                  TopologyRequest, WarnBeforeTimeout, check_ports, from_skyserve, resolve_port)
 
+# the validation context of a job's spec as stored (bounds moved by `corral scale`), not as submitted
+STORED = "stored"
+
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,62}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -168,7 +171,7 @@ class TaskSpec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _elastic_bounds(self) -> TaskSpec:
+    def _elastic_bounds(self, info: ValidationInfo) -> TaskSpec:
         low = self.num_nodes if self.min_nodes is None else self.min_nodes
         high = self.max_nodes or self.num_nodes
         if not low <= self.num_nodes <= high:
@@ -183,11 +186,13 @@ class TaskSpec(Strict):
         if low == 0 and self.autoscale is None:
             raise ValueError("num_nodes min 0 (scale to zero) needs autoscale: the endpoint's requests are what "
                              "bring a replica back")
+        # a stored spec (``STORED``) may have no room left to grow: `corral scale` capped it
+        capped = bool(info.context and info.context.get(STORED))
         if self.grow:
-            if self.min_nodes is None or self.max_nodes is None or low == high:
+            if self.min_nodes is None or self.max_nodes is None or (low == high and not capped):
                 raise ValueError(f"grow: a task grows on its own only between an elastic min and max "
                                  f"(num_nodes: {{min: 1, max: 8, grow: true}}); this one is fixed at {self.num_nodes}")
-            if self.num_nodes == high:
+            if self.num_nodes == high and not capped:
                 raise ValueError(f"grow: the task starts at its max ({high}); there is nothing to grow into "
                                  f"(give initial below max)")
             if self.autoscale is not None:
