@@ -9,7 +9,8 @@ import pytest
 from builders import node, snapshot, task
 
 from corral.runtime import batchenv as slurmjob
-from corral.node.srun import UsageError, parse_args, plan_step, scontrol
+from corral.node.scontrol import scontrol
+from corral.node.srun import UsageError, parse_args, plan_step
 from corral.scheduler import PendingJob, Policy, RunningJob, schedule
 from corral.scheduler.plan import Allocation, Reason
 from corral.scheduler.placement import why_infeasible

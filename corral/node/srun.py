@@ -550,58 +550,6 @@ def _wait_all(procs: list[subprocess.Popen], wait_s: int, kill_bad: bool, forwar
         time.sleep(0.02)
 
 
-def scontrol(argv: list[str]) -> int:
-    from hostlist import collect_hostlist, expand_hostlist
-
-    words = [w for w in argv if w not in ("-o", "--oneliner")]
-    if len(words) >= 2 and words[0] == "show" and words[1] in ("hostnames", "hostname", "hostlist", "hostlistsorted"):
-        text = ",".join(words[2:]) or os.environ.get("SLURM_JOB_NODELIST", "")
-        if not text:
-            print("scontrol: error: no hostlist given and SLURM_JOB_NODELIST is not set", file=sys.stderr)
-            return 1
-        try:
-            if words[1].startswith("hostname"):
-                print("\n".join(expand_hostlist(text)))
-            else:
-                names = expand_hostlist(text)
-                print(collect_hostlist(sorted(names) if words[1] == "hostlistsorted" else names))
-        except Exception:
-            print(f"scontrol: error: invalid hostlist {text!r}", file=sys.stderr)
-            return 1
-        return 0
-    if len(words) >= 2 and words[0] == "show" and words[1] == "job":
-        return _show_job(words[2] if len(words) > 2 else os.environ.get("SLURM_JOB_ID", ""))
-    print(f"scontrol: error: corral's scontrol shows hostnames, hostlist and this job only, not "
-          f"'{' '.join(argv)}'", file=sys.stderr)
-    return 1
-
-
-def _show_job(ident: str) -> int:
-    env = os.environ
-    if not ident or ident != env.get("SLURM_JOB_ID"):
-        print(f"slurm_load_jobs error: Invalid job id specified ({ident})", file=sys.stderr)
-        return 1
-    limit = env.get("SLURM_JOB_TIME_LIMIT")
-    fields = [
-        ("JobId", ident), ("JobName", env.get("SLURM_JOB_NAME", "")), ("UserId", env.get("SLURM_JOB_USER", "")),
-        ("Account", env.get("SLURM_JOB_ACCOUNT", "")), ("QOS", env.get("SLURM_JOB_QOS", "")),
-        ("JobState", "RUNNING"), ("Partition", env.get("SLURM_JOB_PARTITION", "")),
-        ("TimeLimit", _clock(int(limit)) if limit else "UNLIMITED"), ("Restarts", env.get("SLURM_RESTART_COUNT", "0")),
-        ("NodeList", env.get("SLURM_JOB_NODELIST", "")), ("BatchHost", env.get("SLURMD_NODENAME", "")),
-        ("NumNodes", env.get("SLURM_NNODES", "")), ("NumTasks", env.get("SLURM_NTASKS", "")),
-        ("CPUs/Task", env.get("SLURM_CPUS_PER_TASK", "1")), ("WorkDir", os.getcwd()),
-        ("ArrayJobId", env.get("SLURM_ARRAY_JOB_ID", "")), ("ArrayTaskId", env.get("SLURM_ARRAY_TASK_ID", "")),
-    ]
-    print("   ".join(f"{k}={v}" for k, v in fields if v != ""))
-    return 0
-
-
-def _clock(seconds: int) -> str:
-    days, rest = divmod(seconds, 86400)
-    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{text}" if days else text
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "corral-stepd":  # a holder replica: its node's step agent (``node.stepagent``)
@@ -619,7 +567,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("srun", "scontrol"):
         print("usage: srun.py srun|scontrol|corral-container|slurm-srun|task-container ARGS", file=sys.stderr)
         return 2
-    return srun(argv[1:]) if argv[0] == "srun" else scontrol(argv[1:])
+    if argv[0] == "scontrol":
+        from corral.node.scontrol import scontrol
+
+        return scontrol(argv[1:])
+    return srun(argv[1:])
 
 
 if __name__ == "__main__":
