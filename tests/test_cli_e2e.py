@@ -252,6 +252,25 @@ run: sleep 120
     assert ("side-0", "lost") in causes and ("main-0", "exited") in causes, sorted(causes)
 
 
+def test_a_replica_killed_by_corral_at_its_grace_end_after_a_crash_is_killed_not_lost(corral, tmp_path: Path) -> None:
+    """Cancelled, the server killed -9 during the grace period and started again: the replica
+    it adopted is SIGKILLed at the grace end and recorded KILLED with 137, not as lost."""
+    spec = write(tmp_path, "g6.yaml", "name: g6\ngrace_period: 3s\nrun: |\n  trap '' TERM\n"
+                                      "  while true; do sleep 0.05; done\n")
+    job_id = corral("launch", "-d", str(spec), check=True).stdout.strip()
+    wait_for(lambda: status(corral, job_id)["state"] == "RUNNING")
+    corral("cancel", job_id, check=True)
+    info = json.loads((corral.home / "server.json").read_text())
+    os.kill(info["pid"], signal.SIGKILL)
+    wait_for(lambda: corral("server", "status").returncode == 1)
+    corral("server", "start", check=True)
+    wait_for(lambda: status(corral, job_id)["state"] == "CANCELLED", timeout=30)
+    replica = status(corral, job_id)["tasks"][0]["replicas"][0]
+    assert replica["state"] == "KILLED" and replica["exit_code"] == 137, replica
+    told = [e["message"] or "" for e in json.loads(corral("events", job_id, "--json", check=True).stdout)]
+    assert not any("while corral was down" in m for m in told), told
+
+
 def test_daily_habits_hold_release_requeue_cancel_filters_and_tail(corral, tmp_path: Path) -> None:
     spin = write(tmp_path, "spin.yaml", "resources: {accelerators: H100:1}\nrun: |\n"
                                         "  for i in $(seq 1 30); do echo tick $i; done\n  trap 'exit 0' TERM\n"

@@ -68,6 +68,7 @@ class LocalExecutor(EventStream):
         self._children: dict[str, subprocess.Popen] = {}  # key -> our child wrapper
         self._watched: dict[int, tuple[str, int]] = {}  # pidfd -> (key, pid)
         self._ending: set[str] = set()  # wrappers ended, processes of the attempt not yet all gone
+        self._killed: set[str] = set()  # attempts this executor SIGKILLed (the end of a grace period)
         self._rc: dict[str, int | None] = {}  # our child wrapper's return code, kept while it is being ended
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe()
@@ -200,6 +201,8 @@ class LocalExecutor(EventStream):
         if pid <= 0 or not self._alive(pid, key, handle.get("started_at")):
             return False
         if signum == signal.SIGKILL:
+            with self._lock:  # its end is ours: an adopted wrapper (not our child) leaves no exit code
+                self._killed.add(key)
             self.runner.end_tree(key, pid)
             return True
         if handle.get("container"):  # and to the programs in its container (off the loop's thread)
@@ -386,9 +389,13 @@ class LocalExecutor(EventStream):
         with self._lock:
             self._ending.discard(key)
             rc = self._rc.pop(key, None)
+            killed = key in self._killed
+            self._killed.discard(key)
         code = self.runner.exit_code(key)
         if code is None and rc is not None:
             code = 128 - rc if rc < 0 else rc
+        if code is None and killed:  # (a wrapper adopted after a restart: its SIGKILL was corral's)
+            code = 128 + signal.SIGKILL
         if code is None:
             self._emit(Observed(key, Kind.LOST, reason="the process ended while corral was down and left no exit code"))
         else:
