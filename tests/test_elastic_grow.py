@@ -5,10 +5,13 @@ GPUs (that job starts), and no GPU is ever held twice."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
-from conftest import submit, wait_for, wait_state
+import pytest
+
+from conftest import POOL, submit, wait_for, wait_state
 
 LOOP = "run: |\n  trap 'exit 0' TERM\n  while true; do sleep 0.05; done\n"
 
@@ -117,3 +120,19 @@ def test_a_count_given_by_hand_caps_a_growing_task(server) -> None:
     grew = server.post(f"/v1/jobs/{grower['id']}/scale", json={"task": "capped", "max_nodes": 4})
     assert grew.status_code == 200, grew.text
     wait_for(lambda: len(live(server, grower["id"])) == 4, timeout=30)  # room again: it grows into it
+
+
+@pytest.mark.parametrize("site_config", [POOL + "scheduler: {grow: false}\n"])
+def test_a_site_without_growth_says_so_at_submission_and_the_task_keeps_its_count(server) -> None:
+    from corral.spec.world import submitter_environment
+
+    done = server.post("/v1/jobs", json={"yaml": "name: kept\nnum_nodes: {min: 1, max: 6, initial: 2, grow: true}\n"
+                                                 "resources: {accelerators: H100:1}\n" + LOOP, "cwd": os.getcwd(),
+                                         "environment": submitter_environment(os.environ, None)})
+    assert done.status_code == 201, done.text
+    assert any("grow is off on this site" in w for w in done.json()["warnings"]), done.json()
+    job_id = done.json()["job"]["id"]
+    wait_for(lambda: len(live(server, job_id)) == 2 and
+             all(r["state"] == "RUNNING" for r in live(server, job_id)), timeout=30)
+    time.sleep(1.5)
+    assert len(live(server, job_id)) == 2

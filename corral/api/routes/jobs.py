@@ -151,7 +151,11 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
             f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
             f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
             f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
-    body = SubmitResponse(job=JobOut.of(stored), warnings=loaded.warnings,
+    warnings = list(loaded.warnings)
+    if not state.site.policy.grow:
+        warnings += [f"task {t.name!r}: grow is off on this site (config.yaml scheduler.grow: false): it keeps "
+                     "the count it is given" for t in spec.tasks if t.grow]
+    body = SubmitResponse(job=JobOut.of(stored), warnings=warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
