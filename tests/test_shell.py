@@ -52,8 +52,8 @@ def _run(ws) -> tuple[int, bytes, bytes]:
         assert "started" in said, said
 
 
-def _running(server, spec: str = SLEEPER) -> int:
-    job = submit(server, spec)["id"]
+def _running(server) -> int:
+    job = submit(server, SLEEPER)["id"]
     wait_state(server, job, "RUNNING")
     return job
 
@@ -112,8 +112,7 @@ def test_an_operator_may_and_the_owner_s_entry_names_the_command(server) -> None
 
 
 def test_the_process_ends_with_the_connection_the_replica_and_the_token(server) -> None:
-    # a short grace period: a shell's process is ended with what is left of the replica at its end
-    job = _running(server, SLEEPER + "grace_period: 1s\n")
+    job = _running(server)
     # the connection: the client leaves, the process (and what it started) is ended
     connection = _open(server, job, {"command": ["sh", "-c", "sleep 3011 & exec sleep 3012"]})
     ws = connection.__enter__()
