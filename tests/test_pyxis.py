@@ -247,6 +247,18 @@ def test_srun_inside_a_containerised_script_is_warned_about() -> None:
 
 # -- end to end, on the local infra's Podman -----------------------------------------------------
 
+def _cli(home: Path, cwd: Path):
+    """The CLI against a server of ``home`` whose batch scripts' srun runs this tree's corral
+    (none of this process's SLURM_* variables)."""
+    import corral as package
+    root = str(Path(package.__file__).resolve().parents[1])
+    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=cwd, timeout=120)
+    for name in [k for k in run.env if k.startswith("SLURM_")]:
+        del run.env[name]
+    return run
+
+
 @pytest.fixture(scope="module")
 def corral(tmp_path_factory):
     from container_lab import SITE, ensure_image
@@ -256,12 +268,7 @@ def corral(tmp_path_factory):
     home = work / "home"
     home.mkdir()
     (home / "config.yaml").write_text(POOL + SITE)
-    import corral as package
-    root = str(Path(package.__file__).resolve().parents[1])
-    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=work, timeout=120)
-    for name in [k for k in run.env if k.startswith("SLURM_")]:
-        del run.env[name]
+    run = _cli(home, work)
     run.image = image
     yield run
     run.stop()
@@ -444,12 +451,7 @@ def gated(tmp_path: Path):
                       f'exec {need_podman()} "$@"\n')
     engine.chmod(0o755)
     (home / "config.yaml").write_text(POOL + SITE + f"  engine: {engine}\n")
-    import corral as package
-    root = str(Path(package.__file__).resolve().parents[1])
-    pythonpath = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
-    run = cli_for(home, {"PYTHONPATH": pythonpath}, cwd=tmp_path, timeout=120)
-    for name in [k for k in run.env if k.startswith("SLURM_")]:
-        del run.env[name]
+    run = _cli(home, tmp_path)
     run.image = ensure_image().rsplit(":", 1)[0] + ":gated"
     subprocess.run([need_podman(), "tag", ensure_image(), run.image], check=True)
     yield run
