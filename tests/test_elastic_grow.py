@@ -136,3 +136,6 @@ def test_a_site_without_growth_says_so_at_submission_and_the_task_keeps_its_coun
              all(r["state"] == "RUNNING" for r in live(server, job_id)), timeout=30)
     time.sleep(1.5)
     assert len(live(server, job_id)) == 2
+    # status says it too, not "grows on its own"
+    scale = server.get(f"/v1/jobs/{job_id}").json()["tasks"][0]["scale"]
+    assert "this site has growth off" in scale and "grows on its own" not in scale, scale

@@ -151,13 +151,15 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job, expected_start: float | None = None, down: Mapping[str, str] | None = None,
-           predicted: Mapping[int, float] | None = None, waiting: Mapping[int, str] | None = None) -> JobOut:
+           predicted: Mapping[int, float] | None = None, waiting: Mapping[int, str] | None = None,
+           grow: bool = True) -> JobOut:
         """Built from a stored row without validating it again (``model_construct``): every
         value already has its field's type, and a listing of thousands of jobs (or a flood of
         submissions, each answered with its job) would otherwise validate each one twice.
         ``down``: partitions DOWN now, with why (a job waiting for one shows why); ``predicted``:
         pending jobs' predicted run times (the loop's, as of its last pass); ``waiting``: why a
-        running job's replicas wait for a place (replica id -> the scheduler's reason)."""
+        running job's replicas wait for a place (replica id -> the scheduler's reason); ``grow``:
+        whether the site lets elastic tasks grow on their own (config.yaml scheduler.grow)."""
         by_task: dict[str, list[Replica]] = {}
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
@@ -173,7 +175,7 @@ class JobOut(BaseModel):
             predicted_run_s=_predicted(job, predicted),
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
             array_throttle=getattr(job, "array_throttle", None), **_world(job), run_as=getattr(job, "run_as", None),
-            tasks=[_task(job, t, by_task.get(t.name, []), waiting) for t in job.tasks])
+            tasks=[_task(job, t, by_task.get(t.name, []), waiting, grow) for t in job.tasks])
 
 
 def _predicted(job: Job, predicted: Mapping[int, float] | None) -> float | None:
@@ -243,7 +245,7 @@ def _world(job: Job) -> dict[str, Any]:
     return {"cwd": world.get("cwd"), "export": export, "exported": len(world.get("environment") or {})}
 
 
-def _scale_words(spec: dict, count: int) -> str | None:
+def _scale_words(spec: dict, count: int, grow: bool = True) -> str | None:
     """A task's replicas in words where they are more than a count: an elastic task's bounds
     and who moves it within them, gangs (multi-node service replicas), and a service at zero
     replicas, why and what brings one back."""
@@ -259,6 +261,9 @@ def _scale_words(spec: dict, count: int) -> str | None:
         elif auto:
             target = auto.get("target_qps_per_replica")
             within += f", autoscaled at {target:g} request{'' if target == 1 else 's'}/s per service replica"
+        elif spec.get("grow") and not grow:
+            within += (", asks to grow into idle GPUs but this site has growth off (config.yaml scheduler.grow: "
+                       "false): it keeps its count unless scaled")
         elif spec.get("grow"):
             within += (f", grows on its own into idle GPUs (replicas above {spec.get('num_nodes') or 1} are lent: "
                        "given back first when a pending job needs the GPUs)")
@@ -276,7 +281,8 @@ def _workdir(spec: dict) -> str | None:
     return workdir.get("url") if isinstance(workdir, dict) else workdir
 
 
-def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, str] | None = None) -> TaskOut:
+def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, str] | None = None,
+          grow: bool = True) -> TaskOut:
     alternatives, alternative = _alternative(job, task)
     spec = next((t for t in job.spec.get("tasks", []) if t.get("name") == task.name), {})
     # a batch script run in its own container (#SBATCH --container-image) waits for it alike
@@ -292,7 +298,7 @@ def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, s
         cpus=task.cpus, memory=task.memory, termination_delay=task.termination_delay, alternatives=alternatives,
         alternative=alternative, workdir=_workdir(spec), restart=_restart_words(spec.get("restart")),
         endpoint=f"127.0.0.1:{task.endpoint_port}" if task.endpoint_port and job.state in _LIVE else None,
-        scale=_scale_words(spec, task.num_nodes) if job.state in _LIVE else None,
+        scale=_scale_words(spec, task.num_nodes, grow) if job.state in _LIVE else None,
         gang_size=int(spec.get("gang_size") or 1),
         replicas=[ReplicaOut.model_construct(
             rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,

@@ -306,8 +306,10 @@ def _elastic(value: dict[str, Any]) -> dict[str, Any]:
     ``grow: true`` grows it on its own into idle GPUs)."""
     unknown = set(value) - {"min", "max", "initial", "grow"}
     if unknown or "min" not in value or "max" not in value:
+        missing = [key for key in ("min", "max") if key not in value]
         raise ValueError("an elastic num_nodes is {min: N, max: M} (optionally initial: K, grow: true)"
-                         + (f"; unknown key(s) {sorted(unknown)}" if unknown else ""))
+                         + (f"; unknown key(s) {sorted(unknown)}" if unknown else "")
+                         + (f"; {' and '.join(missing)} missing" if missing else ""))
     grow = value.get("grow", False)
     if not isinstance(grow, bool):
         raise ValueError(f"grow: true or false (grow into idle GPUs on its own), got {grow!r}")

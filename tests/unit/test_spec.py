@@ -177,6 +177,9 @@ def test_grow_into_idle_gpus_is_opt_in_and_validated() -> None:
         with pytest.raises(SpecError, match="grow") as caught:
             load_job(text)
         assert words in str(caught.value)
+    # a grow that leaves out max is told which bound is missing, on num_nodes' line
+    with pytest.raises(SpecError, match=r"<spec>:2: .*num_nodes: .*max missing"):
+        load_job("run: x\nnum_nodes: {min: 1, grow: true}\n")
 
 
 def test_a_grace_period_is_at_most_a_day() -> None:

@@ -155,7 +155,7 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     if not state.site.policy.grow:
         warnings += [f"task {t.name!r}: grow is off on this site (config.yaml scheduler.grow: false): it keeps "
                      "the count it is given" for t in spec.tasks if t.grow]
-    body = SubmitResponse(job=JobOut.of(stored), warnings=warnings,
+    body = SubmitResponse(job=JobOut.of(stored, grow=state.site.policy.grow), warnings=warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
 
@@ -253,14 +253,16 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
     expected = dict(state_.loop.view.expected_starts)
     down = state_.loop.view.down_partitions
     predicted, waiting = state_.loop.view.predictions, state_.loop.view.waiting
-    return [JobOut.of(j, expected.get(j.id), down, predicted, waiting) for j in jobs]
+    grow = state_.site.policy.grow
+    return [JobOut.of(j, expected.get(j.id), down, predicted, waiting, grow) for j in jobs]
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
 def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
     found = _job_or_404(session, job, who.user)
     view = state.loop.view
-    return JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions, view.waiting)
+    return JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions, view.waiting,
+                     state.site.policy.grow)
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
@@ -353,7 +355,7 @@ def scale(job: str, body: ScaleRequest, session: SessionDep, state: StateDep, wh
     session.close()  # no connection held while the loop carries the change out
     state.change(ScaleTask(who, job_id=job_id, task=body.task, replicas=asked.replicas, bounds=asked.bounds,
                            why=asked.why, fixed=asked.fixed))
-    return JobOut.of(repository.load_job(session, job_id))
+    return JobOut.of(repository.load_job(session, job_id), grow=state.site.policy.grow)
 
 
 @router.post("/{job}/priority", response_model=JobOut, responses=documented(400, 404, 409, 413, 422))
@@ -384,7 +386,7 @@ def reprioritize(job: str, body: PriorityRequest, session: SessionDep, state: St
         raise HTTPException(409, f"job {job_id} is {done.state}"
                                  f"{' and being cancelled' if done.cancelling else ''}; only a pending "
                                  "job's priority can change")
-    return JobOut.of(repository.load_job(session, job_id))
+    return JobOut.of(repository.load_job(session, job_id), grow=state.site.policy.grow)
 
 
 @router.get("/{job}/endpoints", responses=documented(404))
