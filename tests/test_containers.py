@@ -131,6 +131,36 @@ def test_cancel_and_a_killed_wrapper_leave_no_container(server) -> None:
     wait_for(lambda: containers_of(scope) == [], timeout=30)
 
 
+def test_a_container_whose_wrapper_is_killed_ends_by_its_lifeline(server, monkeypatch) -> None:
+    """Where the wrapper's own engine kills it (Slurm ending a step or an allocation, a Ray
+    worker's death) on a node no corral reaches afterwards, nothing removes the container by
+    name: it ends because its wrapper is gone (its lifeline), not later, not never."""
+    from corral.node import container as engine_files
+
+    runner = server.state.loop.inventory.executors["local"].runner
+
+    def as_slurm_ends_a_step(key: str, pid: int | None, thorough: bool = False) -> list[int]:
+        # the step's processes die (the wrapper's group: it and the engine's client); the
+        # engine's monitor (conmon, its own session and cgroup) is not among them, and no
+        # corral on that node removes the container by name
+        if pid:
+            os.killpg(pid, signal.SIGKILL)
+        return []
+
+    monkeypatch.setattr(runner, "end_tree", as_slurm_ends_a_step)
+    monkeypatch.setattr(engine_files, "remove", lambda run_dir: None)
+    job = submit(server, f"name: orphan\nresources: {{image_id: docker:{IMAGE}}}\nrun: echo up; exec sleep 300\n")
+    wait_state(server, job["id"], "RUNNING", timeout=60)
+    scope = _scope(server)
+    wait_for(lambda: len(containers_of(scope)) == 1, timeout=30)
+    wait_for(lambda: "up" in server.get(f"/v1/jobs/{job['id']}/logs").text, timeout=30)
+    pid = server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: containers_of(scope) == [], timeout=20)
+    # stop signals are the replica's: a cancelled job's container still gets its grace period
+    # (test_a_program_in_a_container_gets_the_stop_signal_and_its_grace)
+
+
 @pytest.fixture(scope="module")
 def registry():
     registry = start_registry()

@@ -84,7 +84,19 @@ SHELL = (f'if [ -n "${{{SIGNALS_VAR}:-}}" ]; then corral_traps() {{ {TRAPS}; }};
 # (``PROFILE``), then ``SHELL`` in bash where the image has it (SkyPilot's scripts are bash),
 # else in its /bin/sh.
 PROFILE = "/run/corral-env"
-LAUNCH = (f'if [ -r {PROFILE} ]; then . {PROFILE}; fi; '
+# The container's lifeline (Podman, ``--preserve-fds``): fd 3 is a FIFO whose only writer is the
+# attempt's wrapper on the node. The engine runs a container under its own monitor, outside the
+# wrapper's processes, so a wrapper killed by its engine (Slurm ending a step or an allocation,
+# a Ray worker's death), where no corral is left to remove the container by name, would leave
+# it running on the node with its GPUs. Once no writer is left, the read sees EOF and every
+# process of the container is killed; ``--rm`` then removes it. Only in a PID namespace of the
+# container's own (its pid 1 is the engine's init), so ``kill -1`` reaches nothing else; the
+# stop signals are the replica's, not the watcher's.
+LIFELINE = ('if [ -e /proc/$$/fd/3 ] && { read -r c < /proc/1/comm; [ "$c" = podman-init ]; } 2>/dev/null; then '
+            '(trap "" TERM INT HUP QUIT USR1 USR2; while read -r _; do :; done; kill -9 -1) <&3 >/dev/null 2>&1 & '
+            'fi; exec 3<&-; ')
+LIFELINE_FILE = "lifeline"
+LAUNCH = (LIFELINE + f'if [ -r {PROFILE} ]; then . {PROFILE}; fi; '
           'if command -v bash >/dev/null 2>&1; then exec bash -c "$0" corral-replica "$@"; fi; '
           'exec /bin/sh -c "$0" corral-replica "$@"')
 # Run as the job's account before the engine (root's, for another account) binds paths: a bind
@@ -114,13 +126,14 @@ def engine_path(container: Container) -> str:
 def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
             hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
             locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False,
-            marks: Path | None = None) -> list[str]:
+            marks: Path | None = None, lifeline: bool = False) -> list[str]:
     """Write the attempt's container files into ``run_dir`` (which exists); the names of
     variables that could not go in (a line break), for the replica's log. ``passthrough``:
     variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
     step's GPUs and ids), taken from the engine's own environment then. ``marks``: the job's
     directory on the node (gone with the job), where a pull with a login is remembered for the
-    task's other replicas."""
+    task's other replicas. ``lifeline``: the attempt's wrapper passes the container its
+    lifeline (``LIFELINE``) on fd 3."""
     engine = engine_path(container)
     name = name_of(scope, key)
     # Another account's job, started by root: its own (rootless) engine runs its container, as
@@ -140,7 +153,8 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     inside = {k: v for k, v in env.items() if k not in HOST_ONLY and k not in skipped}
     spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
     inside = {k: v for k, v in inside.items() if k not in spanning}
-    argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + [
+    argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + (
+        ["--preserve-fds=1"] if lifeline and "podman" in os.path.basename(engine) else []) + [
             "--network", "host", "--no-hosts",
             "--label", f"corral.scope={scope}", "--label", f"corral.key={key}", "--label", f"corral.job={job_id}",
             "--label", f"corral.replica={env.get('CORRAL_TASK', '')}-{env.get('CORRAL_REPLICA', '')}"]

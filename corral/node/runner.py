@@ -111,7 +111,10 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; $drop "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; [ "$rc" -eq 0 ] || cat "$1/pull.err" >&3 2>/dev/null; }
   if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
     mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'; : > "$1/running"
-    { $drop "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3>&-; } 2>/dev/null; rc=$?
+    # the container's lifeline (corral.node.container.LIFELINE): this shell is its only writer
+    rm -f "$1/lifeline"; mkfifo -m 600 "$1/lifeline" && exec 8<>"$1/lifeline" || { echo "corral: could not make $1/lifeline" >&3; rc=1; }
+    if [ "$rc" -eq 0 ]; then { $drop "${c[@]}" -v "$PWD:$PWD" -w "$PWD" "$image" /bin/sh -c "$CONTAINER_LAUNCH" "$CONTAINER_SHELL" "$2" "$3" 2>&3 3<"$1/lifeline" 8>&-; } 2>/dev/null; rc=$?; fi
+    exec 8>&-
   fi
 else
   if [ "$rc" -eq 0 ] && [ -n "$2" ]; then { (script=$2; set --; trap - PIPE; """ + USER_TRAPS + r"""; [ -z "$drop" ] || exec $drop $USER_ENV bash --noprofile --norc -c "$AS_USER" corral-replica "$PWD" "$script" 4<"$CORRAL_ENV_FILE"; eval "$script") 2>&3 3>&-; } 2>/dev/null; rc=$?
@@ -304,7 +307,7 @@ class NodeRunner:
                                          job_id=job_id, env=env, hosts_file=str(self._ensure_hosts(job_id)),
                                          hostname=_hostname(env), binds=binds, account=account,
                                          locks=self.runs_dir.parent / "images", passthrough=passthrough,
-                                         marks=self.job_dir(job_id))
+                                         marks=self.job_dir(job_id), lifeline=True)
         except containers.ContainerError as exc:
             raise OSError(str(exc)) from None
         if skipped and log_path is not None:

@@ -392,9 +392,10 @@ class SrunExecutor(EventStream):
         """The attempt's step is gone: its exit from the wrapper's file, else the srun client's
         code, else Slurm's accounting once final (None: not final yet, ask again); never
         started: ABSENT."""
-        # a step Slurm ended itself (scancel, its time limit) leaves its container running under
-        # the engine's monitor, outside the step's processes: ended here, where the engine is the
-        # server machine's (a lab, one host); a node elsewhere keeps it until reaped (see README)
+        # a step Slurm ended itself (scancel, its time limit) leaves its container under the
+        # engine's monitor, outside the step's processes: Podman's ends it by its lifeline to
+        # the wrapper (corral.node.container.LIFELINE) on any node; removed here too, where the
+        # engine is the server machine's (a lab, one host), which also covers Docker
         containers.remove(self.runner.run_dir(key))
         code = self.runner.exit_code(key)
         if code is not None:
