@@ -139,3 +139,16 @@ def test_a_site_without_growth_says_so_at_submission_and_the_task_keeps_its_coun
     # status says it too, not "grows on its own"
     scale = server.get(f"/v1/jobs/{job_id}").json()["tasks"][0]["scale"]
     assert "this site has growth off" in scale and "grows on its own" not in scale, scale
+
+
+@pytest.mark.parametrize("site_config", ["nodes: [{name: cpu, count: 2, cpus: 2, memory: 4}]\n"])
+def test_a_task_without_gpus_grows_into_idle_cpus_and_gives_them_back(server) -> None:
+    grower = submit(server, "name: cpugrow\nnum_nodes: {min: 1, max: 4, initial: 1, grow: true}\n"
+                            "resources: {cpus: 1}\n" + LOOP)
+    wait_for(lambda: len(live(server, grower["id"])) == 4, timeout=30)  # every CPU of the pool
+    grew = [e["message"] for e in events(server, grower["id"]) if e["cause"] == "grew"]
+    assert grew and all("idle resources (CPUs, memory)" in m for m in grew), grew
+    waiting = submit(server, "name: needs2\nresources: {cpus: 2}\nrun: echo ran\n")
+    wait_state(server, waiting["id"], "SUCCEEDED", timeout=60)  # before, it waited for the grower's end
+    shrunk = [e["message"] for e in events(server, grower["id"]) if e["cause"] == "shrunk"]
+    assert shrunk and f"to make room for job {waiting['id']}" in shrunk[0], shrunk

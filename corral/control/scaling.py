@@ -42,7 +42,9 @@ class Scaling:
         task = job.task(task_name)
         before = len(job.replicas_of(task_name))
         self.moves.event(job.id, now, task_name, "grew",
-                         f"{before} -> {count} replicas: grew into idle GPUs (elastic max {task.service.max_nodes}; "
+                         f"{before} -> {count} replicas: grew into idle "
+                         f"{'GPUs' if any(a.gpus for a in allocs) else 'resources (CPUs, memory)'} "
+                         f"(elastic max {task.service.max_nodes}; "
                          f"replicas above {max(int(task.spec.get('num_nodes') or 1), task.service.min_nodes or 0)} "
                          f"are given back first when a pending job needs them)")
         self.moves.journal.task(task.id, num_nodes=count)

@@ -139,9 +139,10 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     claimed: set[int] = set()
     types: frozenset[str] | None = None  # the nodes' GPU types, once a job's reason needs them
     # replicas lent to a growing task are taken back by any pending job, preemption or not
-    lent_gpus = sum(len(a.gpus) for r in running for p in r.elastic if p.lent
-                    for a in p.allocations[len(p.allocations) - p.lent:])
-    preempting = (policy.preempting or lent_gpus > 0) and bool(running)
+    # (what was lent may hold no GPU at all: a CPU-only task grows into idle CPUs)
+    lent = [a for r in running for p in r.elastic if p.lent for a in p.allocations[len(p.allocations) - p.lent:]]
+    lent_gpus = sum(len(a.gpus) for a in lent)
+    preempting = (policy.preempting or bool(lent)) and bool(running)
     cut = False  # the queue was not walked to its end this cycle
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)

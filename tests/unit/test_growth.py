@@ -33,9 +33,9 @@ def pj(job_id: int, gpus: int = 1, replicas: int = 1, limit: float | None = 3600
 
 def elastic(pool: FreePool, job_id: int, replicas: int, *, low: int = 1, high: int = 8, initial: int | None = None,
             gpus: int = 1, end: float = 10_000.0, settled_at: float = 0.0, grow: bool = True, user: str = "bob",
-            qos: str = "", partition: str = "") -> RunningJob:
+            qos: str = "", partition: str = "", cpus: float = 0.1) -> RunningJob:
     """A running elastic task of ``replicas`` one-replica allocations placed in ``pool``."""
-    request = TaskRequest("w", 1, gpus, 0.1, 0.0)
+    request = TaskRequest("w", 1, gpus, cpus, 0.0)
     allocs = []
     for rank in range(replicas):
         (alloc,) = place_gang(pool, PendingJob(job_id, (request,)))
@@ -167,6 +167,17 @@ def test_lent_replicas_are_taken_back_by_a_job_of_the_same_tier_highest_first() 
     # more than was lent: it waits; the initial replicas are not taken
     plan = plan_of(pool, running, [pj(2, gpus=8, replicas=2)])
     assert plan.preemptions == [] and plan.grows == []
+
+
+def test_what_a_task_without_gpus_was_lent_is_taken_back_too() -> None:
+    """A CPU-only task grows into idle CPUs: a pending job that needs those CPUs (and no GPU)
+    takes them back as a GPU job takes back lent GPUs, not wait for the task to end."""
+    pool, running = world(((10, 8), {"initial": 1, "high": 8, "gpus": 0, "cpus": 16.0}))  # 2 x 64 CPUs: all taken
+    plan = plan_of(pool, running, [PendingJob(1, (TaskRequest("t", 1, 0, 32.0, 0.0),), 0.0, "ann", "", 3600.0)])
+    (found,) = plan.preemptions
+    assert found.for_job == 1 and found.victims == ()
+    assert [(s.job_id, s.replicas) for s in found.shrinks] == [(10, 6)]
+    assert plan.reasons[1] == Reason.PREEMPTING
 
 
 def test_a_growth_request_never_takes_lent_replicas() -> None:
