@@ -5,6 +5,7 @@ fields that only make sense on a cloud are accepted and reported as ignored warn
 
 from __future__ import annotations
 
+import difflib
 import re
 from datetime import date
 from typing import Annotated, Any, Literal
@@ -155,6 +156,9 @@ class TaskSpec(Strict):
             data = from_job_recovery(data, lambda message: warn(info, message))
         if isinstance(data, dict) and isinstance(data.get("num_nodes"), dict):
             data = {**data, **_elastic(data["num_nodes"])}
+        elif isinstance(data, dict) and isinstance(data.get("num_nodes"), str) and not data["num_nodes"].strip().isdigit():
+            raise ValueError(f"a whole number of replicas, or {{min: N, max: M}} for an elastic num_nodes; "
+                             f"got {shown(data['num_nodes'])}")
         return drop_ignored(data, IGNORED_TASK_FIELDS, "", info)
 
     @field_validator("ports")
@@ -309,6 +313,9 @@ def _elastic(value: dict[str, Any]) -> dict[str, Any]:
         missing = [key for key in ("min", "max") if key not in value]
         raise ValueError("an elastic num_nodes is {min: N, max: M} (optionally initial: K, grow: true)"
                          + (f"; unknown key(s) {sorted(unknown)}" if unknown else "")
+                         + "".join(f" ({key!r}: did you mean {close[0]!r}?)" for key in sorted(unknown)
+                                   if (close := difflib.get_close_matches(str(key), ["min", "max", "initial", "grow"],
+                                                                          n=1, cutoff=0.6)))
                          + (f"; {' and '.join(missing)} missing" if missing else ""))
     grow = value.get("grow", False)
     if not isinstance(grow, bool):

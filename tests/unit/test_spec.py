@@ -180,6 +180,10 @@ def test_grow_into_idle_gpus_is_opt_in_and_validated() -> None:
     # a grow that leaves out max is told which bound is missing, on num_nodes' line
     with pytest.raises(SpecError, match=r"<spec>:2: .*num_nodes: .*max missing"):
         load_job("run: x\nnum_nodes: {min: 1, grow: true}\n")
+    with pytest.raises(SpecError, match=r"<spec>:2: .*num_nodes: a whole number of replicas, or \{min: N, max: M\}"):
+        load_job("run: x\nnum_nodes: two\n")
+    with pytest.raises(SpecError, match=r"'intial': did you mean 'initial'\?"):
+        load_job("run: x\nnum_nodes: {min: 1, max: 4, intial: 2}\n")
 
 
 def test_a_grace_period_is_at_most_a_day() -> None:
