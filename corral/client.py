@@ -261,11 +261,13 @@ class Client:
                scheduling: dict[str, Any] | None = None, array: str | None = None, cwd: str | None = None,
                workdir: str | None = None, export: str | None = None,
                environment: Mapping[str, str] | None = None,
-               secrets: dict[str, str] | None = None) -> dict[str, Any]:
+               secrets: dict[str, str] | None = None, task: dict[str, Any] | None = None) -> dict[str, Any]:
         """Submit a job (or with ``array``, e.g. ``0-15%4``, a job array): ``spec`` is YAML text,
         a path to a YAML file, or the parsed document (a dict; a list of dicts for a job group's
         documents). ``scheduling`` takes ``partition``, ``account``, ``qos``, ``time_limit``,
-        ``nice``, ``dependency``, ``hold``; ``secrets`` become secrets of every task. Returns
+        ``nice``, ``dependency``, ``hold``; ``secrets`` become secrets of every task; ``task``
+        overrides a single-task file's ``num_nodes``, ``accelerators``, ``cpus``, ``memory``,
+        ``image_id`` (``sky launch --num-nodes …``). Returns
         ``{"job": …, "warnings": […]}``.
 
         The submitter's world travels with the job, as with ``corral launch``: ``cwd`` (default:
@@ -300,7 +302,8 @@ class Client:
                                                          "name": name, "env": env or {},
                                                          **({"secrets": secrets} if secrets else {}),
                                                          "scheduling": scheduling or {},
-                                                         **({"array": array} if array is not None else {})})
+                                                         **({"array": array} if array is not None else {}),
+                                                         **({"task": task} if task else {})})
 
     def wait(self, ident: str | int, *, states: tuple[str, ...] = TERMINAL, ready: bool = False,
              timeout: float | None = None, interval: float = 0.5) -> dict[str, Any]:

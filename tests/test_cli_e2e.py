@@ -63,6 +63,24 @@ def test_detach_name_and_env_overrides(corral, tmp_path: Path) -> None:
     assert corral("launch", "--env", "NOEQUALS", str(spec)).returncode == 2
 
 
+def test_sky_launch_s_task_overrides(corral, tmp_path: Path) -> None:
+    """``--num-nodes``, ``--gpus``, ``--cpus``, ``--memory``, ``--image-id`` over a one-task
+    file's fields, as ``sky launch`` takes them; refused for a group and a batch script."""
+    spec = write(tmp_path, "t.yaml", "name: over\nresources: {cpus: 1}\nrun: echo n=$CORRAL_NUM_REPLICAS\n")
+    ran = corral("launch", "--num-nodes", "2", "--cpus", "0.5", "--memory", "1", str(spec))
+    assert ran.returncode == 0, ran.stderr
+    assert "over-1 | n=2" in ran.stdout, ran.stdout
+    resources = status(corral, "over")["tasks"][0]
+    assert resources["num_nodes"] == 2, resources
+    too_many = corral("launch", "--gpus", "H100:64", str(spec))
+    assert too_many.returncode != 0 and "64 GPUs" in too_many.stderr, too_many.stderr
+    group = write(tmp_path, "g.yaml", "name: g\nexecution: parallel\n---\nname: a\nrun: 'true'\n")
+    refused = corral("launch", "--num-nodes", "2", str(group))
+    assert refused.returncode != 0 and "a file with one task" in refused.stderr, refused.stderr
+    script = write(tmp_path, "s.sh", "#!/bin/bash\n#SBATCH -N 1\ntrue\n")
+    assert corral("launch", "--gpus", "H100:1", str(script)).returncode == 2
+
+
 def test_invalid_file_reports_file_line_and_field(corral, tmp_path: Path) -> None:
     spec = write(tmp_path, "typo.yaml", "name: t\nresources:\n  acelerators: H100:1\nrun: echo\n")
     proc = corral("launch", str(spec))

@@ -19,6 +19,18 @@ def ts(value: float | None) -> datetime | None:
     return datetime.fromtimestamp(value, tz=timezone.utc) if value is not None else None
 
 
+class TaskOverrides(BaseModel):
+    """What ``corral launch --num-nodes/--gpus/--cpus/--memory/--image-id`` puts over a
+    single-task file's own fields (validated with the file, as if written in it)."""
+
+    model_config = {"extra": "forbid"}
+    num_nodes: int | None = Field(default=None, description="num_nodes")
+    accelerators: str | None = Field(default=None, max_length=256, description="resources.accelerators, e.g. H100:8")
+    cpus: str | int | float | None = Field(default=None, description="resources.cpus, e.g. 4 or 4+")
+    memory: str | int | float | None = Field(default=None, description="resources.memory, e.g. 32 or 32+ (GB)")
+    image_id: str | None = Field(default=None, max_length=1024, description="resources.image_id, e.g. docker:IMAGE")
+
+
 class SubmitRequest(BaseModel):
     yaml: str = Field(description="The task or job-group YAML, as written")
     source: str | None = Field(default=None, description="File name, used in error messages and as default name")
@@ -44,6 +56,8 @@ class SubmitRequest(BaseModel):
     array: str | None = Field(default=None, max_length=4096, description=(
         "Submit a job array (Slurm's --array): indices like 0-15, 1,3,5-9:2, with %N to run at most N "
         "elements at once; one job per index"))
+    task: TaskOverrides | None = Field(default=None, description=(
+        "Overrides of a single-task file's fields (sky launch's --num-nodes, --gpus, --cpus, --memory, --image-id)"))
 
 
 class SpecIssueOut(BaseModel):

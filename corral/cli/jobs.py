@@ -69,7 +69,15 @@ def launch(args: Namespace) -> None:
             raise Usage("--export", str(exc)) from None
     if getattr(args, "slurm", False):
         args.partition = _slurm_partition(daemon.client(), args.partition)
+    task = {key: getattr(args, option, None) for key, option in (("num_nodes", "num_nodes"), ("accelerators", "gpus"),
+                                                                 ("cpus", "cpus"), ("memory", "memory"),
+                                                                 ("image_id", "image_id"))}
+    task = {k: v for k, v in task.items() if v is not None}
     if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
+        if task:
+            raise Usage("--num-nodes/--gpus/--cpus/--memory/--image-id", "they set a task YAML's fields; a batch "
+                        "script takes sbatch's options (corral sbatch -N 2 --gpus-per-node=8 "
+                        "--container-image=… script.sh) or its #SBATCH directives")
         from corral.cli import batch
         from corral.spec.loader import SpecError
 
@@ -89,7 +97,8 @@ def launch(args: Namespace) -> None:
     client = daemon.client()
     try:
         result = client.submit(text, source=str(file), name=args.name, env=env, scheduling=scheduling,
-                               array=args.array, workdir=args.workdir, export=args.export, secrets=secrets)
+                               array=args.array, workdir=args.workdir, export=args.export, secrets=secrets,
+                               task=task or None)
     except CorralError as exc:
         fail(exc, str(file))
     for warning in result["warnings"]:

@@ -95,6 +95,13 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--workdir", "-D", "--chdir", dest="workdir", metavar="DIR",
                    help="run every task in DIR (relative: to this directory); default: each task's workdir "
                         "resolved against this directory, else this directory")
+    c.add_argument("--num-nodes", dest="num_nodes", type=int, metavar="N",
+                   help="override a single-task file's num_nodes (as sky launch --num-nodes)")
+    c.add_argument("--gpus", metavar="TYPE:N", help="override its resources.accelerators, e.g. H100:8 (sky launch --gpus)")
+    c.add_argument("--cpus", metavar="N[+]", help="override its resources.cpus (sky launch --cpus)")
+    c.add_argument("--memory", metavar="GB[+]", help="override its resources.memory (sky launch --memory)")
+    c.add_argument("--image-id", dest="image_id", metavar="docker:IMAGE",
+                   help="override its resources.image_id (sky launch --image-id)")
     c.add_argument("-p", "--partition", help="partition to run in (default: the site's first)")
     c.add_argument("--slurm", action="store_true",
                    help="run the job as one Slurm job: in the site's first partition with infra: slurm")

@@ -62,7 +62,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
              name: str | None = None, env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
              base_dir: str | None = None, scheduling: dict[str, Any] | None = None,
              workdir: str | None = None, world: World | None = None, export_given: bool = True,
-             drop: tuple[str, ...] = ()) -> LoadedJob:
+             drop: tuple[str, ...] = (), task_options: dict[str, Any] | None = None) -> LoadedJob:
     """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
     ``base_dir`` is the submit directory: a task without ``workdir`` runs there and a relative
     ``workdir`` (or ``workdir``, the ``--workdir`` given for every task) resolves against it,
@@ -70,7 +70,9 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     environment and export mode) is checked and kept with the job (with ``export_given``, every
     variable its list names must be in that environment); only what its export mode selects is
     kept (never the session-only variables, nor those ``drop`` names). ``scheduling`` overrides
-    job-level fields (``--partition``, ``--qos``, ``--time-limit`` …)."""
+    job-level fields (``--partition``, ``--qos``, ``--time-limit`` …); ``task_options`` overrides a
+    single-task file's ``num_nodes`` and resources (``sky launch``'s ``--num-nodes``, ``--gpus``,
+    ``--cpus``, ``--memory``, ``--image-id``)."""
     try:
         docs = [d for d in load_documents(text) if d.data is not None]
     except SourceError as exc:
@@ -107,6 +109,11 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     else:
         header, task_docs = docs[0], docs[1:]
         scheduling_doc, header = _split(header)
+    if task_options:
+        if header is not None or pipeline or len(task_docs) != 1:
+            issues.append(SpecIssue("options", ", ".join(sorted(task_options)), None, TASK_OVERRIDE_GROUP))
+        else:
+            task_docs = [_override_task(task_docs[0], task_options)]
     overrides = dict(scheduling or {})
     limit_override = _time_limit_override(overrides, issues)
     if overrides:
@@ -219,6 +226,24 @@ def _time_limit_override(overrides: dict[str, Any], issues: list[SpecIssue]) -> 
         issues.append(SpecIssue("options", "time_limit", None, "must be > 0"))
         return None
     return value
+
+
+TASK_OVERRIDES = ("num_nodes", "accelerators", "cpus", "memory", "image_id")
+TASK_OVERRIDE_GROUP = ("--num-nodes, --gpus, --cpus, --memory and --image-id set the fields of a file with one task; "
+                       "a job group's or a pipeline's tasks are set in their own documents")
+
+
+def _override_task(doc: Document, task: dict[str, Any]) -> Document:
+    """The task's document with the options given beside the file over its own fields, as
+    ``sky launch --num-nodes 2 --gpus H100:8`` overrides a task YAML's."""
+    data = dict(doc.data)
+    if task.get("num_nodes") is not None:
+        data["num_nodes"] = task["num_nodes"]
+    given = {k: v for k, v in task.items() if k != "num_nodes" and v is not None}
+    if given:
+        resources = data.get("resources")
+        data["resources"] = {**(resources if isinstance(resources, dict) else {}), **given}
+    return replace(doc, data=data)
 
 
 def _split(doc: Document) -> tuple[Document | None, Document]:

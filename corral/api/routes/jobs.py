@@ -87,7 +87,8 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         loaded = load_job(body.yaml, source=source, default_name=default_name, name=body.name, env=body.env,
                           secrets=body.secrets,
                           base_dir=cwd, scheduling=body.scheduling, workdir=body.workdir, world=world,
-                          export_given=body.export is not None, drop=tuple(state.site.environment.drop))
+                          export_given=body.export is not None, drop=tuple(state.site.environment.drop),
+                          task_options=body.task.model_dump(exclude_none=True) if body.task is not None else None)
     except SpecError as exc:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
