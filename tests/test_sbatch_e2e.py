@@ -220,6 +220,31 @@ def test_yaml_array_is_folded_in_the_queue_and_cancelled_by_element_or_whole(cor
     assert corral("launch", "--array", "9-1", str(spec)).returncode == 2
 
 
+def test_an_array_s_id_holds_releases_and_requeues_the_whole_array(corral) -> None:
+    """As ``scontrol hold|release|requeue ARRAYID``: every element it applies to, the running
+    ones left alone by hold; ``ARRAYID_INDEX`` one element, named so in what is said."""
+    spec = corral.work / "holds.yaml"
+    spec.write_text("name: holds\nresources: {accelerators: H100:4}\nrun: |\n  trap 'exit 0' TERM\n"
+                    "  while true; do sleep 0.1; done\n")
+    array_id = corral("launch", "-d", "--array", "0-4", str(spec), check=True).stdout.strip()
+    elements = lambda: {j["array_index"]: j for j in json.loads(corral("queue", "--all", "--json", check=True).stdout)  # noqa: E731
+                        if j["array_job_id"] == int(array_id)}
+    wait_for(lambda: sum(j["state"] == "RUNNING" for j in elements().values()) == 3, timeout=30)  # 3 nodes x 4 GPUs
+    held = corral("hold", array_id)
+    assert held.returncode == 0 and f"Array {array_id}: 2 of 5 element(s) held" in held.stdout, held
+    assert all(j["hold"] for j in elements().values() if j["state"] == "PENDING")
+    one = corral("release", f"{array_id}_4", check=True).stdout
+    assert f"Job {array_id}_4 released" in one, one
+    rest = corral("release", array_id, check=True).stdout
+    assert f"Array {array_id}: 1 of 5 element(s) released" in rest, rest
+    requeued = corral("requeue", array_id, check=True).stdout
+    assert f"Array {array_id}: 3 of 5 element(s) requeueing" in requeued, requeued
+    assert corral("cancel", array_id).returncode == 0
+    wait_for(lambda: all(j["state"] == "CANCELLED" for j in elements().values()), timeout=30)
+    again = corral("hold", array_id)
+    assert again.returncode == 1 and "no element is pending" in again.stderr, again
+
+
 def test_bad_script_is_refused_with_its_line_and_nothing_is_submitted(corral) -> None:
     bad = corral.work / "bad.sbatch"
     bad.write_text("#!/bin/bash\n#SBATCH -J bad-script\n#SBATCH --nodes=two\n#SBATCH --mail-user=x\necho\n")

@@ -74,7 +74,14 @@ class ServerState:
     def change(self, change: Change, timeout: float = CHANGE_TIMEOUT_S) -> Outcome:
         """A change carried out by the control loop in its own transaction; its outcome once
         committed (503 if the loop does not get there in time: then nothing was done)."""
-        future = self.loop.change(change)
+        return self._wait(self.loop.change(change), timeout)
+
+    def changes(self, changes: list[Change], timeout: float = CHANGE_TIMEOUT_S) -> list[Outcome]:
+        """Several changes (an array's elements), queued together so one cycle carries them."""
+        futures = [self.loop.change(change) for change in changes]
+        return [self._wait(future, timeout) for future in futures]
+
+    def _wait(self, future, timeout: float) -> Outcome:  # noqa: ANN001 - a concurrent Future
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:

@@ -424,6 +424,7 @@ class ActionResponse(BaseModel):
     state: str
     hold: str
     message: str
+    elements: int | None = Field(default=None, description="An array's id: how many of its elements it changed")
 
 
 class Health(BaseModel):

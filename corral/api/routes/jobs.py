@@ -282,38 +282,77 @@ def cancel(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clo
                           elements=len(done.ids) if whole else None)
 
 
+def _named(found: Job) -> str:
+    """A job as its user names it: an array element as ARRAY_INDEX (as squeue shows it)."""
+    return f"{found.array_job_id}_{found.array_index}" if found.array_job_id is not None else str(found.id)
+
+
+def _elements(session, found: Job, ident: str) -> list[Job] | None:  # noqa: ANN001
+    """Every element of the array ``ident`` names by its id (its first element's), as Slurm's
+    ``scontrol hold|release|requeue ARRAYID`` acts on the whole array; None for one job."""
+    if found.array_job_id != found.id or "_" in ident:
+        return None
+    return repository.array_members(session, found.id)
+
+
+def _on_array(state, head: Job, changes: list, verb: str, able: str, refusal: str) -> ActionResponse:  # noqa: ANN001
+    """Carry ``changes`` (one per element) out together and say what became of the array."""
+    outcomes = state.changes(changes)
+    changed = sum(o.changed for o in outcomes)
+    if not changed and not any(map(_ABLE[able], outcomes)):  # nothing it could act on: said, as for one job
+        raise HTTPException(409, f"array {head.id}: {refusal}")
+    return ActionResponse(id=head.id, changed=changed > 0, state=outcomes[0].state or head.state,
+                          hold=outcomes[0].hold, elements=changed,
+                          message=f"array {head.id}: {changed} of {len(outcomes)} element(s) {verb}")
+
+
+_ABLE = {
+    "pending": lambda o: o.state == JobState.PENDING.value and not o.cancelling,
+    "held": lambda o: bool(o.hold),
+    "running": lambda o: o.requeueing,
+}
+
+
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
 def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
     """Keep a pending job from starting (Slurm's ``scontrol hold``): reason JobHeldUser, or
-    JobHeldAdmin when an operator holds another user's job (then only an operator releases it)."""
+    JobHeldAdmin when an operator holds another user's job (then only an operator releases it).
+    An array's id holds every pending element of it, ``ARRAYID_INDEX`` one."""
     found = _acting_on(session, job, who, state, "hold")
     kind = "admin" if _is_operator(who) and who.user != found.user else "user"
-    job_id = found.id
+    job_id, label, members = found.id, _named(found), _elements(session, found, job)
     session.close()  # no connection held while the loop carries the change out
+    if members is not None:
+        return _on_array(state, found, [SetHold(who, job_id=m.id, kind=kind) for m in members], "held", "pending",
+                         "no element is pending; only pending elements are held")
     done = state.change(SetHold(who, job_id=job_id, kind=kind))
     if not done.changed and (done.state != JobState.PENDING.value or done.cancelling):
-        raise HTTPException(409, f"job {job_id} is {done.state}{' and being cancelled' if done.cancelling else ''}; "
+        raise HTTPException(409, f"job {label} is {done.state}{' and being cancelled' if done.cancelling else ''}; "
                                  "only a pending job can be held (`corral requeue --hold` stops a running one and holds it)")
     return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
-                          message=f"job {job_id} held" if done.changed else f"job {job_id} was already held")
+                          message=f"job {label} held" if done.changed else f"job {label} was already held")
 
 
 @router.post("/{job}/release", response_model=ActionResponse, responses=documented(403, 404))
 def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock: ClockDep):
-    """Let a held job be scheduled again (Slurm's ``scontrol release``)."""
+    """Let a held job be scheduled again (Slurm's ``scontrol release``); an array's id
+    releases every held element of it."""
     found = _acting_on(session, job, who, state, "release")
     operator = _is_operator(who)
-    doing = f"releasing job {found.id}, which an operator held (JobHeldAdmin),"
-    if found.hold == "admin" and not operator:
+    job_id, label, members = found.id, _named(found), _elements(session, found, job)
+    doing = f"releasing job {label}, which an operator held (JobHeldAdmin),"
+    if any(m.hold == "admin" for m in members or [found]) and not operator:
         state.auditor.record(who, "release", f"job {found.id}", "refused", "held by an operator")
         raise who.refuse(doing, Role.operator)
-    job_id = found.id
     session.close()  # no connection held while the loop carries the change out
+    if members is not None:
+        return _on_array(state, found, [SetHold(who, job_id=m.id, kind="", operator=operator) for m in members],
+                         "released", "held", "no element is held")
     done = state.change(SetHold(who, job_id=job_id, kind="", operator=operator))
     if done.refused:  # an operator held it meanwhile
         raise who.refuse(doing, Role.operator)
     return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
-                          message=f"job {job_id} released" if done.changed else f"job {job_id} was not held")
+                          message=f"job {label} released" if done.changed else f"job {label} was not held")
 
 
 @router.post("/{job}/requeue", response_model=ActionResponse, responses=documented(403, 404, 409))
@@ -321,19 +360,23 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
             hold: Annotated[bool, Query(description="Hold it once it is pending again (scontrol requeuehold)")] = False):
     """Stop a starting or running job (every replica gets its stop signal and grace period) and
     put it back in the queue under the same id, names and checkpoint directory
-    (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``."""
+    (``CORRAL_RESTART_COUNT`` goes up), like Slurm's ``scontrol requeue``; an array's id
+    requeues every starting or running element of it."""
     found = _acting_on(session, job, who, state, "requeue")
     kind = ("admin" if _is_operator(who) and who.user != found.user else "user") if hold else ""
-    job_id = found.id
+    job_id, label, members = found.id, _named(found), _elements(session, found, job)
     session.close()  # no connection held while the loop carries the change out
+    if members is not None:
+        return _on_array(state, found, [AskRequeue(who, job_id=m.id, hold=kind) for m in members], "requeueing",
+                         "running", "no element is starting or running; only those can be requeued")
     done = state.change(AskRequeue(who, job_id=job_id, hold=kind))
     if not done.changed and (not done.requeueing or JobState(done.state).terminal):
-        raise HTTPException(409, f"job {job_id} is {done.state}"
+        raise HTTPException(409, f"job {label} is {done.state}"
                                  f"{' and being cancelled' if done.cancelling else ''}; only a starting or "
                                  "running job can be requeued" + ("" if done.state == JobState.PENDING.value else
                                                                    " (launch an ended one again)"))
     return ActionResponse(id=job_id, changed=done.changed, state=done.state, hold=done.hold,
-                          message=f"job {job_id} requeueing" if done.changed else f"job {job_id} is already requeueing")
+                          message=f"job {label} requeueing" if done.changed else f"job {label} is already requeueing")
 
 
 @router.post("/{job}/scale", response_model=JobOut, responses=documented(400, 403, 404, 409, 413))
