@@ -166,7 +166,7 @@ def test_the_corral_scale_command_says_what_a_count_and_bounds_do(corral_home: P
         shown = corral("status", job_id, check=True).stdout
         assert "2 replica(s) within bounds 2..2, pinned" in shown
         room = corral("scale", job_id, "llm", "--min", "1", "--max", "3", check=True).stdout
-        assert "scaling llm to 2 replica(s) (bounds 1..3)" in room
+        assert "llm now within bounds 1..3, at 2 replica(s) now" in room, room
         assert "within bounds 1..3, autoscaled" in corral("status", job_id, check=True).stdout
         nothing = corral("scale", job_id, "llm")
         assert nothing.returncode == 2 and "--min N" in nothing.stderr

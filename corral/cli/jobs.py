@@ -307,5 +307,9 @@ def scale(args: Namespace) -> None:
                   f"watch with: corral status {data['id']}")
         return
     count = task.get("num_nodes", args.replicas)
+    if args.replicas is None:  # new bounds only: the count stays until something moves it within them
+        out.print(f"Job {data['id']}: {args.task} now within bounds {low}..{high}, at {count} replica(s) now; "
+                  f"watch with: corral status {data['id']}")
+        return
     out.print(f"Job {data['id']}: scaling {args.task} to {count} replica(s){bounds}; "
               f"watch with: corral status {data['id']}")
