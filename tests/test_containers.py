@@ -113,6 +113,10 @@ def test_a_wrong_image_fails_the_replica_with_the_registry_s_words(server) -> No
     told = _events(server, job["id"])
     assert any("image pull failed" in m for m in told), told
     assert containers_of(_scope(server)) == []
+    # the registry's last words are in the log once (the engine's own output, not again after it)
+    log = server.get(f"/v1/jobs/{job['id']}/logs").text.splitlines()
+    final = [line for line in log if line.split("| ", 1)[-1].startswith("Error:")]
+    assert len(final) == len(set(final)), log
 
 
 def test_cancel_and_a_killed_wrapper_leave_no_container(server) -> None:

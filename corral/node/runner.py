@@ -108,7 +108,7 @@ if [ "$rc" -eq 0 ] && [ -f "$1/container" ]; then
   mapfile -d '' -t c < "$1/reads"
   # what the engine binds with root's rights, the job's account must reach itself
   [ -z "$drop" ] || $drop $USER_ENV sh -c "$CONTAINER_READS" corral-reads "$PWD" "${c[@]}" 2>&3; rc=$?
-  [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; $drop "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; [ "$rc" -eq 0 ] || cat "$1/pull.err" >&3 2>/dev/null; }
+  [ "$rc" -eq 0 ] && { mapfile -d '' -t c < "$1/pull"; $drop "${c[@]}" 2>"$1/pull.err" >&3; rc=$?; [ "$rc" -eq 0 ] || { if [ -s "$1/pull.out" ]; then grep -vxF -f "$1/pull.out" "$1/pull.err"; else cat "$1/pull.err"; fi; } >&3 2>/dev/null; }
   if [ "$rc" -ne 0 ] && [ -s "$1/pull.err" ]; then grep -i 'error' "$1/pull.err" | tail -n 1 | cut -c 1-400 > "$1/reason"; elif [ "$rc" -ne 0 ]; then :; else
     mapfile -d '' -t c < "$1/container"; image=${c[-1]}; unset 'c[-1]'; : > "$1/running"
     # the container's lifeline (corral.node.container.LIFELINE): this shell is its only writer
