@@ -258,13 +258,16 @@ def test_srun_spreads_tasks_and_splits_gpus() -> None:
     assert layout(["-n", "1", "-w", "gpu-2"]) == [(0, "gpu-2", 2, 0, (0, 1, 2, 3))]
     assert layout(["-N", "1", "-n", "2", "--exact"]) == [(0, "gpu-0", 0, 0, (0, 1)), (1, "gpu-0", 0, 1, (2, 3))]
     assert layout(["-n2"], {"SLURM_GPUS_PER_TASK": "1"}) == [(0, "gpu-0", 0, 0, (0,)), (1, "gpu-1", 1, 0, (4,))]
+    # --exclude: the job's other nodes (the usual "every node but the head" step)
+    assert layout(["-x", "gpu-0", "--ntasks-per-node=1"]) == [(0, "gpu-1", 1, 0, (4, 5, 6, 7)), (1, "gpu-2", 2, 0, (0, 1, 2, 3))]
+    assert layout(["--exclude=gpu-[0-1]", "-n", "1"]) == [(0, "gpu-2", 2, 0, (0, 1, 2, 3))]
 
 
 def test_srun_refuses_what_the_allocation_cannot_give() -> None:
     for argv, message in ((["-w", "gpu-9"], "not in the job's allocation"), (["-N", "4"], r"3 node\(s\)"),
                           (["-N1", "-n3", "--gpus-per-task=2"], "not enough"), (["--frobnicate"], "unrecognized"),
                           (["-n", "0"], "--ntasks=0: at least 1"), (["--ntasks-per-node=0"], "at least 1"),
-                          (["-w", ""], "names no node")):
+                          (["-w", ""], "names no node"), (["-x", "gpu-[0-2]"], "leaves none")):
         with pytest.raises(UsageError, match=message):
             opts, _ = parse_args(argv + ["cmd"])
             plan_step(opts, NODES, {"SLURM_NTASKS": "3"})

@@ -125,6 +125,26 @@ def test_scontrol_show_hostnames_loop_on_nodes_with_a_feature(corral) -> None:
     assert (corral.work / f"hostnames-{data['id']}.out").read_text() == "to stdout\n"
 
 
+def test_a_node_s_hostname_is_its_name_in_the_nodelist_and_resolves(corral) -> None:
+    """As on a Slurm node: ``hostname`` is a name of ``SLURM_JOB_NODELIST``, so the usual head
+    test (``[ "$(hostname)" = "$head" ]``) and ``MASTER_ADDR=$head`` work, on every node."""
+    script = corral.work / "heads.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N 2\n#SBATCH -J heads\n"
+                      'nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST")\n'
+                      'head=$(echo "$nodes" | head -n1); other=$(echo "$nodes" | tail -n1)\n'
+                      '[ "$(hostname)" = "$head" ] && echo "head is me"\n'
+                      'getent hosts "$head" | cut -f1 -d" "\n'
+                      'getent hosts "$other" | cut -f1 -d" "\n'
+                      'srun -N1 -n1 -w "$other" hostname\n')
+    proc = corral("launch", str(script))
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    data = job(corral, "heads")
+    replicas = {r["node"]: r for t in data["tasks"] for r in t["replicas"]}
+    said = [line.split("| ", 1)[1].strip() for line in proc.stdout.splitlines() if "| " in line]
+    head, other = list(replicas)  # the batch node first
+    assert said == ["head is me", replicas[head]["addr"], replicas[other]["addr"], other], (said, replicas)
+
+
 def test_array_with_throttle_runs_every_element_at_most_two_at_once(corral) -> None:
     proc = corral("sbatch", "array.sbatch")
     assert proc.returncode == 0 and "(array of 6)" in proc.stdout, proc.stderr

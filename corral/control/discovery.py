@@ -36,7 +36,8 @@ class Discovery:
                                 "gang": t.service.gang_of(r.rank) if t.service.gang_size > 1 else None}
                                for r in job.replicas_of(t.name)]} for t in job.tasks]
         peers = peers_document(job.id, job.name, tasks, now)
-        hosts, text = hosts_text(peers), json.dumps(peers, indent=1)
+        hosts = hosts_text(peers, node_names=any(t.service.sbatch is not None for t in job.tasks))
+        text = json.dumps(peers, indent=1)
         by_infra: dict[str, set[str]] = {}
         for r in job.replicas:
             if r.node is not None and not r.state.terminal:

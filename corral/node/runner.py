@@ -40,6 +40,7 @@ from corral.node.mounts import detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.network import Bridge
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
+from corral.node.stepagent import DIR_VAR as STEP_AGENTS_VAR
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put
@@ -192,6 +193,11 @@ def process_start_time(pid: int) -> float | None:
 
 
 def _hostname(env: dict[str, str]) -> str:
+    """The attempt's host name: its replica's name, but a batch script's node's (steps run by
+    corral's own ``srun``) is the node's, as ``hostname`` on a Slurm node is a name of the
+    job's ``SLURM_JOB_NODELIST`` (its hosts file resolves it)."""
+    if env.get(STEP_AGENTS_VAR) and env.get("CORRAL_NODE"):
+        return env["CORRAL_NODE"][:64]
     return env.get("CORRAL_HOSTNAME", "")[:64]
 
 

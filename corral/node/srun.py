@@ -42,7 +42,7 @@ _OPTIONS = {
     "wait": "W", "export": None, "mem": None, "mem-per-cpu": None, "cpu-bind": None, "mpi": None,
     "distribution": "m", "time": "t", "kill-on-bad-exit": "K", "label": "l", "overlap": None, "exact": None,
     "unbuffered": "u", "quiet": "Q", "verbose": "v", "exclusive": None, "gpu-bind": None,
-    "het-group": None, "output": "o", "error": "e", "open-mode": None,
+    "het-group": None, "output": "o", "error": "e", "open-mode": None, "exclude": "x",
 }
 # accepted, with a warning: they change nothing a step on corral's nodes could honour
 _IGNORED = ("mem", "mem-per-cpu", "cpu-bind", "mpi", "distribution", "time", "gpu-bind")
@@ -128,6 +128,14 @@ def plan_step(opts: dict[str, str], nodes: list[dict], env: dict[str, str]) -> l
             raise UsageError("--nodelist: names no node")
     else:
         chosen = [by_name[n["name"]] for n in nodes]
+    if "exclude" in opts:  # --exclude: the job's nodes but these (named outside the job: nothing to leave out)
+        try:
+            left_out = set(expand_hostlist(opts["exclude"]))
+        except Exception:
+            raise UsageError(f"--exclude: {opts['exclude']!r} is not a node list") from None
+        chosen = [c for c in chosen if c[1]["name"] not in left_out]
+        if not chosen:
+            raise UsageError(f"--exclude: leaves none of the job's nodes ({env.get('SLURM_JOB_NODELIST', '')})")
     count_nodes = _int(opts, "nodes")
     ntasks = _int(opts, "ntasks")
     per_node = _int(opts, "ntasks-per-node")

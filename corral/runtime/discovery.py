@@ -69,10 +69,18 @@ def peers_document(job_id: int, job_name: str, tasks: list[dict[str, Any]], upda
     }
 
 
-def hosts_text(peers: dict[str, Any]) -> str:
+def hosts_text(peers: dict[str, Any], node_names: bool = False) -> str:
+    """The job's hosts lines. ``node_names`` (a batch script's job, whose programs name its
+    nodes as Slurm does: ``scontrol show hostnames``, ``MASTER_ADDR=$(… | head -n1)``): each node
+    of the job is also a name of the first replica on it, so a node name resolves as on Slurm."""
     lines = [f"# corral names of job {peers['job_id']} ({peers['job']}); rewritten as replicas change"]
+    named: set[str] = set()
     for task, data in peers["tasks"].items():
         for r in data["replicas"]:
             if r["addr"]:
-                lines.append(f"{r['addr']}\t{r['hostname']} {task}-{r['rank']}")
+                node = r.get("node")
+                alias = f" {node}" if node_names and node and node not in named else ""
+                if alias:
+                    named.add(node)
+                lines.append(f"{r['addr']}\t{r['hostname']} {task}-{r['rank']}{alias}")
     return "\n".join(lines) + "\n"
