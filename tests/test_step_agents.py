@@ -69,7 +69,7 @@ echo "exit $?" >> {tmp_path}/where.out
     replicas = _replicas(running)
     batch, holder = replicas["batch-0"], replicas["node-0"]
     assert [t["node"] for t in tasks] == [batch["node"], holder["node"]]
-    assert [t["host"] for t in tasks] == ["batch-0.where", "node-0.where"]
+    assert [t["host"] for t in tasks] == [batch["node"], holder["node"]]  # as on Slurm: the node's name
     assert [t["task"] for t in tasks] == ["batch", "node"]
     assert tasks[0]["addr"] != tasks[1]["addr"]
     cgroups = [t["cg"] for t in tasks]
