@@ -79,6 +79,20 @@ def test_wrap_runs_its_command_as_a_script_named_wrap(corral) -> None:
     assert refused.returncode == 2 and "--wrap" in refused.stderr
 
 
+def test_slurm_s_name_for_a_job_is_the_script_s_file_name_or_j_as_written(corral) -> None:
+    """sbatch's default job name is the script's file name (``train.sbatch``), and ``-J`` is
+    kept as written; corral's own name (a host name) is the cleaned one."""
+    script = corral.work / "named.sbatch"
+    script.write_text('#!/bin/bash\n#SBATCH -o %x.out\necho "name=$SLURM_JOB_NAME"\n')
+    assert corral("sbatch", "--wait", str(script)).returncode == 0
+    assert (corral.work / "named.sbatch.out").read_text().strip() == "name=named.sbatch"
+    done = corral("sbatch", "--wait", "--parsable", "-J", "my run", "-o", "%x-%j.out", str(script))
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[-1]
+    assert job(corral, job_id)["name"] == "my-run"
+    assert (corral.work / f"my run-{job_id}.out").read_text().strip() == "name=my run"
+
+
 def test_launch_detached_prints_a_script_s_job_id_as_it_does_a_yaml_s(corral) -> None:
     proc = corral("launch", "-d", "single_gpu.sbatch")
     assert proc.returncode == 0 and proc.stdout.strip().isdigit(), (proc.stdout, proc.stderr)  # JOB=$(corral launch -d …)

@@ -237,7 +237,9 @@ class Launcher:
         node first, then those the job's other replicas hold."""
         holders = [replica] + [r for r in job.members if r.id != replica.id and r.node]
         nodes = tuple(batchenv.NodeSlot(r.node or "", tuple(r.gpus), r.cpus, r.addr or "", r.task) for r in holders)
-        ctx = batchenv.BatchContext(job.id, job.name, job.user, job.partition, job.account, job.qos,
+        # SLURM_JOB_NAME and %x are Slurm's name for it (-J as written, else the script's file name)
+        ctx = batchenv.BatchContext(job.id, task.service.sbatch.slurm_name or job.name, job.user, job.partition,
+                                    job.account, job.qos,
                                     job.time_limit_of(task), job.requeues, job.array_job_id, job.array_index, nodes,
                                     str(task.spec.get("workdir") or task.service.sbatch.submit_dir),
                                     job.array_extent)

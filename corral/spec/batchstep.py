@@ -46,6 +46,7 @@ class BatchStep(_Strict):
     output: str | None = None  # sbatch's --output pattern (%j %x %A %a %N %t %u %%)
     error: str | None = None
     submit_dir: str = "/"
+    slurm_name: str = ""  # SLURM_JOB_NAME, %x: -J as written, else the script's file name ("": the job's name)
     # --signal=B:SIG reaches only the batch shell; without B: only the steps (srun's tasks)
     signal_batch_only: bool = True
     warn_signal: SignalName | None = None

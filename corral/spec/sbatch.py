@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.spec.batchshell import HOLD, runner, shell_words
+from corral.spec.hetjob import WRITTEN_NAME
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE
@@ -229,6 +230,8 @@ def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: 
             given["requeue"] = _Given(option.long == "requeue", line)
             continue
         given[option.long] = _Given(parsed, line)
+        if option.long == "job-name":  # SLURM_JOB_NAME and %x are the name as written
+            given[WRITTEN_NAME] = _Given(value, line)
     return len(words)
 
 
@@ -429,7 +432,10 @@ def job_level(given: dict[str, _Given], problem: Callable[[str, str], None], not
     if chdir is not None and not chdir.startswith("/"):
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
     container = _container(given, problem)
-    step = {"submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none, "args": list(args)}
+    # Slurm's name for it: -J as written, else the script's file name (sbatch's default)
+    slurm_name = _value(given, WRITTEN_NAME) or source.rsplit("/", 1)[-1]
+    step = {"submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none, "args": list(args),
+            "slurm_name": slurm_name[:1024]}
     for key, value in (("warn_signal", warn_signal), ("output", _value(given, "output")),
                        ("error", _value(given, "error")), ("container", container)):
         if value is not None:
