@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import bearer, submit, wait_state
+from conftest import bearer, submit, wait_for, wait_state
 
 ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
 
@@ -154,16 +154,17 @@ run: exit 5
 
 
 def test_cancel_sends_sigterm_then_sigkill_after_grace(server, tmp_path: Path) -> None:
-    got = tmp_path / "got-term"
+    got, trapping = tmp_path / "got-term", tmp_path / "trapping"
     job = submit(server, f"""
 name: stubborn
 grace_period: 1s
 run: |
   trap 'echo term > {got}' TERM
+  touch {trapping}
   while true; do sleep 0.1; done
 """)
     wait_state(server, job["id"], "RUNNING")
-    time.sleep(0.3)
+    wait_for(trapping.exists, timeout=20)  # (a SIGTERM before its trap would end it at once)
     started = time.monotonic()
     assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
     done = wait_state(server, job["id"], "CANCELLED")
