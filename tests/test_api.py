@@ -95,19 +95,30 @@ run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/.helper && mv {out}/
 
 
 def test_concurrent_replicas_never_share_a_gpu(server, tmp_path: Path) -> None:
+    # each runs until released, so that what is asked of the 8 running and the 2 waiting is
+    # not a race with their starts (a fixed 0.8 s) nor with their ends (a 1.5 s run)
+    release = tmp_path / "release"
     ids = [submit(server, f"name: g{i}\nresources: {{accelerators: 1}}\n"
-                          f"run: echo $CUDA_VISIBLE_DEVICES@$CORRAL_NODE > {tmp_path}/{i}; sleep 1.5\n")["id"]
+                          f"run: echo $CUDA_VISIBLE_DEVICES@$CORRAL_NODE > {tmp_path}/{i}; "
+                          f"while [ ! -e {release} ]; do sleep 0.05; done\n")["id"]
            for i in range(10)]
-    time.sleep(0.8)
-    running = [j for j in server.get("/v1/jobs").json() if j["state"] == "RUNNING"]
-    assert len(running) == 8  # 2 nodes x 4 GPUs, one GPU each
-    pending = [j for j in server.get("/v1/jobs").json() if j["state"] == "PENDING"]
+
+    def said() -> list[str]:
+        return [text for i in range(10) if (p := tmp_path / str(i)).exists() and (text := p.read_text().strip())]
+
+    def jobs(state: str) -> list[dict]:
+        return [j for j in server.get("/v1/jobs").json() if j["state"] == state]
+
+    wait_for(lambda: len(said()) >= 8 and len(jobs("RUNNING")) >= 8, timeout=30)
+    assert len(jobs("RUNNING")) == 8  # 2 nodes x 4 GPUs, one GPU each
+    pending = jobs("PENDING")
     # backfill reserves for every blocked job it examines, so both wait on Resources
     assert [j["reason"] for j in pending] == ["Resources", "Resources"]
-    seen = {(tmp_path / str(i)).read_text().strip() for i in range(10) if (tmp_path / str(i)).exists()}
-    assert len(seen) == 8
+    seen = said()
+    assert len(seen) == len(set(seen)) == 8, seen
     nodes = server.get("/v1/nodes").json()
     assert all(n["free_gpus"] == [] for n in nodes)
+    release.touch()
     for job_id in ids:
         assert wait_state(server, job_id, "SUCCEEDED", "FAILED")["state"] == "SUCCEEDED"
     assert all(len(n["free_gpus"]) == 4 for n in server.get("/v1/nodes").json())
