@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from conftest import bearer, submit, wait_state
+from conftest import bearer, submit, wait_for, wait_state
 
 ON_POSTGRESQL = True  # what the store keeps: checked on PostgreSQL too (conftest)
 
@@ -95,19 +95,30 @@ run: env | grep -E '^(CORRAL|SKYPILOT|CUDA)' | sort > {out}/.helper && mv {out}/
 
 
 def test_concurrent_replicas_never_share_a_gpu(server, tmp_path: Path) -> None:
+    # each runs until released, so that what is asked of the 8 running and the 2 waiting is
+    # not a race with their starts (a fixed 0.8 s) nor with their ends (a 1.5 s run)
+    release = tmp_path / "release"
     ids = [submit(server, f"name: g{i}\nresources: {{accelerators: 1}}\n"
-                          f"run: echo $CUDA_VISIBLE_DEVICES@$CORRAL_NODE > {tmp_path}/{i}; sleep 1.5\n")["id"]
+                          f"run: echo $CUDA_VISIBLE_DEVICES@$CORRAL_NODE > {tmp_path}/{i}; "
+                          f"while [ ! -e {release} ]; do sleep 0.05; done\n")["id"]
            for i in range(10)]
-    time.sleep(0.8)
-    running = [j for j in server.get("/v1/jobs").json() if j["state"] == "RUNNING"]
-    assert len(running) == 8  # 2 nodes x 4 GPUs, one GPU each
-    pending = [j for j in server.get("/v1/jobs").json() if j["state"] == "PENDING"]
+
+    def said() -> list[str]:
+        return [text for i in range(10) if (p := tmp_path / str(i)).exists() and (text := p.read_text().strip())]
+
+    def jobs(state: str) -> list[dict]:
+        return [j for j in server.get("/v1/jobs").json() if j["state"] == state]
+
+    wait_for(lambda: len(said()) >= 8 and len(jobs("RUNNING")) >= 8, timeout=30)
+    assert len(jobs("RUNNING")) == 8  # 2 nodes x 4 GPUs, one GPU each
+    pending = jobs("PENDING")
     # backfill reserves for every blocked job it examines, so both wait on Resources
     assert [j["reason"] for j in pending] == ["Resources", "Resources"]
-    seen = {(tmp_path / str(i)).read_text().strip() for i in range(10) if (tmp_path / str(i)).exists()}
-    assert len(seen) == 8
+    seen = said()
+    assert len(seen) == len(set(seen)) == 8, seen
     nodes = server.get("/v1/nodes").json()
     assert all(n["free_gpus"] == [] for n in nodes)
+    release.touch()
     for job_id in ids:
         assert wait_state(server, job_id, "SUCCEEDED", "FAILED")["state"] == "SUCCEEDED"
     assert all(len(n["free_gpus"]) == 4 for n in server.get("/v1/nodes").json())
@@ -154,16 +165,17 @@ run: exit 5
 
 
 def test_cancel_sends_sigterm_then_sigkill_after_grace(server, tmp_path: Path) -> None:
-    got = tmp_path / "got-term"
+    got, trapping = tmp_path / "got-term", tmp_path / "trapping"
     job = submit(server, f"""
 name: stubborn
 grace_period: 1s
 run: |
   trap 'echo term > {got}' TERM
+  touch {trapping}
   while true; do sleep 0.1; done
 """)
     wait_state(server, job["id"], "RUNNING")
-    time.sleep(0.3)
+    wait_for(trapping.exists, timeout=20)  # (a SIGTERM before its trap would end it at once)
     started = time.monotonic()
     assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
     done = wait_state(server, job["id"], "CANCELLED")

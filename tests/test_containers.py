@@ -53,12 +53,16 @@ def _events(server, job_id: int) -> list[str]:
     return said + [server.get(f"/v1/jobs/{job_id}/logs").text[-2000:]]
 
 
-def _slow_podman(tmp_path: Path, seconds: int, then: str = "") -> Path:
-    """A node whose engine is slow to pull: podman behind a script that waits first."""
+def _slow_podman(tmp_path: Path, seconds: int, then: str = "", gate: Path | None = None) -> Path:
+    """A node whose engine is slow to pull: podman behind a script that waits first (``seconds``;
+    with a ``gate``, until that file exists, at most ``seconds``: a test that asks what is seen
+    during the pull then does not race its end)."""
     import shutil
 
     slow = tmp_path / "slow-podman"
-    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then sleep {seconds}; {then or ":"}; fi\n'
+    wait = f"sleep {seconds}" if gate is None else \
+        f"n=0; while [ ! -e '{gate}' ] && [ $n -lt {seconds * 20} ]; do sleep 0.05; n=$((n + 1)); done"
+    slow.write_text(f'#!/bin/sh\nif [ "$1" = pull ]; then {wait}; {then or ":"}; fi\n'
                     f'exec {shutil.which("podman")} "$@"\n')
     slow.chmod(0o755)
     return slow
@@ -239,7 +243,8 @@ run: cat {remote}/a.txt ~/cfg.txt > "$CORRAL_CHECKPOINT_DIR/seen.txt"; test -e {
 def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_path: Path) -> None:
     """A pull may take minutes: the replica says STARTING and why until its container runs
     (here a node whose engine is slow to pull: a wrapper around podman)."""
-    job = _private_job(server, registry, "slowpull", "sleep 1", _slow_podman(tmp_path, 3))
+    pulled = tmp_path / "pull-may-end"
+    job = _private_job(server, registry, "slowpull", "sleep 1", _slow_podman(tmp_path, 60, gate=pulled))
 
     def replica() -> dict:
         return server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]
@@ -250,9 +255,10 @@ def test_a_replica_is_starting_while_its_image_is_pulled(server, registry, tmp_p
     while time.monotonic() < deadline:
         states.add(replica()["state"])
         time.sleep(0.1)
-    assert states == {"STARTING"}, states  # the pull (3 s) is under way
+    assert states == {"STARTING"}, states  # the pull is under way (held until the gate opens)
     waiting = replica()
-    assert waiting["state"] != "STARTING" or waiting["reason"].startswith("pulling image 127.0.0.1:"), waiting
+    assert waiting["state"] == "STARTING" and waiting["reason"].startswith("pulling image 127.0.0.1:"), waiting
+    pulled.touch()
     done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
     assert done["state"] == "SUCCEEDED", _events(server, job["id"])
     told = _events(server, job["id"])
@@ -305,7 +311,8 @@ def test_cancel_during_a_pull_starts_nothing_and_leaves_nothing(server, registry
 def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_path: Path) -> None:
     """A server killed during a pull: its successor adopts the attempt as STARTING (its image
     is not there yet), and RUNNING once its container runs — never ready before it exists."""
-    slow = _slow_podman(tmp_path, 8)
+    pulled = tmp_path / "pull-may-end"
+    slow = _slow_podman(tmp_path, 60, gate=pulled)
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE.replace("containers:\n", f"containers:\n  engine: {slow}\n"))
@@ -320,6 +327,7 @@ def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_pat
         wait_for(lambda: cli_status(corral, job)["state"] in ("STARTING", "RUNNING", "FAILED"), timeout=60)
         replica = cli_status(corral, job)["tasks"][0]["replicas"][0]
         assert replica["state"] == "STARTING", replica  # adopted while its image is still pulled
+        pulled.touch()
         done = wait_for(lambda: (s := cli_status(corral, job))["state"] in ("FAILED", "RUNNING") and s, timeout=60)
         assert done["state"] == "FAILED" and "image pull failed" in (done["message"] or ""), done
     finally:

@@ -9,6 +9,7 @@ processes (the world a process enters on every infra is ``tests/conformance/test
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from contextlib import contextmanager
@@ -139,6 +140,29 @@ def test_the_process_ends_with_the_connection_the_replica_and_the_token(server) 
         code, out, err = _run(ws)
         assert code in (137, 143) and time.monotonic() - started < 20, (code, out, err)
     assert not _processes("sleep 3044")
+
+
+def test_the_process_ends_with_the_connection_when_the_handler_is_cancelled(server, monkeypatch) -> None:
+    """A server may cancel the route's handler rather than let it return (uvicorn past its
+    graceful shutdown; Starlette's test client right after it has said it leaves): the process
+    is ended all the same. The handler here sees the client's leaving late, as on a busy event
+    loop, so that it is cancelled before it has returned."""
+    from starlette.websockets import WebSocket
+
+    receive = WebSocket.receive
+
+    async def late(self):
+        message = await receive(self)
+        if message["type"] == "websocket.disconnect":
+            await asyncio.sleep(1)
+        return message
+
+    monkeypatch.setattr(WebSocket, "receive", late)
+    job = _running(server)
+    with _open(server, job, {"command": ["sh", "-c", "sleep 3021 & exec sleep 3022"]}) as ws:
+        assert "started" in _said(ws)
+        wait_for(lambda: len(_processes("sleep 302")) == 2, timeout=10)
+    wait_for(lambda: not _processes("sleep 302"), timeout=10)
 
 
 @pytest.fixture

@@ -53,10 +53,17 @@ def on(signum, frame):
         sys.exit(0)
 signal.signal(signal.SIGTERM, on)
 signal.signal(signal.SIGUSR1, on)
+open(sys.argv[1] + ".ready", "w").close()  # its handlers are in place
 for _ in range(int(sys.argv[2])):
     time.sleep(0.1)
 log.write("finished\\n")
 """
+
+
+def handling(log: Path) -> bool:
+    """PROGRAM writing to ``log`` has its signal handlers in place (a stop sent before would
+    end it by the signal's default action: no checkpoint, and the test would have raced it)."""
+    return Path(f"{log}.ready").exists()
 
 
 @pytest.mark.parametrize("form", ["python3 {program} {log} 600", "python3 {program} {log} 600 & wait"])
@@ -69,8 +76,7 @@ def test_a_program_under_the_run_shell_gets_its_grace_and_its_exit_stands(server
     command = form.format(program=program, log=log)
     job = submit(server, f"name: ckpt\ngrace_period: 10s\nrun: |\n  {command}\n  echo after\n")
     wait_state(server, job["id"], "RUNNING")
-    wait_for(lambda: log.exists(), timeout=20)
-    time.sleep(0.3)
+    wait_for(lambda: handling(log), timeout=20)
     assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
     done = wait_state(server, job["id"], "CANCELLED", timeout=30)
     lines = log.read_text().splitlines()
@@ -115,8 +121,7 @@ def test_a_batch_script_s_program_gets_its_grace(tmp_path: Path) -> None:
     script.write_text(f"#!/bin/bash\n#SBATCH -J train\npython3 {program} {log} 600 4\n")
     try:
         job = corral("sbatch", "--parsable", str(script), check=True).stdout.strip()
-        wait_for(lambda: log.exists(), timeout=30)
-        time.sleep(0.3)
+        wait_for(lambda: handling(log), timeout=30)
         assert corral("cancel", job).returncode == 0
         wait_for(lambda: '"CANCELLED"' in corral("status", job, "--json", check=True).stdout, timeout=60)
         lines = log.read_text().splitlines()
@@ -175,8 +180,7 @@ run: echo run started >> {staged}
 """)
     for job, path in ((custom, log), (setup, staged)):
         wait_state(server, job["id"], "RUNNING")
-        wait_for(lambda: path.exists(), timeout=20)
-    time.sleep(0.3)
+        wait_for(lambda: handling(path), timeout=20)
     started = time.monotonic()
     for job in (custom, setup):
         assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True

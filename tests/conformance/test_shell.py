@@ -163,9 +163,17 @@ def test_shell_is_a_real_terminal(corral: Corral, sleeper: int) -> None:
     before = term.expect(b"rank-101")
     assert b"31 101" in before, before
     term.size(42, 123)
-    time.sleep(0.5)  # the resize travels beside the input, not in it
-    term.send(b"stty size | sed 's/^/size-/'\r")
-    assert b"size-42 123" in term.expect(b"size-42 123", timeout=20)
+    # the resize travels beside the input, not in it (the client's SIGWINCH handler sends it,
+    # its stdin thread the typed line): the size is asked until the new one has arrived
+    deadline = time.monotonic() + 20
+    while True:
+        term.send(b"echo size-$((1 + 1))-$(stty size)\r")  # (the typed line, echoed, is not size-2-)
+        term.expect(b"size-2-")
+        size = term.expect(b"\n").strip()
+        if size == b"42 123":
+            break
+        assert size == b"31 101" and time.monotonic() < deadline, size
+        time.sleep(0.2)
     term.send(b"sleep 60; echo not-$((1 + 1))-interrupted\r")
     time.sleep(1.5)
     term.send(b"\x03")  # Ctrl-C: the sleep (and its list) ends; the shell goes on

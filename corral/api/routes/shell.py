@@ -26,8 +26,11 @@ import json
 import logging
 import shlex
 import signal
-from typing import Annotated
+import threading
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
+import anyio
 from fastapi import APIRouter, HTTPException, WebSocket
 from pydantic import BaseModel, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -36,7 +39,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from corral.api.deps import ServerState, identify
 from corral.auth.roles import Identity
 from corral.control.shells import shell_target
-from corral.executors.contract import Shell, ShellError, ShellRequest, Shells
+from corral.executors.contract import Handle, Shell, ShellError, ShellRequest, Shells
 from corral.spec.models import shown
 from corral.states import JobState
 from corral.store import repository
@@ -44,6 +47,7 @@ from corral.store import repository
 log = logging.getLogger("corral.shell")
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 TOKEN_CHECK_S = 5.0
+T = TypeVar("T")
 _SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "QUIT": signal.SIGQUIT,
             "KILL": signal.SIGKILL, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2, "TSTP": signal.SIGTSTP,
             "CONT": signal.SIGCONT, "WINCH": signal.SIGWINCH}
@@ -94,18 +98,78 @@ async def shell(websocket: WebSocket, job: str, replica: str | None = None):
         await run_in_threadpool(state.auditor.record, who, "shell" if start.tty else "exec", f"job {job_id}", "ok",
                                 f"{label}: {what}")
         try:
-            process = await run_in_threadpool(executor.open_shell, handle, request)
+            process = await _opened(executor, handle, request)
         except ShellError as exc:
             await _refuse(websocket, 409, f"replica {label} of job {job_id}: {exc}")
             return
         try:
-            await websocket.send_text(json.dumps({"started": {"job": job_id, "replica": label}}))
-        except (WebSocketDisconnect, RuntimeError):
-            await run_in_threadpool(process.close)
-            return
-        await _relay(state, who, websocket, process)
+            try:
+                await websocket.send_text(json.dumps({"started": {"job": job_id, "replica": label}}))
+            except (WebSocketDisconnect, RuntimeError):
+                return
+            await _relay(state, who, websocket, process)
+        finally:
+            await _ended(process)
+        if websocket.client_state == WebSocketState.CONNECTED:
+            try:
+                await websocket.close(1000)
+            except RuntimeError:
+                pass
     finally:
         state.streams.close(who.user)
+
+
+# The process is ended even when this handler is cancelled rather than returning (uvicorn
+# cancels what is still running once its graceful shutdown times out; Starlette's test client
+# cancels it as soon as it has said it leaves): ``run_in_threadpool`` checks for a cancellation
+# (and waits for a place in its pool) before it starts its thread, so a close awaited through
+# it in the ``finally`` of a cancelled handler was never run, and the process outlived its
+# connection. Here the thread is started before the first await, and a cancellation only stops
+# the waiting for it.
+
+def _in_thread(call: Callable[[], T]) -> asyncio.Future[T]:
+    """``call()`` in a thread of its own started now; its outcome, as a future of this loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result, error: BaseException | None) -> None:
+        if not future.done():
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = call(), None
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting side
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name="corral-shell", daemon=True).start()
+    return future
+
+
+async def _opened(executor: Shells, handle: Handle, request: ShellRequest) -> Shell:
+    """``executor.open_shell``; if this handler is cancelled meanwhile, what it opens is closed."""
+    opening = _in_thread(lambda: executor.open_shell(handle, request))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        def abandoned(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is None:
+                _in_thread(future.result().close)
+
+        opening.add_done_callback(abandoned)
+        raise
+
+
+async def _ended(process: Shell) -> None:
+    """``process.close()``, started now and awaited (shielded from the anyio scope the handler
+    runs in, so that a test client or server cancelling it waits for the process's end)."""
+    closing = _in_thread(process.close)
+    with anyio.CancelScope(shield=True):
+        await asyncio.shield(closing)
 
 
 def _clipped(text: str, limit: int = 300) -> str:
@@ -177,7 +241,7 @@ async def _refuse(websocket: WebSocket, status: int, detail: str) -> None:
 
 async def _relay(state: ServerState, who: Identity, websocket: WebSocket, process: Shell) -> None:
     """Output out, input and controls in, until the process's output ends (then its exit code
-    goes out) or the caller leaves, or its token is revoked (then the process is ended)."""
+    goes out) or the caller leaves, or its token is revoked (then the caller ends the process)."""
 
     async def output() -> None:
         while True:
@@ -212,12 +276,6 @@ async def _relay(state: ServerState, who: Identity, websocket: WebSocket, proces
     finally:
         for task in tasks:
             task.cancel()
-        await run_in_threadpool(process.close)
-        if websocket.client_state == WebSocketState.CONNECTED:
-            try:
-                await websocket.close(1000)
-            except RuntimeError:
-                pass
 
 
 async def _control(process: Shell, text: str) -> None:
