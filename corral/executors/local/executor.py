@@ -118,11 +118,12 @@ class LocalExecutor(EventStream):
 
     def start_gang(self, launches: list[Launch]) -> list[Started | Exception]:
         """``Gangs``: the starts of several replicas at once, each one's ``Started`` or the
-        exception its ``start`` would have raised, in order. Each wrapper's fork is queued on
-        the namespace thread as soon as its replica is prepared, so the next replica is
-        prepared while it is made, and what is done with a started process (its handle, its
-        watch) waits until every fork is queued: the gang's last replica starts a few ms
-        sooner. Every fork queued is taken back and watched (or ended) before this returns."""
+        exception its ``start`` would have raised, in order. Each wrapper's fork is queued for
+        the namespace threads as soon as its replica is prepared, so the next replica is
+        prepared while it is made (and forks overlap), and what is done with a started process
+        (its handle, its watch) waits until every fork is queued: the gang's last replica
+        starts sooner. Every fork queued is taken back and watched (or ended) before this
+        returns, even when the caller's thread is being torn down mid-gang."""
         begun: list[tuple[Launch, Spawning | Exception]] = []
         try:
             for i, launch in enumerate(launches):
