@@ -15,8 +15,9 @@ import pytest
 from corral.node.runner import NodeRunner
 
 
-def _runner(tmp_path: Path) -> NodeRunner:
-    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", f"ns{os.getpid()}{tmp_path.name[-6:]}")
+def _runner(tmp_path: Path, threads: int = 1) -> NodeRunner:
+    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", f"ns{os.getpid()}{tmp_path.name[-6:]}",
+                        spawn_threads=threads)
     if runner.hosts_mode != "mount-namespace":
         runner.close()
         pytest.skip("this machine gives no mount namespaces (not root, no unshare)")
@@ -89,7 +90,7 @@ def test_a_start_that_fails_in_the_thread_is_the_callers_error_and_the_thread_go
 def test_a_gangs_starts_made_side_by_side_each_get_their_own_namespaces(tmp_path: Path) -> None:
     """Several namespace threads fork at once (``NodeRunner.begin_spawn``): each attempt
     still sees its own name and its job's hosts, and the server's namespaces stay its own."""
-    runner = _runner(tmp_path)
+    runner = _runner(tmp_path, threads=4)
     own = [os.readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "uts")]
     host = socket.gethostname()
     try:
@@ -99,7 +100,7 @@ def test_a_gangs_starts_made_side_by_side_each_get_their_own_namespaces(tmp_path
                                     None, tmp_path / f"e{r}.log", True, 0o022) for r in range(6)]
         procs = [b.result() for b in begun]
         assert [p.wait(timeout=10) for p in procs] == [0] * 6
-        assert len(runner._spawner._threads) > 1 and runner._spawner.broken is None
+        assert len(runner._spawner._threads) == 4 and runner._spawner.broken is None
         for r in range(6):
             name, resolved = (tmp_path / f"e{r}").read_text().splitlines()
             assert name == f"e-{r}.gang" and resolved.split()[0] == f"127.9.25.{r}"

@@ -73,7 +73,7 @@ class NamespaceSpawner:
     that wait, not the namespaces, is most of a start. With a bridge there is one thread: its
     netlink socket is no thread's to share."""
 
-    def __init__(self, bridge: Bridge | None = None, threads: int = 4) -> None:
+    def __init__(self, bridge: Bridge | None = None, threads: int = 1) -> None:
         self._libc = _libc()
         self.bridge = bridge  # each start in a network namespace of its own, on this bridge
         self._queue: queue.SimpleQueue[tuple[str, str, tuple[str, str] | None, Callable[[], object], Future] | None] \
@@ -89,10 +89,10 @@ class NamespaceSpawner:
             self._threads[-1].start()
 
     @classmethod
-    def create(cls, bridge: Bridge | None = None) -> NamespaceSpawner | None:
+    def create(cls, bridge: Bridge | None = None, threads: int = 1) -> NamespaceSpawner | None:
         """A spawner whose thread could enter fresh namespaces and come back, or None (not root,
         no CAP_SYS_ADMIN, a seccomp profile that refuses unshare)."""
-        spawner = cls(bridge)
+        spawner = cls(bridge, threads)
         try:
             for ready in spawner._readies:  # every thread, or none: a start may land on any of them
                 ready.result(timeout=10)

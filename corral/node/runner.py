@@ -229,7 +229,10 @@ class Spawning:
 
 
 class NodeRunner:
-    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, bridge: Bridge | None = None):
+    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, bridge: Bridge | None = None,
+                 spawn_threads: int = 1):
+        """``spawn_threads``: how many starts may be forked side by side (a gang's, on a node
+        that runs many attempts; one where a runner starts one attempt, as in a Ray actor)."""
         self.runs_dir = runs_dir
         self.runtime_dir = runtime_dir
         self.trees = ProcessTrees(scope)
@@ -237,6 +240,7 @@ class NodeRunner:
         self.hosts_mode = "mount-namespace" if bridge is not None or _mount_namespaces() else "python"
         self._spawner: NamespaceSpawner | None = None  # made at the first start that needs it
         self._spawner_tried = False
+        self._spawn_threads = spawn_threads
         self._spawner_lock = threading.Lock()
 
     # -- attempts -------------------------------------------------------------------------
@@ -377,7 +381,7 @@ class NodeRunner:
         with self._spawner_lock:
             if self._spawner is None and not self._spawner_tried:
                 self._spawner_tried = True
-                self._spawner = NamespaceSpawner.create(self.bridge)
+                self._spawner = NamespaceSpawner.create(self.bridge, self._spawn_threads)
             if self._spawner is not None and self._spawner.broken is not None:
                 return None
             return self._spawner

@@ -60,7 +60,9 @@ class LocalExecutor(EventStream):
             self.bridge.open()
         # the home's own 127.B.0.0/16, so another server's replicas on this machine never share an address
         self.loopback: LoopbackBlock | None = LoopbackBlock.claim(settings.home) if self.bridge is None else None
-        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge)
+        # a gang's starts are forked side by side (``start_gang``), up to four at once: a fork
+        # mostly waits for its child's exec, which it does without the GIL
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge, spawn_threads=4)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
         except ValueError:
