@@ -369,3 +369,29 @@ def test_a_gang_cut_short_leaves_no_started_replica_unwatched(tmp_path: Path, mo
         assert not (tmp_path / "runs" / "15.w.2.a1").exists() and not (tmp_path / "runs" / "15.w.3.a1").exists()
     finally:
         executor.close()
+
+
+def test_a_gang_cut_short_while_its_forks_are_taken_back_still_watches_the_rest(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """Cut while the gang's forks are being taken back: those after the cut are still taken
+    back and watched, so their exits are reported."""
+    executor = _executor(tmp_path)
+    real = executor._finish
+    calls = []
+
+    def finish_then_crash(launch, spawning):
+        calls.append(launch.key)
+        if len(calls) == 2:
+            spawning.result().wait()  # (this one's own process, cut from its watch, ends here)
+            raise _Crash()
+        return real(launch, spawning)
+
+    monkeypatch.setattr(executor, "_finish", finish_then_crash)
+    try:
+        with pytest.raises(_Crash):
+            executor.start_gang([_launch(f"16.w.{r}.a1", "sleep 0.2", job_id=16, label=f"w-{r}") for r in range(4)])
+        events = _wait_events(executor, 3)
+        assert sorted((e.key, e.kind, e.code) for e in events) == [
+            (f"16.w.{r}.a1", Kind.EXITED, 0) for r in (0, 2, 3)]
+    finally:
+        executor.close()

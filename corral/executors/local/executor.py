@@ -134,12 +134,21 @@ class LocalExecutor(EventStream):
                 except Exception as exc:  # (the launcher fails this replica alone, as with ``start``)
                     begun.append((launch, exc))
         except BaseException:  # the server is going down: what was forked is still watched, never lost
-            for launch, spawning in begun:
-                if not isinstance(spawning, Exception):
-                    self._catching(launch, spawning)
+            self._take_back(begun)
             raise
-        return [spawning if isinstance(spawning, Exception) else self._catching(launch, spawning)
-                for launch, spawning in begun]
+        outcomes: list[Started | Exception] = []
+        try:
+            for launch, spawning in begun:
+                outcomes.append(spawning if isinstance(spawning, Exception) else self._catching(launch, spawning))
+        except BaseException:  # likewise for those after the one cut short
+            self._take_back(begun[len(outcomes) + 1:])
+            raise
+        return outcomes
+
+    def _take_back(self, begun: list[tuple[Launch, Spawning | Exception]]) -> None:
+        for launch, spawning in begun:
+            if not isinstance(spawning, Exception):
+                self._catching(launch, spawning)
 
     def _catching(self, launch: Launch, spawning: Spawning) -> Started | Exception:
         try:
