@@ -50,7 +50,9 @@ def segments(events: list, marks: list) -> dict[str, list[float]]:
     for t0, t1, ran in marks:
         sub, store = first("Intake.submit", t0, ran), first("Intake._store", t0, ran)
         cycle = first("ControlLoop.cycle", t0, ran)
-        spawns = [e for e in events if e[3] == "NodeRunner.spawn" and t0 <= e[0] <= ran]
+        # a gang's starts (``start_gang``): each begun, its fork taken back later (``Spawning.result``)
+        spawns = [e for e in events if e[3] in ("NodeRunner.spawn", "NodeRunner.begin_spawn", "Spawning.result")
+                  and t0 <= e[0] <= ran]
         if not (sub and store and cycle and spawns):
             continue
         last, first_spawn = max(spawns, key=lambda e: e[0] + e[1]), min(spawns)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from corral.executors.contract import Kind, Launch, LaunchError, Observed
+from corral.executors.contract import Kind, Launch, LaunchError, Observed, Started
 from corral.executors.local.executor import LocalExecutor
 from corral.node.runner import EXIT_FILE, STARTED_FILE
 from corral.pool import NodeSpec
@@ -311,5 +311,87 @@ def test_a_placed_attempts_cgroup_is_made_ahead_and_swept_if_it_never_starts(tmp
         assert executor.signal(handle, signal.SIGKILL)
         assert [e.kind for e in _wait_events(executor)] == [Kind.EXITED]
         assert not started.exists()  # the attempt's end removes its own cgroup, as before
+    finally:
+        executor.close()
+
+
+def test_a_gangs_starts_are_made_together_each_with_its_own_outcome(tmp_path: Path) -> None:
+    """``start_gang``: each replica gets what its own ``start`` would have given: those that
+    could start run (each under its own name where namespaces are made) and are watched, one
+    that could not is its own LaunchError, with nothing of it running."""
+    executor = _executor(tmp_path)
+    out = tmp_path / "out"
+    try:
+        executor.publish(14, {"n0"}, "".join(f"127.9.9.{r}\tw-{r}.gang w-{r}\n" for r in range(4)), "{}")
+        launches = [_launch(f"14.w.{r}.a1", f"hostname > {out}{r}", job_id=14, label=f"w-{r}",
+                            env={"CORRAL_HOSTNAME": f"w-{r}.gang"}) for r in range(4)]
+        launches[2] = Launch(key="14.w.2.a1", job_id=14, label="w-2", node="n0", gpus=(), cpus=0.1, memory=0.0,
+                             setup=None, run="true", env={}, cwd=str(tmp_path / "missing"))
+        outcomes = executor.start_gang(launches)
+        assert isinstance(outcomes[2], LaunchError) and "not a directory" in str(outcomes[2])
+        started = [outcomes[r] for r in (0, 1, 3)]
+        assert all(isinstance(o, Started) and o.confirmed for o in started), outcomes
+        assert [o.handle["key"] for o in started] == ["14.w.0.a1", "14.w.1.a1", "14.w.3.a1"]
+        events = _wait_events(executor, 3)
+        assert sorted((e.key, e.kind, e.code) for e in events) == [
+            (f"14.w.{r}.a1", Kind.EXITED, 0) for r in (0, 1, 3)]
+        if executor.runner.hosts_mode == "mount-namespace":
+            assert [(tmp_path / f"out{r}").read_text().strip() for r in (0, 1, 3)] == ["w-0.gang", "w-1.gang",
+                                                                                       "w-3.gang"]
+        assert not (tmp_path / "runs" / "14.w.2.a1" / STARTED_FILE).exists()
+    finally:
+        executor.close()
+
+
+class _Crash(BaseException):
+    """What ends the loop's thread mid-start, as a kill -9 ends the server."""
+
+
+def test_a_gang_cut_short_leaves_no_started_replica_unwatched(tmp_path: Path, monkeypatch) -> None:
+    """The server goes down between a gang's forks: what was already forked is still the
+    executor's (its exit is reported, its tree ended), and nothing after the cut starts."""
+    executor = _executor(tmp_path)
+    real = executor.runner.begin_spawn
+    calls = []
+
+    def begin_then_crash(*args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 3:
+            raise _Crash()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(executor.runner, "begin_spawn", begin_then_crash)
+    try:
+        with pytest.raises(_Crash):
+            executor.start_gang([_launch(f"15.w.{r}.a1", "sleep 0.2", job_id=15, label=f"w-{r}") for r in range(4)])
+        events = _wait_events(executor, 2)
+        assert sorted((e.key, e.kind, e.code) for e in events) == [(f"15.w.{r}.a1", Kind.EXITED, 0) for r in (0, 1)]
+        assert not (tmp_path / "runs" / "15.w.2.a1").exists() and not (tmp_path / "runs" / "15.w.3.a1").exists()
+    finally:
+        executor.close()
+
+
+def test_a_gang_cut_short_while_its_forks_are_taken_back_still_watches_the_rest(tmp_path: Path,
+                                                                               monkeypatch) -> None:
+    """Cut while the gang's forks are being taken back: those after the cut are still taken
+    back and watched, so their exits are reported."""
+    executor = _executor(tmp_path)
+    real = executor._finish
+    calls = []
+
+    def finish_then_crash(launch, spawning):
+        calls.append(launch.key)
+        if len(calls) == 2:
+            spawning.result().wait()  # (this one's own process, cut from its watch, ends here)
+            raise _Crash()
+        return real(launch, spawning)
+
+    monkeypatch.setattr(executor, "_finish", finish_then_crash)
+    try:
+        with pytest.raises(_Crash):
+            executor.start_gang([_launch(f"16.w.{r}.a1", "sleep 0.2", job_id=16, label=f"w-{r}") for r in range(4)])
+        events = _wait_events(executor, 3)
+        assert sorted((e.key, e.kind, e.code) for e in events) == [
+            (f"16.w.{r}.a1", Kind.EXITED, 0) for r in (0, 2, 3)]
     finally:
         executor.close()

@@ -15,8 +15,9 @@ import pytest
 from corral.node.runner import NodeRunner
 
 
-def _runner(tmp_path: Path) -> NodeRunner:
-    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", f"ns{os.getpid()}{tmp_path.name[-6:]}")
+def _runner(tmp_path: Path, threads: int = 1) -> NodeRunner:
+    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", f"ns{os.getpid()}{tmp_path.name[-6:]}",
+                        spawn_threads=threads)
     if runner.hosts_mode != "mount-namespace":
         runner.close()
         pytest.skip("this machine gives no mount namespaces (not root, no unshare)")
@@ -82,5 +83,27 @@ def test_a_start_that_fails_in_the_thread_is_the_callers_error_and_the_thread_go
             os.readlink(f"/proc/{os.getpid()}/task/{os.getpid()}/ns/{ns}") for ns in ("mnt", "uts")]
         lines = _start(runner, tmp_path, "24.d.0.a2", 24, "d-0.fourth", "d-0.fourth")
         assert lines[2] == "d-0.fourth" and lines[3].split()[0] == "127.9.9.24"
+    finally:
+        runner.close()
+
+
+def test_a_gangs_starts_made_side_by_side_each_get_their_own_namespaces(tmp_path: Path) -> None:
+    """Several namespace threads fork at once (``NodeRunner.begin_spawn``): each attempt
+    still sees its own name and its job's hosts, and the server's namespaces stay its own."""
+    runner = _runner(tmp_path, threads=4)
+    own = [os.readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "uts")]
+    host = socket.gethostname()
+    try:
+        runner.publish(25, "".join(f"127.9.25.{r}\te-{r}.gang e-{r}\n" for r in range(6)), "{}")
+        begun = [runner.begin_spawn(f"25.e.{r}.a1", 25, None, f"hostname > {tmp_path}/e{r}; getent hosts e-{r}.gang"
+                                    f" >> {tmp_path}/e{r}", {"PATH": os.environ["PATH"], "CORRAL_HOSTNAME": f"e-{r}.gang"},
+                                    None, tmp_path / f"e{r}.log", True, 0o022) for r in range(6)]
+        procs = [b.result() for b in begun]
+        assert [p.wait(timeout=10) for p in procs] == [0] * 6
+        assert len(runner._spawner._threads) == 4 and runner._spawner.broken is None
+        for r in range(6):
+            name, resolved = (tmp_path / f"e{r}").read_text().splitlines()
+            assert name == f"e-{r}.gang" and resolved.split()[0] == f"127.9.25.{r}"
+        assert [os.readlink(f"/proc/self/ns/{ns}") for ns in ("mnt", "uts")] == own and socket.gethostname() == host
     finally:
         runner.close()

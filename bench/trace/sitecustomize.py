@@ -15,6 +15,8 @@ if os.environ.get("CORRAL_PERFTRACE") and os.environ.get("CORRAL_HOME"):
         ("corral.control.commands", "Commands", "take"), ("corral.control.scheduling", "Scheduling", "run"),
         ("corral.control.launcher", "Launcher", "launch_ready"), ("corral.control.launcher", "Launcher", "launch_for"),
         ("corral.executors.local.executor", "LocalExecutor", "start"), ("corral.node.runner", "NodeRunner", "spawn"),
+        ("corral.executors.local.executor", "LocalExecutor", "start_gang"),
+        ("corral.node.runner", "NodeRunner", "begin_spawn"), ("corral.node.runner", "Spawning", "result"),
         ("corral.control.discovery", "Discovery", "publish_job"), ("corral.control.discovery", "Discovery", "publish_marked"),
         ("corral.control.effects", "Effects", "run"), ("corral.control.observations", "Observations", "collect"),
         ("corral.executors.local.executor", "LocalExecutor", "_report"),

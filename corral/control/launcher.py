@@ -22,7 +22,7 @@ from corral.control.records import JobRec, ReplicaRec, TaskRec
 from corral.control.supervisor import AttemptEnded
 from corral.control.transitions import Transitions
 from corral.auth.accounts import account_to_start
-from corral.executors.contract import Container, Handle, Launch, LaunchError, Reserving, StepAgents
+from corral.executors.contract import Container, Gangs, Handle, Launch, LaunchError, Reserving, Started, StepAgents
 from corral.metrics import Metrics
 from corral.runtime import batchenv
 from corral.node import stepagent
@@ -89,34 +89,67 @@ class Launcher:
         if self._lost_unanswered(job, replicas, now):
             return
         refused = self._reserve(job, replicas)
+        by_executor: dict[int, tuple[object, list[tuple[ReplicaRec, Launch]]]] = {}
         for replica in replicas:
             executor = self.inventory.of(replica)
             try:
                 launch = self.launch_for(job, replica)
                 if refused is not None:
                     raise LaunchError(refused)
-                started = executor.start(launch)
             except Exception as exc:  # any failure ends the attempt and frees what it held
-                message = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
-                replica.ended = ("launch_failed", message)  # the job's own message names it
-                self.moves.replica_to(replica, ReplicaState.FAILED, "launch_failed", now, message, ended_at=now)
-                self.book.touch(job.id)
+                self._failed(job, replica, exc, now)
                 continue
-            self.book.by_key[launch.key] = (job.id, replica.id)
-            replica.handle = started.handle
-            if not started.confirmed:  # the engine confirms the start later (a STARTED event)
-                self.book.unconfirmed.add(replica.id)
-                self.moves.journal.replica(replica.id, handle=started.handle)
-                whose, image = ("its", launch.container.image) if launch.container is not None \
-                    else ("its batch script's", batchenv.script_image(launch.env))
-                if image:  # a pull may take minutes: STARTING says why
-                    self.moves.event(job.id, now, replica.label, "pulling",
-                                     f"STARTING until {whose} container runs (image {image}, "
-                                     f"pulled first if {replica.node} lacks it)")
-                continue
-            self.running(job, replica, started.handle, now, "launched", None, launch, started.gpus, started.detail)
+            by_executor.setdefault(id(executor), (executor, []))[1].append((replica, launch))
+        started: list[tuple[ReplicaRec, Launch, Started]] = []
+        for executor, group in by_executor.values():
+            for (replica, launch), outcome in zip(group, self._start(executor, [launch for _, launch in group])):
+                if isinstance(outcome, Exception):
+                    self._failed(job, replica, outcome, now)
+                    continue
+                self.book.by_key[launch.key] = (job.id, replica.id)
+                replica.handle = outcome.handle
+                started.append((replica, launch, outcome))
+        # Recorded once every replica's process is started: the bookkeeping of one start (its
+        # state, events, probes, limits) never delays the next replica's process.
+        for replica, launch, outcome in started:
+            if outcome.confirmed:
+                self.running(job, replica, outcome.handle, now, "launched", None, launch, outcome.gpus, outcome.detail)
+            else:
+                self._unconfirmed(job, replica, launch, outcome, now)
         if startorder.waiting(job):
             self.book.launch_check.add(job.id)  # others may wait for these to start
+
+    @staticmethod
+    def _start(executor, launches: list[Launch]) -> list[Started | Exception]:
+        """Each launch's ``Started``, or what its start raised; a gang on an engine that starts
+        several at once (``Gangs``) in one call."""
+        if len(launches) > 1 and isinstance(executor, Gangs):
+            return executor.start_gang(launches)
+        outcomes: list[Started | Exception] = []
+        for launch in launches:
+            try:
+                outcomes.append(executor.start(launch))
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
+    def _failed(self, job: JobRec, replica: ReplicaRec, exc: Exception, now: float) -> None:
+        """The attempt could not start: FAILED with the engine's words, what it held freed."""
+        message = str(exc) if isinstance(exc, LaunchError) else f"{type(exc).__name__}: {exc}"
+        replica.ended = ("launch_failed", message)  # the job's own message names it
+        self.moves.replica_to(replica, ReplicaState.FAILED, "launch_failed", now, message, ended_at=now)
+        self.book.touch(job.id)
+
+    def _unconfirmed(self, job: JobRec, replica: ReplicaRec, launch: Launch, started: Started, now: float) -> None:
+        """The engine confirms the start later (a STARTED event): STARTING until then."""
+        self.book.unconfirmed.add(replica.id)
+        self.moves.journal.replica(replica.id, handle=started.handle)
+        whose, image = ("its", launch.container.image) if launch.container is not None \
+            else ("its batch script's", batchenv.script_image(launch.env))
+        if image:  # a pull may take minutes: STARTING says why
+            self.moves.event(job.id, now, replica.label, "pulling",
+                             f"STARTING until {whose} container runs (image {image}, "
+                             f"pulled first if {replica.node} lacks it)")
 
     def running(self, job: JobRec, replica: ReplicaRec, handle: Handle, now: float, cause: str,
                 message: str | None, launch: Launch | None = None, gpus: tuple[int, ...] | None = None,

@@ -13,6 +13,7 @@ with its optional interfaces), never by the infra's name:
 
 * ``Reserving``   — hold a gang's resources in the engine's own accounting before any
                     replica starts (Ray's placement groups);
+* ``Gangs``       — start several replicas of one launch at once, faster than one by one;
 * ``ExecProbes``  — run a probe command where the attempt runs;
 * ``DeclaredNodes`` — nodes given by the site's configuration: one it no longer declares has
                     left for good, and attempts recorded there are ended and lost;
@@ -249,6 +250,17 @@ class Reserving(Protocol):
 
     def reserve(self, job_id: int, generation: int, slots: list[tuple[str, str, tuple[int, ...], float, float]]) -> None:
         """All or nothing: ``slots`` are (label, node, gpus, cpus, memory); raises LaunchError."""
+        ...
+
+
+@runtime_checkable
+class Gangs(Protocol):
+    """Starts several replicas of one launch at once, faster than one ``start`` after another
+    (the local executor makes each fork while it prepares the next replica)."""
+
+    def start_gang(self, launches: list[Launch]) -> list[Started | Exception]:
+        """For each launch in order, what ``start`` would return, or the exception it would
+        raise; every attempt that started is in the list, whatever failed beside it."""
         ...
 
 

@@ -7,9 +7,9 @@ and ``mount``): about 3.5 ms of CPU, a third of what a trivial job costs in all,
 before the user's command runs on a busy 2-core machine.
 
 Namespaces belong to a thread as much as to a process, and a child starts in those of the
-thread that forks it. So one thread, used for nothing else, enters fresh namespaces
-(``unshare(2)``), makes its mounts private, binds the hosts file and names itself
-(``mount(2)``, ``sethostname(2)``), starts the attempt's wrapper, and goes back to the
+thread that forks it. So a thread used for nothing else (a few, so a gang's starts overlap)
+enters fresh namespaces (``unshare(2)``), makes its mounts private, binds the hosts file and
+names itself (``mount(2)``, ``sethostname(2)``), starts the attempt's wrapper, and goes back to the
 server's namespaces (``setns(2)``) before the next start: the new namespaces then belong to
 the attempt alone, and the server's own are never changed. Python has no ``mount`` and (before
 3.12) no ``unshare`` or ``setns``, so they are called from the C library.
@@ -65,26 +65,37 @@ def _check(rc: int, what: str) -> None:
 
 
 class NamespaceSpawner:
-    """Runs a start (a callable that forks the attempt) on the namespace thread, inside a fresh
-    mount namespace where ``hosts`` is ``/etc/hosts`` and a fresh UTS namespace named ``name``."""
+    """Runs a start (a callable that forks the attempt) on a namespace thread, inside a fresh
+    mount namespace where ``hosts`` is ``/etc/hosts`` and a fresh UTS namespace named ``name``.
 
-    def __init__(self, bridge: Bridge | None = None) -> None:
+    Several threads take starts from one queue, so a gang's forks are made side by side: a
+    fork waits for its child's ``exec`` (vfork) without holding the GIL, and on a busy machine
+    that wait, not the namespaces, is most of a start. With a bridge there is one thread: its
+    netlink socket is no thread's to share."""
+
+    def __init__(self, bridge: Bridge | None = None, threads: int = 1) -> None:
         self._libc = _libc()
         self.bridge = bridge  # each start in a network namespace of its own, on this bridge
         self._queue: queue.SimpleQueue[tuple[str, str, tuple[str, str] | None, Callable[[], object], Future] | None] \
             = queue.SimpleQueue()
-        self._ready: Future = Future()
         self.broken: str | None = None  # why starts can no longer be made here (the caller falls back)
-        self._thread = threading.Thread(target=self._run, name="corral-namespaces", daemon=True)
-        self._thread.start()
+        self._readies: list[Future] = []
+        self._threads: list[threading.Thread] = []
+        for i in range(1 if bridge is not None else max(1, threads)):
+            ready: Future = Future()
+            self._readies.append(ready)
+            self._threads.append(threading.Thread(target=self._run, args=(ready,), daemon=True,
+                                                  name=f"corral-namespaces-{i}"))
+            self._threads[-1].start()
 
     @classmethod
-    def create(cls, bridge: Bridge | None = None) -> NamespaceSpawner | None:
+    def create(cls, bridge: Bridge | None = None, threads: int = 1) -> NamespaceSpawner | None:
         """A spawner whose thread could enter fresh namespaces and come back, or None (not root,
         no CAP_SYS_ADMIN, a seccomp profile that refuses unshare)."""
-        spawner = cls(bridge)
+        spawner = cls(bridge, threads)
         try:
-            spawner._ready.result(timeout=10)
+            for ready in spawner._readies:  # every thread, or none: a start may land on any of them
+                ready.result(timeout=10)
         except (OSError, TimeoutError):
             spawner.close()
             return None
@@ -94,29 +105,36 @@ class NamespaceSpawner:
         """``fork()``'s result, called on the namespace thread inside the attempt's namespaces;
         its exception otherwise. A ``NamespaceError`` means nothing was forked. ``net``
         (address, the machine's end of its veth pair) with a bridge: its own network too."""
+        return self.submit(hosts, name, fork, net).result()
+
+    def submit(self, hosts: str, name: str, fork: Callable[[], T], net: tuple[str, str] | None = None) -> Future:
+        """``start`` without waiting: the future of its result. Starts are made in the order
+        submitted, so a gang's caller prepares its next replica while this one is forked."""
         if self.broken is not None:
             raise NamespaceError(0, self.broken)
         done: Future = Future()
         self._queue.put((hosts, name, net, fork, done))
-        return done.result()
+        return done
 
     def close(self) -> None:
-        self._queue.put(None)
+        for _ in self._threads:
+            self._queue.put(None)
 
-    def _run(self) -> None:
+    def _run(self, ready: Future) -> None:
         try:
             home_mnt = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             home_uts = os.open("/proc/thread-self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
-            self._home_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            if self.bridge is not None:  # (then this is the only thread)
+                self._home_net = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             # made here and now, in the server's network namespace: it stays that namespace's
             self._host_netlink = Netlink() if self.bridge is not None else None
             self._enter("", "", None)  # the first round trip proves both ways work here
             self._leave(home_mnt, home_uts)
         except OSError as exc:
             self.broken = str(exc)
-            self._ready.set_exception(exc)
+            ready.set_exception(exc)
             return
-        self._ready.set_result(None)
+        ready.set_result(None)
         while (item := self._queue.get()) is not None:
             hosts, name, net, fork, done = item
             if self.broken is not None:
@@ -135,7 +153,8 @@ class NamespaceSpawner:
             self._come_back(home_mnt, home_uts)
         os.close(home_mnt)
         os.close(home_uts)
-        os.close(self._home_net)
+        if self.bridge is not None:
+            os.close(self._home_net)
         if self._host_netlink is not None:
             self._host_netlink.close()
 

@@ -27,6 +27,8 @@ import shutil
 import tempfile
 import subprocess
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import psutil
@@ -213,8 +215,33 @@ def _mount_namespaces() -> bool:
     return done.returncode == 0
 
 
+class Spawning:
+    """A wrapper's start under way (``NodeRunner.begin_spawn``): ``result`` is its Popen, made
+    on the namespace thread or, where that thread could not make its namespaces (nothing was
+    forked then), by the wrapper making them itself; never the machine's network in place of
+    a bridge's. Raises what the start raised (OSError, ValueError) with nothing left running."""
+
+    def __init__(self, queued: Future | None, fallback: Callable[[], subprocess.Popen],
+                 refused: NamespaceError | None, bridged: bool):
+        self._queued, self._fallback, self._refused, self._bridged = queued, fallback, refused, bridged
+
+    def result(self) -> subprocess.Popen:
+        refused = self._refused
+        if self._queued is not None:
+            try:
+                return self._queued.result()
+            except NamespaceError as exc:
+                refused = exc
+        if refused is not None and self._bridged:  # the wrapper cannot wire a network
+            raise OSError(f"its network namespace could not be made: {refused}") from None
+        return self._fallback()
+
+
 class NodeRunner:
-    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, bridge: Bridge | None = None):
+    def __init__(self, runs_dir: Path, runtime_dir: Path, scope: str, bridge: Bridge | None = None,
+                 spawn_threads: int = 1):
+        """``spawn_threads``: how many starts may be forked side by side (a gang's, on a node
+        that runs many attempts; one where a runner starts one attempt, as in a Ray actor)."""
         self.runs_dir = runs_dir
         self.runtime_dir = runtime_dir
         self.trees = ProcessTrees(scope)
@@ -222,6 +249,7 @@ class NodeRunner:
         self.hosts_mode = "mount-namespace" if bridge is not None or _mount_namespaces() else "python"
         self._spawner: NamespaceSpawner | None = None  # made at the first start that needs it
         self._spawner_tried = False
+        self._spawn_threads = spawn_threads
         self._spawner_lock = threading.Lock()
 
     # -- attempts -------------------------------------------------------------------------
@@ -266,11 +294,24 @@ class NodeRunner:
         the namespace thread, or failing that by the wrapper). With ``account`` the replica's
         own processes run as that Unix account (the wrapper drops to it before exec). With a
         bridge, in a network namespace of its own at ``address``, or not at all."""
+        return self.begin_spawn(key, job_id, setup, run, env, cwd, log_path, hosts, umask, repo, account,
+                                container, address).result()
+
+    def begin_spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
+                    cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
+                    repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None,
+                    container: Container | None = None, address: str | None = None,
+                    warm: bool = True) -> Spawning:
+        """``spawn`` whose fork may still be under way on the namespace thread when it returns:
+        the caller prepares a gang's next replica meanwhile, and takes each one's Popen (or its
+        OSError) from ``Spawning.result``, which every caller must call. ``warm=False``: the
+        caller has had the kernel's grace period started already (a gang's first start did)."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
         procs = self.trees.prepare(key) or ""
-        self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
+        if warm:
+            self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
         env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
         containers.await_script(self.run_dir(key), env, account)
@@ -291,17 +332,20 @@ class NodeRunner:
         spawner = self._namespace_spawner() if namespaces else None
         if self.bridge is not None and (spawner is None or not address):
             raise OSError("no network namespace can be made for it here (the namespace thread is not running)")
+
+        def fallback() -> subprocess.Popen:  # no namespace thread, or it failed: the wrapper makes them itself
+            return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
+
         if spawner is not None:
             argv = self._argv(key, job_id, setup, run, env, False, procs, repo, name)
             workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
             net = (address, self.bridge.host_end(key)) if self.bridge is not None and address else None
             try:
-                return spawner.start(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir), net)
+                queued = spawner.submit(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir), net)
             except NamespaceError as exc:
-                if self.bridge is not None:  # the wrapper cannot wire a network: never the machine's instead
-                    raise OSError(f"its network namespace could not be made: {exc}") from None
-                pass  # nothing was started: the wrapper makes the namespaces itself
-        return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
+                return Spawning(None, fallback, exc, self.bridge is not None)
+            return Spawning(queued, fallback, None, self.bridge is not None)
+        return Spawning(None, fallback, None, False)
 
     def _container(self, key: str, job_id: int, container: Container, env: dict[str, str],
                    account: UnixAccount | None, log_path: Path | None, passthrough: tuple[str, ...] = ()) -> None:
@@ -346,7 +390,7 @@ class NodeRunner:
         with self._spawner_lock:
             if self._spawner is None and not self._spawner_tried:
                 self._spawner_tried = True
-                self._spawner = NamespaceSpawner.create(self.bridge)
+                self._spawner = NamespaceSpawner.create(self.bridge, self._spawn_threads)
             if self._spawner is not None and self._spawner.broken is not None:
                 return None
             return self._spawner

@@ -29,8 +29,8 @@ from corral.node.mounts import MountError, attach_as
 from corral.node.loopback import LoopbackBlock
 from corral.node.network import HOST_ADDR_VAR, Bridge
 from corral.node.proctree import ATTEMPT_VAR
-from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, process_start_time,
-                                run_as_value)
+from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, Spawning,
+                                process_start_time, run_as_value)
 from corral.node.terminal import ENTER, ENTER_OWN, Terminal, env_file
 from corral.pool import NodeSpec
 from corral.runtime.batchenv import hand_over_job_files
@@ -60,7 +60,9 @@ class LocalExecutor(EventStream):
             self.bridge.open()
         # the home's own 127.B.0.0/16, so another server's replicas on this machine never share an address
         self.loopback: LoopbackBlock | None = LoopbackBlock.claim(settings.home) if self.bridge is None else None
-        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge)
+        # a gang's starts are forked side by side (``start_gang``), up to four at once: a fork
+        # mostly waits for its child's exec, which it does without the GIL
+        self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope, self.bridge, spawn_threads=4)
         try:  # replicas create files as the user would, not with the server's private umask
             self._umask = int(os.environ.get("CORRAL_USER_UMASK", "0o022"), 8)
         except ValueError:
@@ -113,6 +115,49 @@ class LocalExecutor(EventStream):
 
     # -- attempts -------------------------------------------------------------------------
     def start(self, launch: Launch) -> Started:
+        spawning = self._begin(launch)
+        return self._finish(launch, spawning)
+
+    def start_gang(self, launches: list[Launch]) -> list[Started | Exception]:
+        """``Gangs``: the starts of several replicas at once, each one's ``Started`` or the
+        exception its ``start`` would have raised, in order. Each wrapper's fork is queued for
+        the namespace threads as soon as its replica is prepared, so the next replica is
+        prepared while it is made (and forks overlap), and what is done with a started process
+        (its handle, its watch) waits until every fork is queued: the gang's last replica
+        starts sooner. Every fork queued is taken back and watched (or ended) before this
+        returns, even when the caller's thread is being torn down mid-gang."""
+        begun: list[tuple[Launch, Spawning | Exception]] = []
+        try:
+            for i, launch in enumerate(launches):
+                try:  # one grace period for the gang's moves into their cgroups (``ProcessTrees.warm``)
+                    begun.append((launch, self._begin(launch, warm=i == 0)))
+                except Exception as exc:  # (the launcher fails this replica alone, as with ``start``)
+                    begun.append((launch, exc))
+        except BaseException:  # the server is going down: what was forked is still watched, never lost
+            self._take_back(begun)
+            raise
+        outcomes: list[Started | Exception] = []
+        try:
+            for launch, spawning in begun:
+                outcomes.append(spawning if isinstance(spawning, Exception) else self._catching(launch, spawning))
+        except BaseException:  # likewise for those after the one cut short
+            self._take_back(begun[len(outcomes) + 1:])
+            raise
+        return outcomes
+
+    def _take_back(self, begun: list[tuple[Launch, Spawning | Exception]]) -> None:
+        for launch, spawning in begun:
+            if not isinstance(spawning, Exception):
+                self._catching(launch, spawning)
+
+    def _catching(self, launch: Launch, spawning: Spawning) -> Started | Exception:
+        try:
+            return self._finish(launch, spawning)
+        except Exception as exc:
+            return exc
+
+    def _begin(self, launch: Launch, warm: bool = True) -> Spawning:
+        """The start up to the wrapper's fork, which may still be under way on return."""
         account = launch.run_as  # another Unix account's job: its files handed to it, its processes as it
         log_file = self.settings.log_file(launch.job_id, launch.label)
         try:
@@ -130,21 +175,30 @@ class LocalExecutor(EventStream):
                 record = self.runner.mounts_dir(launch.job_id)
                 hand_over(record, account, self.settings.home)
                 attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
-            proc = self.runner.spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd, log_file,
-                                     launch.hosts, LOGIN_UMASK if account else self._umask, launch.repo, account,
-                                     launch.container, address=launch.env.get("CORRAL_ADDR"))
+            return self.runner.begin_spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd,
+                                           log_file, launch.hosts, LOGIN_UMASK if account else self._umask,
+                                           launch.repo, account, launch.container,
+                                           address=launch.env.get("CORRAL_ADDR"), warm=warm)
         except (OSError, ValueError, MountError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
+
+    def _finish(self, launch: Launch, spawning: Spawning) -> Started:
+        """The start from the wrapper's fork on: its handle, and its exit watched."""
+        try:
+            proc = spawning.result()
+        except (OSError, ValueError) as exc:
+            self.runner.end_tree(launch.key, None)
+            raise LaunchError(str(exc)) from exc
+        with self._lock:  # at once: from here on its exit is ours to report
+            self._children[launch.key] = proc
         started = process_start_time(proc.pid) or 0.0  # 0.0: it already ended
         handle = {"pid": proc.pid, "started_at": started, "key": launch.key}
-        if account is not None:
-            handle["run_as"] = run_as_value(account)  # its probes run as it too
+        if launch.run_as is not None:
+            handle["run_as"] = run_as_value(launch.run_as)  # its probes run as it too
         in_container = containers.named(self.runner.run_dir(launch.key))
         if in_container is not None:
             handle["container"] = list(in_container)  # engine and name: its exec probes run inside
-        with self._lock:
-            self._children[launch.key] = proc
         self._watch(launch.key, proc.pid)
         if containers.pulling(self.runner.run_dir(launch.key)):  # STARTING while its image is pulled; running once its container starts
             threading.Thread(target=self._await_container, args=(launch.key, proc.pid, handle), daemon=True,
