@@ -367,6 +367,39 @@ def test_a_job_slurm_requeues_is_requeued_by_corral_under_the_same_id(slurm_home
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
 
 
+def test_corral_requeue_of_a_slurm_job_runs_it_again_in_a_new_allocation(slurm_home, tmp_path):
+    """``corral requeue`` (as ``scontrol requeue``): the job is pending again under the same id
+    and runs again in a new Slurm allocation, never on the nodes of the one being given back
+    (placed there, it failed to launch and the job FAILED), and its first attempt's step is
+    gone before the second starts."""
+    corral = slurm_home
+    trail = tmp_path / "trail"
+    spec = tmp_path / "again.yaml"
+    spec.write_text("name: again\nresources: {accelerators: H100:1}\nrun: |\n"
+                    f"  trap 'echo stop $CORRAL_RESTART_COUNT >> {trail}; exit 0' TERM\n"
+                    f"  echo start $CORRAL_RESTART_COUNT $SLURM_JOB_ID >> {trail}\n"
+                    "  sleep 300 & wait\n")
+    job_id = corral("launch", "--slurm", "-d", str(spec)).stdout.strip()
+    wait_for(lambda: _job(corral, job_id)["state"] == "RUNNING", timeout=30, interval=0.5)
+    old = _slurm_job_of(corral, job_id)
+    corral("requeue", job_id)
+    job = wait_for(lambda: (j := _job(corral, job_id))["requeues"] == 1 and j["state"] in ("RUNNING", "FAILED") and j,
+                   timeout=60, interval=0.5)
+    events = corral("events", job_id).stdout
+    assert job["state"] == "RUNNING", events
+    assert not [line for line in events.splitlines() if "FAILED" in line], events  # a requeue is never a failure
+    # its node is one of a new allocation's (s<slurm id>-<host>; the old one may still be ending
+    # under the job's Slurm name, so the name alone does not tell which is which)
+    new = job["replicas"][0]["node"].split("-", 1)[0].removeprefix("s")
+    assert new != old and _squeue_ids([new]) == [new], (old, new, job["replicas"])
+    wait_for(lambda: not _squeue_ids([old]), timeout=30, interval=0.5)  # the old allocation was given back
+    # nothing ran twice: the first attempt stopped (its trap ran) before the second started
+    lines = wait_for(lambda: (t := trail.read_text().splitlines()) and len(t) >= 3 and t, timeout=15, interval=0.5)
+    assert lines == ["start 0 " + old, "stop 0", "start 1 " + new], lines
+    corral("cancel", job_id)
+    wait_for(lambda: not _squeue_ids([new]), timeout=30, interval=0.5)
+
+
 def test_an_allocation_cancelled_outside_corral_ends_the_job_cancelled_in_slurms_words(slurm_home, tmp_path):
     """Not "cancelled by request" (nobody asked corral), not a lost node to recover from: the
     job ends as Slurm ended its allocation, and says so."""

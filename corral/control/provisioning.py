@@ -7,7 +7,9 @@ dedicated to it, and the scheduler places it there.
 While it runs, its nodes are followed: the engine requeueing them (preemption, node
 failure) requeues the corral job under the same id, names and checkpoint directory, waiting
 for the same nodes again; the engine ending them (time limit, cancelled outside corral)
-ends the corral job. What is held for a job that is over is given back."""
+ends the corral job. What is held for a job that is over is given back, and so is what a job
+corral requeues held: it waits for new nodes (``scheduling`` never places it on nodes whose
+release is queued)."""
 
 from __future__ import annotations
 

@@ -76,7 +76,14 @@ class Scheduling:
     def free_views(self, placing: bool = False) -> tuple[NodeView, ...]:
         """What is free on every node up; ``placing``: only nodes the scheduler may place on
         (not those whose engine just did not answer for them)."""
-        pool = FreePool(self.inventory.placeable() if placing else self.inventory.views)
+        views = self.inventory.placeable() if placing else self.inventory.views
+        releasing = self.requeues.carrier.effects.releasing() if placing else set()
+        if releasing:
+            # nodes provisioned for a job whose release this cycle queued (requeued, preempted,
+            # on to its next stage) leave the pool once it is carried out, after the commit: a
+            # job pending again must wait for new ones, not be placed on what is being given back
+            views = tuple(v for v in views if v.dedicated_to not in releasing)
+        pool = FreePool(views)
         up = self.inventory.node_infra
         for alloc in self.book.allocs.values():
             # a replica recorded on a node its executor does not report now (a server restarted

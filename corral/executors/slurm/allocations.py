@@ -8,7 +8,9 @@
   twice: it is found again by name), and waits in Slurm's queue with Slurm's reason. Once
   it runs, its nodes join the pool as ``s{slurm id}-{host}``, dedicated to that job. Slurm
   requeueing it requeues the corral job, which waits for the same Slurm job; Slurm ending it
-  ends the corral job; a corral job's end completes it (SIGUSR1 to its hold script)."""
+  ends the corral job; a corral job's end completes it (SIGUSR1 to its hold script), and so
+  does corral requeueing it: the job asks for a new one, never taking back the one it gave
+  back while that still ends under its name."""
 
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ CANCELLED_STATES = ("CANCELLED",)
 FAILED_STATES = ("FAILED", "TIMEOUT", "PREEMPTED")
 HOLDER_TRIES, HOLDER_RETRY_S = 5, 2.0  # the hold script signalled up to 5 times, 2 s apart, then cancelled
 SHAPE_TTL_S = 60.0  # how long a Slurm partition's node shape is trusted at submission
+RELEASED_TTL_S = 600.0  # how long a given-back allocation is remembered (its end takes seconds)
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Allocations:
         self._shapes: dict[str, tuple[float, slurmjob.NodeKind]] = {}  # the same, for submission checks
         self._kept: set[int] = set()  # jobs whose requeued allocation outlives their release
         self._ends: dict[int, str] = {}  # job -> how it ended, until its allocation is released
+        self._released: dict[str, float] = {}  # Slurm job given back -> when (monotonic), while it ends
         self.version = 0
         self.own = own_allocation
 
@@ -217,6 +221,8 @@ class Allocations:
         submitted = None
         if alloc is None:
             for existing in self.cli.by_name(slurmjob.job_name(self.scope, job_id)):
+                if existing in self._released:
+                    continue  # given back (the job was requeued) and still ending: it needs a new one
                 self.track(existing, job_id)  # submitted before (an sbatch that timed out, a crash)
                 self.refresh()
                 return Provisioned(Provision.WAITING, "Slurm: submitted")
@@ -295,7 +301,8 @@ class Allocations:
         if state in REQUEUED_STATES:
             self.keep_on_release(job_id)  # the requeue that follows waits for this Slurm job
             return Fate.REQUEUED, f"Slurm requeued its allocation (job {slurm_id})"
-        words = f"Slurm ended its allocation (job {slurm_id}: {state.lower()})"
+        words = f"Slurm ended its allocation (job {slurm_id}: {state.lower()})" if slurm_id else \
+            "its Slurm allocation is gone (no Slurm job of it is known)"
         if state in ("TIMEOUT", "DEADLINE"):
             return Fate.TIMEOUT, words
         if state == "CANCELLED":
@@ -336,6 +343,12 @@ class Allocations:
                 return
             slurm_id = self._by_job.pop(job_id, None)
             alloc = self.by_id.pop(slurm_id, None) if slurm_id else None
+            if slurm_id:
+                # it still runs for a few seconds under the job's name; a requeued job asking
+                # for nodes meanwhile must not take it for its own again (``_provision``)
+                clock = time.monotonic()
+                self._released = {k: t for k, t in self._released.items() if clock - t < RELEASED_TTL_S}
+                self._released[slurm_id] = clock
             if alloc is not None:
                 for node in alloc.nodes:
                     self._node_alloc.pop(node, None)
