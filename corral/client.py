@@ -78,7 +78,7 @@ class NotFound(CorralError):
 
 
 class Conflict(CorralError):
-    """409: the job's state does not allow it (or an active job already has the name)."""
+    """409: the job's state does not allow it."""
 
 
 class Unavailable(CorralError):

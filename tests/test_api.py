@@ -240,15 +240,26 @@ run: echo b1
     assert server.get(f"/v1/jobs/{job['id']}/logs", params={"replica": "zz-0"}).status_code == 404
 
 
-def test_active_job_names_are_unique_per_user(server) -> None:
+def test_a_namesake_is_accepted_and_its_replicas_named_under_a_domain_of_its_own(server) -> None:
     first = submit(server, "name: dup\nrun: sleep 30\n")
-    clash = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"})
-    assert clash.status_code == 409 and f"job {first['id']}" in clash.json()["detail"]
+    second = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: sleep 30\n"})
+    assert second.status_code == 201, second.text  # as Slurm accepts namesakes
+    second = second.json()["job"]
+    assert first["domain"] == "dup" and first["tasks"][0]["replicas"][0]["hostname"] == "dup-0.dup"
+    # the job keeps its name; its replicas' names are under NAME-ID
+    assert second["name"] == "dup" and second["domain"] == f"dup-{second['id']}"
+    assert second["tasks"][0]["replicas"][0]["hostname"] == f"dup-0.dup-{second['id']}"
+    assert server.get(f"/v1/jobs/dup-{second['id']}").json()["id"] == second["id"]  # found by its domain
+    peers = server.get(f"/v1/jobs/{second['id']}/endpoints").json()
+    assert peers["job"] == "dup" and peers["domain"] == f"dup-{second['id']}"
+    assert peers["tasks"]["dup"]["replicas"][0]["hostname"] == f"dup-0.dup-{second['id']}"
     other_user = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}, headers=bearer(server.state, "bob"))
-    assert other_user.status_code == 201
-    server.post(f"/v1/jobs/{first['id']}/cancel")
-    wait_state(server, first["id"], "CANCELLED")
-    assert server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"}).status_code == 201
+    assert other_user.status_code == 201 and other_user.json()["job"]["domain"] == "dup"  # domains are per user
+    for job in (first, second):
+        server.post(f"/v1/jobs/{job['id']}/cancel")
+        wait_state(server, job["id"], "CANCELLED")
+    again = server.post("/v1/jobs", json={"yaml": "name: dup\nrun: echo\n"})
+    assert again.status_code == 201 and again.json()["job"]["domain"] == "dup"  # no active namesake: its name
 
 
 def test_list_filters_and_unknown_job(server) -> None:

@@ -1,6 +1,8 @@
 """The submission writer (group commit) on a real database: every acknowledged job is stored
-exactly once, names clash within a batch as across batches, a singleton waits instead of
-clashing, and a batch that fails is retried one job at a time so a bad row sinks only itself.
+exactly once; namesakes are all stored, within a batch as across batches, the first keeping its
+name as its replicas' domain and each other getting ``NAME-ID`` (a singleton shares its
+namesake's, an array's elements are named apart); and a batch that fails is retried one job at a
+time so a bad row sinks only itself.
 Then the same promises over HTTP against a real server process: concurrent clients, rejected
 specs among them, every acknowledged id stored once and seen by the control loop."""
 
@@ -11,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,7 +22,7 @@ import pytest
 from sqlalchemy import func, select
 
 from conftest import kill_leftovers, wait_for
-from corral.api.intake import Clash, Intake
+from corral.api.intake import Intake
 from corral.api.schemas import JobOut
 from corral.control.records import record_of
 from corral.credentials import read_local_token
@@ -43,7 +46,7 @@ def new(name: str, user: str = "ann", singleton: bool = False) -> NewJob:
     return NewJob(load_job(f"name: {name}\nnum_nodes: 2\n{dep}run: echo\n").spec, user, account=user, qos="normal")
 
 
-def test_concurrent_submissions_are_stored_once_each_and_names_clash_exactly_once(sessions) -> None:
+def test_concurrent_submissions_are_stored_once_each_and_namesakes_get_domains_of_their_own(sessions) -> None:
     handed: list[int] = []
     intake = Intake(sessions, lambda: 100.0, lambda row: handed.append(row.id))
     try:
@@ -53,28 +56,63 @@ def test_concurrent_submissions_are_stored_once_each_and_names_clash_exactly_onc
     finally:
         intake.stop()
     ids = [row.id for row in unique]
-    winners = [r for r in same if not isinstance(r, Clash)]
-    assert len(winners) == 1  # one 'dup' is stored; every other names it
-    assert len(set(ids)) == 300 and sorted(handed) == sorted(ids + [winners[0].id])  # each handed to the loop once
-    assert {r.job_id for r in same if isinstance(r, Clash)} == {winners[0].id}
+    dups = sorted(row.id for row in same)
+    assert len(set(ids)) == 300 and sorted(handed) == sorted(ids + dups)  # each handed to the loop once
+    assert all(row.domain is None for row in unique)  # a name of its own: its replicas' domain
+    # the first 'dup' keeps the name as its domain; every other has its id in its own
+    assert {row.id: row.domain for row in same} == {dups[0]: None, **{i: f"dup-{i}" for i in dups[1:]}}
     with sessions() as s:
-        assert s.scalar(select(func.count()).select_from(Job)) == 301
-        assert s.scalar(select(func.count()).select_from(Replica)) == 602
-        assert sorted(s.scalars(select(Job.id))) == sorted(ids + [winners[0].id])
+        assert s.scalar(select(func.count()).select_from(Job)) == 340
+        assert s.scalar(select(func.count()).select_from(Replica)) == 680
+        assert sorted(s.scalars(select(Job.id))) == sorted(ids + dups)
+        assert dict(s.execute(select(Job.id, Job.domain).where(Job.name == "dup")).all()) == \
+            {row.id: row.domain for row in same}  # stored as answered
     assert all(len(row.replicas) == 2 and all(r.id for r in row.replicas) for row in unique)
 
 
-def test_a_singleton_is_stored_beside_its_namesake_and_other_users_do_not_clash(sessions) -> None:
+def test_a_singleton_shares_its_namesake_s_domain_others_do_not_and_other_users_have_their_own(sessions) -> None:
     intake = Intake(sessions, lambda: 100.0, lambda row: None)
     try:
         first = intake.submit(new("train")).result(timeout=30)
         waiting = intake.submit(new("train", singleton=True)).result(timeout=30)
         bob = intake.submit(new("train", user="bob")).result(timeout=30)
-        clash = intake.submit(new("train")).result(timeout=30)
+        second = intake.submit(new("train")).result(timeout=30)
+        # a job *named* as the second's domain: that domain is taken, so it gets one of its own
+        named_so = intake.submit(new(f"train-{second.id}")).result(timeout=30)
     finally:
         intake.stop()
-    assert not isinstance(waiting, Clash) and not isinstance(bob, Clash)
-    assert clash == Clash(first.id)
+    assert first.domain is None and waiting.domain is None  # a singleton never runs beside its namesake
+    assert bob.domain is None  # names (and domains) are per user
+    assert second.domain == f"train-{second.id}" and record_of(second).names_domain == second.domain
+    assert named_so.domain == f"train-{second.id}-{named_so.id}"
+
+
+def test_a_name_ended_jobs_had_is_free_again_and_a_namesake_ahead_of_its_id_is_avoided(sessions) -> None:
+    from corral.store.repository import active_domains
+    from corral.runtime.discovery import choose_domain
+
+    intake = Intake(sessions, lambda: 100.0, lambda row: None)
+    try:
+        first = intake.submit(new("run")).result(timeout=30)
+        second = intake.submit(new("run")).result(timeout=30)
+        with sessions() as s:
+            s.execute(Job.__table__.update().where(Job.id == first.id).values(state="SUCCEEDED"))
+            s.commit()
+        third = intake.submit(new("run")).result(timeout=30)  # the plain name is free again
+        fourth = intake.submit(new("run")).result(timeout=30)
+        elements = intake.submit(*(replace(new("arr"), array_index=i, array_head=i == 0)  # an array of 3
+                                   for i in range(3))).result(timeout=30)
+    finally:
+        intake.stop()
+    assert second.domain == f"run-{second.id}" and third.domain is None and fourth.domain == f"run-{fourth.id}"
+    assert [e.domain for e in elements] == [None, f"arr-{elements[1].id}", f"arr-{elements[2].id}"]
+    assert {e.array_job_id for e in elements} == {elements[0].id}
+    with sessions() as s:
+        assert active_domains(s, ["run"], ["run"])["ann"] == {f"run-{second.id}": "run", "run": "run",
+                                                              f"run-{fourth.id}": "run"}
+    # a job named 'x-9' holds the domain that job 9 named 'x' would get: job 9 gets 'x.9', no name's
+    assert choose_domain("x", 9, {"x": "x", "x-9": "x-9"}) == "x.9"
+    assert choose_domain("x", 9, {"x": "x-3"}, singleton=True) == "x-9"  # held by another name's job
 
 
 def test_a_failing_batch_is_retried_one_by_one_and_only_the_bad_job_fails(sessions, monkeypatch) -> None:
@@ -289,10 +327,9 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
         if kind == "ok":
             assert response.status_code == 201, response.text
             acknowledged.append(response.json()["job"]["id"])
-        elif kind == "dup":
-            assert response.status_code in (201, 409), response.text
-            if response.status_code == 201:
-                acknowledged.append(response.json()["job"]["id"])
+        elif kind == "dup":  # both stored (as Slurm does), under replica domains of their own
+            assert response.status_code == 201, response.text
+            acknowledged.append(response.json()["job"]["id"])
         else:
             assert response.status_code == 422, response.text
             errors = response.json()["detail"]["errors"]
@@ -302,9 +339,12 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
                 assert errors[0]["field"] == "rn" and errors[0]["line"] == 3
             else:
                 assert errors[0]["field"] == "partition"
-    dups = [r for kind, _, r in answers if kind == "dup"]
-    assert sorted(r.status_code for r in dups) == [201] * (len(dups) // 2) + [409] * (len(dups) // 2)
-    assert len(acknowledged) == 96 + len(dups) // 2 and len(set(acknowledged)) == len(acknowledged)
+    dups = [r.json()["job"] for kind, _, r in answers if kind == "dup"]
+    by_name: dict[str, list[dict]] = {}
+    for job in sorted(dups, key=lambda j: j["id"]):
+        by_name.setdefault(job["name"], []).append(job)
+    assert all([j["domain"] for j in pair] == [name, f"{name}-{pair[1]['id']}"] for name, pair in by_name.items())
+    assert len(acknowledged) == 96 + len(dups) and len(set(acknowledged)) == len(acknowledged)
 
     engine = make_engine(db_url)
     try:

@@ -1,6 +1,6 @@
 """Stores accepted submissions in groups: one writer thread takes every submission waiting,
-checks their names against the active jobs (and each other) at once, inserts them all in one
-transaction and commits once, then answers each waiting request. A request gets 201 only
+inserts them all in one transaction, gives each the domain of its replicas' names against the
+active jobs (and each other) at once, commits once, then answers each waiting request. A request gets 201 only
 after its job is committed, so an acknowledged job is stored exactly once; a failed batch is
 retried one job per transaction so one bad row cannot sink its neighbours. A submission's
 audit entries (``auth.audit``) are inserted with its job, in the same transaction: a job is
@@ -23,23 +23,17 @@ from types import SimpleNamespace
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.auth.audit import insert_entries
+from corral.runtime.discovery import choose_domain
 from corral.store import repository
 from corral.store.repository import NewJob
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Clash:
-    """The user already has an active job of that name (the id)."""
-
-    job_id: int
-
-
 @dataclass
 class _Pending:
     job: NewJob
-    singleton: bool  # dependency: singleton waits behind its namesake instead of clashing
+    singleton: bool  # dependency: singleton runs after its namesakes, so it may share their domain
     future: Future
     more: tuple[NewJob, ...] = ()  # the other elements of a job array, stored with ``job``
     audit: tuple[dict, ...] = ()  # audit rows (``Auditor.entry``) to store with it, about its (first) job
@@ -61,7 +55,7 @@ class Intake:
         self._lock = threading.Lock()
 
     def submit(self, job: NewJob, *more: NewJob, audit: tuple[dict, ...] = ()) -> Future:
-        """A future of the stored job (a row-shaped object with ids) or a ``Clash``; with
+        """A future of the stored job (a row-shaped object with ids and its ``domain``); with
         ``more`` (a job array's other elements, sharing its name), of the list of all of them.
         ``audit``: entries stored in the job's transaction, their target set to it."""
         self._ensure_started()
@@ -112,42 +106,44 @@ class Intake:
     def _store(self, batch: list[_Pending]) -> None:
         now = self.clock()
         with self.sessions() as session:
-            taken = repository.active_names(session, (p.job.spec.name for p in batch))
-            accepted: list[_Pending] = []
-            clashes: dict[int, int] = {}  # batch position -> clashing id (-1: a namesake of this batch)
-            for i, item in enumerate(batch):
-                key = (item.job.user, item.job.spec.name)
-                if not item.singleton and key in taken:
-                    clashes[i] = taken[key]
-                    continue
-                accepted.append(item)
-                taken.setdefault(key, -1)
-            flat = repository.create_jobs(session, [j for p in accepted for j in p.jobs], now) if accepted else []
+            flat = repository.create_jobs(session, [j for p in batch for j in p.jobs], now)
             rows, at = [], 0
-            for item in accepted:
+            for item in batch:
                 rows.append(flat[at] if not item.more else flat[at:at + len(item.jobs)])
                 at += len(item.jobs)
+            self._name(session, batch, flat)
             entries = []
-            for item, row in zip(accepted, rows):
+            for item, row in zip(batch, rows):
                 target = f"job {(row[0] if item.more else row).id}"  # an array: its first element
                 entries.extend({**entry, "target": target} for entry in item.audit)
             insert_entries(session, entries)
             session.commit()
         # Committed: from here on nothing may send the batch round again.
         try:
-            first_of: dict[tuple[str, str], int] = {}
-            for item, row in zip(accepted, rows):
-                first_of.setdefault((item.job.user, item.job.spec.name), row[0].id if item.more else row.id)
-                for one in (row if item.more else [row]):
-                    self.stored(one)
-            for i, job_id in clashes.items():
-                key = (batch[i].job.user, batch[i].job.spec.name)
-                batch[i].future.set_result(Clash(job_id if job_id != -1 else first_of[key]))
+            for one in flat:
+                self.stored(one)
         except Exception:  # the loop's rescan finds the stored jobs anyway
             log.exception("handing stored jobs to the control loop failed")
-        for item, row in zip(accepted, rows):
+        for item, row in zip(batch, rows):
             if not item.future.done():
                 item.future.set_result(row)
-        for item in batch:
-            if not item.future.done():
-                item.future.set_exception(RuntimeError("the submission was not stored"))
+
+    @staticmethod
+    def _name(session: Session, batch: list[_Pending], flat: list[SimpleNamespace]) -> None:
+        """Give each job of the batch (just inserted, in submit order) the domain of its replica
+        names: its name unless an active job of its user, or one earlier in the batch, holds it
+        (``runtime.discovery.choose_domain``). One query for the batch; one update more only
+        when a job's domain is not its name. Every element of an array is a job of its own,
+        each named apart, as two submissions of one script are."""
+        jobs = list(zip(flat, (item.singleton for item in batch for _ in item.jobs)))
+        names = {row.name for row, _ in jobs}
+        taken = repository.active_domains(session, names | {f"{row.name}-{row.id}" for row, _ in jobs},
+                                          domains=names, skip=(row.id for row, _ in jobs))
+        chosen: dict[int, str] = {}
+        for row, singleton in jobs:
+            mine = taken.setdefault(row.user, {})
+            domain = choose_domain(row.name, row.id, mine, singleton)
+            mine.setdefault(domain, row.name)
+            if domain != row.name:
+                row.domain = chosen[row.id] = domain
+        repository.set_domains(session, chosen)

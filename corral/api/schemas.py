@@ -124,6 +124,9 @@ class TaskOut(BaseModel):
 class JobOut(BaseModel):
     id: int
     name: str
+    domain: str = Field(default="", description=(
+        "Its replicas' names are {task}-{rank}.DOMAIN: its name, or NAME-ID when another active job of its "
+        "user held that name's domain at submission (Slurm allows namesakes; host names must be unambiguous)"))
     user: str
     state: str
     reason: str | None = Field(description="why it waits, in Slurm's words (Resources, Priority, Dependency, …); "
@@ -178,7 +181,8 @@ class JobOut(BaseModel):
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
         return cls.model_construct(
-            id=job.id, name=job.name, user=job.user, state=job.state, reason=_reason(job, down), message=job.message,
+            id=job.id, name=job.name, domain=getattr(job, "domain", None) or job.name, user=job.user, state=job.state,
+            reason=_reason(job, down), message=job.message,
             exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
             submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
             cancel_requested=job.cancel_requested_at is not None, partition=job.partition or "",
@@ -305,6 +309,7 @@ def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, s
         or ((script.get("container") or {}).get("image") if script.get("role") == "batch" else None)
     # an attempt with a container is STARTING until the engine runs it: nearly always its pull
     waiting = f"pulling image {image.removeprefix('docker:')} (or starting its container)" if image else None
+    domain = getattr(job, "domain", None) or job.name
     return TaskOut.model_construct(
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,
@@ -315,7 +320,7 @@ def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, s
         scale=_scale_words(spec, task.num_nodes, grow) if job.state in _LIVE else None,
         gang_size=int(spec.get("gang_size") or 1),
         replicas=[ReplicaOut.model_construct(
-            rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{job.name}", addr=r.addr,
+            rank=r.rank, state=r.state, ready=bool(r.ready), hostname=f"{r.task}-{r.rank}.{domain}", addr=r.addr,
             node=r.node, pid=r.pid, gpus=list(r.gpus or []), exit_code=r.exit_code, last_exit_code=r.last_exit_code,
             restarts=r.restarts, started_at=ts(r.started_at), ended_at=ts(r.ended_at), log_path=r.log_path,
             reason=waiting if r.state == "STARTING" else _placing(r, placing, job.state))

@@ -124,8 +124,6 @@ def submit(path: Path, text: str, given: dict | list[dict], script_args: tuple[s
         result = client.submit(batch.documents, source=str(path), env=env, name=name, scheduling=batch.scheduling,
                                array=batch.array, export=batch.export, secrets=secrets)
     except CorralError as exc:
-        if exc.status == 409:  # sbatch allows namesakes; corral's names are host names
-            err.print("[yellow]hint:[/yellow] give this run its own name with -J NAME", markup=True)
         fail(exc, str(path))
     for warning in batch.warnings + result["warnings"]:
         err.print(f"[yellow]warning:[/yellow] {warning}", markup=True)

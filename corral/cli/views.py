@@ -288,6 +288,9 @@ def status(args: Namespace) -> None:
     shown = job_ident(data) + (f" ({data['id']})" if data.get("array_job_id") is not None else "")
     out.print(f"[bold]Job {shown}[/bold] {data['name']}  user={data['user']}  state={data['state']}  "
               f"reason={reason}  exit_code={exit_code}")
+    if data.get("domain") and data["domain"] != data["name"]:  # a namesake held the name's domain
+        out.print(f"  replicas are named TASK-RANK.{data['domain']} (another active job of {data['user']} was "
+                  f"named {data['name']} when it was submitted)", markup=False)
     if data.get("run_as") and data["run_as"] != data["user"]:  # config.yaml identity maps the user
         out.print(f"  runs as Unix account {data['run_as']}", markup=False)
     if data.get("message"):

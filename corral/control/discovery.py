@@ -35,7 +35,7 @@ class Discovery:
                                 "restarts": r.restarts, "ports": r.ports or t.service.ports, "node": r.node,
                                 "gang": t.service.gang_of(r.rank) if t.service.gang_size > 1 else None}
                                for r in job.replicas_of(t.name)]} for t in job.tasks]
-        peers = peers_document(job.id, job.name, tasks, now)
+        peers = peers_document(job.id, job.name, tasks, now, job.names_domain)
         hosts = hosts_text(peers, node_names=any(t.service.sbatch is not None for t in job.tasks))
         text = json.dumps(peers, indent=1)
         by_infra: dict[str, set[str]] = {}

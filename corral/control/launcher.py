@@ -212,7 +212,7 @@ class Launcher:
             user=job.user, task_envs=tuple(sorted(envs.items())), master_addr=master.addr or "",
             task_nodes=_by_rank(peers, task.num_nodes), job_nodes=tuple(r.node for r in job.members if r.node),
             array_job_id=job.array_job_id, array_index=job.array_index, array_extent=job.array_extent,
-            gang_size=task.service.gang_size)
+            gang_size=task.service.gang_size, domain=job.names_domain)
         env = replica_env(starting_environment(job.world, job.run_as or job.user), ctx)
         own_path = env.get("PYTHONPATH")
         env.update(executor.attempt_env(job.id))

@@ -126,6 +126,13 @@ class JobRec:
     # GPU-seconds held in earlier attempts (least attained service; kept in memory only)
     attained_gpu_s: float = 0.0
     yields_to: int = 0  # preempted for this job: it goes first (``PendingJob.yields_to``; in memory)
+    # the domain of its replicas' names, ``{task}-{rank}.{domain}``: its name, or ``name-ID`` when
+    # a namesake held that at submission (``runtime.discovery.choose_domain``); "" read as the name
+    domain: str = ""
+
+    @property
+    def names_domain(self) -> str:
+        return self.domain or self.name
 
     def task(self, name: str) -> TaskRec:
         return next(t for t in self.tasks if t.name == name)
@@ -214,7 +221,7 @@ def _task_spec(text: str) -> TaskSpec:
 
 _SCHEDULING = (Job.partition, Job.account, Job.qos, Job.nice, Job.priority, Job.time_limit, Job.dependency,
                Job.kill_on_invalid_dep, Job.requeues, Job.started_at, Job.requeue_requested_at, Job.hold,
-               Job.array_job_id, Job.array_index, Job.array_throttle, Job.run_as, Job.attained_gpu_s)
+               Job.array_job_id, Job.array_index, Job.array_throttle, Job.run_as, Job.attained_gpu_s, Job.domain)
 
 
 def _scheduling(row) -> dict:
@@ -227,7 +234,7 @@ def _scheduling(row) -> dict:
             "array_throttle": row.array_throttle, "array_extent": tuple(row.spec.get("array_extent") or ()) or None,
             "run_as": getattr(row, "run_as", None), "attained_gpu_s": getattr(row, "attained_gpu_s", None) or 0.0,
             "no_requeue": (row.spec.get("scheduling") or {}).get("requeue") is False,
-            "world": row.spec.get("world")}
+            "world": row.spec.get("world"), "domain": getattr(row, "domain", None) or ""}
 
 
 def record_of(job: Job) -> JobRec:

@@ -83,6 +83,7 @@ class ReplicaContext:
     # replicas in gangs of this many (a multi-node service replica): ranks, IPs, MASTER_ADDR
     # and the world are the gang's own; node_ips and task_nodes still list the whole task
     gang_size: int = 1
+    domain: str = ""  # that of its name, ``{task}-{rank}.{domain}`` ("": the job's name; ``discovery``)
 
 
 def gang_view(ctx: ReplicaContext) -> ReplicaContext:
@@ -104,7 +105,8 @@ def gang_view(ctx: ReplicaContext) -> ReplicaContext:
 
 
 def replica_env(base: dict[str, str], task_ctx: ReplicaContext) -> dict[str, str]:
-    hostname = f"{task_ctx.task}-{task_ctx.rank}.{task_ctx.job_name}"
+    domain = task_ctx.domain or task_ctx.job_name  # the job keeps its name; its replicas' names may not
+    hostname = f"{task_ctx.task}-{task_ctx.rank}.{domain}"
     ctx = gang_view(task_ctx)
     node_ips = "\n".join(ctx.node_ips)
     gpu_list = ",".join(str(g) for g in ctx.gpus)
@@ -117,6 +119,7 @@ def replica_env(base: dict[str, str], task_ctx: ReplicaContext) -> dict[str, str
         "CORRAL_NUM_REPLICAS": str(task_ctx.num_replicas),
         "CORRAL_NODE_IPS": "\n".join(task_ctx.node_ips),
         "CORRAL_HOSTNAME": hostname,
+        "CORRAL_JOB_DOMAIN": domain,
         "CORRAL_ADDR": ctx.addr,
         "CORRAL_NODE": ctx.node,
         "CORRAL_CHECKPOINT_DIR": ctx.checkpoint_dir,
@@ -156,7 +159,7 @@ def replica_env(base: dict[str, str], task_ctx: ReplicaContext) -> dict[str, str
         gang = task_ctx.rank // task_ctx.gang_size
         env.update({"CORRAL_GANG": str(gang), "CORRAL_GANG_RANK": str(ctx.rank),
                     "CORRAL_GANG_SIZE": str(task_ctx.gang_size),
-                    "CORRAL_GANG_HEAD": f"{task_ctx.task}-{gang * task_ctx.gang_size}.{task_ctx.job_name}"})
+                    "CORRAL_GANG_HEAD": f"{task_ctx.task}-{gang * task_ctx.gang_size}.{domain}"})
     if ctx.is_group:
         env["CORRAL_JOBGROUP_NAME"] = ctx.job_name
         env["SKYPILOT_JOBGROUP_NAME"] = ctx.job_name

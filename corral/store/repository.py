@@ -128,7 +128,7 @@ def _job_row(item: NewJob, now: float) -> SimpleNamespace:
         dependency=[[kind, list(ids)] for kind, ids in sched.dependency] or None,
         kill_on_invalid_dep=sched.kill_on_invalid_dep, requeues=0, hold="user" if sched.hold else "",
         requeue_requested_at=None, array_job_id=None, array_index=item.array_index,
-        array_throttle=item.array_throttle, run_as=item.run_as)
+        array_throttle=item.array_throttle, run_as=item.run_as, domain=None)
 
 
 def _name_arrays(jobs: list[SimpleNamespace], new: list[NewJob]) -> list[dict]:
@@ -186,17 +186,32 @@ def active_job_named(session: Session, name: str, user: str) -> int | None:
     return session.connection().execute(_ACTIVE_NAMED, {"user": user, "name": name}).scalar()
 
 
-_ACTIVE_NAMES = select(_JOBS.c.user, _JOBS.c.name, _JOBS.c.id).where(
-    _JOBS.c.name.in_(bindparam("names", expanding=True)), _JOBS.c.state.not_in(TERMINAL)).order_by(_JOBS.c.id)
+_ACTIVE_DOMAINS = select(_JOBS.c.id, _JOBS.c.user, _JOBS.c.name, _JOBS.c.domain).where(
+    _JOBS.c.state.not_in(TERMINAL), (_JOBS.c.name.in_(bindparam("names", expanding=True))
+                                     | _JOBS.c.domain.in_(bindparam("domains", expanding=True))))
 
 
-def active_names(session: Session, names: Iterable[str]) -> dict[tuple[str, str], int]:
-    """``(user, name) -> id`` of the active jobs bearing any of these names."""
-    rows = session.connection().execute(_ACTIVE_NAMES, {"names": sorted(set(names))})
-    out: dict[tuple[str, str], int] = {}
-    for user, name, job_id in rows:
-        out.setdefault((user, name), job_id)  # the oldest: the one a queued singleton waits behind
+def active_domains(session: Session, names: Iterable[str], domains: Iterable[str] = (),
+                   skip: Iterable[int] = ()) -> dict[str, dict[str, str]]:
+    """``user -> {domain: name}``: the replica-name domains held by active jobs named any of
+    ``names`` or holding any of ``domains`` (those named as a domain may hold another: the
+    caller asks for every domain it may give), jobs ``skip`` left out (a batch just inserted)."""
+    names, skipped = sorted(set(names)), set(skip)
+    rows = session.connection().execute(_ACTIVE_DOMAINS, {"names": names, "domains": sorted(set(domains))})
+    out: dict[str, dict[str, str]] = {}
+    for job_id, user, name, domain in rows:
+        if job_id not in skipped:
+            out.setdefault(user, {})[domain or name] = name
     return out
+
+
+_SET_DOMAIN = update(_JOBS).where(_JOBS.c.id == bindparam("job_id")).values(domain=bindparam("new_domain"))
+
+
+def set_domains(session: Session, domains: dict[int, str]) -> None:
+    """Store the domain of jobs whose replica names are not under their own name."""
+    if domains:
+        session.connection().execute(_SET_DOMAIN, [{"job_id": k, "new_domain": v} for k, v in domains.items()])
 
 
 def load_job(session: Session, job_id: int) -> Job | None:
@@ -206,7 +221,8 @@ def load_job(session: Session, job_id: int) -> Job | None:
 
 def find_job(session: Session, ident: str, user: str | None = None) -> Job | None:
     """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
-    that name (names are per user), else anyone's newest."""
+    that name (names are per user), else ``user``'s newest whose replicas' domain it is (``s1-28``,
+    as ``corral status`` shows a namesake's), else anyone's newest of that name."""
     array, sep, index = ident.partition("_")
     if sep and is_number(array) and is_number(index):
         head, at = parse_id(array), parse_id(index, least=0)
@@ -223,6 +239,9 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
     if user is not None:
         job_id = session.scalars(select(Job.id).where(Job.name == ident, Job.user == user)
                                  .order_by(Job.id.desc()).limit(1)).first()
+        if job_id is None:
+            job_id = session.scalars(select(Job.id).where(Job.domain == ident, Job.user == user)
+                                     .order_by(Job.id.desc()).limit(1)).first()
     if job_id is None:
         job_id = session.scalars(select(Job.id).where(Job.name == ident).order_by(Job.id.desc()).limit(1)).first()
     return load_job(session, job_id) if job_id is not None else None

@@ -26,6 +26,10 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(63), index=True)
+    # The domain of its replicas' names (``{task}-{rank}.{domain}``) when it is not ``name``:
+    # a job submitted while another active job of its user held that name gets ``name-ID``
+    # (``runtime.discovery.choose_domain``), so every active job's replica names stay its own.
+    domain: Mapped[str | None] = mapped_column(String(96), nullable=True, index=True)
     user: Mapped[str] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str] = mapped_column(String(REASON_LENGTH), default="None")

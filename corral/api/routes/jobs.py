@@ -17,7 +17,6 @@ from corral.api import bounds
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
 from corral.control.commands import AskRequeue, CancelJobs, ScaleTask, SetHold, SetPriority
 from corral.api.errors import documented, invalid_parameter
-from corral.api.intake import Clash
 from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
                                 SubmitRequest, SubmitResponse)
@@ -70,12 +69,13 @@ def _is_operator(who: Identity) -> bool:
     return who.role.at_least(Role.operator)
 
 
-@router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 403, 409, 413, 422))
+@router.post("", status_code=201, response_model=SubmitResponse, responses=documented(400, 403, 413, 422))
 async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     """Submit a task or job-group YAML. 422 lists every problem of the file with its field and
-    line (or says why it can never run on this site); 409 names the active job of the same name;
-    403 says which role a submission (or its priority) needs, or that the account is not the
-    submitter's."""
+    line (or says why it can never run on this site); 403 says which role a submission (or its
+    priority) needs, or that the account is not the submitter's. A name an active job of the
+    submitter's already has is accepted, as Slurm does: the job's ``domain`` says under which
+    name its replicas answer (``{task}-{rank}.{name}-{id}`` then)."""
     user = who.user
     # On the event loop, not a worker thread: validation is a fraction of a millisecond of CPU,
     # and the store is the intake's writer thread (group commit), awaited below.
@@ -147,11 +147,6 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     stored = await asyncio.wrap_future(state.intake.submit(*elements, audit=tuple(audit)))
     if isinstance(stored, list):
         stored = stored[0]
-    if isinstance(stored, Clash):
-        return JSONResponse(status_code=409, content={"detail": (
-            f"you already have an active job named {spec.name!r} (job {stored.job_id}); replica names "
-            f"like {spec.tasks[0].name}-0.{spec.name} must be unambiguous: pick another name "
-            f"(--name), cancel job {stored.job_id}, or queue it behind with dependency: singleton")})
     warnings = list(loaded.warnings)
     if not state.site.policy.grow:
         warnings += [f"task {t.name!r}: grow is off on this site (config.yaml scheduler.grow: false): it keeps "
@@ -443,7 +438,7 @@ def endpoints(job: str, session: SessionDep, clock: ClockDep, who: IdentityDep) 
               "replicas": [{"rank": r.rank, "addr": r.addr, "state": r.state, "ready": bool(r.ready),
                             "restarts": r.restarts} for r in found.replicas if r.task == t.name and not retired(r.stop_cause, r.state)]}
              for t in found.tasks]
-    document = peers_document(found.id, found.name, tasks, clock())
+    document = peers_document(found.id, found.name, tasks, clock(), found.domain)
     live = found.state in (JobState.STARTING.value, JobState.RUNNING.value)
     document["endpoints"] = {t.name: f"127.0.0.1:{t.endpoint_port}" for t in found.tasks if t.endpoint_port and live}
     return document
