@@ -32,7 +32,7 @@ RESOLVE = """resolve() {
 REPORT = RESOLVE + """report() {  # $1: the peer to resolve, by task-rank
   printf '{"rank": "%s", "hostname": "%s", "uts": "%s", "names": "%s", "hosts": "%s", "name": "%s", "domain": "%s", "master": "%s", \
 "addr": "%s", "by_domain": "%s", "by_name": "%s", "peers": %s}\\n' "$2" "$CORRAL_HOSTNAME" "$(hostname)" \
-    "$CORRAL_NAMES" "$(awk -v n="$CORRAL_HOSTNAME" '$2 == n {print $2, $3, $4}' "$CORRAL_HOSTS_FILE")" "$3" "$CORRAL_JOB_DOMAIN" "$MASTER_ADDR" "$CORRAL_ADDR" "$(resolve "$1.$CORRAL_JOB_DOMAIN")" \
+    "$CORRAL_NAMES" "$(awk -v n="$CORRAL_HOSTNAME" '$2 == n {$1 = ""; print substr($0, 2)}' "$CORRAL_HOSTS_FILE")" "$3" "$CORRAL_JOB_DOMAIN" "$MASTER_ADDR" "$CORRAL_ADDR" "$(resolve "$1.$CORRAL_JOB_DOMAIN")" \
     "$(resolve "$1.$3")" "$(python3 -c 'import json, os; print(json.dumps(json.load(open(os.environ["CORRAL_PEERS_FILE"]))))')" \
     >> "$OUT/$CORRAL_JOB_ID.jsonl"
   for _ in $(seq 600); do [ -e "$OUT/release" ] && exit 0; sleep 0.1; done; exit 1
@@ -75,8 +75,10 @@ def run_both(corral, tmp_path: Path, *submit: str) -> tuple[dict, dict]:
     return status(corral, ids[0]), status(corral, ids[1])
 
 
-def check(first: dict, second: dict, tmp_path: Path, peer: str, name: str) -> None:
-    """Each replica's names, and every name it resolved, are its own job's."""
+def check(first: dict, second: dict, tmp_path: Path, peer: str, name: str, batch: bool = False) -> None:
+    """Each replica's names, and every name it resolved, are its own job's. ``batch``: a batch
+    script's, whose nodes are named as Slurm names them (its host name is its node's, and its
+    node's name is also its own in the hosts file: each replica here is alone on its node)."""
     assert first["domain"] == name and second["domain"] == f"{name}-{second['id']}"
     assert first["name"] == second["name"] == name
     for job, other in ((first, second), (second, first)):
@@ -84,14 +86,16 @@ def check(first: dict, second: dict, tmp_path: Path, peer: str, name: str) -> No
         assert set(mine.values()).isdisjoint(theirs.values())
         seen = [json.loads(line) for line in (tmp_path / f"{job['id']}.jsonl").read_text().splitlines()]
         labels = {f"{t['name']}-{r['rank']}": r["hostname"] for t in job["tasks"] for r in t["replicas"]}
+        nodes = {f"{t['name']}-{r['rank']}": r["node"] for t in job["tasks"] for r in t["replicas"]}
         assert sorted(labels.values()) == sorted(f"{label}.{job['domain']}" for label in labels)  # corral status
         for one in seen:
             label = one["hostname"].split(".", 1)[0]
             assert one["hostname"] == labels[label]  # its name as corral status shows it
             # its line in the job's hosts file: its name first, then (a namesake's) under the job's name
-            assert one["hosts"].split() == [one["hostname"]] + ([f"{label}.{name}"] if job is second else []) + [label]
+            assert one["hosts"].split() == [one["hostname"]] + ([f"{label}.{name}"] if job is second else []) \
+                + [label] + ([nodes[label]] if batch else [])
             if one["names"] == "mount-namespace":  # (in a UTS namespace of its own: its host name too)
-                assert one["uts"] == one["hostname"]
+                assert one["uts"] == (nodes[label] if batch else one["hostname"])
             assert one["name"] == name and one["domain"] == job["domain"] and one["addr"] == mine[label]
             # its own job's peer, under the domain and under the job's own name; never the other's
             assert one["by_domain"] == one["by_name"] == mine[peer], (one, mine, theirs)
@@ -104,9 +108,9 @@ def check(first: dict, second: dict, tmp_path: Path, peer: str, name: str) -> No
 def test_a_batch_script_submitted_twice_runs_twice_each_job_resolving_its_own_peers(corral, tmp_path: Path) -> None:
     (tmp_path / "s1.sbatch").write_text("#!/bin/bash\n#SBATCH -N 2\n#SBATCH -o s1-%j.out\n" + REPORT
                                         + 'srun bash -c "$(declare -f resolve report); report node-0 '
-                                          '\\$SLURM_PROCID \\$SLURM_JOB_NAME"\n')
+                                          '\\$SLURM_PROCID \\$CORRAL_JOB_NAME"\n')
     first, second = run_both(corral, tmp_path, "sbatch", "s1.sbatch")
-    check(first, second, tmp_path, "node-0", "s1")
+    check(first, second, tmp_path, "node-0", "s1", batch=True)
     # a singleton of the name waits behind its namesakes, and its replicas keep the plain name
     held = corral("sbatch", "-J", "s1", "--wrap", "sleep 60", check=True).stdout.split()[-1]
     single = corral("sbatch", "--dependency=singleton", "s1.sbatch", check=True).stdout.split()[-1]

@@ -113,8 +113,8 @@ def hosts_text(peers: dict[str, Any], node_names: bool = False) -> str:
             if r["addr"]:
                 alias = f" {task}-{r['rank']}.{peers['job']}" if domain != peers["job"] else ""
                 node = r.get("node")
-                if node_names and node and node not in named:
+                on_node = f" {node}" if node_names and node and node not in named else ""
+                if on_node:
                     named.add(node)
-                    alias += f" {node}"
-                lines.append(f"{r['addr']}	{r['hostname']}{alias} {task}-{r['rank']}")
+                lines.append(f"{r['addr']}\t{r['hostname']}{alias} {task}-{r['rank']}{on_node}")
     return "\n".join(lines) + "\n"
