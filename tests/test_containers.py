@@ -169,6 +169,25 @@ def test_a_container_whose_wrapper_is_killed_ends_by_its_lifeline(server, monkey
     # (test_a_program_in_a_container_gets_the_stop_signal_and_its_grace)
 
 
+def test_a_container_whose_monitor_was_killed_is_removed_too(server) -> None:
+    """Its engine's monitor (conmon) killed, then its wrapper: the engine leaves the container
+    "stopping" to a first removal; it is removed all the same, not left for good."""
+    import subprocess
+
+    job = submit(server, f"name: nomon\nresources: {{image_id: docker:{IMAGE}}}\nrun: echo up; exec sleep 300\n")
+    wait_state(server, job["id"], "RUNNING", timeout=60)
+    scope = _scope(server)
+    (name,) = wait_for(lambda: containers_of(scope), timeout=30)
+    wait_for(lambda: "up" in server.get(f"/v1/jobs/{job['id']}/logs").text, timeout=30)
+    conmon = int(subprocess.run(["podman", "inspect", "--format", "{{.State.ConmonPid}}", name], capture_output=True,
+                                text=True, check=True).stdout.strip())
+    os.kill(conmon, signal.SIGKILL)
+    time.sleep(1)
+    os.kill(server.get(f"/v1/jobs/{job['id']}").json()["tasks"][0]["replicas"][0]["pid"], signal.SIGKILL)
+    wait_state(server, job["id"], "FAILED", timeout=30)
+    wait_for(lambda: containers_of(scope) == [], timeout=30)
+
+
 @pytest.fixture(scope="module")
 def registry():
     registry = start_registry()

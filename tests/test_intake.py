@@ -1,7 +1,7 @@
 """The submission writer (group commit) on a real database: every acknowledged job is stored
 exactly once; namesakes are all stored, within a batch as across batches, the first keeping its
-name as its replicas' domain and each other getting ``NAME-ID`` (a singleton shares its
-namesake's, an array's elements are named apart); and a batch that fails is retried one job at a
+name as its replicas' domain and each other getting ``NAME-ID`` (a singleton too,
+an array's elements named apart); and a batch that fails is retried one job at a
 time so a bad row sinks only itself.
 Then the same promises over HTTP against a real server process: concurrent clients, rejected
 specs among them, every acknowledged id stored once and seen by the control loop."""
@@ -70,7 +70,7 @@ def test_concurrent_submissions_are_stored_once_each_and_namesakes_get_domains_o
     assert all(len(row.replicas) == 2 and all(r.id for r in row.replicas) for row in unique)
 
 
-def test_a_singleton_shares_its_namesake_s_domain_others_do_not_and_other_users_have_their_own(sessions) -> None:
+def test_a_namesake_singleton_included_gets_a_domain_of_its_own_other_users_keep_theirs(sessions) -> None:
     intake = Intake(sessions, lambda: 100.0, lambda row: None)
     try:
         first = intake.submit(new("train")).result(timeout=30)
@@ -81,10 +81,38 @@ def test_a_singleton_shares_its_namesake_s_domain_others_do_not_and_other_users_
         named_so = intake.submit(new(f"train-{second.id}")).result(timeout=30)
     finally:
         intake.stop()
-    assert first.domain is None and waiting.domain is None  # a singleton never runs beside its namesake
+    # a singleton too: a namesake held when it started may be released and run beside it
+    assert first.domain is None and waiting.domain == f"train-{waiting.id}"
     assert bob.domain is None  # names (and domains) are per user
     assert second.domain == f"train-{second.id}" and record_of(second).names_domain == second.domain
     assert named_so.domain == f"train-{second.id}-{named_so.id}"
+
+
+def test_a_job_is_found_by_name_live_first_and_by_any_domain(sessions) -> None:
+    """``corral status|cancel NAME`` means the live job of that name, not a newer one that ended;
+    a domain (``NAME-ID``, or ``NAME.ID`` where a job is named ``NAME-ID``) finds its job."""
+    from sqlalchemy import update
+
+    from corral.store.repository import find_job
+
+    intake = Intake(sessions, lambda: 100.0, lambda row: None)
+    try:
+        live = intake.submit(new("amb")).result(timeout=30)
+        ended = intake.submit(new("amb")).result(timeout=30)
+        first = intake.submit(new("nm")).result(timeout=30)
+        # named as the next namesake's domain would be: that namesake's domain is then NAME.ID
+        squatter = intake.submit(new(f"nm-{first.id + 2}")).result(timeout=30)
+        dotted = intake.submit(new("nm")).result(timeout=30)
+    finally:
+        intake.stop()
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == ended.id).values(state="SUCCEEDED"))
+        session.commit()
+        assert find_job(session, "amb", "ann").id == live.id
+        assert find_job(session, ended.domain, "ann").id == ended.id  # an ended job by its domain
+        assert find_job(session, dotted.domain, "ann").id == dotted.id
+        assert squatter.id == first.id + 1 and dotted.domain == f"nm.{dotted.id}"  # (ids in order)
+        assert find_job(session, "nm", "ann").id == first.id  # its live holder, not the newest namesake
 
 
 def test_a_name_ended_jobs_had_is_free_again_and_a_namesake_ahead_of_its_id_is_avoided(sessions) -> None:
@@ -112,7 +140,7 @@ def test_a_name_ended_jobs_had_is_free_again_and_a_namesake_ahead_of_its_id_is_a
                                                               f"run-{fourth.id}": "run"}
     # a job named 'x-9' holds the domain that job 9 named 'x' would get: job 9 gets 'x.9', no name's
     assert choose_domain("x", 9, {"x": "x", "x-9": "x-9"}) == "x.9"
-    assert choose_domain("x", 9, {"x": "x-3"}, singleton=True) == "x-9"  # held by another name's job
+    assert choose_domain("x", 9, {"x": "x-3"}) == "x-9"  # held by another name's job
 
 
 def test_a_failing_batch_is_retried_one_by_one_and_only_the_bad_job_fails(sessions, monkeypatch) -> None:

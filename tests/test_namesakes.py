@@ -4,7 +4,7 @@ launched twice, a job group among them. Both jobs run at once; each keeps its na
 (``SLURM_JOB_NAME``, ``corral queue``), the second's replicas are named under ``NAME-ID``
 (``CORRAL_HOSTNAME``, its host name, ``corral status``, the hosts and peers files), and every
 replica resolves its own job's peers by name, under its domain and under the job's name alike,
-never the other job's. A singleton of the name keeps the plain domain and waits."""
+never the other job's. A singleton of the name gets a domain of its own and waits."""
 
 from __future__ import annotations
 
@@ -111,12 +111,13 @@ def test_a_batch_script_submitted_twice_runs_twice_each_job_resolving_its_own_pe
                                           '\\$SLURM_PROCID \\$CORRAL_JOB_NAME"\n')
     first, second = run_both(corral, tmp_path, "sbatch", "s1.sbatch")
     check(first, second, tmp_path, "node-0", "s1", batch=True)
-    # a singleton of the name waits behind its namesakes, and its replicas keep the plain name
+    # a singleton of the name waits behind its namesakes, under a domain of its own (a held
+    # namesake released while it runs would otherwise answer to the same names)
     held = corral("sbatch", "-J", "s1", "--wrap", "sleep 60", check=True).stdout.split()[-1]
     single = corral("sbatch", "--dependency=singleton", "s1.sbatch", check=True).stdout.split()[-1]
     assert status(corral, held)["domain"] == "s1"
     wait_for(lambda: status(corral, single)["reason"] == "Dependency")
-    assert status(corral, single)["domain"] == "s1"
+    assert status(corral, single)["domain"] == f"s1-{single}"
     corral("cancel", held, single, check=True)
 
 

@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Pending:
     job: NewJob
-    singleton: bool  # dependency: singleton runs after its namesakes, so it may share their domain
     future: Future
     more: tuple[NewJob, ...] = ()  # the other elements of a job array, stored with ``job``
     audit: tuple[dict, ...] = ()  # audit rows (``Auditor.entry``) to store with it, about its (first) job
@@ -59,8 +58,7 @@ class Intake:
         ``more`` (a job array's other elements, sharing its name), of the list of all of them.
         ``audit``: entries stored in the job's transaction, their target set to it."""
         self._ensure_started()
-        singleton = any(kind == "singleton" for kind, _ in job.spec.scheduling.dependency)
-        pending = _Pending(job, singleton, Future(), tuple(more), tuple(audit))
+        pending = _Pending(job, Future(), tuple(more), tuple(audit))
         self._queue.put(pending)
         return pending.future
 
@@ -135,14 +133,13 @@ class Intake:
         (``runtime.discovery.choose_domain``). One query for the batch; one update more only
         when a job's domain is not its name. Every element of an array is a job of its own,
         each named apart, as two submissions of one script are."""
-        jobs = list(zip(flat, (item.singleton for item in batch for _ in item.jobs)))
-        names = {row.name for row, _ in jobs}
-        taken = repository.active_domains(session, names | {f"{row.name}-{row.id}" for row, _ in jobs},
-                                          domains=names, skip=(row.id for row, _ in jobs))
+        names = {row.name for row in flat}
+        taken = repository.active_domains(session, names | {f"{row.name}-{row.id}" for row in flat},
+                                          domains=names, skip=(row.id for row in flat))
         chosen: dict[int, str] = {}
-        for row, singleton in jobs:
+        for row in flat:
             mine = taken.setdefault(row.user, {})
-            domain = choose_domain(row.name, row.id, mine, singleton)
+            domain = choose_domain(row.name, row.id, mine)
             mine.setdefault(domain, row.name)
             if domain != row.name:
                 row.domain = chosen[row.id] = domain

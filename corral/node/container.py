@@ -30,6 +30,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -285,6 +286,9 @@ def _gpus(env: dict[str, str], passthrough: tuple[str, ...]) -> tuple[dict[str, 
     return env, [f"nvidia.com/gpu={g}" for g in ids]
 
 
+REMOVE_TRIES = 6  # over about 7 s
+
+
 def remove(run_dir: Path) -> None:
     """End the attempt's container, if it made one (whatever its state); the engine's own
     client may have been killed while the container ran on. The file naming it may be the
@@ -302,16 +306,24 @@ def remove(run_dir: Path) -> None:
     if not _trusted_engine(engine) or not _SAFE_NAME.fullmatch(name):
         log.warning("not removing container %r: %s is not an engine corral runs", name, engine)
         return
-    argv = [engine, "rm", "--force", "--time", "0", "--ignore", name]
+    argv, exists = [engine, "rm", "--force", "--time", "0", "--ignore", name], [engine, "container", "exists", name]
     if owner != os.geteuid():  # a rootless container of the account's: its own engine removes it
-        argv = as_account(owner, argv)
-        if argv is None:
+        argv, exists = as_account(owner, argv), as_account(owner, exists)
+        if argv is None or exists is None:
             return
-    try:
-        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        pass
+    # A container whose monitor (conmon) was killed is left "stopping" by a first rm that comes
+    # before the engine has noticed; a later one removes it: asked again until it is gone.
+    for attempt in range(REMOVE_TRIES):
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=60)
+            if subprocess.run(exists, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=60).returncode != 0:
+                return
+        except (OSError, subprocess.SubprocessError):
+            return
+        time.sleep(0.5 * (attempt + 1))
+    log.warning("container %s is still there after %d removals", name, REMOVE_TRIES)
 
 
 def note_steps(run_dir: Path, engine: str, uid: int) -> None:

@@ -48,16 +48,15 @@ def hostname(task: str, rank: int, domain: str) -> str:
     return f"{task}-{rank}.{domain}"
 
 
-def choose_domain(name: str, job_id: int, taken: Mapping[str, str], singleton: bool = False) -> str:
+def choose_domain(name: str, job_id: int, taken: Mapping[str, str]) -> str:
     """The domain of a new job's replica names, given ``taken``: the domains its user's
-    active jobs hold (domain -> the name of the job holding it). Its name when that is free;
-    also when a namesake holds it and the job is a ``dependency: singleton``, which never runs
-    beside its namesakes and so may keep the names earlier runs had. Otherwise ``{name}-{id}``,
+    active jobs hold (domain -> the name of the job holding it). Its name when that is free
+    (also for a ``dependency: singleton``: a namesake held when it started may be released
+    and run beside it, as in Slurm). Otherwise ``{name}-{id}``,
     which no other job's ``{name}-{id}`` can equal (an id has no '-': the last '-' splits it one
     way only); but a job may have been *named* so (``s1-28``), and then it is ``{name}.{id}``,
     which no name can be (a name has no '.')."""
-    holder = taken.get(name)
-    if holder is None or (singleton and holder == name):
+    if name not in taken:
         return name
     suffixed = f"{name}-{job_id}"
     return suffixed if suffixed not in taken else f"{name}.{job_id}"

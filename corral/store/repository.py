@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from sqlalchemy import bindparam, case, func, insert, select, text, update
+from sqlalchemy import and_, bindparam, case, func, insert, or_, select, text, update
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, selectinload
 
@@ -220,9 +220,11 @@ def load_job(session: Session, job_id: int) -> Job | None:
 
 
 def find_job(session: Session, ident: str, user: str | None = None) -> Job | None:
-    """A job by id, an array element by ``ARRAYID_INDEX``, or by name: ``user``'s newest job of
-    that name (names are per user), else ``user``'s newest whose replicas' domain it is (``s1-28``,
-    as ``corral status`` shows a namesake's), else anyone's newest of that name."""
+    """A job by id, an array element by ``ARRAYID_INDEX``, or by name (names are per user):
+    ``user``'s live job whose replicas' domain it is (``s1`` or ``s1-28``, as ``corral status``
+    shows them: one at most), else ``user``'s newest live job of that name, else ``user``'s newest
+    of that name or domain whatever its state, else anyone's newest of that name. A live job
+    comes before an ended one: ``corral cancel NAME`` is about the one that runs."""
     array, sep, index = ident.partition("_")
     if sep and is_number(array) and is_number(index):
         head, at = parse_id(array), parse_id(index, least=0)
@@ -233,15 +235,18 @@ def find_job(session: Session, ident: str, user: str | None = None) -> Job | Non
     if is_number(ident):
         job_id = parse_id(ident)
         return load_job(session, job_id) if job_id is not None else None
-    if not NAME_RE.fullmatch(ident):  # no job has that name; do not make the database compare
-        return None
+    name, dot, number = ident.rpartition(".")
+    if not NAME_RE.fullmatch(ident) and not (dot and NAME_RE.fullmatch(name) and is_number(number)):
+        return None  # no job has that name or domain (``NAME.ID``): do not make the database compare
     job_id = None
     if user is not None:
-        job_id = session.scalars(select(Job.id).where(Job.name == ident, Job.user == user)
-                                 .order_by(Job.id.desc()).limit(1)).first()
-        if job_id is None:
-            job_id = session.scalars(select(Job.id).where(Job.domain == ident, Job.user == user)
-                                     .order_by(Job.id.desc()).limit(1)).first()
+        live = (Job.user == user, Job.state.not_in(TERMINAL))
+        effective = or_(Job.domain == ident, and_(Job.domain.is_(None), Job.name == ident))
+        for where in ((*live, effective), (*live, Job.name == ident),
+                      (Job.user == user, or_(Job.name == ident, Job.domain == ident))):
+            job_id = session.scalars(select(Job.id).where(*where).order_by(Job.id.desc()).limit(1)).first()
+            if job_id is not None:
+                break
     if job_id is None:
         job_id = session.scalars(select(Job.id).where(Job.name == ident).order_by(Job.id.desc()).limit(1)).first()
     return load_job(session, job_id) if job_id is not None else None
