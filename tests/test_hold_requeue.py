@@ -36,7 +36,8 @@ def test_a_held_job_waits_with_a_free_pool_until_released(server, tmp_path: Path
     ran = tmp_path / "ran"
     job = submit(server, f"name: later\nresources: {{accelerators: H100:1}}\nrun: touch {ran}\n")
     held = server.post(f"/v1/jobs/{job['id']}/hold").json()
-    assert held == {"id": job["id"], "changed": True, "state": "PENDING", "hold": "user", "message": f"job {job['id']} held"}
+    assert held == {"id": job["id"], "changed": True, "state": "PENDING", "hold": "user", "message": f"job {job['id']} held",
+                    "elements": None}
     assert server.post(f"/v1/jobs/{job['id']}/hold").json()["changed"] is False  # already held: no change
     server.post(f"/v1/jobs/{hog['id']}/cancel")
     wait_state(server, hog["id"], "CANCELLED")

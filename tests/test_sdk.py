@@ -53,8 +53,12 @@ def test_submit_every_way_wait_and_typed_errors(sdk, tmp_path: Path) -> None:
     with pytest.raises(NotFound):
         sdk.job(999999)
     long = sdk.submit("name: long\nrun: sleep 60\n")["job"]
+    twin = sdk.submit("name: long\nrun: sleep 60\n")["job"]  # a namesake: it runs, under a domain of its own
+    assert twin["name"] == "long" and twin["domain"] == f"long-{twin['id']}"
+    sdk.cancel(twin["id"])
+    assert sdk.wait(twin["id"], timeout=30)["state"] == "CANCELLED"
     with pytest.raises(Conflict):
-        sdk.submit("name: long\nrun: sleep 60\n")  # an active job of that name already
+        sdk.hold(twin["id"])  # only a pending job can be held
     with pytest.raises(TimeoutError):
         sdk.wait(long["id"], timeout=0.5)
     assert sdk.wait(long["id"], states=("RUNNING",), timeout=30)["state"] == "RUNNING"
