@@ -181,7 +181,7 @@ class JobOut(BaseModel):
         for replica in job.replicas:
             by_task.setdefault(replica.task, []).append(replica)
         return cls.model_construct(
-            id=job.id, name=job.name, domain=getattr(job, "domain", None) or job.name, user=job.user, state=job.state,
+            id=job.id, name=job.name, domain=_domain(job), user=job.user, state=job.state,
             reason=_reason(job, down), message=job.message,
             exit_code=job.exit_code, group=job.is_group, gpus=_gpus(job),
             submitted_at=ts(job.submitted_at), started_at=ts(job.started_at), ended_at=ts(job.ended_at),
@@ -194,6 +194,12 @@ class JobOut(BaseModel):
             array_job_id=getattr(job, "array_job_id", None), array_index=getattr(job, "array_index", None),
             array_throttle=getattr(job, "array_throttle", None), **_world(job), run_as=getattr(job, "run_as", None),
             tasks=[_task(job, t, by_task.get(t.name, []), waiting, grow) for t in job.tasks])
+
+
+def _domain(job: Job) -> str:
+    """Its replicas' names' domain: its name unless stored otherwise (a row just inserted, as
+    the intake answers it, may not carry the column)."""
+    return getattr(job, "domain", None) or job.name
 
 
 def _predicted(job: Job, predicted: Mapping[int, float] | None) -> float | None:
@@ -309,7 +315,7 @@ def _task(job: Job, task: Task, replicas: list[Replica], placing: Mapping[int, s
         or ((script.get("container") or {}).get("image") if script.get("role") == "batch" else None)
     # an attempt with a container is STARTING until the engine runs it: nearly always its pull
     waiting = f"pulling image {image.removeprefix('docker:')} (or starting its container)" if image else None
-    domain = getattr(job, "domain", None) or job.name
+    domain = _domain(job)
     return TaskOut.model_construct(
         name=task.name, primary=task.primary, num_nodes=task.num_nodes, gpus=task.gpus,
         min_nodes=spec.get("min_nodes"), max_nodes=spec.get("max_nodes"), gpu_type=task.gpu_type,

@@ -48,6 +48,10 @@ def _pairs(option: str, items: list[str]) -> dict[str, str]:
     return pairs
 
 
+_TASK_OPTIONS = {"num_nodes": "num_nodes", "gpus": "accelerators", "cpus": "cpus", "memory": "memory",
+                 "image_id": "image_id"}
+
+
 def launch(args: Namespace) -> None:
     file = Path(args.file)
     env, secrets = _pairs("--env", args.env), _pairs("--secret", args.secret)
@@ -69,9 +73,8 @@ def launch(args: Namespace) -> None:
             raise Usage("--export", str(exc)) from None
     if getattr(args, "slurm", False):
         args.partition = _slurm_partition(daemon.client(), args.partition)
-    task = {key: getattr(args, option, None) for key, option in (("num_nodes", "num_nodes"), ("accelerators", "gpus"),
-                                                                 ("cpus", "cpus"), ("memory", "memory"),
-                                                                 ("image_id", "image_id"))}
+    # sky launch's overrides (argparse's dest -> the task field they set)
+    task = {field: getattr(args, dest, None) for dest, field in _TASK_OPTIONS.items()}
     task = {k: v for k, v in task.items() if v is not None}
     if is_batch_script(text):  # a Slurm batch script: its directives, then these options over them
         if task:

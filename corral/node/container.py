@@ -96,7 +96,6 @@ PROFILE = "/run/corral-env"
 LIFELINE = ('if [ -e /proc/$$/fd/3 ] && { read -r c < /proc/1/comm; [ "$c" = podman-init ]; } 2>/dev/null; then '
             '(trap "" TERM INT HUP QUIT USR1 USR2; while read -r _; do :; done; kill -9 -1) <&3 >/dev/null 2>&1 & '
             'fi; exec 3<&-; ')
-LIFELINE_FILE = "lifeline"
 LAUNCH = (LIFELINE + f'if [ -r {PROFILE} ]; then . {PROFILE}; fi; '
           'if command -v bash >/dev/null 2>&1; then exec bash -c "$0" corral-replica "$@"; fi; '
           'exec /bin/sh -c "$0" corral-replica "$@"')

@@ -34,10 +34,9 @@ from corral.spec.models import NAME_RE
 
 SEPARATORS = ("hetjob", "packjob")
 # what each component asks for itself; every other option is the job's as a whole
-WRITTEN_NAME = "job-name as written"  # beside the options: -J's value before it became a host name
 PER_COMPONENT = frozenset({"job-name", "nodes", "ntasks", "ntasks-per-node", "cpus-per-task", "cpus-per-gpu", "gres",
                            "gpus", "gpus-per-node", "gpus-per-task", "mem", "mem-per-cpu", "constraint", "nodelist",
-                           "exclusive", WRITTEN_NAME})
+                           "exclusive"})
 
 
 @dataclass

@@ -228,7 +228,6 @@ def _time_limit_override(overrides: dict[str, Any], issues: list[SpecIssue]) -> 
     return value
 
 
-TASK_OVERRIDES = ("num_nodes", "accelerators", "cpus", "memory", "image_id")
 TASK_OVERRIDE_GROUP = ("--num-nodes, --gpus, --cpus, --memory and --image-id set the fields of a file with one task; "
                        "a job group's or a pipeline's tasks are set in their own documents")
 

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from corral.spec.batchshell import HOLD, runner, shell_words
-from corral.spec.hetjob import WRITTEN_NAME
 from corral.spec.jobarray import parse_array
 from corral.spec.loader import SpecError, SpecIssue
 from corral.spec.models import NAME_RE
@@ -114,6 +113,7 @@ _BY_SHORT = {o.short: o for o in OPTIONS if o.short}
 class _Given:
     value: Any
     line: int | None  # None: the command line
+    written: str | None = None  # the value as written (-J's, before it became a host name)
 
 
 @dataclass
@@ -229,9 +229,7 @@ def _read(words: list[str], line: int | None, given: dict[str, _Given], issues: 
             given.pop("requeue", None)
             given["requeue"] = _Given(option.long == "requeue", line)
             continue
-        given[option.long] = _Given(parsed, line)
-        if option.long == "job-name":  # SLURM_JOB_NAME and %x are the name as written
-            given[WRITTEN_NAME] = _Given(value, line)
+        given[option.long] = _Given(parsed, line, value)
     return len(words)
 
 
@@ -433,7 +431,7 @@ def job_level(given: dict[str, _Given], problem: Callable[[str, str], None], not
         chdir = f"{submit_dir.rstrip('/')}/{chdir}"
     container = _container(given, problem)
     # Slurm's name for it: -J as written, else the script's file name (sbatch's default)
-    slurm_name = _value(given, WRITTEN_NAME) or source.rsplit("/", 1)[-1]
+    slurm_name = (given["job-name"].written if "job-name" in given else None) or source.rsplit("/", 1)[-1]
     step = {"submit_dir": submit_dir, "signal_batch_only": batch_only, "export_none": export_none, "args": list(args),
             "slurm_name": slurm_name[:1024]}
     for key, value in (("warn_signal", warn_signal), ("output", _value(given, "output")),

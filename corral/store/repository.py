@@ -178,14 +178,6 @@ def _first_event(job: SimpleNamespace, item: NewJob, now: float) -> dict:
             "message": f"submitted by {job.user}: {len(item.spec.tasks)} task(s), {len(job.replicas)} replica(s)"}
 
 
-_ACTIVE_NAMED = select(_JOBS.c.id).where(_JOBS.c.user == bindparam("user"), _JOBS.c.name == bindparam("name"),
-                                         _JOBS.c.state.not_in(TERMINAL)).limit(1)
-
-
-def active_job_named(session: Session, name: str, user: str) -> int | None:
-    return session.connection().execute(_ACTIVE_NAMED, {"user": user, "name": name}).scalar()
-
-
 _ACTIVE_DOMAINS = select(_JOBS.c.id, _JOBS.c.user, _JOBS.c.name, _JOBS.c.domain).where(
     _JOBS.c.state.not_in(TERMINAL), (_JOBS.c.name.in_(bindparam("names", expanding=True))
                                      | _JOBS.c.domain.in_(bindparam("domains", expanding=True))))

@@ -6,6 +6,7 @@ import asyncio
 import os
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from corral.api import bounds
 from corral.api.deps import ClockDep, IdentityDep, SessionDep, StateDep
-from corral.control.commands import AskRequeue, CancelJobs, ScaleTask, SetHold, SetPriority
+from corral.control.commands import AskRequeue, CancelJobs, Outcome, ScaleTask, SetHold, SetPriority
 from corral.api.errors import documented, invalid_parameter
 from corral.api.params import ArrayId, Cursor
 from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut, PriorityRequest, ScaleRequest,
@@ -290,22 +291,17 @@ def _elements(session, found: Job, ident: str) -> list[Job] | None:  # noqa: ANN
     return repository.array_members(session, found.id)
 
 
-def _on_array(state, head: Job, changes: list, verb: str, able: str, refusal: str) -> ActionResponse:  # noqa: ANN001
-    """Carry ``changes`` (one per element) out together and say what became of the array."""
+def _on_array(state, head: Job, changes: list, verb: str, able: Callable[[Outcome], bool],  # noqa: ANN001
+              refusal: str) -> ActionResponse:
+    """Carry ``changes`` (one per element) out together and say what became of the array;
+    ``able``: whether an element was one the action applies to (none: a 409, as for one job)."""
     outcomes = state.changes(changes)
     changed = sum(o.changed for o in outcomes)
-    if not changed and not any(map(_ABLE[able], outcomes)):  # nothing it could act on: said, as for one job
+    if not changed and not any(map(able, outcomes)):
         raise HTTPException(409, f"array {head.id}: {refusal}")
     return ActionResponse(id=head.id, changed=changed > 0, state=outcomes[0].state or head.state,
                           hold=outcomes[0].hold, elements=changed,
                           message=f"array {head.id}: {changed} of {len(outcomes)} element(s) {verb}")
-
-
-_ABLE = {
-    "pending": lambda o: o.state == JobState.PENDING.value and not o.cancelling,
-    "held": lambda o: bool(o.hold),
-    "running": lambda o: o.requeueing,
-}
 
 
 @router.post("/{job}/hold", response_model=ActionResponse, responses=documented(403, 404, 409))
@@ -318,7 +314,8 @@ def hold(job: str, session: SessionDep, state: StateDep, who: IdentityDep, clock
     job_id, label, members = found.id, _named(found), _elements(session, found, job)
     session.close()  # no connection held while the loop carries the change out
     if members is not None:
-        return _on_array(state, found, [SetHold(who, job_id=m.id, kind=kind) for m in members], "held", "pending",
+        return _on_array(state, found, [SetHold(who, job_id=m.id, kind=kind) for m in members], "held",
+                         lambda o: o.state == JobState.PENDING.value and not o.cancelling,
                          "no element is pending; only pending elements are held")
     done = state.change(SetHold(who, job_id=job_id, kind=kind))
     if not done.changed and (done.state != JobState.PENDING.value or done.cancelling):
@@ -342,7 +339,7 @@ def release(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     session.close()  # no connection held while the loop carries the change out
     if members is not None:
         return _on_array(state, found, [SetHold(who, job_id=m.id, kind="", operator=operator) for m in members],
-                         "released", "held", "no element is held")
+                         "released", lambda o: bool(o.hold), "no element is held")
     done = state.change(SetHold(who, job_id=job_id, kind="", operator=operator))
     if done.refused:  # an operator held it meanwhile
         raise who.refuse(doing, Role.operator)
@@ -363,7 +360,7 @@ def requeue(job: str, session: SessionDep, state: StateDep, who: IdentityDep, cl
     session.close()  # no connection held while the loop carries the change out
     if members is not None:
         return _on_array(state, found, [AskRequeue(who, job_id=m.id, hold=kind) for m in members], "requeueing",
-                         "running", "no element is starting or running; only those can be requeued")
+                         lambda o: o.requeueing, "no element is starting or running; only those can be requeued")
     done = state.change(AskRequeue(who, job_id=job_id, hold=kind))
     if not done.changed and (not done.requeueing or JobState(done.state).terminal):
         raise HTTPException(409, f"job {label} is {done.state}"
