@@ -91,6 +91,7 @@ def main() -> None:
     os.environ["CORRAL_PERFTRACE"] = str(trace)  # the server inherits these
     os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parent / "trace") + os.pathsep + str(root)
     settings = Settings.from_env(env)
+    os.chdir(root)  # ``python -m corral.server`` imports from its working directory first
     info = daemon.start(settings)
     client = Client(info["url"], read_local_token(home))
     work = home / "work"

@@ -82,10 +82,23 @@ run: echo buffer; sleep 600
 """
 
 
-def _cancel_ours() -> None:
+# Slurm jobs this test process submits by hand are named under this prefix, so a clean-up
+# cancels them and never another run's (other agents and test runs share the lab).
+OWN = f"ctest-{os.getpid()}-"
+
+
+def _cancel_ours(home: Path | None = None) -> None:
+    """Cancel this process's own Slurm jobs: those it submitted by hand, and those the corral
+    server of ``home`` submitted (named under its scope)."""
+    prefixes = [OWN]
+    if home is not None:
+        from corral.executors import scope_of
+        from corral.settings import Settings
+
+        prefixes.append(f"corral-{scope_of(Settings(home=home, db_url='sqlite://'))}-")
     out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, env=ENV).stdout
     ids = [line.split()[0] for line in out.splitlines() if line.split()[1:] and
-           line.split()[1].startswith(("corral-", "ctest-"))]
+           line.split()[1].startswith(tuple(prefixes))]
     if ids:
         subprocess.run(["scancel", *ids], env=ENV, capture_output=True)
         wait_for(lambda: not _squeue_ids(ids), timeout=30)
@@ -106,7 +119,6 @@ def _steps(slurm_id: str) -> dict[str, str]:
 def slurm_home(tmp_path: Path):
     """A CORRAL_HOME (on the filesystem the lab's nodes share with us) whose site has a
     Slurm partition; the server is started by the CLI and stopped after."""
-    _cancel_ours()
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text(SITE)
@@ -119,7 +131,7 @@ def slurm_home(tmp_path: Path):
     corral.home, corral.env = home, run.env
     yield corral
     run.stop()
-    _cancel_ours()
+    _cancel_ours(home)
 
 
 def _job(corral, job_id: str) -> dict:
@@ -199,7 +211,7 @@ def test_job_group_runs_as_one_slurm_job(slurm_home, tmp_path):
 
 def test_pending_in_slurm_shows_slurms_reason_and_cancel_withdraws_it(slurm_home, tmp_path):
     corral = slurm_home
-    blocker = subprocess.run(["sbatch", "--parsable", "-J", "ctest-blocker", "-N4", "--exclusive", "-t", "5",
+    blocker = subprocess.run(["sbatch", "--parsable", "-J", f"{OWN}blocker", "-N4", "--exclusive", "-t", "5",
                               "-o", str(tmp_path / "blocker-%j.out"), "--wrap", "sleep 300"], capture_output=True, text=True, env=ENV, check=True).stdout.strip()
     wait_for(lambda: subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
                                     env=ENV).stdout.strip() == "RUNNING", timeout=30)
@@ -242,7 +254,7 @@ def test_slurm_time_limit_signal_reaches_the_replica(slurm_home, tmp_path):
 
 
 INSIDE = """#!/bin/bash
-#SBATCH -J ctest-inside -N 2 --gres=gpu:8 --exclusive -t 10
+#SBATCH -J {own}inside -N 2 --gres=gpu:8 --exclusive -t 10
 set -e
 export CORRAL_HOME={home}
 corral server start
@@ -261,7 +273,6 @@ corral server stop
 
 
 def test_corral_server_inside_an_sbatch_allocation(tmp_path):
-    _cancel_ours()
     home = tmp_path / "home"
     spec = tmp_path / "job.yaml"
     spec.write_text(textwrap.dedent(f"""\
@@ -272,7 +283,7 @@ def test_corral_server_inside_an_sbatch_allocation(tmp_path):
     slow = tmp_path / "slow.yaml"
     slow.write_text(f"run: echo start >> {tmp_path}/slow; sleep 8; echo end >> {tmp_path}/slow\n")
     out, nodes = tmp_path / "queue.json", tmp_path / "nodes.txt"
-    script = INSIDE.format(home=home, spec=spec, slow=slow, out=out, nodes=nodes)
+    script = INSIDE.format(own=OWN, home=home, spec=spec, slow=slow, out=out, nodes=nodes)
     env = {k: v for k, v in ENV.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
     slurm_id = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/batch.out"], input=script,
                               capture_output=True, text=True, env=env, check=True).stdout.strip()
