@@ -398,3 +398,39 @@ def test_concurrent_http_submissions_are_stored_once_beside_rejected_neighbours(
 
         jobs = wait_for(placed, timeout=60)
     assert {j["user"] for j in jobs} == {"alice"}  # whom the token speaks for
+
+
+def test_the_loop_is_told_a_submission_arrives_before_it_is_stored(sessions) -> None:
+    """So executors can get ready for its start while it is stored (the local one warms the
+    kernel's cgroup lock): the intake says so as the request comes in."""
+    seen: list[int] = []
+
+    def arriving() -> None:
+        with sessions() as s:
+            seen.append(s.scalar(select(func.count()).select_from(Job)))
+
+    intake = Intake(sessions, lambda: 100.0, lambda row: None, arriving=arriving)
+    try:
+        intake.submit(new("a")).result(timeout=30)
+        intake.submit(new("b")).result(timeout=30)
+    finally:
+        intake.stop()
+    assert seen == [0, 1]  # once per submission, each before its own job was stored
+
+
+def test_only_executors_that_anticipate_are_told() -> None:
+    from types import SimpleNamespace
+
+    from corral.control.loop import ControlLoop
+
+    told: list[str] = []
+
+    class Ready:
+        def anticipate(self) -> None:
+            told.append("ready")
+
+    class Plain:
+        pass
+
+    ControlLoop.arriving(SimpleNamespace(inventory=SimpleNamespace(executors={"a": Ready(), "b": Plain()})))
+    assert told == ["ready"]

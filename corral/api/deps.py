@@ -53,7 +53,7 @@ class ServerState:
     accounts: Accounts = field(init=False)
 
     def __post_init__(self) -> None:
-        self.intake = Intake(self.sessions, self.clock, self.loop.submitted)
+        self.intake = Intake(self.sessions, self.clock, self.loop.submitted, arriving=self.loop.arriving)
         self.admission = Admission(self.site, self.loop.misfit, pool=lambda: self.loop.view.nodes,
                                    outages=lambda: (self.loop.view.down_partitions, self.loop.view.unreachable))
         self.tokens = TokenBook(self.sessions, self.clock, self.local_token)

@@ -44,10 +44,12 @@ class _Pending:
 
 class Intake:
     def __init__(self, sessions: sessionmaker[Session], clock: Callable[[], float],
-                 stored: Callable[[SimpleNamespace], None], max_batch: int = 512):
+                 stored: Callable[[SimpleNamespace], None], max_batch: int = 512,
+                 arriving: Callable[[], None] | None = None):
         self.sessions = sessions
         self.clock = clock
         self.stored = stored  # hands each committed job to the control loop
+        self.arriving = arriving  # told as a submission comes in, before it is stored
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -58,6 +60,8 @@ class Intake:
         ``more`` (a job array's other elements, sharing its name), of the list of all of them.
         ``audit``: entries stored in the job's transaction, their target set to it."""
         self._ensure_started()
+        if self.arriving is not None:
+            self.arriving()
         pending = _Pending(job, Future(), tuple(more), tuple(audit))
         self._queue.put(pending)
         return pending.future

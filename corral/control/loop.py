@@ -63,6 +63,7 @@ from corral.control.scheduling import Scheduling
 from corral.control.supervisor import ProbeAnswered, Supervisor
 from corral.control.transitions import Transitions
 from corral.control.view import LoopView, Reads
+from corral.executors.contract import Anticipating
 from corral.metrics import Metrics
 from corral.settings import Settings
 from corral.site import Site
@@ -423,6 +424,13 @@ class ControlLoop:
         cycle that carried it out is committed."""
         self.put(change)
         return change.future
+
+    def arriving(self) -> None:
+        """A submission passed admission and is being stored (an API thread): executors that
+        can get ready for a start do so now, while it is stored and scheduled."""
+        for executor in self.inventory.executors.values():
+            if isinstance(executor, Anticipating):
+                executor.anticipate()
 
     def submitted(self, job: Job) -> None:
         """Hand a just-committed job to the loop (saves it a query); the periodic rescan of

@@ -298,6 +298,15 @@ class Preparing(Protocol):
 
 
 @runtime_checkable
+class Anticipating(Protocol):
+    def anticipate(self) -> None:
+        """A submission has passed admission: a start on this infra may follow within
+        milliseconds. Get ready for whatever would stall it (never blocking; local: the
+        kernel's cgroup lock put in its fast mode, ``ProcessTrees.warm``)."""
+        ...
+
+
+@runtime_checkable
 class ExecProbes(Protocol):
     def exec_probe(self, handle: Handle, command: str, env: dict[str, str], cwd: str | None,
                    timeout: float) -> tuple[bool, str]:

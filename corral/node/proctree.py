@@ -103,17 +103,26 @@ class _Ahead:
     cgroups of attempts placed here, taking the kernel's grace period for moves into them (see
     ``ProcessTrees.warm``), and removing the cgroups an ended job left empty. Each of these
     takes the kernel's cgroup lock, which a move holds through its grace period, so on the
-    control loop's thread any of them could wait 5-15 ms behind another attempt's move."""
+    control loop's thread any of them could wait 5-15 ms behind another attempt's move.
 
-    def __init__(self, base: Path, own_procs: Path | None):
+    After a warm-up it keeps the lock in its fast mode for ``keep_s``: a no-op move every
+    ``period_s``, shorter than the window a move leaves open (one grace period: 12-20 ms
+    measured idle here). Without it every start after a pause of some 20 ms paid the grace
+    period again, and a warm-up made at submission or placement starts it only a few ms
+    before the wrapper's own move (idle, one task: submit -> running 21-23 ms, 10-12 ms kept
+    warm; docs/benchmarks.md). A kept-warm second costs ~200 writes (~0.5 % of a core)."""
+
+    def __init__(self, base: Path, own_procs: Path | None, keep_s: float = 5.0, period_s: float = 0.005):
         self.base = base
         self.own_procs = own_procs
+        self.keep_s, self.period_s = keep_s, period_s
         self._lock = threading.Lock()
         self._wanted = threading.Event()
         self._make: list[str] = []
         self._sweep: list[int] = []
         self._warm = False
         self._thread: threading.Thread | None = None
+        self._fd: int | None = None
 
     def ask(self, make: str | None = None, sweep: int | None = None, warm: bool = False) -> None:
         with self._lock:
@@ -128,8 +137,13 @@ class _Ahead:
         self._wanted.set()
 
     def _run(self) -> None:
+        warm_until = 0.0
         while True:
-            self._wanted.wait()
+            keeping = time.monotonic() < warm_until
+            if not self._wanted.wait(timeout=self.period_s if keeping else None):
+                if not self._move_self():
+                    warm_until = 0.0
+                continue
             self._wanted.clear()
             with self._lock:
                 make, sweep, warm = self._make, self._sweep, self._warm
@@ -144,11 +158,24 @@ class _Ahead:
                         pass
             for key in make:
                 _make_cgroup(self.base / key)
-            if warm and self.own_procs is not None:
-                try:
-                    self.own_procs.write_text(str(os.getpid()))
-                except OSError:  # not ours to write (or a domain with controllers): never again
-                    self.own_procs = None
+            if warm and self._move_self():
+                warm_until = time.monotonic() + self.keep_s
+
+    def _move_self(self) -> bool:
+        """The no-op move of this process into its own cgroup; False once it cannot be made
+        (not ours to write, or a domain with controllers: never tried again)."""
+        if self.own_procs is None:
+            return False
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.own_procs, os.O_WRONLY)
+            os.write(self._fd, str(os.getpid()).encode())  # each write is one move; one open file serves them all
+            return True
+        except OSError:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd, self.own_procs = None, None
+            return False
 
 
 def _make_cgroup(path: Path) -> bool:
@@ -189,7 +216,9 @@ class ProcessTrees:
         of this process into its own cgroup opens the window: made at placement (``expect``),
         one commit before the start, the wrapper's move of itself does not wait; made at the
         start itself, the wait overlaps the wrapper's exec. Best effort: without write access
-        to our own cgroup nothing happens."""
+        to our own cgroup nothing happens. The window is then kept open for a few seconds
+        (see ``_Ahead``), so a burst of starts, or a start soon after a submission (the
+        intake warms as a request arrives), pays no grace period at all."""
         if self._ahead is not None:
             self._ahead.ask(warm=True)
 

@@ -107,6 +107,11 @@ class LocalExecutor(EventStream):
         next commit (see ``ProcessTrees.expect``)."""
         self.runner.trees.expect(key)
 
+    def anticipate(self) -> None:
+        """``Anticipating``: a job was just submitted; its start here would otherwise wait
+        for the kernel's grace period on its first cgroup move."""
+        self.runner.trees.warm()
+
     def rendezvous_port(self, node: str) -> int:
         return free_port()
 
