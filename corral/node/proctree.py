@@ -137,10 +137,11 @@ class _Ahead:
         self._wanted.set()
 
     def _run(self) -> None:
-        warm_until = 0.0
+        warm_until = moved = 0.0
         while True:
             keeping = time.monotonic() < warm_until
-            if not self._wanted.wait(timeout=self.period_s if keeping else None):
+            if not self._wanted.wait(timeout=max(0.0, moved + self.period_s - time.monotonic()) if keeping else None):
+                moved = time.monotonic()
                 if not self._move_self():
                     warm_until = 0.0
                 continue
@@ -158,8 +159,11 @@ class _Ahead:
                         pass
             for key in make:
                 _make_cgroup(self.base / key)
-            if warm and self._move_self():
+            if warm and keeping:  # the window is open: keep it so for longer, no move more
                 warm_until = time.monotonic() + self.keep_s
+            elif warm and self._move_self():
+                moved = time.monotonic()
+                warm_until = moved + self.keep_s
 
     def _move_self(self) -> bool:
         """The no-op move of this process into its own cgroup; False once it cannot be made
