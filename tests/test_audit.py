@@ -168,3 +168,24 @@ def test_a_failed_commit_stores_neither_the_change_nor_its_entry_a_successful_on
     assert [(e["user"], e["action"], e["target"], e["outcome"]) for e in trail] == _stored(server)[1]
     for job in (vip, elastic):
         server.post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_refusal_whose_entry_cannot_be_written_is_still_the_refusal(server, monkeypatch, caplog) -> None:
+    """A refusal changes nothing, so a database that cannot take its entry (a refused
+    connection under load) does not turn the 403 into a 500; the lost entry is logged."""
+    from sqlalchemy.exc import OperationalError
+
+    olga = bearer(server.state, "olga", "operator")
+    ann = bearer(server.state, "ann", "user")
+    job = server.post("/v1/jobs", json={"yaml": "name: olgas\nrun: sleep 60\n"}, headers=olga).json()["job"]
+
+    def no_connection():
+        raise OperationalError("connect", {}, Exception("sorry, too many clients already"))
+
+    monkeypatch.setattr(server.state.auditor, "sessions", no_connection)
+    answer = server.post(f"/v1/jobs/{job['id']}/cancel", headers=ann)
+    assert answer.status_code == 403, answer.text
+    assert "cancelling another user's job" in answer.json()["detail"]
+    assert "could not be written" in caplog.text and "ann's refused cancel" in caplog.text
+    monkeypatch.undo()
+    assert server.post(f"/v1/jobs/{job['id']}/cancel", headers=olga).status_code == 200

@@ -7,14 +7,19 @@ the token and its entry commit together or not at all, so no crash, kill or fail
 leaves a change without its entry or an entry without its change. Submissions are stored in
 batches by ``api.intake``, and their entries with them, in the batch's transaction (no commit
 of their own). What changes nothing (a refusal) is written in a short transaction of its own
-(``record``) before the request is answered."""
+(``record``) before the request is answered; a refusal whose entry cannot be written (the
+database refusing a connection under load) is still answered as the refusal it is, and the
+lost entry logged, rather than turned into a server error (what opens a shell is not: its
+entry is written or it is not opened)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import insert, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from corral.auth.roles import Identity
@@ -23,6 +28,7 @@ from corral.store.tables import AuditEntry
 ACTIONS = ("submit", "cancel", "hold", "release", "requeue", "scale", "priority", "exec", "shell", "token_create",
            "token_revoke")
 _INSERT = insert(AuditEntry.__table__)
+log = logging.getLogger(__name__)
 
 
 class Auditor:
@@ -44,9 +50,15 @@ class Auditor:
     def record(self, who: Identity, action: str, target: str | None, outcome: str = "ok",
                detail: str | None = None) -> None:
         """Write an entry that goes with no change (a refusal), in a transaction of its own."""
-        with self.sessions() as session:
-            self.add(session, who, action, target, outcome, detail)
-            session.commit()
+        try:
+            with self.sessions() as session:
+                self.add(session, who, action, target, outcome, detail)
+                session.commit()
+        except SQLAlchemyError:
+            if outcome != "refused":
+                raise
+            log.exception("audit: the entry of %s's refused %s (%s) could not be written", who.user, action,
+                          target or "-")
 
 
 def insert_entries(session: Session, rows: list[dict[str, Any]]) -> None:
