@@ -79,6 +79,9 @@ def test_sky_launch_s_task_overrides(corral, tmp_path: Path) -> None:
     assert refused.returncode != 0 and "a file with one task" in refused.stderr, refused.stderr
     script = write(tmp_path, "s.sh", "#!/bin/bash\n#SBATCH -N 1\ntrue\n")
     assert corral("launch", "--gpus", "H100:1", str(script)).returncode == 2
+    for wrong in ("\u0663", "two", "0", "1.5"):  # an Arabic-Indic three is not a count here
+        bad = corral("launch", "--num-nodes", wrong, str(spec))
+        assert bad.returncode == 2 and "--num-nodes" in bad.stderr, (wrong, bad.stderr)
 
 
 def test_invalid_file_reports_file_line_and_field(corral, tmp_path: Path) -> None:

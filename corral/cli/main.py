@@ -49,16 +49,22 @@ class _Skipped:
 _SKIPPED = _Skipped()
 
 
-def _nonnegative(limit: int):
+def _whole(low: int, high: int):
+    """An argparse type: a whole number in low..high written in ASCII digits (``int`` alone
+    takes any script's digits, so ``--num-nodes ٣`` was 3)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if not 0 <= value <= limit:
-            raise argparse.ArgumentTypeError(f"{value} is not in 0..{limit}")
+        digits = text.strip().removeprefix("-").removeprefix("+")
+        if not (digits.isascii() and digits.isdigit()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
         return value
     return parse
+
+
+def _nonnegative(limit: int):
+    return _whole(0, limit)
 
 
 def build(only: str | None = None) -> argparse.ArgumentParser:
@@ -95,7 +101,7 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("--workdir", "-D", "--chdir", dest="workdir", metavar="DIR",
                    help="run every task in DIR (relative: to this directory); default: each task's workdir "
                         "resolved against this directory, else this directory")
-    c.add_argument("--num-nodes", dest="num_nodes", type=int, metavar="N",
+    c.add_argument("--num-nodes", dest="num_nodes", type=_whole(1, 100_000), metavar="N",
                    help="override a single-task file's num_nodes (as sky launch --num-nodes)")
     c.add_argument("--gpus", metavar="TYPE:N", help="override its resources.accelerators, e.g. H100:8 (sky launch --gpus)")
     c.add_argument("--cpus", metavar="N[+]", help="override its resources.cpus (sky launch --cpus)")
@@ -109,7 +115,7 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
     c.add_argument("-q", "--qos", help="quality of service")
     c.add_argument("-t", "--time-limit", dest="time_limit",
                    help="time limit of the whole job: minutes (as sbatch -t), 2h, 1d12h, H:MM:SS or D-HH:MM:SS")
-    c.add_argument("--nice", type=int, help="lower the job's priority by this much")
+    c.add_argument("--nice", type=_whole(-10000, 10000), help="lower the job's priority by this much")
     c.add_argument("--dependency", help="e.g. afterok:12:13,afterany:14 or singleton")
     c.add_argument("--kill-on-invalid-dep", action="store_true",
                    help="cancel the job if its dependency can never be satisfied")
@@ -210,7 +216,7 @@ def build(only: str | None = None) -> argparse.ArgumentParser:
                  "nice (its owner may raise it, lowering the job; a negative nice is for operators).")
     c.add_argument("jobs", metavar="JOB", nargs="+")
     c.add_argument("--priority", help="a fixed priority, or 'formula'")
-    c.add_argument("--nice", type=int, help="lower the job's priority by this much (-10000..10000)")
+    c.add_argument("--nice", type=_whole(-10000, 10000), help="lower the job's priority by this much (-10000..10000)")
 
     c = command("scale", "jobs:scale", "Set how many replicas TASK of JOB runs (within its num_nodes: {min, max}), "
                 "or its bounds with --min/--max; a count alone on an autoscaled task pins min = max = count.")
