@@ -95,7 +95,8 @@ def test_two_jobs_with_different_sources_at_one_path_each_read_their_own(server,
         (work / "mydata").mkdir(parents=True)
         (work / "mydata/who").write_text(f"source-{n}\n")
         jobs.append(submit(server, f"name: side{n}\nfile_mounts: {{{target}: ./mydata}}\n"
-                                   f"run: cat {target}/who; grep NoNewPrivs /proc/self/status; exec sleep 300\n",
+                                   f"run: cat {target}/who; awk '$5 == \"/\" {{print \"root mount:\", $6}}' /proc/self/mountinfo; "
+                                   "grep NoNewPrivs /proc/self/status; exec sleep 300\n",
                            cwd=str(work)))
     for n, job in enumerate(jobs):
         wait_state(server, job["id"], "RUNNING")
@@ -103,6 +104,7 @@ def test_two_jobs_with_different_sources_at_one_path_each_read_their_own(server,
                        timeout=15)
         assert f"source-{n}" in log and f"source-{1 - n}" not in log, log
         assert "NoNewPrivs:\t1" in log, log
+        assert "nosuid" in log.split("root mount:")[1].splitlines()[0], log  # for what joins it later too
     assert os.listdir(target) == []  # the machine's own view: an empty mount point, no link, no copy
     for job in jobs:
         server.post(f"/v1/jobs/{job['id']}/cancel")

@@ -245,9 +245,26 @@ def _open_target(bind: Bind, own: tuple[str, ...]) -> int:
         raise
 
 
+SYS_MOUNT_SETATTR = 442  # (one number on every architecture: it came after the syscall tables were unified)
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_NOSUID = 0x2
+
+
+def _nosuid(libc: ctypes.CDLL) -> None:
+    """Every mount of this (the replica's) namespace nosuid: a process that joins it later
+    (``corral exec``, an exec probe: ``nsenter``, without the replica's no_new_privs) gains no
+    rights from a setuid program either. Where the kernel has no ``mount_setattr`` (before
+    5.12) the replica's own no_new_privs is what holds."""
+    attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_NOSUID, 0, 0, 0)
+    libc.syscall(SYS_MOUNT_SETATTR, -100, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
 def bind_all(binds: list[Bind], own: tuple[str, ...]) -> None:
     """Bind each source over its target in this thread's (the replica's) mount namespace,
-    shallowest first, so a mount inside another's remote path lands inside it."""
+    shallowest first, so a mount inside another's remote path lands inside it; then make
+    every mount of the namespace nosuid (``_nosuid``)."""
+    if not binds:
+        return
     libc = _libc()
     for bind in sorted(binds, key=lambda b: b.target.count("/")):
         target = _open_target(bind, own)
@@ -274,3 +291,4 @@ def bind_all(binds: list[Bind], own: tuple[str, ...]) -> None:
                 os.close(source)
         finally:
             os.close(target)
+    _nosuid(libc)
