@@ -1,18 +1,27 @@
 """file_mounts on a real server with the local executor: a file and a directory appear at
 their remote paths (absolute and ``~/``) for every replica, relative sources resolve against
-the submit directory, nothing corral did not make is replaced, and what it made is gone once
-the job ends, cancelled too. Refusals name the mount. As another Unix account (root only): a
-source the account cannot read is refused at submit, and the links are the account's."""
+the submit directory, nothing on the machine is replaced, and what corral made is gone once
+the job ends, cancelled too. Where the server is root (binds in each replica's own mount
+namespace), two jobs with different sources at one path run side by side, each reading its
+own, and a replica with binds runs with no_new_privs. Refusals name the mount and its line.
+As another Unix account (root only): a source the account cannot read is refused at submit,
+what corral makes on the machine is the account's, and a setuid program gains it nothing."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 
 import pytest
 
 from conftest import submit, wait_for, wait_state
+from corral.node.runner import _mount_namespaces
+
+# the server (this process) binds mounts in each replica's namespace, rather than linking them
+BINDS = os.geteuid() == 0 and _mount_namespaces()
+needs_binds = pytest.mark.skipif(not BINDS, reason="binds need a root server that may make mount namespaces")
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -49,7 +58,7 @@ def test_cancelled_job_leaves_no_mount(server, tmp_path: Path) -> None:
     work = _tree(tmp_path)
     job = submit(server, f"file_mounts: {{{tmp_path}/m: data}}\nrun: exec sleep 300\n", cwd=str(work))
     wait_state(server, job["id"], "RUNNING")
-    wait_for(lambda: os.path.islink(tmp_path / "m"))
+    wait_for(lambda: os.path.lexists(tmp_path / "m"))  # a link, or the mount point of the replica's bind
     server.post(f"/v1/jobs/{job['id']}/cancel")
     wait_state(server, job["id"], "CANCELLED")
     wait_for(lambda: not os.path.lexists(tmp_path / "m"), timeout=15)
@@ -66,18 +75,57 @@ def test_two_jobs_mounting_one_source_at_one_path_run_together(server, tmp_path:
         wait_for(lambda j=job: "rows" in server.get(f"/v1/jobs/{j['id']}/logs").text, timeout=15)
     server.post(f"/v1/jobs/{first['id']}/cancel")
     wait_state(server, first["id"], "CANCELLED")
-    assert (tmp_path / "shared/m/shard-0").read_text() == "rows\n"  # the other job's still
+    assert os.path.lexists(tmp_path / "shared/m")  # the other job's still
+    if not BINDS:  # (a bind is the replica's alone: the machine sees the empty mount point)
+        assert (tmp_path / "shared/m/shard-0").read_text() == "rows\n"
     server.post(f"/v1/jobs/{second['id']}/cancel")
     wait_state(server, second["id"], "CANCELLED")
     wait_for(lambda: not os.path.lexists(tmp_path / "shared"), timeout=15)
 
 
+@needs_binds
+def test_two_jobs_with_different_sources_at_one_path_each_read_their_own(server, tmp_path: Path) -> None:
+    """An array's elements, or two users, with ``/data: ./mydata``: each replica's own source
+    at the one path, side by side; nothing left on the machine once both end. Each replica
+    with binds runs with no_new_privs."""
+    target = tmp_path / "one" / "data"
+    jobs = []
+    for n in range(2):
+        work = tmp_path / f"user{n}"
+        (work / "mydata").mkdir(parents=True)
+        (work / "mydata/who").write_text(f"source-{n}\n")
+        jobs.append(submit(server, f"name: side{n}\nfile_mounts: {{{target}: ./mydata}}\n"
+                                   f"run: cat {target}/who; awk '$5 == \"/\" {{print \"root mount:\", $6}}' /proc/self/mountinfo; "
+                                   "grep NoNewPrivs /proc/self/status; exec sleep 300\n",
+                           cwd=str(work)))
+    for n, job in enumerate(jobs):
+        wait_state(server, job["id"], "RUNNING")
+        log = wait_for(lambda j=job: (lambda t: "NoNewPrivs" in t and t)(server.get(f"/v1/jobs/{j['id']}/logs").text),
+                       timeout=15)
+        assert f"source-{n}" in log and f"source-{1 - n}" not in log, log
+        assert "NoNewPrivs:\t1" in log, log
+        assert "nosuid" in log.split("root mount:")[1].splitlines()[0], log  # for what joins it later too
+    assert os.listdir(target) == []  # the machine's own view: an empty mount point, no link, no copy
+    for job in jobs:
+        server.post(f"/v1/jobs/{job['id']}/cancel")
+        wait_state(server, job["id"], "CANCELLED")
+    wait_for(lambda: not os.path.lexists(tmp_path / "one"), timeout=15)  # the directories made for it too
+    assert (tmp_path / "user0/mydata/who").read_text() == "source-0\n"
+
+
 def test_what_is_already_there_is_not_replaced(server, tmp_path: Path) -> None:
+    """A link never replaces what is there; a bind shows the source over it to the replica
+    alone, and the machine's file stays as it was."""
     work = _tree(tmp_path)
     (tmp_path / "taken").write_text("precious\n")
-    job = submit(server, f"file_mounts: {{{tmp_path}/taken: cfg.yaml}}\nrun: echo ran\n", cwd=str(work))
+    job = submit(server, f"file_mounts: {{{tmp_path}/taken: cfg.yaml}}\nrun: cat {tmp_path}/taken\n", cwd=str(work))
     done = wait_state(server, job["id"], "FAILED", "SUCCEEDED", timeout=30)
     events = server.get(f"/v1/jobs/{job['id']}/events").text
+    if BINDS:
+        assert done["state"] == "SUCCEEDED", events
+        assert "lr: 0.1" in server.get(f"/v1/jobs/{job['id']}/logs").text
+        assert (tmp_path / "taken").read_text() == "precious\n"
+        return
     assert done["state"] == "FAILED", events
     assert f"file_mounts.{tmp_path}/taken: {tmp_path}/taken already exists" in events, events
     assert (tmp_path / "taken").read_text() == "precious\n"
@@ -90,22 +138,29 @@ def test_what_is_already_there_is_not_replaced(server, tmp_path: Path) -> None:
     ("/data: {source: gs://b, mode: MOUNT}", "file_mounts./data", "corral cannot mount buckets"),
     ("data: cfg.yaml", "file_mounts.data", "is relative"),
     ("/etc/app.yaml: cfg.yaml", "file_mounts./etc/app.yaml", "system path a job may not shadow"),
+    ("/proc/self: data", "file_mounts./proc/self", "system path a job may not shadow"),
     ("/data: ./not-there", "file_mounts./data", "does not exist"),
+    ("HOME/runs: data", "file_mounts.HOME/runs", "would shadow corral's own directory"),
+    ("HOME_PARENT: data", "file_mounts.HOME_PARENT", "would shadow corral's own directory"),
 ])
 def test_refusals_name_the_mount(server, tmp_path: Path, mount: str, field: str, words: str) -> None:
     work = _tree(tmp_path)
-    response = server.post("/v1/jobs", json={"yaml": f"run: echo\nfile_mounts: {{{mount}}}\n", "cwd": str(work)})
+    home = os.path.realpath(server.state.settings.home)  # corral's run directories: the replica's wrapper writes there
+    mount, field = (x.replace("HOME_PARENT", os.path.dirname(home)).replace("HOME", home) for x in (mount, field))
+    response = server.post("/v1/jobs", json={"yaml": f"run: echo\nfile_mounts:\n  {mount}\n", "cwd": str(work)})
     assert response.status_code == 422, response.text
     errors = response.json()["detail"]["errors"]
-    assert any(e["field"] == field and words in e["message"] for e in errors), errors
+    assert any(e["field"] == field and words in e["message"] and e["line"] == 3 for e in errors), errors
 
 
 # -- as another Unix account (a root server, a throwaway user) --------------------------------------
 
 def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path: Path) -> None:
     """A root server never reads a source on a user's behalf: one only root may read is refused
-    at submit naming the mount; a readable one is linked by the user (the link is theirs), and
-    a remote path the user may not create fails the replica with a sentence naming it."""
+    at submit naming the mount; a readable one appears for the user (what is made on the
+    machine is theirs), a remote path the user may not create fails the replica with a
+    sentence naming it, and a setuid-root program run beside a bind gains the replica nothing
+    (no_new_privs)."""
     from unix_users import need_root, traversable_dir, unix_user
 
     need_root()
@@ -126,6 +181,9 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
         (work / "public.txt").chmod(0o644)
         (work / "secret.txt").write_text("root only\n")
         (work / "secret.txt").chmod(0o600)
+        suid = root / "suid-id"  # a setuid-root ``id``: euid 0 for whoever runs it, unless no_new_privs
+        shutil.copy("/usr/bin/id", suid)
+        suid.chmod(0o4755)
         client = Client(corral.client().url, corral.client().create_token(ann.name)["token"])
         try:
             def run(yaml: str, name: str) -> int:
@@ -138,11 +196,15 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
                        f"{work}/secret.txt" in e["message"] for e in refused.value.errors), refused.value.errors
 
             job = run("file_mounts: {~/in/p.txt: public.txt}\nrun: cat ~/in/p.txt; stat -c 'link=%U' ~/in/p.txt; "
-                      "stat -c 'dir=%U' ~/in\n", "mine")
+                      f"stat -c 'dir=%U' ~/in; echo euid=$({suid} -u)\n", "mine")
             done = corral.wait_job(job, timeout=60)
             log = corral.log(job)
             assert done["state"] == "SUCCEEDED", str((done, log, corral.events(job)))
-            assert "for everyone" in log and f"link={ann.name}" in log and f"dir={ann.name}" in log, log
+            assert "for everyone" in log and f"dir={ann.name}" in log, log
+            if BINDS:  # the bound file itself (its owner root); the replica can gain no rights
+                assert f"euid={ann.uid}" in log, log
+            else:  # the link the account made
+                assert f"link={ann.name}" in log, log
             wait_for(lambda: not os.path.lexists(Path(ann.home) / "in"), timeout=15)
 
             job = run(f"file_mounts: {{{root}/not-hers/p.txt: public.txt}}\nrun: echo ran\n", "nowhere")

@@ -14,7 +14,10 @@ of the account's own (``_Users``), lists the jobs using it; the last one to end 
 with the directories made above it. A link to another source, or another account's, is never
 shared: that job fails with a sentence, as for anything else already there.
 
-A container binds the source where the node sees it, else that same copy (``here``).
+A container binds the source where the node sees it, else that same copy (``here``). On the
+local executor, where the server is root and may make namespaces, nothing is linked: each
+replica binds its mounts in its own mount namespace (``corral.node.binds``); the links here
+are for a server that is not root, a node that refuses namespaces, Slurm steps and Ray actors.
 
 Everything here runs as the job's Unix account, never with the server's rights on its behalf:
 the local and Slurm executors run this file's text as a program of that account (stdlib
@@ -48,6 +51,7 @@ LOCK = "lock"
 COPIES = "copies"
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
+WHY_VAR = "CORRAL_MOUNTS_WHY"  # why a mount is a link here (no mount namespace), for its refusals
 Archive = Callable[[str], bytes]  # a source's contents as a tar archive (its top entry: the source's name)
 
 
@@ -249,11 +253,11 @@ def here(record_dir: Path, mounts: list[tuple[str, str]], *, sees: Callable[[str
 
 
 def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
-           sees: Callable[[str], bool] = os.path.exists, archive: Archive | None = None) -> list[str]:
+           sees: Callable[[str], bool] = os.path.exists, archive: Archive | None = None, why: str = "") -> list[str]:
     """Make every ``(remote as written, absolute source)`` appear at its remote path on this
     node, as this process's account; returns the paths linked. Idempotent for the job: a link
     corral already made for it (another replica's, an earlier attempt's) is kept. Raises
-    ``MountError`` naming the mount."""
+    ``MountError`` naming the mount (with ``why`` the replica has no mount namespace, if given)."""
     made = []
     me = str(record_dir)
     with _locked(record_dir):
@@ -275,7 +279,9 @@ def attach(record_dir: Path, mounts: list[tuple[str, str]], home: str, *,
                         continue
                     raise MountError(f"file_mounts.{remote}: {path} already exists on this node and corral did not "
                                      "make it for this job (nor for another of this account's jobs, to the same "
-                                     "source); corral replaces nothing: remove it, or mount somewhere else")
+                                     "source); corral replaces nothing: remove it, or mount somewhere else"
+                                     + (f" ({why}, so a mount is a link on the node itself: one source per path)"
+                                        if why else ""))
                 try:
                     dirs = _parents(record_dir, Path(path).parent)
                     _record(record_dir, kind="link", path=path, target=target)
@@ -387,20 +393,100 @@ def command(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, ru
     return argv
 
 
-def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str) -> None:  # noqa: ANN001
-    """``attach`` as ``account`` (a ``UnixAccount``; None: this process's own, in it).
-    Raises ``MountError``."""
+def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str,  # noqa: ANN001
+              why: str | None = None) -> None:
+    """``attach`` as ``account`` (a ``UnixAccount``; None: this process's own, in it). Where
+    the runner of ``record_dir`` binds mounts in its replicas' namespaces (``node.binds``),
+    nothing is linked: the mounts go to its next start from this thread. ``why``: why not
+    (the default says whether the server is not root or namespaces were refused). Raises
+    ``MountError``."""
+    from corral.node import binds
+
+    if why is None and binds.binding(record_dir):
+        binds.defer(record_dir, account, mounts, home)
+        return
+    if why is None:
+        why = ("the server does not run as root, so replicas have no mount namespace of their own"
+               if os.geteuid() != 0 else "this node refuses mount namespaces")
     if account is None:
-        attach(record_dir, list(mounts), home)
+        attach(record_dir, list(mounts), home, why=why)
         return
     import subprocess
 
     done = subprocess.run(command(record_dir, mounts, home), user=account.uid, group=account.gid,
-                          extra_groups=list(account.groups), cwd="/", env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"},
+                          extra_groups=list(account.groups), cwd="/",
+                          env={"PATH": SAFE_PATH, "LANG": "C.UTF-8", WHY_VAR: why},
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
     if done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip().splitlines()
         raise MountError(said[-1].removeprefix("corral: ") if said else f"mounting failed (exit {done.returncode})")
+
+
+def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
+    """For binds (``node.binds``), as the job's account: each ``(remote, target, source)``'s
+    source as the account reaches it (device, inode, whether a directory), and a mount point
+    at the target where nothing is there (an empty directory, or file, with the directories
+    above it: what was made, deepest first, with device and inode). What this call made is
+    removed again if a later mount fails. Raises ``MountError`` naming the mount."""
+    out: list[dict] = []
+    try:
+        for remote, target, source in wanted:
+            try:
+                info = os.stat(source)
+                readable = os.access(source, os.R_OK | (os.X_OK if os.path.isdir(source) else 0))
+            except OSError as exc:
+                info, readable, why = None, False, exc.strerror
+            if info is None or not readable:
+                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on this node"
+                                 f" ({why if info is None else 'permission denied'})")
+            directory = os.path.isdir(source)
+            made: list[list] = []
+            out.append({"ident": [info.st_dev, info.st_ino], "directory": directory, "made": made})
+            if os.path.lexists(target):
+                continue
+            try:
+                missing, at = [], Path(target).parent
+                while not os.path.lexists(at) and at != at.parent:
+                    missing.append(at)
+                    at = at.parent
+                for each in [*reversed(missing), Path(target)]:
+                    try:
+                        if directory or each != Path(target):
+                            os.mkdir(each, 0o755)
+                        else:
+                            os.close(os.open(each, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+                    except FileExistsError:
+                        continue  # made meanwhile by someone else: theirs
+                    made_now = os.lstat(each)
+                    made.insert(0, [str(each), made_now.st_dev, made_now.st_ino])
+            except OSError as exc:
+                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {exc.filename or target}"
+                                 f" on this node ({exc.strerror or exc})") from None
+    except MountError:
+        for entry in out:
+            for path, _, _ in entry["made"]:
+                try:
+                    os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+                except OSError:
+                    break
+        raise
+    return out
+
+
+def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]:  # noqa: ANN001
+    """``mount_points`` as ``account`` (None: this process's own, in it)."""
+    if account is None:
+        return mount_points(wanted)
+    import subprocess
+
+    argv = _program("mountpoints", *(part for each in wanted for part in each))
+    done = subprocess.run(argv, user=account.uid, group=account.gid, extra_groups=list(account.groups), cwd="/",
+                          env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=120)
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        raise MountError(said[-1].removeprefix("corral: ") if said else f"mounting failed (exit {done.returncode})")
+    return json.loads(done.stdout)
 
 
 def detach_as_owner(record_dir: Path) -> list[str]:
@@ -434,6 +520,13 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["detach"] and len(argv) == 2:
         detach(Path(argv[1]))
         return 0
+    if argv[:1] == ["mountpoints"] and len(argv) % 3 == 1:  # (remote, target, source)…: JSON to stdout
+        try:
+            print(json.dumps(mount_points(list(zip(argv[1::3], argv[2::3], argv[3::3])))))
+        except MountError as exc:
+            print(f"corral: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if argv[:1] == ["pack"] and len(argv) == 3:  # a source as this account reads it, to stdout
         try:
             if size_of(argv[1], int(argv[2])) > int(argv[2]):
@@ -451,7 +544,8 @@ def main(argv: list[str]) -> int:
     then = rest[rest.index("--") + 1:] if "--" in rest else []
     pairs = rest[:rest.index("--")] if "--" in rest else rest
     try:
-        attach(Path(argv[1]), list(zip(pairs[::2], pairs[1::2])), argv[2] or home_of_this_account())
+        attach(Path(argv[1]), list(zip(pairs[::2], pairs[1::2])), argv[2] or home_of_this_account(),
+               why=os.environ.get(WHY_VAR, ""))
     except MountError as exc:
         print(f"corral: {exc}", file=sys.stderr)
         if run_dir:

@@ -38,7 +38,8 @@ from corral.executors.contract import Container
 from corral.node import container as containers
 from corral.node.container import (LAUNCH as CONTAINER_LAUNCH, READS as CONTAINER_READS, SETUP_FAILED,
                                    SHELL as CONTAINER_SHELL)
-from corral.node.mounts import detach_as_owner
+from corral.node import binds
+from corral.node.mounts import attach_as, detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.network import Bridge
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
@@ -222,8 +223,9 @@ class Spawning:
     a bridge's. Raises what the start raised (OSError, ValueError) with nothing left running."""
 
     def __init__(self, queued: Future | None, fallback: Callable[[], subprocess.Popen],
-                 refused: NamespaceError | None, bridged: bool):
-        self._queued, self._fallback, self._refused, self._bridged = queued, fallback, refused, bridged
+                 refused: NamespaceError | None, needs: str = ""):
+        """``needs``: what only the namespace thread can give the start (its network, its binds)."""
+        self._queued, self._fallback, self._refused, self._needs = queued, fallback, refused, needs
 
     def result(self) -> subprocess.Popen:
         refused = self._refused
@@ -232,8 +234,8 @@ class Spawning:
                 return self._queued.result()
             except NamespaceError as exc:
                 refused = exc
-        if refused is not None and self._bridged:  # the wrapper cannot wire a network
-            raise OSError(f"its network namespace could not be made: {refused}") from None
+        if refused is not None and self._needs:  # the wrapper cannot wire a network, nor bind mounts
+            raise OSError(f"its {self._needs} could not be made: {refused}") from None
         return self._fallback()
 
 
@@ -251,6 +253,11 @@ class NodeRunner:
         self._spawner_tried = False
         self._spawn_threads = spawn_threads
         self._spawner_lock = threading.Lock()
+        # file_mounts bound in each replica's own namespace (``node.binds``), never linked on the
+        # machine: the executor's ``attach_as`` hands them to ``begin_spawn``
+        self.binds = self.hosts_mode == "mount-namespace" and os.geteuid() == 0
+        if self.binds:
+            binds.enable(self.runs_dir.parent / "mounts")
 
     # -- attempts -------------------------------------------------------------------------
     def run_dir(self, key: str) -> Path:
@@ -305,7 +312,10 @@ class NodeRunner:
         """``spawn`` whose fork may still be under way on the namespace thread when it returns:
         the caller prepares a gang's next replica meanwhile, and takes each one's Popen (or its
         OSError) from ``Spawning.result``, which every caller must call. ``warm=False``: the
-        caller has had the kernel's grace period started already (a gang's first start did)."""
+        caller has had the kernel's grace period started already (a gang's first start did).
+        The file_mounts ``attach_as`` deferred to this start from this thread are bound in the
+        replica's namespace, and the replica runs with no_new_privs (``node.binds``)."""
+        pending = binds.take(self.mounts_dir(job_id))  # (account, mounts, home) or None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")
@@ -328,24 +338,42 @@ class NodeRunner:
                 return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         cwd=workdir, env=env, start_new_session=True, close_fds=True, umask=umask)
 
-        namespaces = (hosts or self.bridge is not None) and self.hosts_mode == "mount-namespace"
+        namespaces = (hosts or self.bridge is not None or pending is not None) and self.hosts_mode == "mount-namespace"
         spawner = self._namespace_spawner() if namespaces else None
         if self.bridge is not None and (spawner is None or not address):
             raise OSError("no network namespace can be made for it here (the namespace thread is not running)")
+        bound: list[binds.Bind] = []
+        if pending is not None and spawner is not None:
+            bound = binds.prepare(self.mounts_dir(job_id), *pending[1:], pending[0], self.own_dirs())
+        elif pending is not None:  # the namespace thread is gone: links on the machine, as without root
+            attach_as(pending[0], self.mounts_dir(job_id), pending[1], pending[2],
+                      why="this server's namespace thread stopped, so replicas have no mount namespace of their own")
 
         def fallback() -> subprocess.Popen:  # no namespace thread, or it failed: the wrapper makes them itself
             return fork(self._argv(key, job_id, setup, run, env, namespaces, procs, repo, name), cwd or None)
 
         if spawner is not None:
             argv = self._argv(key, job_id, setup, run, env, False, procs, repo, name)
+            if bound:  # no setuid program it starts gains rights: none can be fooled by what it binds
+                argv = binds.NO_NEW_PRIVS + argv
             workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
             net = (address, self.bridge.host_end(key)) if self.bridge is not None and address else None
+            needs = "network namespace" if self.bridge is not None else \
+                "mount namespace (to bind its file_mounts)" if bound else ""
+            own = self.own_dirs()
+
+            def start() -> subprocess.Popen:  # on the namespace thread, inside the attempt's namespaces
+                binds.bind_all(bound, own)
+                return fork(argv, workdir)
+
+            names = hosts or self.bridge is not None
             try:
-                queued = spawner.submit(str(self._ensure_hosts(job_id)), name, lambda: fork(argv, workdir), net)
+                queued = spawner.submit(str(self._ensure_hosts(job_id)) if names else "", name if names else "",
+                                        start, net)
             except NamespaceError as exc:
-                return Spawning(None, fallback, exc, self.bridge is not None)
-            return Spawning(queued, fallback, None, self.bridge is not None)
-        return Spawning(None, fallback, None, False)
+                return Spawning(None, fallback, exc, needs)
+            return Spawning(queued, fallback, None, needs)
+        return Spawning(None, fallback, None)
 
     def _container(self, key: str, job_id: int, container: Container, env: dict[str, str],
                    account: UnixAccount | None, log_path: Path | None, passthrough: tuple[str, ...] = ()) -> None:
@@ -489,7 +517,13 @@ class NodeRunner:
         """The record of what the job's ``file_mounts`` made on this node (``node.mounts``)."""
         return self.runs_dir.parent / "mounts" / str(job_id)
 
+    def own_dirs(self) -> tuple[str, ...]:
+        """Where this runner keeps what its wrappers (root) read and write: no mount may shadow it."""
+        return tuple(dict.fromkeys(os.path.realpath(p) for p in (self.runs_dir.parent, self.runtime_dir)))
+
     def cleanup_job(self, job_id: int) -> None:
+        if self.binds:  # its mount points on the machine, where no other job uses them
+            binds.release(self.mounts_dir(job_id))
         detach_as_owner(self.mounts_dir(job_id))
         self.trees.forget_job(job_id)
         shutil.rmtree(self.job_dir(job_id), ignore_errors=True)

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from corral.spec.resources import IGNORED_RESOURCE_FIELDS, Alternative
-from corral.spec.mounts import resolve_sources
+from corral.spec.mounts import corral_dirs, resolve_sources
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
@@ -62,7 +62,8 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
              name: str | None = None, env: dict[str, str] | None = None, secrets: dict[str, str] | None = None,
              base_dir: str | None = None, scheduling: dict[str, Any] | None = None,
              workdir: str | None = None, world: World | None = None, export_given: bool = True,
-             drop: tuple[str, ...] = (), task_options: dict[str, Any] | None = None) -> LoadedJob:
+             drop: tuple[str, ...] = (), task_options: dict[str, Any] | None = None,
+             own_dirs: tuple[str, ...] | None = None) -> LoadedJob:
     """Validate a whole file. ``name`` and ``env`` are the CLI's ``--name`` / ``--env``;
     ``base_dir`` is the submit directory: a task without ``workdir`` runs there and a relative
     ``workdir`` (or ``workdir``, the ``--workdir`` given for every task) resolves against it,
@@ -162,7 +163,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     home = (world.environment.get("HOME") if world is not None else None) or None
     if base_dir is not None or workdir is not None or world is not None:  # else: the file alone, checked
         spec = resolve_workdirs(spec, base_dir, workdir, home, docs, source)
-        spec = resolve_mounts(spec, base_dir, home, docs, source)
+        spec = resolve_mounts(spec, base_dir, home, docs, source, corral_dirs() if own_dirs is None else own_dirs)
     if world is not None:
         mode = parse_export(world.export)
         # a variable asked for by name that the site never carries: say so rather than drop it unseen
@@ -319,13 +320,14 @@ def resolve_workdirs(spec: JobSpec, base_dir: str | None, override: str | None, 
 
 
 def resolve_mounts(spec: JobSpec, base_dir: str | None, home: str | None, docs: list[Document],
-                   source: str) -> JobSpec:
+                   source: str, own: tuple[str, ...] = ()) -> JobSpec:
     """Every task's ``file_mounts`` sources absolute (against the submit directory, as a
-    relative ``workdir``) and present, or a problem naming ``file_mounts.REMOTE``."""
+    relative ``workdir``) and present, and no remote path shadowing corral's ``own``
+    directories, or a problem naming ``file_mounts.REMOTE``."""
     issues, tasks = [], []
     for task in spec.tasks:
         if task.file_mounts:
-            mounts, problems = resolve_sources(task.file_mounts, base_dir, home)
+            mounts, problems = resolve_sources(task.file_mounts, base_dir, home, own)
             doc = _task_doc(docs, task)
             issues += [SpecIssue(f"task {task.name!r}", f"file_mounts.{remote}", doc.line_of(("file_mounts", remote)), why)
                        for remote, why in problems.items()]

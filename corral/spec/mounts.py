@@ -6,7 +6,7 @@ submitter's home); REMOTE_PATH is where every replica sees it: absolute, or ``~/
 of the account the replica runs as, resolved on its node). What corral cannot honour is
 refused at submission with a sentence, never dropped: cloud buckets (``s3://…`` or the
 dictionary form SkyPilot uses for storage), relative or ``..`` remote paths, and system
-directories a job must never shadow. The stored form has absolute sources, and validates
+directories (or corral's own) a job must never shadow. The stored form has absolute sources, and validates
 again to itself. How a mount appears on a node is ``corral.node.mounts``."""
 
 from __future__ import annotations
@@ -49,10 +49,32 @@ def _remote(value: str) -> str:
     normal = "/" + normal.lstrip("/") if normal.startswith("/") else normal  # normpath keeps a leading //
     if normal in ("~/.", "~/"):
         raise ValueError("~ is the replica's home itself: mount into it (~/data), not over it")
-    if normal == "/" or any(normal == d or normal.startswith(d + "/") for d in SYSTEM_DIRS) or _LIB.match(normal):
-        raise ValueError(f"{normal} is a system path a job may not shadow: mount under another directory "
-                         "(/data, /mnt/…, ~/…)")
+    why = shadows(normal)
+    if why:
+        raise ValueError(why)
     return normal
+
+
+def shadows(path: str, own: tuple[str, ...] = ()) -> str | None:
+    """Why a job may not mount at ``path`` (absolute, normal), or None: a system path, or one
+    at, in or above a directory of corral's own (``own``: its home, its runtime directory),
+    where the replica's wrapper, still root, reads and writes after the mounts are made."""
+    if path == "/" or any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS) or _LIB.match(path):
+        return f"{path} is a system path a job may not shadow: mount under another directory (/data, /mnt/…, ~/…)"
+    for mine in own:
+        if path == mine or path.startswith(mine.rstrip("/") + "/") or mine.startswith(path.rstrip("/") + "/"):
+            return (f"{path} would shadow corral's own directory {mine} (where it keeps the replicas' run files): "
+                    "mount under another directory")
+    return None
+
+
+def corral_dirs() -> tuple[str, ...]:
+    """This server's own directories (its home and runtime directory), which no mount may shadow."""
+    from corral.settings import Settings
+
+    # (the runtime directory's default is under /dev/shm or the home: refused either way)
+    dirs = [str(Settings.from_env().home), os.environ.get("CORRAL_RUNTIME_DIR") or ""]
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in dirs if p))
 
 
 def _source(value: Any) -> Any:
@@ -88,13 +110,19 @@ def check_mounts(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
-def resolve_sources(mounts: dict[str, str], base_dir: str | None, home: str | None) -> tuple[dict[str, str],
-                                                                                          dict[str, str]]:
+def resolve_sources(mounts: dict[str, str], base_dir: str | None, home: str | None,
+                    own: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
     """Each source made absolute against ``base_dir`` (``~``: ``home``) and checked to exist:
-    (the mounts in their stored form, {remote: why a source is refused})."""
+    (the mounts in their stored form, {remote: why a mount is refused}); a remote path that
+    would shadow one of ``own`` (``corral_dirs``) is refused too."""
     out: dict[str, str] = {}
     problems: dict[str, str] = {}
     for remote, written in mounts.items():
+        why = shadows(remote, own) if remote.startswith("/") else None
+        if why:
+            problems[remote] = why
+            out[remote] = written
+            continue
         text = written
         if text == "~" or text.startswith("~/"):
             text = (home or str(Path("~").expanduser())) + text[1:]

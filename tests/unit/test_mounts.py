@@ -203,3 +203,63 @@ def test_an_archive_reaching_outside_its_source_is_refused(tmp_path: Path) -> No
     with pytest.raises(MountError, match="not named|not part of it"):
         attach(tmp_path / "r", [(str(tmp_path / "m"), "/else/where")], str(tmp_path), sees=lambda _: False,
                archive=lambda _: evil)
+
+
+# -- binds (``corral.node.binds``): a root server's mount points and targets --------------------
+
+def test_without_a_namespace_a_conflicting_link_says_why(tmp_path: Path) -> None:
+    """Two jobs with different sources at one path: with links, the second is refused, and
+    the sentence says why there is no bind (not root, or namespaces refused)."""
+    from corral.node.mounts import attach_as
+
+    (tmp_path / "a").write_text("a")
+    (tmp_path / "b").write_text("b")
+    attach_as(None, tmp_path / "rec" / "1", ((str(tmp_path / "m"), str(tmp_path / "a")),), str(tmp_path))
+    assert os.readlink(tmp_path / "m") == str(tmp_path / "a")  # (no runner binds for this record)
+    with pytest.raises(MountError) as refused:
+        attach_as(None, tmp_path / "rec" / "2", ((str(tmp_path / "m"), str(tmp_path / "b")),), str(tmp_path))
+    why = "this node refuses mount namespaces" if os.geteuid() == 0 else "the server does not run as root"
+    assert why in str(refused.value) and "one source per path" in str(refused.value), refused.value
+    for n in (1, 2):
+        detach(tmp_path / "rec" / str(n))
+    assert not os.path.lexists(tmp_path / "m")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount points are kept in root's state directory")
+def test_a_mount_point_made_goes_when_its_last_job_ends(tmp_path: Path) -> None:
+    from corral.node.binds import prepare, release
+
+    (tmp_path / "src").mkdir()
+    records = [tmp_path / "rec" / str(n) for n in range(2)]
+    for record in records:
+        record.mkdir(parents=True)
+        found = prepare(record, ((f"{tmp_path}/made/here", str(tmp_path / "src")),), "", None, ())
+        assert found[0].directory and found[0].target == f"{tmp_path}/made/here"
+    release(records[0])
+    assert (tmp_path / "made/here").is_dir()  # the other job's still
+    release(records[1])
+    assert not (tmp_path / "made").exists()  # with the directory made above it
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there/kept").write_text("mine")
+    prepare(records[0], ((f"{tmp_path}/there", str(tmp_path / "src")),), "", None, ())
+    release(records[0])
+    assert (tmp_path / "there/kept").read_text() == "mine"  # not made by corral: never removed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="links of another account need root to make")
+def test_a_target_is_never_reached_through_another_account_s_link(tmp_path: Path) -> None:
+    """The root that binds walks the target itself: a link another account made is not
+    followed, and one root made is followed only to a path a job may use."""
+    from corral.node.binds import Bind, BindError, _open_target
+
+    (tmp_path / "theirs").symlink_to("/tmp")
+    os.lchown(tmp_path / "theirs", 65534, 65534)
+    with pytest.raises(BindError, match="a link another account made"):
+        _open_target(Bind("/r", f"{tmp_path}/theirs/x", "/tmp", (0, 0), True), ())
+    (tmp_path / "roots").symlink_to("/etc")
+    with pytest.raises(BindError, match="leads to /etc/hostname: /etc/hostname is a system path"):
+        _open_target(Bind("/r", f"{tmp_path}/roots/hostname", "/tmp", (0, 0), False), ())
+    (tmp_path / "home").mkdir()
+    with pytest.raises(BindError, match="would shadow corral's own directory"):
+        _open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), (f"{tmp_path}/home/corral",))
+    os.close(_open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), ()))

@@ -89,7 +89,8 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
                           secrets=body.secrets,
                           base_dir=cwd, scheduling=body.scheduling, workdir=body.workdir, world=world,
                           export_given=body.export is not None, drop=tuple(state.site.environment.drop),
-                          task_options=body.task.model_dump(exclude_none=True) if body.task is not None else None)
+                          task_options=body.task.model_dump(exclude_none=True) if body.task is not None else None,
+                          own_dirs=_own_dirs(state.settings))
     except SpecError as exc:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": [i.as_dict() for i in exc.issues]}})
@@ -155,6 +156,11 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     body = SubmitResponse(job=JobOut.of(stored, grow=state.site.policy.grow), warnings=warnings,
                           array_size=len(elements) if body.array is not None else None)
     return Response(body.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _own_dirs(settings) -> tuple[str, ...]:  # noqa: ANN001 - a Settings
+    """The server's own directories, which no file_mounts remote path may shadow."""
+    return tuple(dict.fromkeys(os.path.realpath(p) for p in (settings.home, settings.runtime_dir)))
 
 
 def _switches(run_as: str) -> bool:

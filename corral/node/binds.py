@@ -1,0 +1,294 @@
+"""A job's ``file_mounts`` as binds inside each replica's own mount namespace, where the
+local executor's server runs as root and may make namespaces (``corral.node.namespaces``).
+
+Each replica sees its own source at the remote path and nothing changes on the machine
+itself, so two jobs (or two accounts) mounting different sources at one path run side by
+side. Where the machine has nothing at a remote path, the bind needs a mount point there: an
+empty directory (or file) made with the job's account's rights, as a link would be
+(``corral.node.mounts``), and removed when no job on this machine uses it any more. Who uses
+which mount point is kept machine-wide (``STATE_DIR``, root's, one file per path under a
+lock), since several servers (several ``CORRAL_HOME``) share the machine's paths.
+
+Safety. The binds are made by root, so nothing the job's account controls may steer them:
+the source is the inode the account reached (its device and inode, taken as the account,
+checked again on the descriptor bound), and the target is walked one component at a time
+without following a link any account but root made, then checked against what no job may
+shadow: the system's directories (``corral.spec.mounts``) and corral's own (its home and
+runtime directory: the replica's wrapper, still root, writes there after the binds). A
+replica with binds runs with ``no_new_privs``: no setuid program it starts gains rights, so
+none can be fooled by a file bound where it looks (a timestamp, a configuration)."""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from corral.spec.mounts import shadows
+
+STATE_DIR = Path("/run/corral-mountpoints")
+MS_BIND = 0x1000
+MS_REC = 0x4000
+NO_NEW_PRIVS = ["setpriv", "--no-new-privs", "--"]  # (what the replica's wrapper starts under)
+
+_binding: set[str] = set()  # the mounts roots of runners that bind (``enable``)
+_pending = threading.local()  # one start's mounts, from ``defer`` to the runner's ``take``
+
+
+class BindError(OSError):
+    """A bind that cannot be made; its message is one sentence naming ``file_mounts.REMOTE``."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else "file_mounts: could not be bound"
+
+
+@dataclass(frozen=True)
+class Bind:
+    remote: str  # as written: the field's name
+    target: str  # the path on this node (``~`` expanded)
+    source: str
+    ident: tuple[int, int]  # the source's (device, inode) as the job's account reached it
+    directory: bool
+
+
+def enable(mounts_root: Path) -> None:
+    """A runner whose starts bind their mounts: its executor's ``attach_as`` defers to it."""
+    _binding.add(str(mounts_root))
+
+
+def binding(record_dir: Path) -> bool:
+    return str(record_dir.parent) in _binding
+
+
+def defer(record_dir: Path, account, mounts: tuple[tuple[str, str], ...], home: str) -> None:  # noqa: ANN001
+    """Mounts for the start this thread makes next (``NodeRunner.begin_spawn``), which binds
+    them in the replica's namespace instead of linking them on the machine."""
+    _pending.value = (str(record_dir), account, tuple(mounts), home)
+
+
+def take(record_dir: Path) -> tuple | None:
+    """What ``defer`` left for this start (account, mounts, home), once; None: nothing."""
+    value, _pending.value = getattr(_pending, "value", None), None
+    return value[1:] if value is not None and value[0] == str(record_dir) else None
+
+
+# -- mount points on the machine -------------------------------------------------------------
+
+class _State:
+    """The users (the jobs' record directories) of the mount point at one path, and what was
+    made for it (paths with their device and inode, deepest first), under an exclusive lock."""
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+
+    def __enter__(self) -> dict:
+        while True:
+            self.fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            try:  # removed by its last user while we waited: take the one that replaced it
+                if os.stat(self.file, follow_symlinks=False).st_ino == os.fstat(self.fd).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+        try:
+            self.state = json.loads(os.read(self.fd, 1 << 20) or b"{}")
+        except ValueError:
+            self.state = {}
+        # a job whose record is gone has ended (a server that crashed never said so)
+        self.state["users"] = [u for u in self.state.get("users", []) if isinstance(u, str) and os.path.isdir(u)]
+        self.state.setdefault("made", [])
+        return self.state
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.state["users"]:
+                data = json.dumps(self.state).encode()
+                os.lseek(self.fd, 0, os.SEEK_SET)
+                os.ftruncate(self.fd, 0)
+                os.write(self.fd, data)
+            else:
+                _remove(self.state["made"])
+                os.unlink(self.file)
+        finally:
+            os.close(self.fd)
+
+
+def _state_file(path: str) -> Path:
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    return STATE_DIR / (hashlib.sha1(path.encode()).hexdigest()[:24] + ".json")
+
+
+def _remove(made: list) -> None:
+    """What was made for a mount point, deepest first, each only while it is the very inode
+    made (an empty directory, an empty file): never anything put there since."""
+    for path, dev, ino in made:
+        try:
+            parent = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            name = os.path.basename(path)
+            info = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if (info.st_dev, info.st_ino) != (dev, ino):
+                return
+            if stat.S_ISDIR(info.st_mode):
+                os.rmdir(name, dir_fd=parent)
+            elif stat.S_ISREG(info.st_mode) and info.st_size == 0:
+                os.unlink(name, dir_fd=parent)
+            else:
+                return
+        except OSError:
+            return  # (not empty: someone's; leave it and what is above it)
+        finally:
+            os.close(parent)
+
+
+def prepare(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, account,  # noqa: ANN001
+            own: tuple[str, ...]) -> list[Bind]:
+    """Each mount ready to bind: its source's identity as the job's account reaches it, and a
+    mount point at its target (made by the account where the machine has none, and used by
+    this job until ``release``). Raises ``BindError`` naming the mount."""
+    from corral.node.mounts import MountError, expand, home_of_this_account, mount_points_as
+
+    home = home or (account.home if account is not None else home_of_this_account())
+    wanted = [(remote, expand(remote, home), source) for remote, source in mounts]
+    for remote, target, _ in wanted:
+        why = shadows(os.path.normpath(target), own)
+        if why:
+            raise BindError(f"file_mounts.{remote}: {why}")
+    targets = sorted({target for _, target, _ in wanted})
+    states = {target: _State(_state_file(target)) for target in targets}
+    held: dict[str, dict] = {}
+    try:
+        for target in targets:  # (in path order: two starts never wait on each other's)
+            held[target] = states[target].__enter__()
+        try:
+            found = mount_points_as(account, wanted)
+        except MountError as exc:
+            raise BindError(str(exc)) from None
+        for (_, target, _), info in zip(wanted, found):
+            if info["made"]:
+                held[target]["made"] = info["made"]
+            if str(record_dir) not in held[target]["users"]:
+                held[target]["users"].append(str(record_dir))
+    finally:
+        for target in reversed(list(held)):
+            states[target].__exit__(None, None, None)
+    return [Bind(remote, target, source, tuple(info["ident"]), info["directory"])
+            for (remote, target, source), info in zip(wanted, found)]
+
+
+def release(record_dir: Path) -> None:
+    """The job no longer uses its mount points: each one no job uses any more goes."""
+    try:
+        files = sorted(STATE_DIR.glob("*.json"))
+    except OSError:
+        return
+    for file in files:
+        try:
+            with _State(file) as state:  # (pruning users gone, and removing what none uses)
+                state["users"] = [u for u in state["users"] if u != str(record_dir)]
+        except OSError:
+            continue
+
+
+# -- in the replica's namespace (the namespace thread, before the fork) ----------------------------
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    return libc
+
+
+def _open_target(bind: Bind, own: tuple[str, ...]) -> int:
+    """The target opened one component at a time (O_PATH, never through a link an account
+    other than root made), and its real path checked: a descriptor to bind onto."""
+    rest, real, fd, hops = bind.target.strip("/").split("/"), "", os.open("/", os.O_PATH | os.O_CLOEXEC), 0
+    try:
+        while rest:
+            name = rest.pop(0)
+            if name in ("", "."):
+                continue
+            nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            info = os.fstat(nxt)
+            if stat.S_ISLNK(info.st_mode):
+                os.close(nxt)
+                hops += 1
+                if info.st_uid != 0 or hops > 40:
+                    raise BindError(f"file_mounts.{bind.remote}: {real}/{name} is a link another account made: "
+                                    "mount at the path it leads to")
+                link = os.readlink(name, dir_fd=fd)
+                whole = os.path.normpath(os.path.join(real or "/", link))
+                rest = [p for p in whole.strip("/").split("/") if p] + rest
+                os.close(fd)
+                fd, real = os.open("/", os.O_PATH | os.O_CLOEXEC), ""
+                continue
+            os.close(fd)
+            fd, real = nxt, f"{real}/{name}"
+        why = shadows(real or "/", own)
+        if why:
+            raise BindError(f"file_mounts.{bind.remote}: {bind.target} leads to {real}: {why}")
+        return fd
+    except FileNotFoundError:
+        os.close(fd)
+        raise BindError(f"file_mounts.{bind.remote}: {bind.target} does not exist in the replica's view "
+                        "(inside another mount's source?)") from None
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+SYS_MOUNT_SETATTR = 442  # (one number on every architecture: it came after the syscall tables were unified)
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_NOSUID = 0x2
+
+
+def _nosuid(libc: ctypes.CDLL) -> None:
+    """Every mount of this (the replica's) namespace nosuid: a process that joins it later
+    (``corral exec``, an exec probe: ``nsenter``, without the replica's no_new_privs) gains no
+    rights from a setuid program either. Where the kernel has no ``mount_setattr`` (before
+    5.12) the replica's own no_new_privs is what holds."""
+    attr = (ctypes.c_uint64 * 4)(MOUNT_ATTR_NOSUID, 0, 0, 0)
+    libc.syscall(SYS_MOUNT_SETATTR, -100, b"/", AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr))
+
+
+def bind_all(binds: list[Bind], own: tuple[str, ...]) -> None:
+    """Bind each source over its target in this thread's (the replica's) mount namespace,
+    shallowest first, so a mount inside another's remote path lands inside it; then make
+    every mount of the namespace nosuid (``_nosuid``)."""
+    if not binds:
+        return
+    libc = _libc()
+    for bind in sorted(binds, key=lambda b: b.target.count("/")):
+        target = _open_target(bind, own)
+        try:
+            try:
+                source = os.open(bind.source, os.O_PATH | os.O_CLOEXEC)
+            except OSError as exc:
+                raise BindError(f"file_mounts.{bind.remote}: {bind.source} cannot be opened ({exc.strerror})") from None
+            try:
+                info, there = os.fstat(source), os.fstat(target)
+                if (info.st_dev, info.st_ino) != bind.ident:
+                    raise BindError(f"file_mounts.{bind.remote}: {bind.source} changed while the replica started")
+                if stat.S_ISDIR(info.st_mode) != stat.S_ISDIR(there.st_mode):
+                    kind = "a directory" if stat.S_ISDIR(info.st_mode) else "a file"
+                    raise BindError(f"file_mounts.{bind.remote}: {bind.target} is "
+                                    f"{'a directory' if stat.S_ISDIR(there.st_mode) else 'a file'} on this node "
+                                    f"and {bind.source} is {kind}: mount it somewhere else")
+                if libc.mount(f"/proc/self/fd/{source}".encode(), f"/proc/self/fd/{target}".encode(), None,
+                              MS_BIND | MS_REC, None) != 0:
+                    errno = ctypes.get_errno()
+                    raise BindError(f"file_mounts.{bind.remote}: {bind.source} could not be bound at {bind.target} "
+                                    f"({os.strerror(errno)})")
+            finally:
+                os.close(source)
+        finally:
+            os.close(target)
+    _nosuid(libc)
