@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import stat
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +36,6 @@ MS_BIND = 0x1000
 MS_REC = 0x4000
 NO_NEW_PRIVS = ["setpriv", "--no-new-privs", "--"]  # (what the replica's wrapper starts under)
 
-_binding: set[str] = set()  # the mounts roots of runners that bind (``enable``)
-_pending = threading.local()  # one start's mounts, from ``defer`` to the runner's ``take``
 
 
 class BindError(OSError):
@@ -55,27 +52,6 @@ class Bind:
     source: str
     ident: tuple[int, int]  # the source's (device, inode) as the job's account reached it
     directory: bool
-
-
-def enable(mounts_root: Path) -> None:
-    """A runner whose starts bind their mounts: its executor's ``attach_as`` defers to it."""
-    _binding.add(str(mounts_root))
-
-
-def binding(record_dir: Path) -> bool:
-    return str(record_dir.parent) in _binding
-
-
-def defer(record_dir: Path, account, mounts: tuple[tuple[str, str], ...], home: str) -> None:  # noqa: ANN001
-    """Mounts for the start this thread makes next (``NodeRunner.begin_spawn``), which binds
-    them in the replica's namespace instead of linking them on the machine."""
-    _pending.value = (str(record_dir), account, tuple(mounts), home)
-
-
-def take(record_dir: Path) -> tuple | None:
-    """What ``defer`` left for this start (account, mounts, home), once; None: nothing."""
-    value, _pending.value = getattr(_pending, "value", None), None
-    return value[1:] if value is not None and value[0] == str(record_dir) else None
 
 
 # -- mount points on the machine -------------------------------------------------------------

@@ -395,16 +395,10 @@ def command(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, ru
 
 def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str,  # noqa: ANN001
               why: str | None = None) -> None:
-    """``attach`` as ``account`` (a ``UnixAccount``; None: this process's own, in it). Where
-    the runner of ``record_dir`` binds mounts in its replicas' namespaces (``node.binds``),
-    nothing is linked: the mounts go to its next start from this thread. ``why``: why not
+    """``attach`` as ``account`` (a ``UnixAccount``; None: this process's own, in it), for a
+    replica that cannot bind them in a namespace of its own (``node.binds``). ``why``: why not
     (the default says whether the server is not root or namespaces were refused). Raises
     ``MountError``."""
-    from corral.node import binds
-
-    if why is None and binds.binding(record_dir):
-        binds.defer(record_dir, account, mounts, home)
-        return
     if why is None:
         why = ("the server does not run as root, so replicas have no mount namespace of their own"
                if os.geteuid() != 0 else "this node refuses mount namespaces")

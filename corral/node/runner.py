@@ -254,10 +254,8 @@ class NodeRunner:
         self._spawn_threads = spawn_threads
         self._spawner_lock = threading.Lock()
         # file_mounts bound in each replica's own namespace (``node.binds``), never linked on the
-        # machine: the executor's ``attach_as`` hands them to ``begin_spawn``
+        # machine: the executor hands them to ``begin_spawn`` instead of linking them
         self.binds = self.hosts_mode == "mount-namespace" and os.geteuid() == 0
-        if self.binds:
-            binds.enable(self.runs_dir.parent / "mounts")
 
     # -- attempts -------------------------------------------------------------------------
     def run_dir(self, key: str) -> Path:
@@ -308,14 +306,14 @@ class NodeRunner:
                     cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
                     repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None,
                     container: Container | None = None, address: str | None = None,
-                    warm: bool = True) -> Spawning:
+                    warm: bool = True, file_mounts: tuple[tuple[str, str], ...] = (), home: str = "") -> Spawning:
         """``spawn`` whose fork may still be under way on the namespace thread when it returns:
         the caller prepares a gang's next replica meanwhile, and takes each one's Popen (or its
         OSError) from ``Spawning.result``, which every caller must call. ``warm=False``: the
         caller has had the kernel's grace period started already (a gang's first start did).
-        The file_mounts ``attach_as`` deferred to this start from this thread are bound in the
-        replica's namespace, and the replica runs with no_new_privs (``node.binds``)."""
-        pending = binds.take(self.mounts_dir(job_id))  # (account, mounts, home) or None
+        ``file_mounts`` (where ``binds``: the caller links none) are bound in the replica's
+        namespace, ``~`` being ``home``, and the replica runs with no_new_privs (``node.binds``)."""
+        pending = (account, tuple(file_mounts), home) if file_mounts else None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if cwd and not os.path.isdir(cwd):
             raise OSError(f"workdir {cwd!r} is not a directory on this node")

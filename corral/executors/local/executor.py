@@ -176,14 +176,19 @@ class LocalExecutor(EventStream):
             env = {**(account.env() if account else {}), **launch.env}
             if launch.container is not None:  # ``signal`` reaches every process in it
                 env[containers.SIGNALS_VAR] = "1"
+            bound: tuple[tuple[str, str], ...] = ()
             if launch.file_mounts and launch.container is None:  # as the account, in its job's record (a container binds them)
                 record = self.runner.mounts_dir(launch.job_id)
                 hand_over(record, account, self.settings.home)
-                attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
+                if self.runner.binds:  # in the replica's own mount namespace
+                    bound = launch.file_mounts
+                else:  # links on the machine
+                    attach_as(account, record, launch.file_mounts, env.get("HOME") or "")
             return self.runner.begin_spawn(launch.key, launch.job_id, launch.setup, launch.run, env, launch.cwd,
                                            log_file, launch.hosts, LOGIN_UMASK if account else self._umask,
                                            launch.repo, account, launch.container,
-                                           address=launch.env.get("CORRAL_ADDR"), warm=warm)
+                                           address=launch.env.get("CORRAL_ADDR"), warm=warm, file_mounts=bound,
+                                           home=env.get("HOME") or "")
         except (OSError, ValueError, MountError) as exc:  # ValueError: an argument or env value Popen refuses
             self.runner.end_tree(launch.key, None)
             raise LaunchError(str(exc)) from exc
