@@ -224,12 +224,14 @@ resources: {{accelerators: H100:2}}
 {mounts}
 run: |
   test ! -e {src} || exit 4
-  echo "bare $(cat {remote}/data/a.txt) $(cat {remote}/cfg.txt)"
+  test ! -L {remote}/data || exit 5
+  echo "bare $(cat {remote}/data/a.txt) $(cat {remote}/cfg.txt) $(grep -c 'NoNewPrivs:.1' /proc/self/status)"
 """)
     done = corral("launch", "-p", "gpu", str(spec), timeout=180)
     log = corral("logs", "files").stdout
     assert done.returncode == 0, log[-3000:] + done.stderr[-2000:]
-    assert log.count("boxed shard lr: 0.1") == 2 and log.count("bare shard lr: 0.1") == 2, log
+    # bare: bound in each replica's own mount namespace (no link on the node), with no_new_privs
+    assert log.count("boxed shard lr: 0.1") == 2 and log.count("bare shard lr: 0.1 1") == 2, log
     nodes = {r["node"] for r in replicas(status(corral, "files")).values()}
     assert len(nodes) == 2  # 8 GPUs: both workers
     for source in (f"{src}/data", f"{src}/cfg.txt"):  # once per job per node, whatever its replicas there

@@ -97,8 +97,22 @@ class _State:
 
 
 def _state_file(path: str) -> Path:
+    """The state of the mount point at ``path`` on the filesystem this process sees there: the
+    path with the device of its nearest existing parent (what corral makes for a mount point
+    stays on that device), so processes of one machine that see different filesystems at one
+    path (Ray workers in mount namespaces of their own) never share, or remove, each other's."""
     STATE_DIR.mkdir(mode=0o700, exist_ok=True)
-    return STATE_DIR / (hashlib.sha1(path.encode()).hexdigest()[:24] + ".json")
+    at = os.path.dirname(os.path.normpath(path)) or "/"
+    while True:
+        try:
+            device = os.stat(at).st_dev
+            break
+        except OSError:
+            if at == "/":
+                device = 0
+                break
+            at = os.path.dirname(at)
+    return STATE_DIR / (hashlib.sha1(f"{device}:{path}".encode()).hexdigest()[:24] + ".json")
 
 
 def _remove(made: list) -> None:
@@ -167,12 +181,20 @@ def release(record_dir: Path) -> None:
         files = sorted(STATE_DIR.glob("*.json"))
     except OSError:
         return
+    freed: list = []
     for file in files:
         try:
             with _State(file) as state:  # (pruning users gone, and removing what none uses)
                 state["users"] = [u for u in state["users"] if u != str(record_dir)]
+                if not state["users"]:
+                    freed.extend(state["made"])
         except OSError:
             continue
+    # A directory made above two mount points (``/mnt`` of ``/mnt/data`` and ``/mnt/cfg``) is in
+    # the record of the first one made, which may be freed before the other: what was left
+    # because it was not empty yet is tried again, deepest first, once all are freed.
+    for entry in sorted(freed, key=lambda e: e[0].count("/"), reverse=True):
+        _remove([entry])
 
 
 # -- in the replica's namespace (the namespace thread, before the fork) ----------------------------

@@ -292,7 +292,8 @@ class NodeRunner:
     def spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
               cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,
               repo: tuple[str, str | None] | None = None, account: UnixAccount | None = None,
-              container: Container | None = None, address: str | None = None) -> subprocess.Popen:
+              container: Container | None = None, address: str | None = None,
+              file_mounts: tuple[tuple[str, str], ...] = (), home: str = "") -> subprocess.Popen:
         """Start the attempt's wrapper in its own session (it outlives the server) and
         return its Popen; raises OSError (bad cwd, no bash) with nothing left running.
         With ``hosts``, where namespaces are allowed, it starts inside its own (made by
@@ -300,7 +301,7 @@ class NodeRunner:
         own processes run as that Unix account (the wrapper drops to it before exec). With a
         bridge, in a network namespace of its own at ``address``, or not at all."""
         return self.begin_spawn(key, job_id, setup, run, env, cwd, log_path, hosts, umask, repo, account,
-                                container, address).result()
+                                container, address, file_mounts=file_mounts, home=home).result()
 
     def begin_spawn(self, key: str, job_id: int, setup: str | None, run: str | None, env: dict[str, str],
                     cwd: str | None, log_path: Path, hosts: bool, umask: int = -1,

@@ -263,3 +263,32 @@ def test_a_target_is_never_reached_through_another_account_s_link(tmp_path: Path
     with pytest.raises(BindError, match="would shadow corral's own directory"):
         _open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), (f"{tmp_path}/home/corral",))
     os.close(_open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), ()))
+
+
+def test_a_directory_made_above_two_mount_points_goes_whichever_is_freed_first(tmp_path, monkeypatch) -> None:
+    """``/mnt`` made for ``/mnt/data`` (its record) also holds ``/mnt/cfg.txt``: freed in
+    either order, nothing corral made is left."""
+    import os
+
+    from corral.node import binds
+
+    for order in (0, 1):
+        root = tmp_path / f"o{order}"
+        monkeypatch.setattr(binds, "STATE_DIR", root / "state")
+        mnt, record = root / "mnt", root / "record"
+        record.mkdir(parents=True)
+        mnt.mkdir()
+        (mnt / "data").mkdir()
+        (mnt / "cfg.txt").write_bytes(b"")
+
+        def made(*paths):
+            return [[str(p), os.lstat(p).st_dev, os.lstat(p).st_ino] for p in paths]
+
+        records = [made(mnt / "data", mnt), made(mnt / "cfg.txt")]
+        (root / "state").mkdir()
+        for name, entry in zip(("1.json", "2.json"), records if order == 0 else records[::-1]):
+            with binds._State(root / "state" / name) as state:  # released in the files' order
+                state["users"].append(str(record))
+                state["made"] = entry
+        binds.release(record)
+        assert not mnt.exists() and list((root / "state").iterdir()) == []

@@ -125,8 +125,9 @@ class ReplicaActor:
         os.fchmod(fd, 0o600)  # the replica's output is its user's alone
         os.close(fd)
         boxed = launch.get("container")
-        try:  # made here as the job's account: linked on the node, or bound into its container
-            mounts = self._mounts(record, mounts, sent or {}, boxed is not None, env.get("HOME"))
+        binding = bool(mounts) and boxed is None and self.runner.binds  # in the replica's own mount namespace
+        try:  # made here as the job's account: linked on the node, or bound into its container or namespace
+            mounts = self._mounts(record, mounts, sent or {}, boxed is not None or binding, env.get("HOME"))
         except MountError as exc:  # as a failed start elsewhere: the attempt ends, its reason said
             self._say(f"corral: {exc}")
             self.code, self.reason, self.permanent = 1, str(exc), True
@@ -141,7 +142,8 @@ class ReplicaActor:
                                  "mounts": tuple(mounts)}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None,
-                                      container=container)
+                                      container=container, file_mounts=tuple(mounts) if binding else (),
+                                      home=env.get("HOME") or home_of_this_account())
         threading.Thread(target=self._reap, daemon=True).start()
         self.gpus = [int(float(g)) for g in gpus]
         return {"node_pid": self.proc.pid, "started_at": process_start_time(self.proc.pid) or 0.0,
@@ -150,7 +152,8 @@ class ReplicaActor:
     def _mounts(self, record: Path, mounts: list[tuple[str, str]], sent: dict, boxed: bool,
                 home: str | None) -> list[tuple[str, str]]:
         """The job's file_mounts on this node, the sources it does not see unpacked from what
-        the driver sent (once per job here: the job's lock); for a container, the paths it binds."""
+        the driver sent (once per job here: the job's lock); ``boxed`` (a container, or a
+        replica that binds them in its own mount namespace): the paths to bind, nothing linked."""
         import ray
 
         def archive(source: str) -> bytes:
