@@ -220,20 +220,24 @@ def test_a_killed_server_s_successor_adopts_the_running_container(tmp_path: Path
     (home / "config.yaml").write_text(SITE)
     corral = cli_for(home, cwd=tmp_path, timeout=120)
     (tmp_path / "c.yaml").write_text(f"name: boxed\nresources: {{image_id: docker:{IMAGE}}}\nrun: exec sleep 300\n")
+    from corral.executors import scope_of
+    from corral.settings import Settings
+
+    scope = scope_of(Settings(home=home, db_url="sqlite://"))  # this home's alone: other runs share the engine
     try:
         job = corral("launch", "-d", "c.yaml", check=True).stdout.strip()
         wait_for(lambda: cli_status(corral, job)["state"] == "RUNNING", timeout=60)
-        before = containers_of()
+        before = containers_of(scope)
         mine = [n for n in before if f"-{job}.boxed.0.a1" in n]
         assert len(mine) == 1, before
         server_pid = json.loads(corral("server", "status", "--json", check=True).stdout)["pid"]
         os.kill(server_pid, signal.SIGKILL)
         wait_for(lambda: cli_status(corral, job)["state"] == "RUNNING", timeout=60)  # a new server answers
         wait_for(lambda: any(e["cause"] == "adopted" for e in cli_events(corral, job)), timeout=60)
-        assert [n for n in containers_of() if f"-{job}.boxed." in n] == mine  # the same one, not a second
+        assert [n for n in containers_of(scope) if f"-{job}.boxed." in n] == mine  # the same one, not a second
         corral("cancel", job, check=True)
         wait_for(lambda: cli_status(corral, job)["state"] == "CANCELLED", timeout=60)
-        wait_for(lambda: mine[0] not in containers_of(), timeout=30)
+        wait_for(lambda: mine[0] not in containers_of(scope), timeout=30)
     finally:
         corral.stop()
 
