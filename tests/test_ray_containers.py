@@ -68,9 +68,14 @@ def corral(lab: RayLab, tmp_path: Path):
     leave_as_found(run, home)
 
 
-def _mine(job: str, name: str) -> list[str]:
-    """The job's containers on this machine (any state): named corral-SCOPE-JOB.NAME.RANK.aN."""
-    return [n for n in containers_of() if f"-{job}.{name}." in n]
+def _mine(corral, job: str, name: str) -> list[str]:
+    """The job's containers on this machine (any state): named corral-SCOPE-…-JOB.NAME.RANK.aN,
+    SCOPE being its home's (other runs share the machine's engine)."""
+    from corral.executors import scope_of
+    from corral.settings import Settings
+
+    prefix = f"corral-{scope_of(Settings(home=corral.home, db_url='sqlite://'))}-"
+    return [n for n in containers_of() if n.startswith(prefix) and f"-{job}.{name}." in n]
 
 
 def _told(corral, job: str) -> list[str]:
@@ -113,7 +118,7 @@ run: |
     # its exec probe passed (it can only inside: the node has no MARKER) before the client ran
     assert any(e["subject"] == "server-0" and e["cause"] == "ready" for e in events(corral, "web")), \
         _told(corral, "web")
-    wait_for(lambda: _mine("1", "server") == [], timeout=30)  # the server's container went with its job
+    wait_for(lambda: _mine(corral, "1", "server") == [], timeout=30)  # the server's container went with its job
 
 
 def _login(registry) -> str:  # noqa: ANN001
@@ -290,7 +295,7 @@ run: |
     job = corral("launch", "-d", "-p", "gpu", str(spec), check=True).stdout.strip()
     beats = tmp_path / "beats"  # in the workdir, bound into the container at its own path
     wait_for(lambda: status(corral, job)["state"] == "RUNNING" and _beats(beats), timeout=90)
-    first = _mine(job, "fenced")
+    first = _mine(corral, job, "fenced")
     assert len(first) == 1, first
     before = replicas(status(corral, job))["fenced-0"]
     victim = next(w for w in lab.workers if w.is_named(before["node"]))
@@ -304,11 +309,11 @@ run: |
     assert after["node"] != before["node"] and after["restarts"] == 1
     lost = [m for m in _told(corral, job) if m.startswith("fenced-0") and "fence" in m]
     assert lost, _told(corral, job)
-    now = _mine(job, "fenced")
+    now = _mine(corral, job, "fenced")
     assert first[0] not in now and len(now) == 1, (first, now)  # the old container is gone, one runs
     corral("cancel", job, check=True)
     wait_for(lambda: status(corral, job)["state"] == "CANCELLED", timeout=60)
-    wait_for(lambda: _mine(job, "fenced") == [], timeout=30)
+    wait_for(lambda: _mine(corral, job, "fenced") == [], timeout=30)
     size = len(_beats(beats))
     time.sleep(1.5)
     assert len(_beats(beats)) == size  # nothing of either attempt runs after the cancel

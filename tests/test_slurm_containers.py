@@ -69,8 +69,13 @@ def _told(corral, job: str) -> str:
     return corral("events", job).stdout[-3000:] + corral("logs", job).stdout[-2000:]
 
 
-def _mine(job: str, task: str) -> list[str]:
-    return [n for n in containers_of() if f"-{job}.{task}." in n]
+def _mine(corral, job: str, task: str) -> list[str]:
+    """The job's containers on this machine, of its home's scope (other runs share the engine)."""
+    from corral.executors import scope_of
+    from corral.settings import Settings
+
+    prefix = f"corral-{scope_of(Settings(home=corral.home, db_url='sqlite://'))}-"
+    return [n for n in containers_of() if n.startswith(prefix) and f"-{job}.{task}." in n]
 
 
 def test_a_container_step_sees_its_step_s_environment_and_its_name_and_cancel_leaves_none(corral,
@@ -110,13 +115,13 @@ run: |
         assert len(gpus) == 2 and gpus == [str(g) for g in replicas[rank]["gpus"]], (inside, replicas[rank])
         assert inside["host"] == f"boxed-{rank}.boxed", inside
         assert f"resolved {rank} served from a container" in logs, logs
-    assert len(_mine(job, "boxed")) == 2
+    assert len(_mine(corral, job, "boxed")) == 2
     wait_for(lambda: all(r["ready"] for t in _status(corral, job)["tasks"] for r in t["replicas"]), timeout=60,
              interval=0.5)
     corral("cancel", job, check=True)
     wait_for(lambda: _status(corral, job)["state"] == "CANCELLED", timeout=60, interval=0.5)
     wait_for(lambda: not _squeue_ids([slurm_id]), timeout=30, interval=0.5)
-    wait_for(lambda: _mine(job, "boxed") == [], timeout=30, interval=0.5)
+    wait_for(lambda: _mine(corral, job, "boxed") == [], timeout=30, interval=0.5)
 
 
 def test_a_program_in_a_container_on_slurm_gets_the_stop_signal_and_its_grace(corral, tmp_path: Path) -> None:
@@ -137,12 +142,12 @@ def test_a_container_of_an_allocation_slurm_ends_itself_is_removed(corral, tmp_p
     spec = tmp_path / "victim.yaml"
     spec.write_text(f"name: victim\nresources: {{image_id: docker:{IMAGE}}}\nrun: exec sleep 300\n")
     job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
-    wait_for(lambda: _status(corral, job)["state"] == "RUNNING" and len(_mine(job, "victim")) == 1, timeout=90,
+    wait_for(lambda: _status(corral, job)["state"] == "RUNNING" and len(_mine(corral, job, "victim")) == 1, timeout=90,
              interval=0.5)
     slurm_id = _slurm_job_of(corral, job)
     subprocess.run(["scancel", slurm_id], env={**ENV}, check=True)
     wait_for(lambda: _status(corral, job)["state"] not in ("RUNNING", "STARTING"), timeout=90, interval=0.5)
-    wait_for(lambda: _mine(job, "victim") == [], timeout=30, interval=0.5)
+    wait_for(lambda: _mine(corral, job, "victim") == [], timeout=30, interval=0.5)
 
 
 def test_a_batch_script_s_pyxis_steps_run_in_containers_on_a_slurm_without_pyxis(corral, tmp_path: Path) -> None:
