@@ -9,6 +9,7 @@ what corral makes on the machine is the account's, and a setuid program gains it
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -106,6 +107,17 @@ def test_two_jobs_with_different_sources_at_one_path_each_read_their_own(server,
         assert "NoNewPrivs:\t1" in log, log
         assert "nosuid" in log.split("root mount:")[1].splitlines()[0], log  # for what joins it later too
     assert os.listdir(target) == []  # the machine's own view: an empty mount point, no link, no copy
+    # what joins a replica later (corral exec, shell, exec probes) runs with no_new_privs too
+    with server.websocket_connect(f"/v1/jobs/{jobs[0]['id']}/shell") as ws:
+        ws.send_text(json.dumps({"command": ["sh", "-c", f"cat {target}/who; grep NoNewPrivs /proc/self/status"]}))
+        out = b""
+        while True:
+            message = ws.receive()
+            if message.get("bytes") is not None:
+                out += message["bytes"][1:]
+            elif "exit" in json.loads(message["text"]):
+                break
+    assert out.decode().split() == ["source-0", "NoNewPrivs:", "1"], out
     for job in jobs:
         server.post(f"/v1/jobs/{job['id']}/cancel")
         wait_state(server, job["id"], "CANCELLED")

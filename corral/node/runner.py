@@ -71,6 +71,7 @@ LOAD_ENV = 'while IFS= read -r -d "" kv; do export -- "$kv" 2>/dev/null; done <&
 # What a process of the server's rights starts with when it runs for another account's job.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV_FILE_VAR = "CORRAL_ENV_FILE"
+NO_NEW_PRIVS_MARK = "no_new_privs"  # in an attempt's run directory: it runs with no_new_privs
 
 STOP_SIGNAL_VAR = "CORRAL_STOP_SIGNAL"  # the task's stop_signal, where it is not one of the four
 USER_TRAPS = ('trap exit TERM INT HUP QUIT; trap : USR1 USR2; '
@@ -355,6 +356,7 @@ class NodeRunner:
             argv = self._argv(key, job_id, setup, run, env, False, procs, repo, name)
             if bound:  # no setuid program it starts gains rights: none can be fooled by what it binds
                 argv = binds.NO_NEW_PRIVS + argv
+                (self.run_dir(key) / NO_NEW_PRIVS_MARK).touch()  # what joins it later runs so too
             workdir = cwd or os.getcwd()  # this thread's: the namespace thread's own is /
             net = (address, self.bridge.host_end(key)) if self.bridge is not None and address else None
             needs = "network namespace" if self.bridge is not None else \
@@ -434,6 +436,11 @@ class NodeRunner:
             return int((self.run_dir(key) / EXIT_FILE).read_text().strip())
         except (OSError, ValueError):
             return None
+
+    def no_new_privs(self, key: str) -> bool:
+        """The attempt runs with no_new_privs (it binds file_mounts): so must what joins it
+        (``corral exec``, ``corral shell``, exec probes)."""
+        return (self.run_dir(key) / NO_NEW_PRIVS_MARK).exists()
 
     def started_pid(self, key: str) -> int | None:
         """The wrapper's pid if it recorded that it started."""

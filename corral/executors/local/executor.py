@@ -316,7 +316,8 @@ class LocalExecutor(EventStream):
         if self.runner.hosts_mode == "mount-namespace" and pid > 0 and shutil.which("nsenter"):
             # in the attempt's mount namespace, so the probe resolves names as the replica does
             net = " -n" if self.bridge is not None else ""  # its localhost, its 0.0.0.0
-            return self.runner.exec_probe(f"exec nsenter -t {pid} -m{net} -- bash -c {_quote(command)}", env, cwd,
+            nnp = "setpriv --no-new-privs -- " if self.runner.no_new_privs(handle["key"]) else ""
+            return self.runner.exec_probe(f"exec nsenter -t {pid} -m{net} -- {nnp}bash -c {_quote(command)}", env, cwd,
                                           timeout, user_env)
         return self.runner.exec_probe(command, env, cwd, timeout, user_env)
 
@@ -356,6 +357,8 @@ class LocalExecutor(EventStream):
                 cwd = request.cwd or env.get("HOME") or "/"
             enter = ["nsenter", "-t", str(pid), "-m", "-u", *(["-n"] if self.bridge is not None else []), "--"] \
                 if self.runner.hosts_mode == "mount-namespace" and root and shutil.which("nsenter") else []
+            if enter and self.runner.no_new_privs(key):  # as the replica itself runs (it binds file_mounts)
+                enter += ["setpriv", "--no-new-privs", "--"]
             if account is not None and root:  # its variables only past the switch to its account
                 uid, gid, groups = run_as_value(account).split(":")
                 argv = [*enter, "setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--",
