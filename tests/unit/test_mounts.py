@@ -263,3 +263,45 @@ def test_a_target_is_never_reached_through_another_account_s_link(tmp_path: Path
     with pytest.raises(BindError, match="would shadow corral's own directory"):
         _open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), (f"{tmp_path}/home/corral",))
     os.close(_open_target(Bind("/r", f"{tmp_path}/home", "/tmp", (0, 0), True), ()))
+
+
+def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mount points and the source's identity are found as the job's account by a process
+    the account can neither trace nor write into (a program it ran could be: ptrace, then a
+    write of its own JSON; root then bound a source the account cannot reach, and removed
+    root's empty directories named as "made"); and what it says was made is only the target
+    and directories above it."""
+    import ctypes
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from unix_users import need_root, traversable_dir, unix_user
+
+    import corral.node.mounts as mounts
+
+    need_root()
+    with traversable_dir() as root, unix_user("cidf") as ann:
+        (root / "src").mkdir()
+        target = str(root / "pt")
+        os.chmod(root, 0o1777)
+        real = mounts.mount_points
+
+        def dumpable(wanted: list) -> list:  # (what the process that checks them may be)
+            found = real(wanted)
+            found[0]["dumpable"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            return found
+
+        monkeypatch.setattr(mounts, "mount_points", dumpable)
+        found = mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+        assert found[0].get("dumpable") == 0
+        assert [m[0] for m in found[0]["made"]] == [target]
+        os.rmdir(target)
+
+        def forged(wanted: list) -> list:
+            found = real(wanted)
+            found[0]["made"].append(["/var/lib", 1, 2])
+            return found
+
+        monkeypatch.setattr(mounts, "mount_points", forged)
+        with pytest.raises(MountError, match="file_mounts./pt: what was made for it is not at"):
+            mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
