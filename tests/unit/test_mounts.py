@@ -305,3 +305,31 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
         monkeypatch.setattr(mounts, "mount_points", forged)
         with pytest.raises(MountError, match="file_mounts./pt: what was made for it is not at"):
             mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_directory_made_above_several_mount_points_goes_when_the_last_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> None:
+    """Mount points at /d/m/0 and /d/m/1 (one job's, or two jobs'), where /d/m did not exist:
+    /d/m is made once, for the first, and was left behind (not empty when the first went,
+    and the second never made it)."""
+    from corral.node import binds
+
+    monkeypatch.setattr(binds, "STATE_DIR", tmp_path / "state")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "d").mkdir()
+    records = [tmp_path / f"job{i}" for i in range(jobs)]
+    for record in records:
+        record.mkdir()
+    wanted = [(f"{tmp_path}/d/m/{i}", str(tmp_path / "src")) for i in range(2)]
+    if jobs == 1:
+        binds.prepare(records[0], tuple(wanted), "/root", None, ())
+    else:
+        for record, mount in zip(records, wanted):
+            binds.prepare(record, (mount,), "/root", None, ())
+    assert sorted(os.listdir(tmp_path / "d" / "m")) == ["0", "1"]
+    for record in records:
+        binds.release(record)
+        shutil.rmtree(record)
+    assert os.listdir(tmp_path / "d") == []
+    assert os.listdir(tmp_path / "state") == []
