@@ -108,6 +108,42 @@ def _state_file(path: str) -> Path:
     return STATE_DIR / (hashlib.sha1(path.encode()).hexdigest()[:24] + ".json")
 
 
+def _open_dir(path: str) -> int | None:
+    """``path`` opened (O_PATH) one component at a time through no link at all but root's (an
+    account that made a link above its mount point could otherwise point root's removal at
+    another directory, where an inode of the same number may be something else's), or None."""
+    fd, hops, rest = os.open("/", os.O_PATH | os.O_CLOEXEC), 0, [p for p in path.split("/") if p]
+    try:
+        while rest:
+            name = rest.pop(0)
+            if name == ".":
+                continue
+            nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            info = os.fstat(nxt)
+            if stat.S_ISLNK(info.st_mode):
+                os.close(nxt)
+                hops += 1
+                if info.st_uid != 0 or hops > 40:
+                    os.close(fd)
+                    return None
+                link = os.readlink(name, dir_fd=fd)
+                if link.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+                rest = [p for p in link.split("/") if p] + rest
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                os.close(nxt)
+                os.close(fd)
+                return None
+            os.close(fd)
+            fd = nxt
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
 def _remove(made: list, above: bool = False) -> list:
     """What was made for a mount point, deepest first, each only while it is the very inode
     made (an empty directory, an empty file): never anything put there since. Returns what is
@@ -115,9 +151,8 @@ def _remove(made: list, above: bool = False) -> list:
     below it, of this or another job, goes later) on; [] when done or when what is there is no
     longer what was made. ``above``: ``made`` is what was left above another's mount point."""
     for at, (path, dev, ino) in enumerate(made):
-        try:
-            parent = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+        parent = _open_dir(os.path.dirname(path))
+        if parent is None:
             return []
         try:
             name = os.path.basename(path)

@@ -333,3 +333,22 @@ def test_a_directory_made_above_several_mount_points_goes_when_the_last_does(
         shutil.rmtree(record)
     assert os.listdir(tmp_path / "d") == []
     assert os.listdir(tmp_path / "state") == []
+
+
+def test_what_was_made_is_removed_through_no_link_of_an_account(tmp_path: Path) -> None:
+    """A mount point made below a link of the account's own (``/data/lnk/x``) is not removed
+    through it: the account may point the link elsewhere meanwhile, where an entry of that name
+    may have the very inode number (reused) and be someone else's. Root's links are followed."""
+    from corral.node.binds import _remove
+
+    if os.geteuid() != 0:
+        pytest.skip("a link of another account is made with lchown, which needs root")
+    (tmp_path / "real" / "x").mkdir(parents=True)
+    info = os.stat(tmp_path / "real" / "x")
+    (tmp_path / "lnk").symlink_to(tmp_path / "real")
+    os.lchown(tmp_path / "lnk", 65534, 65534)
+    assert _remove([[f"{tmp_path}/lnk/x", info.st_dev, info.st_ino]]) == []
+    assert (tmp_path / "real" / "x").is_dir()
+    os.lchown(tmp_path / "lnk", 0, 0)
+    _remove([[f"{tmp_path}/lnk/x", info.st_dev, info.st_ino]])
+    assert not (tmp_path / "real" / "x").exists()
