@@ -352,3 +352,21 @@ def test_what_was_made_is_removed_through_no_link_of_an_account(tmp_path: Path) 
     os.lchown(tmp_path / "lnk", 0, 0)
     _remove([[f"{tmp_path}/lnk/x", info.st_dev, info.st_ino]])
     assert not (tmp_path / "real" / "x").exists()
+
+
+def test_no_mount_shadows_the_code_the_server_runs(tmp_path: Path) -> None:
+    """The server's namespace thread runs Python as root after a replica's mounts are bound:
+    its interpreter's prefix, its site-packages and the corral package's directory are its own,
+    as its home is (a job could bind files of its own where an import would read them)."""
+    import sys
+
+    import corral
+    from corral.node.runner import NodeRunner
+    from corral.spec.mounts import corral_dirs, shadows
+
+    package = os.path.dirname(os.path.dirname(os.path.realpath(corral.__file__)))
+    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", "test")
+    for own in (corral_dirs(), runner.own_dirs()):
+        for path in (os.path.realpath(sys.prefix), package, os.path.join(package, "corral")):
+            assert "would shadow corral's own directory" in (shadows(path, own) or ""), (path, own)
+        assert shadows("/data/x", own) is None
