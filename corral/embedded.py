@@ -66,7 +66,9 @@ def start(settings: Settings, timeout: float = 60.0, options: list[str] | None =
     with open(settings.server_log, "ab") as log:
         import subprocess  # only to start a server: every other command skips its import
 
-        proc = subprocess.Popen([sys.executable, "-m", "corral.server", *(options or [])], stdin=subprocess.DEVNULL, stdout=log,
+        # -P: the directory this command runs in is not on the server's import path (as root,
+        # a corral/ or json.py there would be imported in place of its own)
+        proc = subprocess.Popen([sys.executable, "-P", "-m", "corral.server", *(options or [])], stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -21,6 +21,7 @@ none can be fooled by a file bound where it looks (a timestamp, a configuration)
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import hashlib
 import json
@@ -90,8 +91,14 @@ class _State:
                 os.ftruncate(self.fd, 0)
                 os.write(self.fd, data)
             else:
-                _remove(self.state["made"])
-                os.unlink(self.file)
+                left = _remove(self.state["made"], bool(self.state.get("above")))
+                if left:  # a directory above still holds another's mount point: removed after it
+                    data = json.dumps({"users": [], "made": left, "above": True}).encode()
+                    os.lseek(self.fd, 0, os.SEEK_SET)
+                    os.ftruncate(self.fd, 0)
+                    os.write(self.fd, data)
+                else:
+                    os.unlink(self.file)
         finally:
             os.close(self.fd)
 
@@ -115,29 +122,68 @@ def _state_file(path: str) -> Path:
     return STATE_DIR / (hashlib.sha1(f"{device}:{path}".encode()).hexdigest()[:24] + ".json")
 
 
-def _remove(made: list) -> None:
+def _open_dir(path: str) -> int | None:
+    """``path`` opened (O_PATH) one component at a time through no link at all but root's (an
+    account that made a link above its mount point could otherwise point root's removal at
+    another directory, where an inode of the same number may be something else's), or None."""
+    fd, hops, rest = os.open("/", os.O_PATH | os.O_CLOEXEC), 0, [p for p in path.split("/") if p]
+    try:
+        while rest:
+            name = rest.pop(0)
+            if name == ".":
+                continue
+            nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            info = os.fstat(nxt)
+            if stat.S_ISLNK(info.st_mode):
+                os.close(nxt)
+                hops += 1
+                if info.st_uid != 0 or hops > 40:
+                    os.close(fd)
+                    return None
+                link = os.readlink(name, dir_fd=fd)
+                if link.startswith("/"):
+                    os.close(fd)
+                    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+                rest = [p for p in link.split("/") if p] + rest
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                os.close(nxt)
+                os.close(fd)
+                return None
+            os.close(fd)
+            fd = nxt
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
+def _remove(made: list, above: bool = False) -> list:
     """What was made for a mount point, deepest first, each only while it is the very inode
-    made (an empty directory, an empty file): never anything put there since."""
-    for path, dev, ino in made:
-        try:
-            parent = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
-            return
+    made (an empty directory, an empty file): never anything put there since. Returns what is
+    left to remove later: from a directory that is not empty yet (another mount point made
+    below it, of this or another job, goes later) on; [] when done or when what is there is no
+    longer what was made. ``above``: ``made`` is what was left above another's mount point."""
+    for at, (path, dev, ino) in enumerate(made):
+        parent = _open_dir(os.path.dirname(path))
+        if parent is None:
+            return []
         try:
             name = os.path.basename(path)
             info = os.stat(name, dir_fd=parent, follow_symlinks=False)
             if (info.st_dev, info.st_ino) != (dev, ino):
-                return
+                return []
             if stat.S_ISDIR(info.st_mode):
                 os.rmdir(name, dir_fd=parent)
             elif stat.S_ISREG(info.st_mode) and info.st_size == 0:
                 os.unlink(name, dir_fd=parent)
             else:
-                return
-        except OSError:
-            return  # (not empty: someone's; leave it and what is above it)
+                return []
+        except OSError as exc:  # (not empty: someone's, or a mount point below still in use)
+            return made[at:] if exc.errno == errno.ENOTEMPTY and (at > 0 or above) else []
         finally:
             os.close(parent)
+    return []
 
 
 def prepare(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, account,  # noqa: ANN001
@@ -164,8 +210,10 @@ def prepare(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, ac
         except MountError as exc:
             raise BindError(str(exc)) from None
         for (_, target, _), info in zip(wanted, found):
-            if info["made"]:
-                held[target]["made"] = info["made"]
+            if info["made"]:  # (and what is left above it from before, to remove after it)
+                now = {m[0] for m in info["made"]}
+                held[target]["made"] = info["made"] + [m for m in held[target]["made"] if m[0] not in now]
+                held[target].pop("above", None)
             if str(record_dir) not in held[target]["users"]:
                 held[target]["users"].append(str(record_dir))
     finally:
@@ -181,20 +229,19 @@ def release(record_dir: Path) -> None:
         files = sorted(STATE_DIR.glob("*.json"))
     except OSError:
         return
-    freed: list = []
-    for file in files:
+    for _ in range(8):  # (again: a directory made above one mount point may be empty only after another's went)
+        for file in files:
+            try:
+                with _State(file) as state:  # (pruning users gone, and removing what none uses)
+                    state["users"] = [u for u in state["users"] if u != str(record_dir)]
+            except OSError:
+                continue
         try:
-            with _State(file) as state:  # (pruning users gone, and removing what none uses)
-                state["users"] = [u for u in state["users"] if u != str(record_dir)]
-                if not state["users"]:
-                    freed.extend(state["made"])
+            files, before = sorted(STATE_DIR.glob("*.json")), files
         except OSError:
-            continue
-    # A directory made above two mount points (``/mnt`` of ``/mnt/data`` and ``/mnt/cfg``) is in
-    # the record of the first one made, which may be freed before the other: what was left
-    # because it was not empty yet is tried again, deepest first, once all are freed.
-    for entry in sorted(freed, key=lambda e: e[0].count("/"), reverse=True):
-        _remove([entry])
+            return
+        if files == before:
+            return
 
 
 # -- in the replica's namespace (the namespace thread, before the fork) ----------------------------

@@ -468,19 +468,69 @@ def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
 
 
 def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]:  # noqa: ANN001
-    """``mount_points`` as ``account`` (None: this process's own, in it)."""
+    """``mount_points`` as ``account`` (None: this process's own, in it).
+
+    In a child forked from this process that switches to the account without exec: a change
+    of credentials leaves it undumpable, so the account cannot trace it nor write into its
+    memory (as it could a program it execs: what it reports, the source's identity and what it
+    made, would then be the account's to forge, and root binds and removes by it). What it
+    made is checked again here: the target and directories above it, nothing else."""
     if account is None:
         return mount_points(wanted)
-    import subprocess
+    import select
+    import time
 
-    argv = _program("mountpoints", *(part for each in wanted for part in each))
-    done = subprocess.run(argv, user=account.uid, group=account.gid, extra_groups=list(account.groups), cwd="/",
-                          env={"PATH": SAFE_PATH, "LANG": "C.UTF-8"}, stdin=subprocess.DEVNULL,
-                          capture_output=True, timeout=120)
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        raise MountError(said[-1].removeprefix("corral: ") if said else f"mounting failed (exit {done.returncode})")
-    return json.loads(done.stdout)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # (the child: only system calls and this module's code, then _exit)
+        code = 1
+        try:
+            os.close(read)
+            os.setgroups(list(account.groups))
+            os.setresgid(account.gid, account.gid, account.gid)
+            os.setresuid(account.uid, account.uid, account.uid)
+            os.chdir("/")
+            try:
+                data = json.dumps({"found": mount_points(wanted)}).encode()
+            except MountError as exc:
+                data = json.dumps({"error": str(exc)}).encode()
+            while data:
+                data = data[os.write(write, data):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, 9)
+                break
+            chunk = os.read(read, 1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        else:
+            os.kill(pid, 9)
+    finally:
+        os.close(read)
+        _, status = os.waitpid(pid, 0)
+    try:
+        said = json.loads(b"".join(chunks)) if os.waitstatus_to_exitcode(status) == 0 else {}
+    except ValueError:
+        said = {}
+    if "error" in said:
+        raise MountError(said["error"])
+    found = said.get("found")
+    if not isinstance(found, list) or len(found) != len(wanted):
+        raise MountError(f"file_mounts.{wanted[0][0] if wanted else ''}: the mount points could not be checked "
+                         f"as the job's account (exit {os.waitstatus_to_exitcode(status)})")
+    for (remote, target, _), info in zip(wanted, found):
+        allowed = {target, *(str(p) for p in Path(target).parents)}
+        if any(entry[0] not in allowed for entry in info["made"]):
+            raise MountError(f"file_mounts.{remote}: what was made for it is not at {target}")
+    return found
 
 
 def detach_as_owner(record_dir: Path) -> list[str]:

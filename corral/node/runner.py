@@ -525,7 +525,10 @@ class NodeRunner:
 
     def own_dirs(self) -> tuple[str, ...]:
         """Where this runner keeps what its wrappers (root) read and write: no mount may shadow it."""
-        return tuple(dict.fromkeys(os.path.realpath(p) for p in (self.runs_dir.parent, self.runtime_dir)))
+        from corral.spec.mounts import code_dirs
+
+        return tuple(dict.fromkeys([*(os.path.realpath(p) for p in (self.runs_dir.parent, self.runtime_dir)),
+                                    *code_dirs()]))
 
     def cleanup_job(self, job_id: int) -> None:
         if self.binds:  # its mount points on the machine, where no other job uses them

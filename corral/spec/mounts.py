@@ -63,9 +63,26 @@ def shadows(path: str, own: tuple[str, ...] = ()) -> str | None:
         return f"{path} is a system path a job may not shadow: mount under another directory (/data, /mnt/…, ~/…)"
     for mine in own:
         if path == mine or path.startswith(mine.rstrip("/") + "/") or mine.startswith(path.rstrip("/") + "/"):
-            return (f"{path} would shadow corral's own directory {mine} (where it keeps the replicas' run files): "
-                    "mount under another directory")
+            return (f"{path} would shadow corral's own directory {mine} (its files, or the code its server runs as "
+                    "root): mount under another directory")
     return None
+
+
+def code_dirs() -> tuple[str, ...]:
+    """Where this process's Python and corral's own code are (its interpreter's prefix, its
+    standard library and site-packages, the directory holding the ``corral`` package): the
+    server's namespace thread runs Python after a replica's mounts are bound, so no mount may
+    put files of a job's where an import (or a finalizer's) would read them as root."""
+    import sys
+    import sysconfig
+
+    import corral
+
+    paths = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(corral.__file__)))]
+    paths += [sysconfig.get_paths().get(k) or "" for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += [p for p in sys.path if p.startswith("/")]
+    out = (os.path.realpath(p) for p in paths if p and os.path.isdir(p))
+    return tuple(dict.fromkeys(p for p in out if p != "/"))
 
 
 def corral_dirs() -> tuple[str, ...]:
@@ -74,7 +91,7 @@ def corral_dirs() -> tuple[str, ...]:
 
     # (the runtime directory's default is under /dev/shm or the home: refused either way)
     dirs = [str(Settings.from_env().home), os.environ.get("CORRAL_RUNTIME_DIR") or ""]
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in dirs if p))
+    return tuple(dict.fromkeys([*(os.path.realpath(p) for p in dirs if p), *code_dirs()]))
 
 
 def _source(value: Any) -> Any:

@@ -292,3 +292,110 @@ def test_a_directory_made_above_two_mount_points_goes_whichever_is_freed_first(t
                 state["made"] = entry
         binds.release(record)
         assert not mnt.exists() and list((root / "state").iterdir()) == []
+
+
+def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mount points and the source's identity are found as the job's account by a process
+    the account can neither trace nor write into (a program it ran could be: ptrace, then a
+    write of its own JSON; root then bound a source the account cannot reach, and removed
+    root's empty directories named as "made"); and what it says was made is only the target
+    and directories above it."""
+    import ctypes
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from unix_users import need_root, traversable_dir, unix_user
+
+    import corral.node.mounts as mounts
+
+    need_root()
+    with traversable_dir() as root, unix_user("cidf") as ann:
+        (root / "src").mkdir()
+        target = str(root / "pt")
+        os.chmod(root, 0o1777)
+        real = mounts.mount_points
+
+        def dumpable(wanted: list) -> list:  # (what the process that checks them may be)
+            found = real(wanted)
+            found[0]["dumpable"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+            return found
+
+        monkeypatch.setattr(mounts, "mount_points", dumpable)
+        found = mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+        assert found[0].get("dumpable") == 0
+        assert [m[0] for m in found[0]["made"]] == [target]
+        os.rmdir(target)
+
+        def forged(wanted: list) -> list:
+            found = real(wanted)
+            found[0]["made"].append(["/var/lib", 1, 2])
+            return found
+
+        monkeypatch.setattr(mounts, "mount_points", forged)
+        with pytest.raises(MountError, match="file_mounts./pt: what was made for it is not at"):
+            mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_directory_made_above_several_mount_points_goes_when_the_last_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> None:
+    """Mount points at /d/m/0 and /d/m/1 (one job's, or two jobs'), where /d/m did not exist:
+    /d/m is made once, for the first, and was left behind (not empty when the first went,
+    and the second never made it)."""
+    from corral.node import binds
+
+    monkeypatch.setattr(binds, "STATE_DIR", tmp_path / "state")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "d").mkdir()
+    records = [tmp_path / f"job{i}" for i in range(jobs)]
+    for record in records:
+        record.mkdir()
+    wanted = [(f"{tmp_path}/d/m/{i}", str(tmp_path / "src")) for i in range(2)]
+    if jobs == 1:
+        binds.prepare(records[0], tuple(wanted), "/root", None, ())
+    else:
+        for record, mount in zip(records, wanted):
+            binds.prepare(record, (mount,), "/root", None, ())
+    assert sorted(os.listdir(tmp_path / "d" / "m")) == ["0", "1"]
+    for record in records:
+        binds.release(record)
+        shutil.rmtree(record)
+    assert os.listdir(tmp_path / "d") == []
+    assert os.listdir(tmp_path / "state") == []
+
+
+def test_what_was_made_is_removed_through_no_link_of_an_account(tmp_path: Path) -> None:
+    """A mount point made below a link of the account's own (``/data/lnk/x``) is not removed
+    through it: the account may point the link elsewhere meanwhile, where an entry of that name
+    may have the very inode number (reused) and be someone else's. Root's links are followed."""
+    from corral.node.binds import _remove
+
+    if os.geteuid() != 0:
+        pytest.skip("a link of another account is made with lchown, which needs root")
+    (tmp_path / "real" / "x").mkdir(parents=True)
+    info = os.stat(tmp_path / "real" / "x")
+    (tmp_path / "lnk").symlink_to(tmp_path / "real")
+    os.lchown(tmp_path / "lnk", 65534, 65534)
+    assert _remove([[f"{tmp_path}/lnk/x", info.st_dev, info.st_ino]]) == []
+    assert (tmp_path / "real" / "x").is_dir()
+    os.lchown(tmp_path / "lnk", 0, 0)
+    _remove([[f"{tmp_path}/lnk/x", info.st_dev, info.st_ino]])
+    assert not (tmp_path / "real" / "x").exists()
+
+
+def test_no_mount_shadows_the_code_the_server_runs(tmp_path: Path) -> None:
+    """The server's namespace thread runs Python as root after a replica's mounts are bound:
+    its interpreter's prefix, its site-packages and the corral package's directory are its own,
+    as its home is (a job could bind files of its own where an import would read them)."""
+    import sys
+
+    import corral
+    from corral.node.runner import NodeRunner
+    from corral.spec.mounts import corral_dirs, shadows
+
+    package = os.path.dirname(os.path.dirname(os.path.realpath(corral.__file__)))
+    runner = NodeRunner(tmp_path / "runs", tmp_path / "run", "test")
+    for own in (corral_dirs(), runner.own_dirs()):
+        for path in (os.path.realpath(sys.prefix), package, os.path.join(package, "corral")):
+            assert "would shadow corral's own directory" in (shadows(path, own) or ""), (path, own)
+        assert shadows("/data/x", own) is None

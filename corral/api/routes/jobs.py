@@ -160,7 +160,10 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
 
 def _own_dirs(settings) -> tuple[str, ...]:  # noqa: ANN001 - a Settings
     """The server's own directories, which no file_mounts remote path may shadow."""
-    return tuple(dict.fromkeys(os.path.realpath(p) for p in (settings.home, settings.runtime_dir)))
+    from corral.spec.mounts import code_dirs
+
+    return tuple(dict.fromkeys([*(os.path.realpath(p) for p in (settings.home, settings.runtime_dir)),
+                                *code_dirs()]))
 
 
 def _switches(run_as: str) -> bool:
