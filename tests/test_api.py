@@ -333,3 +333,12 @@ def test_list_pages_with_a_cursor(server) -> None:
     last = server.get("/v1/jobs", params={"limit": 2, "after": ids[3]})
     assert [j["id"] for j in last.json()] == ids[4:] and "x-next-after" not in last.headers
     assert server.get("/v1/jobs", params={"after": -1}).status_code == 422
+
+
+def test_a_lone_surrogate_in_a_request_is_refused_naming_the_field_not_a_server_error(server) -> None:
+    """JSON may carry ``\\udcff`` (a lone surrogate: no UTF-8 encodes it); the 422 that names
+    the field must still be rendered."""
+    answer = server.post("/v1/jobs", content='{"yaml": "name: a\\nrun: true\\n", "cwd": "/tmp/x\\udcff"}',
+                         headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"][0]["loc"] == ["body", "cwd"], answer.text

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from corral import __version__, web
 from corral.api.deps import ServerState, get_identity
@@ -50,5 +54,17 @@ def create_app(state: ServerState, manage_loop: bool = True) -> FastAPI:
     async def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
+    app.add_exception_handler(RequestValidationError, _invalid)
     web.install(app)  # the dashboard, under /ui/ (static; its API calls carry the token)
     return app
+
+
+async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's 422, unless what was sent holds a lone surrogate (JSON allows ``\\udcff``),
+    which its UTF-8 rendering cannot encode: then the same body with every non-ASCII character
+    escaped, rather than a 500."""
+    try:
+        return await request_validation_exception_handler(request, exc)
+    except UnicodeEncodeError:
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(body, status_code=422, media_type="application/json")
