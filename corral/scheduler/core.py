@@ -143,6 +143,12 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     lent = [a for r in running for p in r.elastic if p.lent for a in p.allocations[len(p.allocations) - p.lent:]]
     lent_gpus = sum(len(a.gpus) for a in lent)
     preempting = (policy.preempting or bool(lent)) and bool(running)
+    # shorter-work preemption: the victims' own guards once per cycle, and a bound on the
+    # blocked jobs that search (Las.max_searches, as bf_max_job_test bounds backfill)
+    # (built when the first blocked job gets there: most cycles have none)
+    shorter: attained.Victims | None = None
+    searches = 0
+    freeing = 0  # GPUs of jobs already being stopped: a blocked job may wait for them
     cut = False  # the queue was not walked to its end this cycle
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
@@ -200,7 +206,20 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         # (without tiers only lent GPUs can be taken back: a job they could not make fit is not tried)
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle and \
                 (policy.preempting or first.gpus <= pool.free_gpus + lent_gpus):
-            chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
+            search = True
+            if shorter is None and policy.las is not None:
+                shorter = attained.Victims(running, policy, now)
+                freeing = sum(r.gpus if r.ending else sum(len(a.gpus) for a in r.stopping) for r in running)
+            if shorter is not None and not shorter.tiered and not lent:
+                # only shorter work can make room: a job whose gang neither what is being
+                # stopped nor every victim it could have would make room for does not search
+                # (``find`` would say None), and at most max_searches jobs search per cycle
+                room, could = pool.free_gpus + freeing, shorter.could(first)
+                search = (freeing > 0 and first.gpus <= room) or (could > 0 and first.gpus <= room + could)
+                if search:
+                    search = searches < policy.las.max_searches
+                    searches += 1
+            chosen = preemption.find(first, pool, scope, running, policy, claimed, now, shorter) if search else None
             if chosen is not None:
                 found, placement = chosen
                 # what of its place is free already is its own from now on: a later job that
@@ -211,6 +230,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                 if guarantees is not None:
                     guarantees.started(job, kept, now)
                 claimed.update(found.victims)
+                if shorter is not None:
+                    shorter.claim(found.victims)
                 if found.victims or found.shrinks:
                     plan.preemptions.append(found)
                 plan.reasons[job.id] = Reason.PREEMPTING
