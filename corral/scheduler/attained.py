@@ -29,7 +29,7 @@ room for, does not search at all."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from corral.scheduler.policy import Las, Policy
 from corral.scheduler.snapshot import PendingJob, RunningJob
@@ -56,14 +56,17 @@ def pending_level(job: PendingJob, now: float, las: Las) -> int:
     return level(job.attained_gpu_s, las)
 
 
-def order_queue(ready: list[PendingJob], now: float, policy: Policy) -> None:
+def order_queue(ready: list[PendingJob], now: float, policy: Policy, starving: Collection[int] = ()) -> None:
     """Within each partition tier, jobs of a higher queue go first (the order stays as it
     was within a queue): a job stopped for shorter work does not start again before the job
-    it was stopped for, until its wait promotes it."""
+    it was stopped for, until its wait promotes it. ``starving`` jobs (``queue_key``'s lane)
+    stay first in their tier, oldest first, whatever their queue: the starve limit bounds
+    every job's wait, and a queue must not take that back."""
     las = policy.las
     tiers = {p.name: p.priority_tier for p in policy.partitions}
     default = policy.default_partition.priority_tier
-    ready.sort(key=lambda j: (-tiers.get(j.partition, default), pending_level(j, now, las)))
+    ready.sort(key=lambda j: (-tiers.get(j.partition, default), j.id not in starving,
+                              0 if j.id in starving else pending_level(j, now, las)))
 
 
 def min_run(job: RunningJob, las: Las) -> float:

@@ -113,6 +113,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         if held is Reason.DEPENDENCY_NEVER and job.kill_on_invalid_dep:
             plan.cancels[job.id] = "a dependency can never be satisfied"
     # 2. order
+    starving_ids: frozenset[int] = frozenset()  # tracked under las only
     if policy.backfill:
         # Priorities the caller computed earlier are reused (Slurm recomputes them every
         # PriorityCalcPeriod, not every pass); only jobs without one are scored now.
@@ -123,9 +124,12 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         plan.priorities = prio
         plan.hungry = hungry(snapshot, policy)
         key = policy.queue_key(now, plan.hungry)
-        ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc))
+        keys = {j.id: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc) for j in ready}
+        ready.sort(key=lambda j: keys[j.id])
         if policy.las is not None:
-            attained.order_queue(ready, now, policy)
+            # starving jobs (queue_key's second field): first in their tier, whatever their LAS queue
+            starving_ids = frozenset(j.id for j in ready if not keys[j.id][1])
+            attained.order_queue(ready, now, policy, starving_ids)
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)
@@ -148,6 +152,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     # (built when the first blocked job gets there: most cycles have none)
     shorter: attained.Victims | None = None
     searches = 0
+    # starving jobs' reservations, (start, GPUs): no job stops shorter work to run on them
+    owed_holds: list[tuple[float, frozenset[tuple[str, int]]]] = []
     freeing = 0  # GPUs of jobs already being stopped: a blocked job may wait for them
     cut = False  # the queue was not walked to its end this cycle
     examined = 0
@@ -220,6 +226,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                     search = searches < policy.las.max_searches
                     searches += 1
             chosen = preemption.find(first, pool, scope, running, policy, claimed, now, shorter) if search else None
+            if chosen is not None and chosen[0].notes and owed_holds and _on_owed(first, chosen[1], owed_holds, now):
+                chosen = None  # it would hold a starving job's reserved GPUs past that job's start
             if chosen is not None:
                 found, placement = chosen
                 # what of its place is free already is its own from now on: a later job that
@@ -258,6 +266,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                     if job.in_order:
                         break
             if best is not None:
+                if job.id in starving_ids:
+                    owed_holds.append((best.start, frozenset((a.node, g) for a in best.allocations for g in a.gpus)))
                 book.add(best, timeline)
                 if guarantees is not None:
                     guarantees.add(best, book)
@@ -270,6 +280,13 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
 
 
 MAX_REASONED = 4  # alternatives looked at to say why a job waits
+
+
+def _on_owed(job: PendingJob, placement: tuple[Allocation, ...], holds: list, now: float) -> bool:
+    """Whether ``job``, placed on ``placement`` and run to its limit from now, would hold GPUs a
+    starving job's reservation counts on after that reservation's start."""
+    end = now + (job.time_limit if job.time_limit is not None else INFINITY)
+    return any(end > start and any((a.node, g) in gpus for a in placement for g in a.gpus) for start, gpus in holds)
 
 
 def _starving(job: PendingJob, plan: Plan, policy: Policy, now: float) -> bool:
