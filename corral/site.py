@@ -124,6 +124,7 @@ class SchedulerSettings(_Strict):
     starve_over_share: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # plan backfill and job size with run times learned from each user's history
     learn_durations: bool | None = None
+    learn_spread: float | None = Field(default=None, ge=1)
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -406,6 +407,7 @@ def _policy(config: SiteConfig) -> Policy:
                        for a in config.accounts),
         topology=tuple(config.topology), preemption=s.preemption, grow=s.grow, packing=_pick(s.packing, base.packing),
         learn_durations=_pick(s.learn_durations, base.learn_durations),
+        learn_spread=_pick(s.learn_spread, base.learn_spread),
         las=None if s.las is None else Las(tuple(s.las.thresholds), s.las.min_run_factor, s.las.min_run,
                                            s.las.max_preempted, s.las.promote_after, s.las.max_searches))
 

@@ -165,6 +165,9 @@ class Policy:
     # plan with run times learned from history (corral.scheduler.durations) instead of the
     # time limits users give; Slurm plans with the limits
     learn_durations: bool = False
+    # with learn_durations: a history is trusted only if its runs are within this ratio of
+    # each other (``DurationModel.max_spread``); the simulator honours it, the server not yet
+    learn_spread: float = math.inf
     # least-attained-service preemption within a tier (``Las``); None: off, as in Slurm
     las: Las | None = None
 
