@@ -127,9 +127,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         keys = {j.id: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc) for j in ready}
         ready.sort(key=lambda j: keys[j.id])
         if policy.las is not None:
-            # starving jobs (queue_key's second field): first in their tier, whatever their LAS queue
-            starving_ids = frozenset(j.id for j in ready if not keys[j.id][1])
-            attained.order_queue(ready, now, policy, starving_ids)
+            starving_ids = frozenset(j.id for j in ready if not keys[j.id][1])  # queue_key's second field
+            attained.order_queue(ready, now, policy)
     # 3. pool
     pool = FreePool(snapshot.nodes)
     tally = Tally(snapshot, policy, now)
