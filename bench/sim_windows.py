@@ -8,6 +8,7 @@ offered load, over several seeds of the users' time-limit over-estimates.
                               [--seeds 0,1,2,3,4] [--load 0.9] [--workers 2] [--plot DIR]
                               [--policies fifo,slurm,corral | --no-baselines]
                               [--variant LABEL=config.yaml ...] [--elastic FRACTION] [--out NAME.json]
+                              [--reuse EARLIER.json]
 
 A window is ``TRACE:wN`` (the jobs submitted in week N, [7N d, 7N + 7 d) of the trace),
 ``TRACE:h1`` / ``TRACE:h2`` (the first or second half of the trace's submission span) or
@@ -36,7 +37,9 @@ account tree, as ``corral sim --config`` reads them), judged against slurm like 
 ``--plot DIR`` writes DIR/WINDOW.png per window (the first seed): wait and bounded-slowdown
 CDFs, GPUs in use over time and each user's mean wait, one curve per policy. Results go to
 bench/results/sim_windows.json (sim_windows_variants.json with variants; ``--out`` names
-another file)."""
+another file). ``--reuse EARLIER.json`` takes the built-in rows (fifo, slurm, corral) from an
+earlier results file where it has them for the same window, cluster size and seed (a replay is
+deterministic), so a variant is judged against them without replaying them."""
 
 from __future__ import annotations
 
@@ -242,6 +245,9 @@ def main() -> None:
                         help="mark this share of multi-GPU jobs elastic (min gpus/2, max 2 x gpus) and add the row "
                              f"{GROW_ROW} (growth into idle GPUs on; off in every other row)")
     parser.add_argument("--out", type=Path, help="the results file (a bare name: under bench/results/)")
+    parser.add_argument("--reuse", type=Path, metavar="RESULTS.json",
+                        help="take the built-in rows (slurm, corral, fifo) from this earlier results file where it "
+                             "has them for the same window, cluster and seed, instead of replaying them")
     args = parser.parse_args()
     if not TRACES_DIR.is_dir():
         sys.exit(f"sim_windows: the traces are not here ({TRACES_DIR}); this benchmark replays the shared public "
@@ -302,9 +308,25 @@ def main() -> None:
             for s in seeds for p in rows]
     # the big windows first, so the pool's last minutes are not one straggler
     runs.sort(key=lambda r: -r[0].jobs)
+    results: dict[tuple[str, str], dict[int, dict]] = {}
+    if args.reuse is not None:  # replays are deterministic: a built-in row of the same window and seed is the same
+        earlier = json.loads(args.reuse.read_text())
+        clusters = {w["key"]: (w["nodes"], w["gpus_per_node"]) for w in earlier["windows"]}
+        kept = {(r["window"], r["policy"], r["seed"]): r for r in earlier["runs"]}
+        todo = []
+        for r in runs:
+            w, p, s = r[0], r[1], r[2]
+            hit = kept.get((w.key, p, s)) if p in BUILT_IN and not args.elastic and earlier.get("load") == args.load \
+                and clusters.get(w.key) == (w.nodes, w.gpus_per_node) else None
+            if hit is None:
+                todo.append(r)
+            else:
+                results.setdefault((w.key, p), {})[s] = {k: v for k, v in hit.items() if k not in ("window", "policy",
+                                                                                                 "seed")}
+        print(f"sim_windows: {len(runs) - len(todo)} rows taken from {args.reuse}", file=sys.stderr)
+        runs = todo
     print(f"sim_windows: {len(runs)} replays of {len(windows)} windows on {args.workers} workers", file=sys.stderr)
     started = time.time()
-    results: dict[tuple[str, str], dict[int, dict]] = {}
     drawn: dict[str, dict[str, object]] = {}
     cpu = 0.0
     with Pool(args.workers) as pool:

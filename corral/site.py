@@ -11,7 +11,7 @@ starts with it.
                 expansion_cap: 1d, starve_after: 1d, backfill: {max_reservations: 100, max_jobs: 500},
                 packing: best_fit, preemption: true, grow: true,   # packing: best_fit (corral) | first_fit (Slurm's)
                 las: {thresholds: [1h, 8h], min_run_factor: 3, min_run: 10m, max_preempted: 2,
-                      promote_after: 4}}   # preemption for shorter work (off unless given)
+                      promote_after: 4, max_searches: 100}}   # preemption for shorter work (off unless given)
     partitions: [{name: batch, nodes: ["gpu-*"], max_time: 1d, default_time: 1h,
                   accounts: [ml], priority_tier: 0, job_factor: 1, preempt_mode: requeue}]
     accounts:   [{name: ml, parent: null, shares: 3, users: [ann], max_gpus: 16, gpu_minutes: 1e6}]
@@ -99,6 +99,7 @@ class LasSettings(_Strict):
     min_run: Duration = 600.0
     max_preempted: int = Field(default=2, ge=0, le=1000)
     promote_after: float = Field(default=4.0, gt=0, allow_inf_nan=False)
+    max_searches: int = Field(default=100, ge=1, le=100_000)
 
     @field_validator("thresholds")
     @classmethod
@@ -123,6 +124,7 @@ class SchedulerSettings(_Strict):
     starve_over_share: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     # plan backfill and job size with run times learned from each user's history
     learn_durations: bool | None = None
+    learn_spread: float | None = Field(default=None, ge=1)
     half_life: Duration = 7 * 86400.0
     usage_weights: UsageWeights = UsageWeights()
     backfill: BackfillSettings = BackfillSettings()
@@ -405,8 +407,9 @@ def _policy(config: SiteConfig) -> Policy:
                        for a in config.accounts),
         topology=tuple(config.topology), preemption=s.preemption, grow=s.grow, packing=_pick(s.packing, base.packing),
         learn_durations=_pick(s.learn_durations, base.learn_durations),
+        learn_spread=_pick(s.learn_spread, base.learn_spread),
         las=None if s.las is None else Las(tuple(s.las.thresholds), s.las.min_run_factor, s.las.min_run,
-                                           s.las.max_preempted, s.las.promote_after))
+                                           s.las.max_preempted, s.las.promote_after, s.las.max_searches))
 
 
 def _patterns(p: PartitionEntry, config: SiteConfig) -> tuple[str, ...]:

@@ -67,3 +67,19 @@ def test_a_short_study_writes_its_table_results_and_plots(tmp_path: Path) -> Non
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "sim_windows.py"), "--seeds", "x"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--seeds" in bad.stderr
+
+
+def test_reuse_takes_the_built_in_rows_from_an_earlier_run_instead_of_replaying(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    args = [sys.executable, str(ROOT / "bench" / "sim_windows.py"), "--windows", "tiresias:h1", "--seeds", "0",
+            "--policies", "slurm,corral"]
+    assert subprocess.run([*args, "--out", str(first)], capture_output=True, timeout=300).returncode == 0
+    again = subprocess.run([*args, "--reuse", str(first), "--out", str(second)], capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "2 rows taken from" in again.stderr and "0 replays" in again.stderr
+    assert json.loads(second.read_text())["runs"] == json.loads(first.read_text())["runs"]
+    # another load sizes other clusters: nothing is taken
+    other = subprocess.run([*args, "--load", "0.5", "--reuse", str(first), "--out", str(second)],
+                           capture_output=True, text=True, timeout=300)
+    assert "0 rows taken from" in other.stderr and "2 replays" in other.stderr

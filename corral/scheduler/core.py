@@ -113,6 +113,7 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         if held is Reason.DEPENDENCY_NEVER and job.kill_on_invalid_dep:
             plan.cancels[job.id] = "a dependency can never be satisfied"
     # 2. order
+    starving_ids: frozenset[int] = frozenset()  # tracked under las only
     if policy.backfill:
         # Priorities the caller computed earlier are reused (Slurm recomputes them every
         # PriorityCalcPeriod, not every pass); only jobs without one are scored now.
@@ -123,8 +124,10 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         plan.priorities = prio
         plan.hungry = hungry(snapshot, policy)
         key = policy.queue_key(now, plan.hungry)
-        ready.sort(key=lambda j: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc))
+        keys = {j.id: key(j.partition, j.submitted_at, j.id, prio[j.id], j.assoc) for j in ready}
+        ready.sort(key=lambda j: keys[j.id])
         if policy.las is not None:
+            starving_ids = frozenset(j.id for j in ready if not keys[j.id][1])  # queue_key's second field
             attained.order_queue(ready, now, policy)
     # 3. pool
     pool = FreePool(snapshot.nodes)
@@ -143,6 +146,14 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
     lent = [a for r in running for p in r.elastic if p.lent for a in p.allocations[len(p.allocations) - p.lent:]]
     lent_gpus = sum(len(a.gpus) for a in lent)
     preempting = (policy.preempting or bool(lent)) and bool(running)
+    # shorter-work preemption: the victims' own guards once per cycle, and a bound on the
+    # blocked jobs that search (Las.max_searches, as bf_max_job_test bounds backfill)
+    # (built when the first blocked job gets there: most cycles have none)
+    shorter: attained.Victims | None = None
+    searches = 0
+    # starving jobs' reservations, (start, GPUs): no job stops shorter work to run on them
+    owed_holds: list[tuple[float, frozenset[tuple[str, int]]]] = []
+    freeing = 0  # GPUs of jobs already being stopped: a blocked job may wait for them
     cut = False  # the queue was not walked to its end this cycle
     examined = 0
     blocked: set[str] = set()  # partitions whose first job did not fit (a main-scheduler pass)
@@ -200,7 +211,22 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
         # (without tiers only lent GPUs can be taken back: a job they could not make fit is not tried)
         if preempting and len(plan.preemptions) < policy.max_preemptions_per_cycle and \
                 (policy.preempting or first.gpus <= pool.free_gpus + lent_gpus):
-            chosen = preemption.find(first, pool, scope, running, policy, claimed, now)
+            search = True
+            if shorter is None and policy.las is not None:
+                shorter = attained.Victims(running, policy, now)
+                freeing = sum(r.gpus if r.ending else sum(len(a.gpus) for a in r.stopping) for r in running)
+            if shorter is not None and not shorter.tiered and not lent:
+                # only shorter work can make room: a job whose gang neither what is being
+                # stopped nor every victim it could have would make room for does not search
+                # (``find`` would say None), and at most max_searches jobs search per cycle
+                room, could = pool.free_gpus + freeing, shorter.could(first)
+                search = (freeing > 0 and first.gpus <= room) or (could > 0 and first.gpus <= room + could)
+                if search:
+                    search = searches < policy.las.max_searches
+                    searches += 1
+            chosen = preemption.find(first, pool, scope, running, policy, claimed, now, shorter) if search else None
+            if chosen is not None and chosen[0].notes and owed_holds and _on_owed(first, chosen[1], owed_holds, now):
+                chosen = None  # it would hold a starving job's reserved GPUs past that job's start
             if chosen is not None:
                 found, placement = chosen
                 # what of its place is free already is its own from now on: a later job that
@@ -211,6 +237,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                 if guarantees is not None:
                     guarantees.started(job, kept, now)
                 claimed.update(found.victims)
+                if shorter is not None:
+                    shorter.claim(found.victims)
                 if found.victims or found.shrinks:
                     plan.preemptions.append(found)
                 plan.reasons[job.id] = Reason.PREEMPTING
@@ -237,6 +265,8 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
                     if job.in_order:
                         break
             if best is not None:
+                if job.id in starving_ids:
+                    owed_holds.append((best.start, frozenset((a.node, g) for a in best.allocations for g in a.gpus)))
                 book.add(best, timeline)
                 if guarantees is not None:
                     guarantees.add(best, book)
@@ -249,6 +279,13 @@ def _cycle(snapshot: Snapshot, now: float, policy: Policy, full: bool) -> Plan:
 
 
 MAX_REASONED = 4  # alternatives looked at to say why a job waits
+
+
+def _on_owed(job: PendingJob, placement: tuple[Allocation, ...], holds: list, now: float) -> bool:
+    """Whether ``job``, placed on ``placement`` and run to its limit from now, would hold GPUs a
+    starving job's reservation counts on after that reservation's start."""
+    end = now + (job.time_limit if job.time_limit is not None else INFINITY)
+    return any(end > start and any((a.node, g) in gpus for a in placement for g in a.gpus) for start, gpus in holds)
 
 
 def _starving(job: PendingJob, plan: Plan, policy: Policy, now: float) -> bool:

@@ -20,6 +20,13 @@ times), never above the job's own time limit (the job cannot run past it), never
 minute. With no history at all there is no prediction and the scheduler plans with the limit,
 as Slurm does.
 
+``max_spread`` (``Policy.learn_spread``, a site knob) trusts a history only when it is
+consistent: when the longest of the runs the prediction comes from is more than
+``max_spread`` times the shortest, the job gets no prediction and is planned with its limit.
+A user whose jobs of one shape run ten minutes one time and ten hours the next gives a
+prediction that is wrong both ways; a short one lets the job slip into a backfill window in
+front of a reservation it then delays (what learned run times lost on Philly windows).
+
 A job that outlives its prediction is planned, from then on, with its time limit (Tsafrir's
 correction): backfill must not keep treating a running job as about to end. ``planned_end``
 says when that is.
@@ -42,6 +49,7 @@ DEPTH = 4
 @dataclass
 class DurationModel:
     depth: int = DEPTH
+    max_spread: float = math.inf  # longest / shortest run of a history still trusted
     _history: dict[tuple, deque] = field(default_factory=dict)
     version: int = 0  # bumps on every observation: a cached prediction older than it may be stale
 
@@ -62,6 +70,8 @@ class DurationModel:
         for key in _keys(user, name, gpus):
             runs = self._history.get(key)
             if runs:
+                if self.max_spread != math.inf and (len(runs) < 2 or max(runs) - min(runs) > math.log(self.max_spread)):
+                    return None  # one run, or runs too unlike each other: plan with the limit
                 guess = max(MIN_PREDICTION_S, math.exp(sum(runs) / len(runs)))
                 return min(guess, time_limit) if time_limit is not None else guess
         return None

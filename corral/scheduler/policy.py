@@ -94,13 +94,17 @@ class Las:
     lower queue (higher number), never one whose QOS outranks its own. Guards: a victim has
     run at least max(``min_run_s``, ``min_run_factor`` x its restart cost) since its last
     start, and is preempted at most ``max_preempted`` times; a pending job that waited over
-    ``promote_after`` x its attained run time (GPU-seconds / GPUs) is back in the top queue."""
+    ``promote_after`` x its attained run time (GPU-seconds / GPUs) is back in the top queue.
+    At most ``max_searches`` blocked jobs look for victims per cycle."""
 
     thresholds_gpu_s: tuple[float, ...] = (3600.0, 8 * 3600.0)
     min_run_factor: float = 3.0
     min_run_s: float = 600.0
     max_preempted: int = 2
     promote_after: float = 4.0
+    # blocked jobs that search for victims per cycle, in queue order (those that could find
+    # none are not counted): a backlog of thousands would otherwise each search every cycle
+    max_searches: int = 100
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,9 @@ class Policy:
     # plan with run times learned from history (corral.scheduler.durations) instead of the
     # time limits users give; Slurm plans with the limits
     learn_durations: bool = False
+    # with learn_durations: a history is trusted only if its runs are within this ratio of
+    # each other (``DurationModel.max_spread``); the simulator honours it, the server not yet
+    learn_spread: float = math.inf
     # least-attained-service preemption within a tier (``Las``); None: off, as in Slurm
     las: Las | None = None
 

@@ -277,7 +277,7 @@ class _Replay:
         self.growers: set[int] = set()  # running jobs that grow on their own
         self.lost_gpu_s = 0.0
         # run times learned from the replay's own completions, when the policy plans with them
-        self.durations = DurationModel() if policy.learn_durations else None
+        self.durations = DurationModel(max_spread=policy.learn_spread) if policy.learn_durations else None
         self.predicted: dict[int, float] = {}  # a job's latest prediction (as it last queued)
         self.seen = 0  # the model's version when pending predictions were last refreshed
         self.overruns: list[tuple[float, int, int]] = []  # (predicted end, job, token) of running jobs

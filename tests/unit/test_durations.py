@@ -245,3 +245,20 @@ def test_a_starving_gang_is_not_chased_away_by_jobs_that_outrun_their_prediction
     threshold = priorities(Snapshot((node("n", gpus=8),), (pending(1, 8, 3600.0, user="gang"),)), 0.0,
                            policy)[1].starve_s
     assert waited(policy) <= threshold + 3600.0 < chased
+
+
+def test_a_history_is_trusted_only_when_its_runs_agree() -> None:
+    from corral.scheduler.durations import DurationModel
+
+    model = DurationModel(max_spread=2.0)
+    model.observe("ann", "", 1, 600.0)
+    assert model.predict("ann", "", 1, 36_000.0) is None  # one run says little
+    model.observe("ann", "", 1, 1000.0)
+    assert model.predict("ann", "", 1, 36_000.0) == pytest.approx((600.0 * 1000.0) ** 0.5)
+    model.observe("ann", "", 1, 30_000.0)  # ten minutes one time, eight hours the next: the limit
+    assert model.predict("ann", "", 1, 36_000.0) is None
+    assert DurationModel().predict("ann", "", 1, 36_000.0) is None  # (no history at all)
+    loose = DurationModel()
+    for run in (600.0, 1000.0, 30_000.0):
+        loose.observe("ann", "", 1, run)
+    assert loose.predict("ann", "", 1, 36_000.0) == pytest.approx((600.0 * 1000.0 * 30_000.0) ** (1 / 3))
