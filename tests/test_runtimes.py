@@ -217,3 +217,25 @@ def test_an_end_whose_write_is_lost_is_learned_once_when_the_retried_cycle_commi
     wait_for(lambda: loop.failing_cycles == 0, timeout=10)
     assert len(loop.runtimes.model._history[("un", "alice", "once", 0)]) == 1
     assert loop.runtimes.model.predict("alice", "once", 0, None) == 60.0  # a sub-minute run: the floor
+
+
+SPREAD = POOL + "scheduler: {learn_durations: true, learn_spread: 2}\n"
+
+
+@pytest.mark.parametrize("site_config", [LEARNING, SPREAD], ids=["any", "spread-2"])
+def test_a_history_that_disagrees_is_trusted_only_without_a_spread_bound(
+        corral_home: Path, db_url: str, site_config: str) -> None:
+    """``learn_spread: 2``: runs of 90 s and 900 s are too far apart to predict from, so the
+    job is planned with its limit (no prediction); without the bound it is predicted."""
+    try:
+        with running_server(corral_home, db_url, [("alice", "hog", 8, 90.0), ("alice", "hog", 8, 900.0)]) as server:
+            hog = submit(server, HOG, scheduling={"time_limit": 3600})
+            running = wait_state(server, hog["id"], "RUNNING")
+            if "learn_spread" in site_config:
+                assert running["predicted_run_s"] is None, running
+            else:
+                assert running["predicted_run_s"] is not None and 90.0 <= running["predicted_run_s"] <= 900.0, running
+            server.post(f"/v1/jobs/{hog['id']}/cancel")
+            wait_state(server, hog["id"], "CANCELLED")
+    finally:
+        kill_leftovers(corral_home)

@@ -64,6 +64,7 @@ from corral.control.supervisor import ProbeAnswered, Supervisor
 from corral.control.transitions import Transitions
 from corral.control.view import LoopView, Reads
 from corral.executors.contract import Anticipating
+from corral.scheduler.durations import DurationModel
 from corral.metrics import Metrics
 from corral.settings import Settings
 from corral.site import Site
@@ -111,7 +112,8 @@ class ControlLoop:
         self.scaling = Scaling(book, moves, self.carrier, placer)
         self.requeues = Requeues(book, moves, self.carrier, self.queue, self.scaling, self.policy)
         self.pipelines = Pipelines(book, moves, self.effects, self.queue)
-        self.runtimes = RunTimes(self.policy.learn_durations)  # learned from jobs' ends, once each is committed
+        # learned from jobs' ends, once each is committed; a history trusted only within learn_spread
+        self.runtimes = RunTimes(self.policy.learn_durations, DurationModel(max_spread=self.policy.learn_spread))
         self.carrier.on_end = self.runtimes.ended
         self.scheduling = Scheduling(book, moves, self.inventory, placer, self.queue, self.requeues, self.scaling,
                                      self.ledger, self.policy, sessions, settings.rescan_interval_s, self.metrics,

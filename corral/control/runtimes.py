@@ -53,7 +53,7 @@ def gpus_of(job: JobRec) -> int:
 class RunTimes:
     def __init__(self, use: bool, model: DurationModel | None = None):
         self.use = use  # the policy plans with predictions (``Policy.learn_durations``)
-        self.model = model or DurationModel()
+        self.model = model if model is not None else DurationModel()  # (an empty model is falsy: it has a len)
         self.predictions: dict[int, float] = {}  # pending job -> its prediction, as of the last pass
         self.at_start: dict[int, float] = {}  # active job -> the prediction it started with
         # pending job -> (its request as the queue holds it, the prediction, the request scheduled)

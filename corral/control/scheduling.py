@@ -34,6 +34,7 @@ from corral.control.queue import Queue
 from corral.control.records import JobRec, ReplicaRec
 from corral.control.requeue import Requeues
 from corral.control.runtimes import RunTimes
+from corral.scheduler.durations import DurationModel
 from corral.control.scaling import Scaling
 from corral.control.transitions import Transitions
 from corral.metrics import Metrics
@@ -61,7 +62,8 @@ class Scheduling:
                  requeues: Requeues, scaling: Scaling, ledger: Ledger, policy: Policy,
                  sessions: sessionmaker[Session], rescan_s: float, metrics: Metrics, runtimes: RunTimes | None = None):
         self.book, self.moves, self.inventory, self.placer = book, moves, inventory, placer
-        self.runtimes = runtimes or RunTimes(policy.learn_durations)
+        self.runtimes = runtimes if runtimes is not None else RunTimes(policy.learn_durations,
+                                                                      DurationModel(max_spread=policy.learn_spread))
         self.queue, self.requeues, self.scaling, self.ledger = queue, requeues, scaling, ledger
         self.policy, self.sessions, self.rescan_s, self.metrics = policy, sessions, rescan_s, metrics
         self.priorities: dict[int, Factors] = {}  # of pending jobs, as of the last pass
