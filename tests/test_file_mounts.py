@@ -152,6 +152,7 @@ def test_what_is_already_there_is_not_replaced(server, tmp_path: Path) -> None:
     ("/etc/app.yaml: cfg.yaml", "file_mounts./etc/app.yaml", "system path a job may not shadow"),
     ("/proc/self: data", "file_mounts./proc/self", "system path a job may not shadow"),
     ("/data: ./not-there", "file_mounts./data", "does not exist"),
+    ("/data: /proc/self/root/etc", "file_mounts./data", "is under /proc, the kernel's own view"),
     ("HOME/runs: data", "file_mounts.HOME/runs", "would shadow corral's own directory"),
     ("HOME_PARENT: data", "file_mounts.HOME_PARENT", "would shadow corral's own directory"),
 ])

@@ -24,6 +24,7 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 # Directories whose contents the system itself needs: a job may not put anything there, nor
 # over them. A path below another (``/data``, ``/opt/x``, ``/var/tmp/x``, ``/tmp/x``) is the
 # job's to use.
+PSEUDO_DIRS = ("/proc", "/sys", "/dev")  # never a source: what they show depends on who reads them
 SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/boot", "/run", "/var/run")
 _LIB = re.compile(r"^/lib[^/]*(/|$)")  # /lib, /lib64, /libx32 …
 MAX_MOUNTS = 64
@@ -151,7 +152,11 @@ def resolve_sources(mounts: dict[str, str], base_dir: str | None, home: str | No
         path = os.path.normpath(os.path.join(base_dir or "/", text))
         path = "/" + path.lstrip("/")
         out[remote] = path
-        if not os.path.lexists(path) or not os.path.exists(path):
+        pseudo = next((d for d in PSEUDO_DIRS if path == d or path.startswith(d + "/")), None)
+        if pseudo is not None:  # the kernel's views (of this process, of devices), not your files
+            problems[remote] = (f"{path} is under {pseudo}, the kernel's own view of the machine, not a file or "
+                                "directory of yours to mount")
+        elif not os.path.lexists(path) or not os.path.exists(path):
             against = f" (resolved against the submit directory {base_dir})" if not text.startswith("/") else ""
             problems[remote] = f"{path} does not exist{against}: the source is a file or directory where you submit"
         elif not (os.path.isfile(path) or os.path.isdir(path)):
