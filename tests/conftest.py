@@ -102,6 +102,7 @@ def _group_of(nodeid: str) -> str | None:
     return next((group for group, files in _SERIAL.items() if name in files), None)
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not loaded
 def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's Config, Producer, scheduler
     """``--dist loadgroup`` by the groups above, read from the test ids on the controller:
     xdist's own loadgroup reads ``xdist_group`` marks by renaming each item's node id on the
