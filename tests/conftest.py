@@ -90,13 +90,32 @@ _SERIAL = {
 }
 
 
-def pytest_collection_modifyitems(config, items) -> None:  # noqa: ANN001 - pytest's Config and Items
-    for item in items:
-        infra = getattr(getattr(item, "callspec", None), "params", {}).get("harness")
-        group = infra if infra in ("ray", "slurm") else \
-            next((name for name, files in _SERIAL.items() if item.path.name in files), None)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def _group_of(nodeid: str) -> str | None:
+    """The group a test runs in (one worker, one test after another), from its id: its file's,
+    or its conformance harness's (``[ray]``, ``[slurm]`` among its parameters)."""
+    path, _, rest = nodeid.partition("::")
+    params = rest[rest.index("[") + 1:-1].split("-") if rest.endswith("]") and "[" in rest else []
+    harness = next((p for p in params if p in ("ray", "slurm")), None)
+    if harness is not None:
+        return harness
+    name = path.rsplit("/", 1)[-1]
+    return next((group for group, files in _SERIAL.items() if name in files), None)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: no error where xdist is not loaded
+def pytest_xdist_make_scheduler(config, log):  # noqa: ANN001, ANN201 - xdist's Config, Producer, scheduler
+    """``--dist loadgroup`` by the groups above, read from the test ids on the controller:
+    xdist's own loadgroup reads ``xdist_group`` marks by renaming each item's node id on the
+    worker (``item._nodeid``), which pytest 9 no longer reads, so every test was scheduled on
+    its own and the groups' tests ran in several workers at once (the slurm-lab's -N4 blocker
+    waited for nodes another worker's test held; two Ray clusters shared the two cores)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid) or nodeid
+
+    return Grouped(config, log)
 
 
 def pytest_generate_tests(metafunc) -> None:  # noqa: ANN001 - pytest's Metafunc

@@ -21,6 +21,7 @@ class FakeExecutor:
         self.confirm_later = confirm_later  # starts answer a pending handle, like Ray's
         self.started: list[Launch] = []
         self.signals: list[tuple[str, int]] = []
+        self.ended: set[str] = set()  # attempts that ended, their exits not reported yet: signals find them gone
         self.events: deque[Observed] = deque()
         self.lock = threading.Lock()
 
@@ -69,7 +70,7 @@ class FakeExecutor:
 
     def signal(self, handle, signum: int) -> bool:
         self.signals.append((handle["key"], signum))
-        return True
+        return handle["key"] not in self.ended
 
     def drain(self) -> list[Observed]:
         out = []

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -207,8 +208,9 @@ def _cleanup_leftovers() -> None:
     """Namespaces and bridges of earlier runs that died without tearing down."""
     for line in _run("ip", "netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.strip() else ""
-        if name.startswith("crl") and name[3:].split("w")[0].isdigit():
-            pid = int(name[3:].split("w")[0])
+        mine = re.fullmatch(r"crl(\d+)(?:l\d+)?w\d+", name)
+        if mine:
+            pid = int(mine[1])
             if not Path(f"/proc/{pid}").exists():
                 for pid_ in _run("ip", "netns", "pids", name, check=False).stdout.split():
                     try:
@@ -218,7 +220,8 @@ def _cleanup_leftovers() -> None:
                 _run("ip", "netns", "del", name, check=False)
     for line in _run("ip", "-o", "link", "show", "type", "bridge", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith("crlbr") and name[5:].isdigit() and not Path(f"/proc/{name[5:]}").exists():
+        mine = re.fullmatch(r"crlbr(\d+)(?:l\d+)?", name)
+        if mine and not Path(f"/proc/{mine[1]}").exists():
             _run("ip", "link", "del", name, check=False)
 
 
@@ -230,6 +233,9 @@ def _start(argv: list[str], netns: str | None, log: Path, cgroups: bool = False)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     with open(log, "ab") as out:
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+_LABS = 0  # labs started by this process
 
 
 def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int = 2, misses: int = 3,
@@ -245,7 +251,11 @@ def start_lab(workers: int = 2, gpus: int = 4, gpu_type: str = "H100", cpus: int
     submitting machine's alone, as on a cluster without a shared filesystem; and corral's
     node directories are its own (``lab.node_dir``)."""
     isolated = can_isolate()
-    tag = str(os.getpid())
+    # the process's id, and which of its labs: a session's conformance lab is still up when a
+    # Ray test module of the same worker starts its own (their bridges and namespaces collided)
+    global _LABS
+    _LABS += 1
+    tag = f"{os.getpid()}l{_LABS}"
     temp = Path(tempfile.mkdtemp(prefix=f"crl{tag}-", dir="/tmp"))
     common = ["--disable-usage-stats", "--object-store-memory", str(80 * 2**20), "--block"]
     if isolated:

@@ -191,10 +191,12 @@ run: |
 def test_cancel_force_kills_now_also_a_job_in_its_grace_period(server, tmp_path: Path) -> None:
     """scancel -s KILL, kubectl delete --force: a program ignoring its stop signal with a long
     grace period is SIGKILLed now, by its owner, whether or not its grace period has begun."""
-    spec = "grace_period: 1h\nrun: |\n  trap '' TERM\n  while true; do sleep 0.1; done\n"
-    waiting, direct = (submit(server, f"name: stubborn{n}\n" + spec) for n in range(2))
-    for job in (waiting, direct):
+    spec = "grace_period: 1h\nrun: |\n  trap '' TERM\n  touch {marker}\n  while true; do sleep 0.1; done\n"
+    markers = [tmp_path / f"ignoring{n}" for n in range(2)]
+    waiting, direct = (submit(server, f"name: stubborn{n}\n" + spec.format(marker=markers[n])) for n in range(2))
+    for job, marker in zip((waiting, direct), markers):
         wait_state(server, job["id"], "RUNNING")
+        wait_for(marker.exists, timeout=20)  # it ignores SIGTERM only from here: a TERM before would end it
     assert server.post(f"/v1/jobs/{waiting['id']}/cancel").json()["cancelled"] is True
     time.sleep(1.0)
     assert server.get(f"/v1/jobs/{waiting['id']}").json()["state"] == "RUNNING"  # in its 1 h grace period

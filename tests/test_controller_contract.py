@@ -91,3 +91,36 @@ def test_an_event_for_an_attempt_nobody_owns_is_ended_not_adopted(fake_server) -
     fake.emit(Observed(key, Kind.STARTED, handle={"key": key, "node": "gpu-0"}))
     fake.emit(Observed(key, Kind.EXITED, code=0))
     wait_state(fake_server, job["id"], "SUCCEEDED")
+
+
+def test_an_auxiliary_that_failed_before_its_stop_reached_it_fails_the_job(fake_server) -> None:
+    """Its exit is reported after the primaries' end asked it to stop, but the stop signal
+    found it gone: it failed on its own (a server that could not bind its port), and the job
+    fails, as it does when the report comes first; it was not killed by the stop."""
+    fake = fake_server.fake
+    job = submit(fake_server, """
+name: web
+execution: parallel
+primary_tasks: [client]
+---
+name: server
+run: x
+---
+name: client
+run: x
+""")
+    wait_for(lambda: len(fake.started) == 2)
+    keys = {launch.key.split(".")[1]: launch.key for launch in fake.started}
+    for launch in fake.started:
+        fake.emit(Observed(launch.key, Kind.STARTED, handle={"key": launch.key, "node": launch.node}))
+    wait_for(lambda: all(r["state"] == "RUNNING" for t in fake_server.get(f"/v1/jobs/{job['id']}").json()["tasks"]
+                         for r in t["replicas"]))
+    fake.ended.add(keys["server"])  # it exited 1; the executor has not reported it yet
+    fake.emit(Observed(keys["client"], Kind.EXITED, code=0))
+    wait_for(lambda: (keys["server"], 15) in fake.signals)  # the primaries' end stopped it: the signal found it gone
+    fake.emit(Observed(keys["server"], Kind.EXITED, code=1))
+    done = wait_state(fake_server, job["id"], "FAILED", "SUCCEEDED")
+    assert done["state"] == "FAILED", done
+    server = next(t for t in done["tasks"] if t["name"] == "server")["replicas"][0]
+    assert server["state"] == "FAILED" and server["exit_code"] == 1, server
+    assert "auxiliary replica server-0 failed" in (done.get("message") or ""), done

@@ -128,8 +128,11 @@ run: sleep 60
     wait_state(server, group["id"], "CANCELLED")
 
 
-def test_priority_order_and_the_priority_view(server) -> None:
-    blocker = submit(server, "name: blocker\nresources: {accelerators: H100:4}\nrun: sleep 1\n")
+def test_priority_order_and_the_priority_view(server, tmp_path: Path) -> None:
+    # the blocker holds the node until both are seen waiting (a fixed second ran out under load
+    # before the second was ranked: one started at once, nothing to order)
+    go = tmp_path / "go"
+    blocker = submit(server, f"name: blocker\nresources: {{accelerators: H100:4}}\nrun: until [ -e {go} ]; do sleep 0.1; done\n")
     wait_state(server, blocker["id"], "RUNNING")
     late = submit(server, "name: niced\nresources: {accelerators: H100:4}\nrun: echo a\n", scheduling={"nice": 5000})
     early = submit(server, "name: plain\nresources: {accelerators: H100:4}\nrun: echo b\n")
@@ -140,6 +143,7 @@ def test_priority_order_and_the_priority_view(server) -> None:
     assert ranked[0]["fair_share"] > 0
     # no time limit: waited seconds of the 1-day cap (each as of when it was last scored)
     assert all(0 <= r["expansion"] < 10000 * 60 / 86400 for r in ranked)
+    go.touch()
     a, b = wait_state(server, late["id"], "SUCCEEDED"), wait_state(server, early["id"], "SUCCEEDED")
     assert b["started_at"] < a["started_at"]
 

@@ -171,6 +171,14 @@ class Carrier:
         """Count each signal's grace from when it was sent (after the commit), not from the
         cycle that decided it."""
         sent, self.effects.signalled = self.effects.signalled, []
+        found, self.effects.found_ended = self.effects.found_ended, []
+        for job_id, replica_id, key in found:
+            # the attempt had ended on its own before its stop went out (its exit report, not
+            # drained yet, comes after the ask): the supervisor ends it as its exit says
+            job = self.book.active.get(job_id)
+            replica = next((r for r in job.replicas if r.id == replica_id), None) if job else None
+            if replica is not None and replica.stop_requested_at is not None and replica.launch_key == key:
+                replica.ended_before_stop = key
         for job_id, replica_id, earliest in sent:
             job = self.book.active.get(job_id)
             replica = next((r for r in job.replicas if r.id == replica_id), None) if job else None

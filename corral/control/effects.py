@@ -56,6 +56,8 @@ class Effects:
         self._queue: list[Effect] = []
         # (job id, replica id, the earliest its SIGKILL may come) for each graced signal sent
         self.signalled: list[tuple[int, int, float]] = []
+        # (job id, replica id, attempt key) for each graced signal that found its attempt ended
+        self.found_ended: list[tuple[int, int, str]] = []
 
     def signal(self, infra: str, handle: Handle, signum: int, what: str,
                grace: tuple[int, int, float] | None = None) -> None:
@@ -90,11 +92,12 @@ class Effects:
             try:
                 if isinstance(effect, SendSignal):
                     executor = self.inventory.executors.get(effect.infra)
-                    if executor is not None:
-                        executor.signal(effect.handle, effect.signum)
+                    delivered = executor.signal(effect.handle, effect.signum) if executor is not None else True
                     if effect.grace is not None:
                         job_id, replica_id, seconds = effect.grace
                         self.signalled.append((job_id, replica_id, self.clock() + seconds))
+                        if delivered is False and effect.handle.get("key"):
+                            self.found_ended.append((job_id, replica_id, effect.handle["key"]))
                 elif isinstance(effect, Forget):
                     executor = self.inventory.executors.get(effect.infra)
                     if executor is not None:

@@ -68,6 +68,9 @@ class ReplicaRec:
     attempt: int = 0  # attempts launched so far; the current one's key uses it
     ports: dict | None = None  # name -> port bound on its node
     ended: tuple[str, str] = ("", "")  # why its last end was (cause, words), while the loop remembers
+    # the attempt whose stop signal found it already ended (its key; in memory only): its
+    # exit, reported after the stop was asked, was its own doing, not the stop's
+    ended_before_stop: str | None = None
 
     @property
     def label(self) -> str:

@@ -137,6 +137,9 @@ class Supervisor:
         if replica.state.terminal or replica.state not in LIVE:
             return []
         asked = replica.stop_requested_at is not None
+        # its stop signal found it already ended: it ended on its own, as its exit code says
+        # (an auxiliary failing just before the primaries' end stopped it is a failure)
+        unheard = asked and replica.ended_before_stop is not None and replica.ended_before_stop == replica.launch_key
         policy = job.task(replica.task).service.restart
         code = None if event.lost else event.code
         ending = job.cancel_requested or job.ended_by is not None  # nothing restarts: the job is ending
@@ -170,7 +173,7 @@ class Supervisor:
             # (a replay buffer flushing, a reward server closing): done, as Slurm's accounting
             # records it COMPLETED, not killed
             state, cause = ReplicaState.SUCCEEDED, "exited"
-        elif asked:
+        elif asked and not (unheard and code is not None):
             state, cause = ReplicaState.KILLED, replica.stop_cause or "stopped"
         elif code == 0:
             state, cause = ReplicaState.SUCCEEDED, "exited"

@@ -30,7 +30,9 @@ class Hello(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 bind = sys.argv[1]
-http.server.HTTPServer((bind, %d), Hello).serve_forever()
+server = http.server.HTTPServer((bind, %d), Hello)
+open(os.path.join(sys.argv[2], "bound-" + os.environ["CORRAL_LAUNCH_KEY"]), "w").close()  # its readiness
+server.serve_forever()
 """ % PORT
 
 CLIENT = """
@@ -55,6 +57,9 @@ for r in peers["tasks"]["server"]["replicas"]:
 
 
 def _group(work: Path, servers: int, bind: str, gpu_type: str) -> str:
+    """Servers, and a client that asks each by name once every one has bound its port (ready):
+    a replica binding 0.0.0.0 answers on its peers' addresses of one machine too, so a client
+    asking sooner could be answered for a server that has not bound yet, or never can."""
     (work / "server.py").write_text(SERVER)
     (work / "client.py").write_text(CLIENT)
     return f"""
@@ -65,9 +70,11 @@ primary_tasks: [client]
 name: server
 num_nodes: {servers}
 resources: {{accelerators: {gpu_type}:1, ports: {{web: {PORT}}}}}
-run: exec python3 {work}/server.py {bind}
+readiness_probe: {{exec: "test -e {work}/bound-$CORRAL_LAUNCH_KEY", period: 0.5s}}
+run: exec python3 {work}/server.py {bind} {work}
 ---
 name: client
+depends_on: [{{task: server, condition: ready}}]
 run: exec python3 {work}/client.py {servers}
 """
 
