@@ -163,7 +163,9 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     home = (world.environment.get("HOME") if world is not None else None) or None
     if base_dir is not None or workdir is not None or world is not None:  # else: the file alone, checked
         spec = resolve_workdirs(spec, base_dir, workdir, home, docs, source)
-        spec = resolve_mounts(spec, base_dir, home, docs, source, corral_dirs() if own_dirs is None else own_dirs)
+        if own_dirs is None and any(task.file_mounts for task in spec.tasks):
+            own_dirs = corral_dirs()
+        spec = resolve_mounts(spec, base_dir, home, docs, source, own_dirs or ())
     if world is not None:
         mode = parse_export(world.export)
         # a variable asked for by name that the site never carries: say so rather than drop it unseen
