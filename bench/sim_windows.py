@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
 import re
 import statistics
@@ -69,7 +70,9 @@ from corral.site import load_site  # noqa: E402
 from corral.spec import SpecError  # noqa: E402
 from corral.spec.quantity import parse_duration  # noqa: E402
 
-TRACES_DIR = ROOT.parent / "shared" / "traces"
+# the shared public traces beside the checkout; CORRAL_TRACES_DIR names another directory (the tests
+# point it at their small copies in tests/data/traces)
+TRACES_DIR = Path(os.environ.get("CORRAL_TRACES_DIR") or ROOT.parent / "shared" / "traces")
 DAY = 86400.0
 # key: (file, GPUs per node, where its windows may start, name)
 TRACES = {
