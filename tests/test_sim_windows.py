@@ -66,7 +66,7 @@ def test_a_short_study_writes_its_table_results_and_plots(tmp_path: Path) -> Non
     for name in ("tiresias-h1.png", "tiresias-h2.png"):
         assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = subprocess.run([sys.executable, str(ROOT / "bench" / "sim_windows.py"), "--seeds", "x"],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=TRACES)
     assert bad.returncode == 2 and "--seeds" in bad.stderr
 
 
