@@ -336,6 +336,38 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
             mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
 
 
+def test_the_check_works_in_a_process_holding_over_1024_descriptors() -> None:
+    """A server holds many descriptors (connections, logs, pipes): the check's pipe may be
+    numbered past 1024, which ``select`` refuses (the whole suite's process met it)."""
+    import resource
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from unix_users import need_root, traversable_dir, unix_user
+
+    import corral.node.mounts as mounts
+
+    need_root()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this machine allows {hard} descriptors a process")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        with traversable_dir() as root, unix_user("cifd") as ann:
+            (root / "src").mkdir()
+            os.chmod(root, 0o1777)
+            found = mounts.mount_points_as(ann, [("/pt", str(root / "pt"), str(root / "src"))])
+            assert [m[0] for m in found[0]["made"]] == [str(root / "pt")]
+            os.rmdir(root / "pt")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_directory_made_above_several_mount_points_goes_when_the_last_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jobs: int) -> None:

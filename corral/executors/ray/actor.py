@@ -234,8 +234,10 @@ class ReplicaActor:
             except OSError:
                 pass
         if self.fence_gone is not None:  # end-of-file once the fence has exited
-            try:
-                select.select([self.fence_gone], [], [], FENCE_EXIT_S)
+            try:  # (poll, not select: a Ray worker's descriptors may pass 1024)
+                waiting = select.poll()
+                waiting.register(self.fence_gone, select.POLLIN)
+                waiting.poll(FENCE_EXIT_S * 1000)
             finally:
                 os.close(self.fence_gone)
                 self.fence_gone = None
