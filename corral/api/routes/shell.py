@@ -45,6 +45,10 @@ from corral.states import JobState
 from corral.store import repository
 
 log = logging.getLogger("corral.shell")
+# The caller has left: Starlette's word for it, its word for a send on a closed connection, and
+# the ASGI server's (uvicorn raises ``ClientDisconnected``, an ``OSError``, from a send to a
+# peer that reset or closed the connection). None of them is a failure of the shell.
+_GONE = (WebSocketDisconnect, RuntimeError, OSError)
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 TOKEN_CHECK_S = 5.0
 T = TypeVar("T")
@@ -105,7 +109,7 @@ async def shell(websocket: WebSocket, job: str, replica: str | None = None):
         try:
             try:
                 await websocket.send_text(json.dumps({"started": {"job": job_id, "replica": label}}))
-            except (WebSocketDisconnect, RuntimeError):
+            except _GONE:
                 return
             await _relay(state, who, websocket, process)
         finally:
@@ -113,7 +117,7 @@ async def shell(websocket: WebSocket, job: str, replica: str | None = None):
         if websocket.client_state == WebSocketState.CONNECTED:
             try:
                 await websocket.close(1000)
-            except RuntimeError:
+            except _GONE:
                 pass
     finally:
         state.streams.close(who.user)
@@ -235,7 +239,7 @@ async def _refuse(websocket: WebSocket, status: int, detail: str) -> None:
         try:
             await websocket.send_text(json.dumps({"error": detail, "status": status}))
             await websocket.close(1008 if status in (401, 403) else 1011 if status >= 500 else 1000)
-        except (WebSocketDisconnect, RuntimeError):
+        except _GONE:
             pass
 
 
@@ -269,13 +273,19 @@ async def _relay(state: ServerState, who: Identity, websocket: WebSocket, proces
 
     tasks = [asyncio.create_task(output()), asyncio.create_task(inputs()), asyncio.create_task(token())]
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            if task.exception() is not None and not isinstance(task.exception(), (WebSocketDisconnect, RuntimeError)):
-                log.warning("shell relay failed: %r", task.exception())
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
+            # its end taken when it comes, so one that fails while being cancelled (a send meeting
+            # the closed connection) is not reported as an exception nobody retrieved; not awaited
+            # here: a read in a thread ends only once the process is ended, after this returns
+            task.add_done_callback(_taken)
+
+
+def _taken(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), _GONE):
+        log.warning("shell relay failed: %r", task.exception())
 
 
 async def _control(process: Shell, text: str) -> None:
