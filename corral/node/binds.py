@@ -122,11 +122,21 @@ def _state_file(path: str) -> Path:
     return STATE_DIR / (hashlib.sha1(f"{device}:{path}".encode()).hexdigest()[:24] + ".json")
 
 
-def _open_dir(path: str) -> int | None:
-    """``path`` opened (O_PATH) one component at a time through no link at all but root's (an
-    account that made a link above its mount point could otherwise point root's removal at
-    another directory, where an inode of the same number may be something else's), or None."""
-    fd, hops, rest = os.open("/", os.O_PATH | os.O_CLOEXEC), 0, [p for p in path.split("/") if p]
+class _LinkRefused(Exception):
+    """A link on the way that an account other than root made (``component``: where)."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__(component)
+        self.component = component
+
+
+def _walk(path: str) -> tuple[int, str]:
+    """``path`` opened (O_PATH) one component at a time, through no link but root's: an account
+    that made a link on the way could otherwise point root's bind or removal somewhere else (and
+    an inode of the same number there may be something else's). Returns the descriptor and the
+    real path it reached (links resolved: so a ``..`` in a link's text is taken lexically on a
+    path that holds none). Raises ``_LinkRefused``, or the ``OSError`` of a missing component."""
+    rest, real, fd, hops = [p for p in path.split("/") if p], "", os.open("/", os.O_PATH | os.O_CLOEXEC), 0
     try:
         while rest:
             name = rest.pop(0)
@@ -138,24 +148,30 @@ def _open_dir(path: str) -> int | None:
                 os.close(nxt)
                 hops += 1
                 if info.st_uid != 0 or hops > 40:
-                    os.close(fd)
-                    return None
-                link = os.readlink(name, dir_fd=fd)
-                if link.startswith("/"):
-                    os.close(fd)
-                    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
-                rest = [p for p in link.split("/") if p] + rest
-                continue
-            if not stat.S_ISDIR(info.st_mode):
-                os.close(nxt)
+                    raise _LinkRefused(f"{real}/{name}")
+                whole = os.path.normpath(os.path.join(real or "/", os.readlink(name, dir_fd=fd)))
+                rest = [p for p in whole.split("/") if p] + rest
                 os.close(fd)
-                return None
+                fd, real = os.open("/", os.O_PATH | os.O_CLOEXEC), ""
+                continue
             os.close(fd)
-            fd = nxt
-        return fd
-    except OSError:
+            fd, real = nxt, f"{real}/{name}"
+        return fd, real or "/"
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_dir(path: str) -> int | None:
+    """``path``, a directory, opened through root's links only (``_walk``), or None."""
+    try:
+        fd, _ = _walk(path)
+    except (_LinkRefused, OSError):
+        return None
+    if not stat.S_ISDIR(os.fstat(fd).st_mode):
         os.close(fd)
         return None
+    return fd
 
 
 def _remove(made: list, above: bool = False) -> list:
@@ -253,41 +269,21 @@ def _libc() -> ctypes.CDLL:
 
 
 def _open_target(bind: Bind, own: tuple[str, ...]) -> int:
-    """The target opened one component at a time (O_PATH, never through a link an account
-    other than root made), and its real path checked: a descriptor to bind onto."""
-    rest, real, fd, hops = bind.target.strip("/").split("/"), "", os.open("/", os.O_PATH | os.O_CLOEXEC), 0
+    """The target opened through root's links only (``_walk``), and its real path checked: a
+    descriptor to bind onto."""
     try:
-        while rest:
-            name = rest.pop(0)
-            if name in ("", "."):
-                continue
-            nxt = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            info = os.fstat(nxt)
-            if stat.S_ISLNK(info.st_mode):
-                os.close(nxt)
-                hops += 1
-                if info.st_uid != 0 or hops > 40:
-                    raise BindError(f"file_mounts.{bind.remote}: {real}/{name} is a link another account made: "
-                                    "mount at the path it leads to")
-                link = os.readlink(name, dir_fd=fd)
-                whole = os.path.normpath(os.path.join(real or "/", link))
-                rest = [p for p in whole.strip("/").split("/") if p] + rest
-                os.close(fd)
-                fd, real = os.open("/", os.O_PATH | os.O_CLOEXEC), ""
-                continue
-            os.close(fd)
-            fd, real = nxt, f"{real}/{name}"
-        why = shadows(real or "/", own)
-        if why:
-            raise BindError(f"file_mounts.{bind.remote}: {bind.target} leads to {real}: {why}")
-        return fd
+        fd, real = _walk(bind.target)
+    except _LinkRefused as exc:
+        raise BindError(f"file_mounts.{bind.remote}: {exc.component} is a link another account made: "
+                        "mount at the path it leads to") from None
     except FileNotFoundError:
-        os.close(fd)
         raise BindError(f"file_mounts.{bind.remote}: {bind.target} does not exist in the replica's view "
                         "(inside another mount's source?)") from None
-    except BaseException:
+    why = shadows(real, own)
+    if why:
         os.close(fd)
-        raise
+        raise BindError(f"file_mounts.{bind.remote}: {bind.target} leads to {real}: {why}")
+    return fd
 
 
 SYS_MOUNT_SETATTR = 442  # (one number on every architecture: it came after the syscall tables were unified)
