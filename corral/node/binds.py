@@ -30,7 +30,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.spec.mounts import shadows
 
 STATE_DIR = Path("/run/corral-mountpoints")
 MS_BIND = 0x1000
@@ -162,6 +161,14 @@ def _walk(path: str) -> tuple[int, str]:
         raise
 
 
+def _shadows(path: str, own: tuple[str, ...]) -> str | None:
+    # imported when a job has file_mounts: a Ray worker imports this module for every replica
+    # actor, and the spec's validators bring pydantic
+    from corral.spec.mounts import shadows
+
+    return shadows(path, own)
+
+
 def _open_dir(path: str) -> int | None:
     """``path``, a directory, opened through root's links only (``_walk``), or None."""
     try:
@@ -212,7 +219,7 @@ def prepare(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, ac
     home = home or (account.home if account is not None else home_of_this_account())
     wanted = [(remote, expand(remote, home), source) for remote, source in mounts]
     for remote, target, _ in wanted:
-        why = shadows(os.path.normpath(target), own)
+        why = _shadows(os.path.normpath(target), own)
         if why:
             raise BindError(f"file_mounts.{remote}: {why}")
     targets = sorted({target for _, target, _ in wanted})
@@ -279,7 +286,7 @@ def _open_target(bind: Bind, own: tuple[str, ...]) -> int:
     except FileNotFoundError:
         raise BindError(f"file_mounts.{bind.remote}: {bind.target} does not exist in the replica's view "
                         "(inside another mount's source?)") from None
-    why = shadows(real, own)
+    why = _shadows(real, own)
     if why:
         os.close(fd)
         raise BindError(f"file_mounts.{bind.remote}: {bind.target} leads to {real}: {why}")

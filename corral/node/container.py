@@ -421,10 +421,10 @@ def pulling(run_dir: Path) -> bool:
 def await_script(run_dir: Path, env: dict[str, str], account: UnixAccount | None) -> None:
     """For a batch script run in its own container, the file its container marks once the
     image is there (``pulling``), writable by the job's account alone; nothing otherwise."""
-    from corral.auth.accounts import hand_over
-
     if "CORRAL_SBATCH_CONTAINER" not in env:
         return
+    from corral.auth.accounts import hand_over  # (here: a Ray worker need not import the server's models)
+
     path = run_dir / SCRIPT_FILE
     hand_over(path, account, run_dir, directory=False)
     env[SCRIPT_VAR] = str(path)

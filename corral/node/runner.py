@@ -30,11 +30,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
-from corral.auth.accounts import UnixAccount
-from corral.executors.contract import Container
 from corral.node import container as containers
 from corral.node.container import (LAUNCH as CONTAINER_LAUNCH, READS as CONTAINER_READS, SETUP_FAILED,
                                    SHELL as CONTAINER_SHELL)
@@ -44,6 +43,11 @@ from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.network import Bridge
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
 from corral.node.stepagent import DIR_VAR as STEP_AGENTS_VAR
+
+if TYPE_CHECKING:  # (annotations only: a Ray worker imports this module for every replica actor it
+    # starts, and the server's models — pydantic, the pool, the job spec — would double its import)
+    from corral.auth.accounts import UnixAccount
+    from corral.executors.contract import Container
 
 # Traps (not ignores) so the wrapper survives the group signal long enough to record the
 # exit code, while its children start with default signal dispositions. Its first acts put
@@ -361,7 +365,7 @@ class NodeRunner:
             net = (address, self.bridge.host_end(key)) if self.bridge is not None and address else None
             needs = "network namespace" if self.bridge is not None else \
                 "mount namespace (to bind its file_mounts)" if bound else ""
-            own = self.own_dirs()
+            own = self.own_dirs() if bound else ()  # (found once per process, importing the spec's code)
 
             def start() -> subprocess.Popen:  # on the namespace thread, inside the attempt's namespaces
                 binds.bind_all(bound, own)

@@ -30,7 +30,6 @@ import sys
 import threading
 from pathlib import Path
 
-from corral.executors.contract import Container
 from corral.executors.ray.fence import FENCED_FILE
 from corral.executors.ray.relay import NodeShells
 from corral.node import container as containers
@@ -137,6 +136,8 @@ class ReplicaActor:
         repo = launch.get("repo")
         if boxed:  # ``signal`` reaches every process in it
             env = {**env, containers.SIGNALS_VAR: "1"}
+        from corral.executors.contract import Container  # (only for a container: it brings the server's models)
+
         container = Container(**{**boxed, "options": tuple(boxed["options"]),
                                  "login": tuple(boxed["login"]) if boxed.get("login") else None,
                                  "mounts": tuple(mounts)}) if boxed else None

@@ -48,8 +48,10 @@ class Groups:
             if gone:
                 self._doom(job_id, label, node)
                 continue
-            try:
-                pg = self._ray.util.get_placement_group(name)  # made before a server restart
+            try:  # made before a server restart (asked only then: one call to Ray's GCS per replica)
+                if name not in self._earlier_groups().get(job_id, ()):
+                    raise ValueError(name)
+                pg = self._ray.util.get_placement_group(name)
             except ValueError:
                 bundle: dict[str, float] = {"CPU": cpus}
                 if len(gpus):
