@@ -235,3 +235,26 @@ def test_a_root_stager_reads_with_the_job_s_account_s_rights_only(tmp_path: Path
             for name in ("public.txt", "secret.txt"):
                 (src / name).unlink(missing_ok=True)
             src.rmdir()
+
+
+def test_a_client_still_staging_is_found_by_the_step_it_will_start() -> None:
+    """After a server restart an attempt whose handle was never stored is found by its srun's
+    step name: so is one whose client still stages its sources before it becomes that srun."""
+    import sys
+    import time
+
+    from corral.executors.slurm.cli import srun_clients
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "stage", "/r", "--", "srun",
+                             "--jobid=1", "--job-name=corral-test-staging-k1"])
+    try:
+        found = {}
+        for _ in range(100):
+            found = srun_clients()
+            if "corral-test-staging-k1" in found:
+                break
+            time.sleep(0.05)
+        assert found.get("corral-test-staging-k1", (0,))[0] == proc.pid, found
+    finally:
+        proc.kill()
+        proc.wait()
