@@ -117,6 +117,8 @@ run: |
             assert log.count("read submitter's shard / submitter's cfg on") == 2, log
             assert log.count("node has node's own shard") == 2, log  # the nodes do not see the source
             assert len({r["node"] for r in corral.replicas(job).values()}) == 2
+            for source in (f"{private}/data", f"{private}/cfg.txt"):  # by whichever replica's step came first
+                assert log.count(f"corral: staged {source} for the Slurm nodes, which do not see it (") == 1, log
             wait_for(lambda: not record.exists() and not os.path.lexists(remote / "data"), timeout=30)
             assert not os.path.lexists(remote / "cfg.txt")
 

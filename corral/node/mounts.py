@@ -374,6 +374,20 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
     return copied
 
 
+def _say(log_file: str, lines: list[str]) -> None:
+    """Lines appended to the replica's log (as the job's account), if it has one."""
+    if not log_file or not lines:
+        return
+    try:
+        fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError:
+        return
+    try:
+        os.write(fd, "".join(line + "\n" for line in lines).encode())
+    finally:
+        os.close(fd)
+
+
 def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
     """A staging that failed, as the job's account: its sentence in the replica's log and the
     attempt's run directory, which records that the attempt started (``pid``: the srun
@@ -410,7 +424,9 @@ def stage_as(account: tuple[int, int, tuple[int, ...]] | None, record_dir: Path,
     said in ``run_dir`` and ``log_file`` as that account. Whether every source is in place."""
     def staging(pid: int) -> bool:
         try:
-            stage(record_dir, mounts, limit)
+            copied = stage(record_dir, mounts, limit)
+            _say(log_file, [f"corral: staged {source} for the Slurm nodes, which do not see it "
+                            f"({human(size_of(str(copy_dir(record_dir, source)), 1 << 62))})" for source in copied])
             return True
         except MountError as exc:
             _say_stage_failed(run_dir, log_file, str(exc), pid)

@@ -178,6 +178,7 @@ def test_the_program_stages_then_becomes_the_command_or_fails_the_attempt_saying
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "ran as" in done.stdout and "submitter" in done.stdout, done.stdout
+    assert f"corral: staged {src} for the Slurm nodes, which do not see it (10 bytes)" in log.read_text()
     assert not (run_dir / "exit_code").exists() and stage_failure(run_dir) == ""
     detach(record)
 
