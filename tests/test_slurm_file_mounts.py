@@ -2,7 +2,7 @@
 mount namespace of its own with a private tmpfs at a path where the nodes (slurmd, in this
 machine's own namespace) have files of their own. Each source there is staged (copied once per
 job into the job's record, in corral's home, as the job's account) and a replica on a Slurm
-node reads the submitter's content, not its node's; another account's job is refused a file of
+node reads the submitter's content, not its node's (in a container too); another account's job is refused a file of
 root's it may not read (never copied with root's rights); a source over
 ``infra.slurm.file_mounts_max_gb`` fails the job with a sentence naming the mount, its size and
 the limit; nothing is left when the jobs end. Needs root (unshare, mount, throwaway accounts)."""
@@ -74,7 +74,9 @@ def test_sources_the_slurm_nodes_do_not_see_are_staged_as_the_account_and_go_wit
         home = root / "home"
         home.mkdir()
         harness = SlurmHarness()
-        (home / "config.yaml").write_text(harness.site() + LIMIT)
+        from container_lab import SITE as CONTAINERS
+
+        (home / "config.yaml").write_text(harness.site() + LIMIT + CONTAINERS)
         corral = Corral(home, harness)
         # the server (and the srun clients it starts) in a mount namespace of its own, where a
         # tmpfs over ``private`` holds the submitter's files; the nodes see the ones beneath
@@ -121,6 +123,19 @@ run: |
                 assert log.count(f"corral: staged {source} for the Slurm nodes, which do not see it (") == 1, log
             wait_for(lambda: not record.exists() and not os.path.lexists(remote / "data"), timeout=30)
             assert not os.path.lexists(remote / "cfg.txt")
+
+            if shutil.which("podman"):  # in a container the node's engine binds the staged copy too
+                from container_lab import MARKER, ensure_image
+
+                job = admin.submit(f"resources: {{image_id: docker:{ensure_image()}, accelerators: H100:1}}\n"
+                                   f"file_mounts: {{/staged/data: {private}/data}}\n"
+                                   f"run: test -e {MARKER} && echo \"boxed $(cat /staged/data/a.txt)\"\n",
+                                   cwd=str(root), scheduling={"partition": PARTITION})["job"]["id"]
+                done = corral.wait_job(job, timeout=180)
+                log = corral.log(job)
+                assert done["state"] == "SUCCEEDED", (done, log)
+                assert "boxed submitter's shard" in log, log
+                wait_for(lambda: record_of(job) is None, timeout=30)
 
             # another account's: her own file arrives (copied as her); a file of root's she may
             # not read is refused, never copied with the root server's rights

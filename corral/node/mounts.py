@@ -26,7 +26,8 @@ replica's log). On a node, ``attach`` and ``here`` take a complete copy of the j
 whatever the node has at the source's path (a node's own /data/x is not the submitter's);
 ``detach`` removes it with the record when the job ends.
 
-A container binds the source where the node sees it, else that same copy (``here``). On the
+A container binds the source where the node sees it, else that same copy (``here``; on
+Slurm, the link ``seen_at`` that ``stage`` makes to the one or the other). On the
 local executor, where the server is root and may make namespaces, nothing is linked: each
 replica binds its mounts in its own mount namespace (``corral.node.binds``); the links here
 are for a server that is not root, a node that refuses namespaces, Slurm steps and Ray actors.
@@ -63,6 +64,7 @@ RECORD = "made.jsonl"
 LOCK = "lock"
 COPIES = "copies"
 COMPLETE = ".complete"
+SEEN = "at"  # in the record: a link per source to what the job's containers bind (``seen_at``)
 STAGE_FAILED = "mounts.err"  # in an attempt's run directory: why its sources could not be staged
 
 # Filesystem types (``/proc/self/mountinfo``) a cluster's nodes mount alike: a source on one is
@@ -338,8 +340,9 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
     """On the submitting machine, as the job's account (the caller's rights: ``stage_as``): copy
     each source the nodes may not see (``must_stage``) into the job's record directory, once per
     job (under the job's lock; a complete copy is kept), where a node's ``attach`` or ``here``
-    takes it over its own path. Returns the sources copied now. Raises ``MountError`` naming
-    the mount: unreadable, larger than ``limit`` bytes, or not copied whole."""
+    takes it over its own path, and a container binds it through ``seen_at``. Returns the
+    sources copied now. Raises ``MountError`` naming the mount: unreadable, larger than
+    ``limit`` bytes, or not copied whole."""
     copied = []
     with _locked(record_dir):
         shared_dev = os.stat(record_dir).st_dev
@@ -371,6 +374,14 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
                                  f"do not see it, as the Unix account {_me()} ({exc.strerror or exc})") from None
             target.parent.joinpath(COMPLETE).touch()
             copied.append(source)
+        for _, source in mounts:  # (what a container binds: links inside the record, gone with it)
+            link = seen_at(record_dir, source)
+            want = str(copy_dir(record_dir, source)) if staged(record_dir, source) else source
+            if os.path.islink(link) and os.readlink(link) == want:
+                continue
+            link.parent.mkdir(exist_ok=True)
+            link.unlink(missing_ok=True)
+            os.symlink(want, link)
     return copied
 
 
@@ -491,6 +502,13 @@ def lacking(record_dir: Path, mounts: list[tuple[str, str]], sees: Callable[[str
     """The sources this node neither sees nor holds a copy of for the job: what must be sent."""
     return sorted({source for _, source in mounts if not sees(source)
                    and not staged(record_dir, source)})
+
+
+def seen_at(record_dir: Path, source: str) -> Path:
+    """A link, made by ``stage``, to what the job's replicas see of ``source``: its staged copy,
+    else the source's own path (each node resolves it there). A Slurm step's container binds
+    it, so the container of a node that does not see the source gets the copy."""
+    return record_dir / SEEN / hashlib.sha1(source.encode()).hexdigest()[:16]
 
 
 def staged(record_dir: Path, source: str) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.node.mounts import (COMPLETE, RECORD, SHARED_FS, MountError, attach, copy_dir, detach, fs_type, here,
-                                must_stage, stage, stage_command, stage_failure, staged)
+                                must_stage, seen_at, stage, stage_command, stage_failure, staged)
 
 MOUNTINFO = """\
 22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -104,6 +104,7 @@ def test_a_source_the_nodes_may_not_see_is_staged_once_per_job_and_goes_with_it(
     assert copy_dir(record, str(src / "cfg.txt")).read_text() == "lr: 0.1\n"
     assert staged(record, str(src / "data")) and (data.parent / COMPLETE).exists()
     assert stage(record, mounts, 1 << 20) == []  # a later replica: nothing more
+    assert os.readlink(seen_at(record, str(src / "data"))) == str(data)  # what a container binds
     detach(record)
     assert not record.exists()  # the job ended: its copies with its record
 
@@ -115,6 +116,7 @@ def test_a_source_the_nodes_see_is_not_staged(tmp_path: Path) -> None:
     record.mkdir(parents=True)
     assert stage(record, [("/cfg", str(src))], 1 << 20) == []  # the device of the record: seen by the nodes
     assert not staged(record, str(src)) and _copies(record) == []
+    assert os.readlink(seen_at(record, str(src))) == str(src)  # a container binds the path as its node has it
 
 
 def test_a_source_over_the_limit_is_not_staged_and_the_sentence_says_mount_size_and_limit(tmp_path: Path,

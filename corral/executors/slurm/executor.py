@@ -37,6 +37,7 @@ answers, and what needs Slurm's word (its allocations, adopting attempts) waits 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -56,7 +57,7 @@ from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, retrying
 from corral.executors.slurm.stepsignals import Attempt, StepSignals
-from corral.node.mounts import command as mounts_command, stage_command, stage_failure
+from corral.node.mounts import command as mounts_command, seen_at, stage_command, stage_failure
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
@@ -264,10 +265,15 @@ class SrunExecutor(EventStream):
             layout = step_layout(env, self.allocations.host_of)
         if launch.container is not None:  # a stop signal reaches every process in it (``sidesteps``)
             env[containers.SIGNALS_VAR] = "1"
+        boxed = launch.container
+        if boxed is not None and boxed.mounts:  # each source as the job sees it: the copy staged, or the path
+            record = self.runner.mounts_dir(launch.job_id)
+            boxed = dataclasses.replace(boxed, mounts=tuple((remote, str(seen_at(record, source)))
+                                                            for remote, source in boxed.mounts))
         try:
             # a step of another account cannot make namespaces: its names resolve through the files
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,
-                                          launch.hosts and account is None, "", launch.repo, launch.container,
+                                          launch.hosts and account is None, "", launch.repo, boxed,
                                           account)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
@@ -292,7 +298,7 @@ class SrunExecutor(EventStream):
         client_env = {**(self.runner.server_side_env(launch.key, env, account, owner=account) if account else env),
                       **self.cli.conf, RUN_AS_VAR: ""}
         srun = argv + wrapper
-        if launch.file_mounts and launch.container is None:
+        if launch.file_mounts:
             # sources the nodes may not see are first copied into the job's record (which they do
             # see), as the account, by the process that then becomes this srun: off the loop, and
             # the srun keeps its pid (node.mounts.stage)
