@@ -353,13 +353,14 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
                 if not must_stage(source, shared_dev, mountinfo):
                     continue
                 size = size_of(source, limit)
-                if size > limit:
-                    size = size_of(source, 1 << 62)
+                if size > limit:  # counted on for the sentence, up to a bound (a huge tree is not walked whole)
+                    size = size_of(source, 64 * limit)
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None
             if size > limit:
-                raise MountError(f"file_mounts.{remote}: {source} is {human(size)}, larger than the {human(limit)} "
+                raise MountError(f"file_mounts.{remote}: {source} is {'over ' if size > 64 * limit else ''}"
+                                 f"{human(min(size, 64 * limit))}, larger than the {human(limit)} "
                                  "that corral copies for Slurm nodes that do not see it (config.yaml "
                                  "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
                                  "raise the limit")

@@ -132,6 +132,8 @@ def test_a_source_over_the_limit_is_not_staged_and_the_sentence_says_mount_size_
     assert text.startswith("file_mounts./opt/big: ") and "2.9 KB" in text and "1.0 KB" in text, text
     assert "infra.slurm.file_mounts_max_gb" in text, text
     assert not copy_dir(record, str(big)).parent.exists()
+    with pytest.raises(MountError, match=r"is over 1\.0 KB, larger than the 16 bytes"):  # not walked past 64x
+        stage(record, [("/opt/big", str(big))], 16)
 
 
 def test_a_node_prefers_the_job_s_complete_copy_over_what_it_has_at_the_path(tmp_path: Path) -> None:
