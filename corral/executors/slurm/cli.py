@@ -273,14 +273,21 @@ def _job(j: dict) -> JobInfo:
 
 
 def srun_clients() -> dict[str, tuple[int, float]]:
-    """srun commands alive on this machine, by the ``--job-name`` they were given."""
+    """srun commands alive on this machine, by the ``--job-name`` they were given; also those
+    still staging a job's file_mounts before they become that srun (``node.mounts.stage``:
+    ``… stage … -- srun …``)."""
     found = {}
     for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
         try:
             argv = proc.info["cmdline"] or []
-            if not argv or os.path.basename(argv[0]) != "srun":
+            if not argv:
                 continue
-            for arg in argv[1:]:
+            at = 0 if os.path.basename(argv[0]) == "srun" else next(
+                (i + 1 for i in range(1, len(argv) - 1)
+                 if argv[i] == "--" and os.path.basename(argv[i + 1]) == "srun" and "stage" in argv[:i]), None)
+            if at is None:
+                continue
+            for arg in argv[at + 1:]:
                 if arg.startswith("--job-name="):
                     found[arg.split("=", 1)[1]] = (proc.pid, proc.info["create_time"])
                     break

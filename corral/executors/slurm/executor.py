@@ -19,7 +19,11 @@ replicas never share a GPU (``--overlap`` would let them, in Slurm 22.05). The s
 after the attempt's key; its output goes straight to the replica's log (``--output``, written
 by slurmstepd, so nothing is lost if the server dies), and the same wrapper as on other
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
-what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes.
+what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes. A replica's
+``file_mounts`` sources that are on neither its device nor a network filesystem are staged
+there first, as the job's account, by the process that then execs the ``srun`` (so the copy is
+off the loop and the srun keeps its pid), within ``infra.slurm.file_mounts_max_gb``; one that
+cannot be ends the attempt with its sentence (``node.mounts.stage``).
 
 A stop signal reaches the attempt's process group from a small step beside it, SIGKILL cancels
 the step (``stepsignals``). Slurm's variables are set over the step's own (``layout``), and srun
@@ -33,6 +37,7 @@ answers, and what needs Slurm's word (its allocations, adopting attempts) waits 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -52,7 +57,7 @@ from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, retrying
 from corral.executors.slurm.stepsignals import Attempt, StepSignals
-from corral.node.mounts import command as mounts_command
+from corral.node.mounts import command as mounts_command, seen_at, stage_command, stage_failure
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
@@ -87,9 +92,10 @@ class SrunExecutor(EventStream):
     name = "slurm"
 
     def __init__(self, settings, scope: str, wake: Wake = lambda: None, own_allocation: str | None = None,
-                 cli: SlurmCli | None = None, forward: tuple[str, ...] = ()):
+                 cli: SlurmCli | None = None, forward: tuple[str, ...] = (), file_mounts_max_gb: float = 1.0):
         super().__init__(wake)
         self.scope = scope
+        self.stage_limit = int(file_mounts_max_gb * 2**30)  # the largest source staged for the nodes (bytes)
         self.cli = cli or SlurmCli()
         self.settings = settings
         self.runner = NodeRunner(settings.runs_dir, settings.runtime_dir, scope)
@@ -259,10 +265,15 @@ class SrunExecutor(EventStream):
             layout = step_layout(env, self.allocations.host_of)
         if launch.container is not None:  # a stop signal reaches every process in it (``sidesteps``)
             env[containers.SIGNALS_VAR] = "1"
+        boxed = launch.container
+        if boxed is not None and boxed.mounts:  # each source as the job sees it: the copy staged, or the path
+            record = self.runner.mounts_dir(launch.job_id)
+            boxed = dataclasses.replace(boxed, mounts=tuple((remote, str(seen_at(record, source)))
+                                                            for remote, source in boxed.mounts))
         try:
             # a step of another account cannot make namespaces: its names resolve through the files
             wrapper = self.runner.command(launch.key, launch.job_id, launch.setup, launch.run, env,
-                                          launch.hosts and account is None, "", launch.repo, launch.container,
+                                          launch.hosts and account is None, "", launch.repo, boxed,
                                           account)
         except (OSError, ValueError) as exc:
             raise LaunchError(str(exc)) from exc
@@ -286,6 +297,14 @@ class SrunExecutor(EventStream):
         # root's srun never carries another account's variables (BASH_ENV, LD_PRELOAD): its step reads them
         client_env = {**(self.runner.server_side_env(launch.key, env, account, owner=account) if account else env),
                       **self.cli.conf, RUN_AS_VAR: ""}
+        srun = argv + wrapper
+        if launch.file_mounts:
+            # sources the nodes may not see are first copied into the job's record (which they do
+            # see), as the account, by the process that then becomes this srun: off the loop, and
+            # the srun keeps its pid (node.mounts.stage)
+            srun = stage_command(self.runner.mounts_dir(launch.job_id), launch.file_mounts, self.stage_limit,
+                                 str(self.runner.run_dir(launch.key)), str(log_file),
+                                 (account.uid, account.gid, tuple(account.groups)) if account else None) + ["--"] + srun
         srun_log = self._srun_log(launch.key)
         try:
             with open(srun_log, "ab") as out:
@@ -295,7 +314,7 @@ class SrunExecutor(EventStream):
                     open_discovery(self.runner.runtime_dir, self.runner.job_dir(launch.job_id))
                     hand_over_job_files(self.runner.job_dir(launch.job_id), env, account, self.runner.runtime_dir)
                 # srun gives the step its own umask (SLURM_UMASK): the user's, not the server's private one
-                proc = subprocess.Popen(argv + wrapper, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                proc = subprocess.Popen(srun, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                         env=client_env, start_new_session=True, close_fds=True,
                                         umask=LOGIN_UMASK if account is not None else self._umask)
         except (OSError, ValueError) as exc:
@@ -399,6 +418,9 @@ class SrunExecutor(EventStream):
         containers.remove(self.runner.run_dir(key))
         code = self.runner.exit_code(key)
         if code is not None:
+            staging = stage_failure(self.runner.run_dir(key))  # its sources could not be staged: no step ran
+            if staging:
+                return Observed(key, Kind.EXITED, code=code, reason=staging, permanent=True)
             said, permanent = containers.ended(self.runner.run_dir(key))
             return Observed(key, Kind.EXITED, code=code, reason=said, permanent=permanent)
         started = self.runner.started_pid(key) is not None

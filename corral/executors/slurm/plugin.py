@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Literal
 
+from pydantic import Field
+
 from corral.executors.registry import Infra
 from corral.spec.base import Strict
 
@@ -20,6 +22,9 @@ class SlurmConfig(Strict):
 
     inside: Literal["auto", "off"] = "auto"
     forward: list[Literal["account", "qos"]] = []
+    # the largest file_mounts source (file or directory) staged for nodes that do not see it
+    # (on neither corral's home's device nor a shared filesystem: corral.node.mounts.stage)
+    file_mounts_max_gb: float = Field(default=1.0, gt=0)
 
 
 def inside_allocation(config: SlurmConfig | None) -> str | None:
@@ -34,7 +39,8 @@ def _build(settings, config: SlurmConfig, nodes, wake):  # noqa: ANN001 - see In
     from corral.executors import scope_of
     from corral.executors.slurm.executor import SrunExecutor
 
-    return SrunExecutor(settings, scope_of(settings), wake, inside_allocation(config), forward=tuple(config.forward))
+    return SrunExecutor(settings, scope_of(settings), wake, inside_allocation(config), forward=tuple(config.forward),
+                        file_mounts_max_gb=config.file_mounts_max_gb)
 
 
 def _implied() -> SlurmConfig | None:
