@@ -214,7 +214,8 @@ def prepare(record_dir: Path, mounts: tuple[tuple[str, str], ...], home: str, ac
     """Each mount ready to bind: its source's identity as the job's account reaches it, and a
     mount point at its target (made by the account where the machine has none, and used by
     this job until ``release``). Raises ``BindError`` naming the mount."""
-    from corral.node.mounts import MountError, expand, home_of_this_account, mount_points_as
+    from corral.node.mounts import MountError, expand, home_of_this_account
+    from corral.node.mountpoints import mount_points_as
 
     home = home or (account.home if account is not None else home_of_this_account())
     wanted = [(remote, expand(remote, home), source) for remote, source in mounts]

@@ -14,20 +14,13 @@ of the account's own (``_Users``), lists the jobs using it; the last one to end 
 with the directories made above it. A link to another source, or another account's, is never
 shared: that job fails with a sentence, as for anything else already there.
 
-On Slurm the nodes do not share the submitting machine's disks, only corral's home (and the
-site's network filesystems): a source on neither (``must_stage``: another device than the
-job's record directory, of a filesystem type not in ``SHARED_FS``) is **staged** when a step
-starts, before its ``srun``, in the process that then becomes that ``srun`` (``stage``, off the
-server's loop): copied once per job, as the job's account, into the job's record directory
-(the layout ``copy_dir`` names, marked ``.complete``), which the nodes see. A source larger
-than ``infra.slurm.file_mounts_max_gb`` is not copied: the step fails with a sentence naming
-the mount, its size and the limit (``STAGE_FAILED`` in the attempt's run directory, the
-replica's log). On a node, ``attach`` and ``here`` take a complete copy of the job's over
-whatever the node has at the source's path (a node's own /data/x is not the submitter's);
-``detach`` removes it with the record when the job ends.
+On Slurm, a source the nodes may not see is copied into the job's record directory before the
+step starts (``corral.node.staging``); ``attach`` and ``here`` take a complete copy of the
+job's over whatever the node has at the source's path (a node's own /data/x is not the
+submitter's); ``detach`` removes it with the record when the job ends.
 
 A container binds the source where the node sees it, else that same copy (``here``; on
-Slurm, the link ``seen_at`` that ``stage`` makes to the one or the other). On the
+Slurm, the link ``seen_at`` that ``staging.stage`` makes to the one or the other). On the
 local executor, where the server is root and may make namespaces, nothing is linked: each
 replica binds its mounts in its own mount namespace (``corral.node.binds``); the links here
 are for a server that is not root, a node that refuses namespaces, Slurm steps and Ray actors.
@@ -52,7 +45,6 @@ import os
 import pwd
 import shutil
 import socket
-import stat
 import sys
 import tarfile
 from collections.abc import Callable
@@ -65,21 +57,6 @@ LOCK = "lock"
 COPIES = "copies"
 COMPLETE = ".complete"
 SEEN = "at"  # in the record: a link per source to what the job's containers bind (``seen_at``)
-STAGE_FAILED = "mounts.err"  # in an attempt's run directory: why its sources could not be staged
-
-# Filesystem types (``/proc/self/mountinfo``) a cluster's nodes mount alike: a source on one is
-# taken to be seen by the nodes at the same path, so it is not staged. Network and cluster
-# filesystems (NFS, SMB, AFS, Lustre, GPFS/Spectrum Scale, BeeGFS, CephFS, GlusterFS, WekaFS,
-# PanFS, OrangeFS, shared-disk OCFS2/GFS2, and the FUSE clients of Ceph, Gluster, MooseFS,
-# LizardFS, JuiceFS, Quobyte). Not among them, so staged: local disks, tmpfs, overlay, and
-# 9p/virtiofs/sshfs (a VM's or a user's own share: the nodes may not mount it; staging a source
-# the nodes do see costs a copy, not staging one they do not fails the job or, worse, gives it
-# the node's own file at that path).
-SHARED_FS = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "afs", "lustre", "gpfs", "beegfs", "ceph", "glusterfs", "wekafs",
-    "panfs", "pvfs2", "orangefs", "ocfs2", "gfs2", "fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph", "fuse.cephfs",
-    "fuse.mfs", "fuse.moosefs", "fuse.lizardfs", "fuse.juicefs", "fuse.quobyte", "fuse.weka",
-})
 
 SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 WHY_VAR = "CORRAL_MOUNTS_WHY"  # why a mount is a link here (no mount namespace), for its refusals
@@ -267,238 +244,6 @@ def pack(source: str) -> bytes:
     return out.getvalue()
 
 
-def human(size: float) -> str:
-    """A size in bytes as people read it (``512 bytes``, ``3.2 MB``, ``1.0 GB``)."""
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
-
-
-def _unescape(field: str) -> str:
-    """A path as ``/proc/self/mountinfo`` writes it (space, tab, newline, backslash octal-escaped)."""
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def fs_type(path: str, mountinfo: str | None = None) -> str:
-    """The type of the filesystem holding ``path`` (``ext4``, ``nfs4``, ``fuse.glusterfs`` …):
-    that of the deepest mount above its real path in ``mountinfo`` (this process's
-    ``/proc/self/mountinfo`` unless given; the last of several at one point, which hides the
-    others). "" when none says."""
-    if mountinfo is None:
-        try:
-            with open("/proc/self/mountinfo") as info:
-                mountinfo = info.read()
-        except OSError:
-            return ""
-    real = os.path.realpath(path)
-    found, depth = "", -1
-    for line in mountinfo.splitlines():  # ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL…] - TYPE SOURCE …
-        fields = line.split(" ")
-        dash = fields.index("-", 6) if "-" in fields[6:] else -1
-        if dash < 0 or dash + 1 >= len(fields):
-            continue
-        point, kind = _unescape(fields[4]), fields[dash + 1]
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= depth:
-            found, depth = kind, len(point)
-    return found
-
-
-def must_stage(source: str, shared_dev: int, mountinfo: str | None = None) -> bool:
-    """Whether Slurm's nodes may not see ``source`` at its path, so it is staged: it is neither
-    on ``shared_dev`` (the device of corral's home, which the nodes share) nor on a filesystem
-    of a type the nodes mount alike (``SHARED_FS``). Raises OSError when it cannot be read."""
-    if os.stat(source).st_dev == shared_dev:
-        return False
-    return fs_type(source, mountinfo) not in SHARED_FS
-
-
-def _copy_file(source: str, target: str) -> None:
-    if not stat.S_ISREG(os.lstat(source).st_mode):  # a pipe or device would be read forever
-        raise OSError(f"{source} is neither a file, a directory nor a link")
-    shutil.copy2(source, target)
-
-
-def _copy_tree(source: str, target: Path) -> None:
-    """``source`` (a file, or a directory with its links kept as links) copied to ``target``,
-    with this process's rights. Raises OSError naming what could not be copied."""
-    if not os.path.isdir(source):
-        _copy_file(os.path.realpath(source), str(target))
-        return
-    try:
-        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file)
-    except shutil.Error as exc:  # every entry that failed: the first says why
-        first = exc.args[0][0] if exc.args and isinstance(exc.args[0], list) and exc.args[0] else None
-        raise OSError(first[2] if first and len(first) == 3 else str(exc)) from None
-
-
-def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo: str | None = None) -> list[str]:
-    """On the submitting machine, as the job's account (the caller's rights: ``stage_as``): copy
-    each source the nodes may not see (``must_stage``) into the job's record directory, once per
-    job (under the job's lock; a complete copy is kept), where a node's ``attach`` or ``here``
-    takes it over its own path, and a container binds it through ``seen_at``. Returns the
-    sources copied now. Raises ``MountError`` naming the mount: unreadable, larger than
-    ``limit`` bytes, or not copied whole."""
-    copied = []
-    with _locked(record_dir):
-        shared_dev = os.stat(record_dir).st_dev
-        for remote, source in mounts:
-            if staged(record_dir, source):
-                continue  # another replica's step staged it (or an earlier attempt's)
-            try:
-                if not must_stage(source, shared_dev, mountinfo):
-                    continue
-                size = size_of(source, limit)
-                if size > limit:  # counted on for the sentence, up to a bound (a huge tree is not walked whole)
-                    size = size_of(source, 64 * limit)
-            except OSError as exc:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
-                                 f"submitting machine ({exc.strerror or exc})") from None
-            if size > limit:
-                raise MountError(f"file_mounts.{remote}: {source} is {'over ' if size > 64 * limit else ''}"
-                                 f"{human(min(size, 64 * limit))}, larger than the {human(limit)} "
-                                 "that corral copies for Slurm nodes that do not see it (config.yaml "
-                                 "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
-                                 "raise the limit")
-            target = copy_dir(record_dir, source)
-            shutil.rmtree(target.parent, ignore_errors=True)  # a copy cut short earlier
-            target.parent.mkdir(parents=True)
-            _record(record_dir, kind="copy", path=str(target.parent))
-            try:
-                _copy_tree(source, target)
-            except OSError as exc:
-                raise MountError(f"file_mounts.{remote}: {source} could not be copied for the Slurm nodes, which "
-                                 f"do not see it, as the Unix account {_me()} ({exc.strerror or exc})") from None
-            target.parent.joinpath(COMPLETE).touch()
-            copied.append(source)
-        for _, source in mounts:  # (what a container binds: links inside the record, gone with it)
-            link = seen_at(record_dir, source)
-            want = str(copy_dir(record_dir, source)) if staged(record_dir, source) else source
-            if os.path.islink(link) and os.readlink(link) == want:
-                continue
-            link.parent.mkdir(exist_ok=True)
-            link.unlink(missing_ok=True)
-            os.symlink(want, link)
-    return copied
-
-
-def _say(log_file: str, lines: list[str]) -> None:
-    """Lines appended to the replica's log (as the job's account), if it has one."""
-    if not log_file or not lines:
-        return
-    try:
-        fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    except OSError:
-        return
-    try:
-        os.write(fd, "".join(line + "\n" for line in lines).encode())
-    finally:
-        os.close(fd)
-
-
-def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
-    """A staging that failed, as the job's account: its sentence in the replica's log and the
-    attempt's run directory, which records that the attempt started (``pid``: the srun
-    client's) and exited 1, so the executor reports it ended, with that reason."""
-    print(f"corral: {why}", file=sys.stderr)
-    writes = [(log_file, f"corral: {why}", os.O_APPEND)] if log_file else []
-    if run_dir:
-        writes += [(os.path.join(run_dir, STAGE_FAILED), why, os.O_TRUNC),
-                   (os.path.join(run_dir, "started"), str(pid), os.O_TRUNC),
-                   (os.path.join(run_dir, "exit_code"), "1", os.O_TRUNC)]
-    for path, text, mode in writes:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | mode, 0o644)
-        except OSError:
-            continue
-        try:
-            os.write(fd, (text + "\n").encode())
-        finally:
-            os.close(fd)
-
-
-def stage_failure(run_dir: Path) -> str:
-    """Why the attempt's sources could not be staged ("" when they were, or none had to be)."""
-    try:
-        return (run_dir / STAGE_FAILED).read_text().strip()
-    except OSError:
-        return ""
-
-
-def stage_as(account: tuple[int, int, tuple[int, ...]] | None, record_dir: Path, mounts: list[tuple[str, str]],
-             limit: int, run_dir: str = "", log_file: str = "") -> bool:
-    """``stage`` with the rights of ``account`` (uid, gid, groups; None: this process's own), in
-    a child that switches to it where this process is root, never with root's; a failure is
-    said in ``run_dir`` and ``log_file`` as that account. Whether every source is in place."""
-    def staging(pid: int) -> bool:
-        try:
-            copied = stage(record_dir, mounts, limit)
-            _say(log_file, [f"corral: staged {source} for the Slurm nodes, which do not see it "
-                            f"({human(size_of(str(copy_dir(record_dir, source)), 1 << 62))})" for source in copied])
-            return True
-        except MountError as exc:
-            _say_stage_failed(run_dir, log_file, str(exc), pid)
-            return False
-        except OSError as exc:  # the record directory itself
-            _say_stage_failed(run_dir, log_file, f"file_mounts: the job's sources could not be staged "
-                                                 f"({exc.strerror or exc})", pid)
-            return False
-
-    if account is None or (account[0] == os.geteuid() and os.geteuid() != 0):
-        return staging(os.getpid())
-    if os.geteuid() != 0:
-        _say_stage_failed(run_dir, log_file, "file_mounts: the job's sources cannot be staged as its account by a "
-                                             "server that is not root", os.getpid())
-        return False
-    uid, gid, groups = account
-    try:  # (loaded here: the account may not read this interpreter's modules, under root's home)
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError):
-        prctl = None
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # (the child: the account's rights only, then _exit)
-        code = 1
-        try:
-            os.setgroups(list(groups))
-            os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)
-            if prctl is not None:  # killed with the srun client that waits for it (its SIGKILL on cancel)
-                prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL (set after setresuid, which clears it)
-            if os.getppid() == parent:
-                os.chdir("/")
-                code = 0 if staging(parent) else 1
-        except BaseException as exc:  # noqa: BLE001 - said, whatever it is: the child only exits
-            _say_stage_failed(run_dir, log_file, f"file_mounts: the job's sources could not be staged ({exc})", parent)
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
-def stage_command(record_dir: Path, mounts: tuple[tuple[str, str], ...], limit: int, run_dir: str, log_file: str,
-                  account: tuple[int, int, tuple[int, ...]] | None) -> list[str]:
-    """This file as a program staging ``mounts`` (``stage_as``), then, after ``--``, exec'ing
-    the command that follows (the step's ``srun``: it keeps this process's pid). Run by the
-    server's own account (it drops to the job's in a child), so it imports this module where
-    the server has it, compiled once (its text on the command line, as nodes run it, would be
-    compiled at every step's start: some 50 ms more), with nothing of the environment's."""
-    uid, gid, groups = account if account is not None else ("", "", ())
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
-            "from corral.node.mounts import main; sys.exit(main(sys.argv[1:]))")
-    argv = [sys.executable, "-I", "-c", code, "stage", str(record_dir), str(limit), run_dir, log_file, str(uid),
-            str(gid), ",".join(str(g) for g in groups)]
-    for remote, source in mounts:
-        argv += [remote, source]
-    return argv
-
-
 def lacking(record_dir: Path, mounts: list[tuple[str, str]], sees: Callable[[str], bool] = os.path.exists) -> list[str]:
     """The sources this node neither sees nor holds a copy of for the job: what must be sent."""
     return sorted({source for _, source in mounts if not sees(source)
@@ -506,7 +251,7 @@ def lacking(record_dir: Path, mounts: list[tuple[str, str]], sees: Callable[[str
 
 
 def seen_at(record_dir: Path, source: str) -> Path:
-    """A link, made by ``stage``, to what the job's replicas see of ``source``: its staged copy,
+    """A link, made by ``staging.stage``, to what the job's replicas see of ``source``: its staged copy,
     else the source's own path (each node resolves it there). A Slurm step's container binds
     it, so the container of a node that does not see the source gets the copy."""
     return record_dir / SEEN / hashlib.sha1(source.encode()).hexdigest()[:16]
@@ -702,125 +447,6 @@ def attach_as(account, record_dir: Path, mounts: tuple[tuple[str, str], ...], ho
         raise MountError(said[-1].removeprefix("corral: ") if said else f"mounting failed (exit {done.returncode})")
 
 
-def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
-    """For binds (``node.binds``), as the job's account: each ``(remote, target, source)``'s
-    source as the account reaches it (device, inode, whether a directory), and a mount point
-    at the target where nothing is there (an empty directory, or file, with the directories
-    above it: what was made, deepest first, with device and inode). What this call made is
-    removed again if a later mount fails. Raises ``MountError`` naming the mount."""
-    out: list[dict] = []
-    try:
-        for remote, target, source in wanted:
-            try:
-                info = os.stat(source)
-                readable = os.access(source, os.R_OK | (os.X_OK if os.path.isdir(source) else 0))
-            except OSError as exc:
-                info, readable, why = None, False, exc.strerror
-            if info is None or not readable:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on this node"
-                                 f" ({why if info is None else 'permission denied'})")
-            directory = os.path.isdir(source)
-            made: list[list] = []
-            out.append({"ident": [info.st_dev, info.st_ino], "directory": directory, "made": made})
-            if os.path.lexists(target):
-                continue
-            try:
-                missing, at = [], Path(target).parent
-                while not os.path.lexists(at) and at != at.parent:
-                    missing.append(at)
-                    at = at.parent
-                for each in [*reversed(missing), Path(target)]:
-                    try:
-                        if directory or each != Path(target):
-                            os.mkdir(each, 0o755)
-                        else:
-                            os.close(os.open(each, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
-                    except FileExistsError:
-                        continue  # made meanwhile by someone else: theirs
-                    made_now = os.lstat(each)
-                    made.insert(0, [str(each), made_now.st_dev, made_now.st_ino])
-            except OSError as exc:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {exc.filename or target}"
-                                 f" on this node ({exc.strerror or exc})") from None
-    except MountError:
-        for entry in out:
-            for path, _, _ in entry["made"]:
-                try:
-                    os.rmdir(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-                except OSError:
-                    break
-        raise
-    return out
-
-
-def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]:  # noqa: ANN001
-    """``mount_points`` as ``account`` (None: this process's own, in it).
-
-    In a child forked from this process that switches to the account without exec: a change
-    of credentials leaves it undumpable, so the account cannot trace it nor write into its
-    memory (as it could a program it execs: what it reports, the source's identity and what it
-    made, would then be the account's to forge, and root binds and removes by it). What it
-    made is checked again here: the target and directories above it, nothing else."""
-    if account is None:
-        return mount_points(wanted)
-    import select
-    import time
-
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # (the child: only system calls and this module's code, then _exit)
-        code = 1
-        try:
-            os.close(read)
-            os.setgroups(list(account.groups))
-            os.setresgid(account.gid, account.gid, account.gid)
-            os.setresuid(account.uid, account.uid, account.uid)
-            os.chdir("/")
-            try:
-                data = json.dumps({"found": mount_points(wanted)}).encode()
-            except MountError as exc:
-                data = json.dumps({"error": str(exc)}).encode()
-            while data:
-                data = data[os.write(write, data):]
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    chunks, deadline = [], time.monotonic() + 120
-    waiting = select.poll()  # (not select(): a server's descriptors pass 1024, which select cannot take)
-    waiting.register(read, select.POLLIN)
-    try:
-        while time.monotonic() < deadline:
-            ready = waiting.poll(max(0.0, deadline - time.monotonic()) * 1000)
-            if not ready:
-                os.kill(pid, 9)
-                break
-            chunk = os.read(read, 1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        else:
-            os.kill(pid, 9)
-    finally:
-        os.close(read)
-        _, status = os.waitpid(pid, 0)
-    try:
-        said = json.loads(b"".join(chunks)) if os.waitstatus_to_exitcode(status) == 0 else {}
-    except ValueError:
-        said = {}
-    if "error" in said:
-        raise MountError(said["error"])
-    found = said.get("found")
-    if not isinstance(found, list) or len(found) != len(wanted):
-        raise MountError(f"file_mounts.{wanted[0][0] if wanted else ''}: the mount points could not be checked "
-                         f"as the job's account (exit {os.waitstatus_to_exitcode(status)})")
-    for (remote, target, _), info in zip(wanted, found):
-        allowed = {target, *(str(p) for p in Path(target).parents)}
-        if any(entry[0] not in allowed for entry in info["made"]):
-            raise MountError(f"file_mounts.{remote}: what was made for it is not at {target}")
-    return found
-
-
 def detach_as_owner(record_dir: Path) -> list[str]:
     """``detach`` as the account that owns the record (the job's): what it names is removed
     with that account's rights only, whatever the record says."""
@@ -846,20 +472,11 @@ def detach_as_owner(record_dir: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     """``attach RECORD_DIR HOME RUN_DIR REMOTE SOURCE … [-- COMMAND …]`` (then exec COMMAND)
-    or ``detach RECORD_DIR`` or ``pack SOURCE LIMIT`` (its archive to stdout) or ``stage RECORD_DIR
-    LIMIT RUN_DIR LOG_FILE UID GID GROUPS REMOTE SOURCE … [-- COMMAND …]`` (``stage_as``, then exec
-    COMMAND); a mount that cannot appear is one line on stderr and exit 1,
+    or ``detach RECORD_DIR`` or ``pack SOURCE LIMIT`` (its archive to stdout); a mount that cannot appear is one line on stderr and exit 1,
     recorded in RUN_DIR (when given) as the attempt's start and exit, so the engine that ran
     this reports an attempt that failed, with its reason in the replica's log."""
     if argv[:1] == ["detach"] and len(argv) == 2:
         detach(Path(argv[1]))
-        return 0
-    if argv[:1] == ["mountpoints"] and len(argv) % 3 == 1:  # (remote, target, source)…: JSON to stdout
-        try:
-            print(json.dumps(mount_points(list(zip(argv[1::3], argv[2::3], argv[3::3])))))
-        except MountError as exc:
-            print(f"corral: {exc}", file=sys.stderr)
-            return 1
         return 0
     if argv[:1] == ["pack"] and len(argv) == 3:  # a source as this account reads it, to stdout
         try:
@@ -869,17 +486,6 @@ def main(argv: list[str]) -> int:
         except OSError as exc:
             print(f"corral: {exc.strerror or exc}", file=sys.stderr)
             return 1
-        return 0
-    if argv[:1] == ["stage"] and len(argv) >= 8:
-        # stage RECORD_DIR LIMIT RUN_DIR LOG_FILE UID GID GROUPS [REMOTE SOURCE]… [-- COMMAND…]
-        rest = argv[8:]
-        then = rest[rest.index("--") + 1:] if "--" in rest else []
-        pairs = rest[:rest.index("--")] if "--" in rest else rest
-        account = (int(argv[5]), int(argv[6]), tuple(int(g) for g in argv[7].split(",") if g)) if argv[5] else None
-        if not stage_as(account, Path(argv[1]), list(zip(pairs[::2], pairs[1::2])), int(argv[2]), argv[3], argv[4]):
-            return 1
-        if then:
-            os.execvp(then[0], then)
         return 0
     if argv[:1] != ["attach"] or len(argv) < 3:
         print("usage: mounts.py attach RECORD_DIR HOME RUN_DIR [REMOTE SOURCE]… [-- COMMAND…] | detach RECORD_DIR",

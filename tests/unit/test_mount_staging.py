@@ -1,4 +1,4 @@
-"""file_mounts on Slurm nodes that do not see a source (``corral.node.mounts.stage``): which
+"""file_mounts on Slurm nodes that do not see a source (``corral.node.staging``): which
 sources are staged (by the filesystem holding them), the copy made once per job into the job's
 record, as the job's account, within the limit, the program that stages then becomes the
 step's srun, and a node preferring the job's complete copy over what it has at the path."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from corral.node.mounts import (COMPLETE, RECORD, SHARED_FS, MountError, attach, copy_dir, detach, fs_type, here,
-                                must_stage, seen_at, stage, stage_command, stage_failure, staged)
+from corral.node.mounts import COMPLETE, RECORD, MountError, attach, copy_dir, detach, here, seen_at, staged
+from corral.node.staging import SHARED_FS, fs_type, must_stage, stage, stage_command, stage_failure
 
 MOUNTINFO = """\
 22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -201,7 +201,7 @@ def test_a_root_stager_reads_with_the_job_s_account_s_rights_only(tmp_path: Path
     """Staged as the job's account, never with the root server's rights: its own files arrive,
     a file of root's it may not read fails the step naming the mount (nothing of it copied),
     and what is staged is the account's."""
-    from corral.node.mounts import stage_as
+    from corral.node.staging import stage_as
     from unix_users import need_root, traversable_dir, unix_user
 
     need_root()

@@ -306,22 +306,22 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from unix_users import need_root, traversable_dir, unix_user
 
-    import corral.node.mounts as mounts
+    import corral.node.mountpoints as mountpoints
 
     need_root()
     with traversable_dir() as root, unix_user("cidf") as ann:
         (root / "src").mkdir()
         target = str(root / "pt")
         os.chmod(root, 0o1777)
-        real = mounts.mount_points
+        real = mountpoints.mount_points
 
         def dumpable(wanted: list) -> list:  # (what the process that checks them may be)
             found = real(wanted)
             found[0]["dumpable"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
             return found
 
-        monkeypatch.setattr(mounts, "mount_points", dumpable)
-        found = mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+        monkeypatch.setattr(mountpoints, "mount_points", dumpable)
+        found = mountpoints.mount_points_as(ann, [("/pt", target, str(root / "src"))])
         assert found[0].get("dumpable") == 0
         assert [m[0] for m in found[0]["made"]] == [target]
         os.rmdir(target)
@@ -331,9 +331,9 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
             found[0]["made"].append(["/var/lib", 1, 2])
             return found
 
-        monkeypatch.setattr(mounts, "mount_points", forged)
+        monkeypatch.setattr(mountpoints, "mount_points", forged)
         with pytest.raises(MountError, match="file_mounts./pt: what was made for it is not at"):
-            mounts.mount_points_as(ann, [("/pt", target, str(root / "src"))])
+            mountpoints.mount_points_as(ann, [("/pt", target, str(root / "src"))])
 
 
 def test_the_check_works_in_a_process_holding_over_1024_descriptors() -> None:
@@ -345,7 +345,7 @@ def test_the_check_works_in_a_process_holding_over_1024_descriptors() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from unix_users import need_root, traversable_dir, unix_user
 
-    import corral.node.mounts as mounts
+    import corral.node.mountpoints as mountpoints
 
     need_root()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -359,7 +359,7 @@ def test_the_check_works_in_a_process_holding_over_1024_descriptors() -> None:
         with traversable_dir() as root, unix_user("cifd") as ann:
             (root / "src").mkdir()
             os.chmod(root, 0o1777)
-            found = mounts.mount_points_as(ann, [("/pt", str(root / "pt"), str(root / "src"))])
+            found = mountpoints.mount_points_as(ann, [("/pt", str(root / "pt"), str(root / "src"))])
             assert [m[0] for m in found[0]["made"]] == [str(root / "pt")]
             os.rmdir(root / "pt")
     finally:

@@ -14,14 +14,7 @@ import threading
 from typing import Any
 
 from corral.node.mounts import pack_as
-
-
-def _human(size: float) -> str:
-    for unit in ("bytes", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
+from corral.node.staging import human
 
 
 class Sources:
@@ -60,7 +53,7 @@ class Sources:
         except OSError as exc:
             return f"{where} cannot be read on the submitting machine ({exc.strerror or exc})"
         if packed is None:
-            return (f"{where} is larger than the {_human(self.limit)} that corral copies to a Ray node that "
+            return (f"{where} is larger than the {human(self.limit)} that corral copies to a Ray node that "
                     "does not see it (config.yaml infra.ray.file_mounts_max_gb): put it on a filesystem the "
                     "nodes share, or raise the limit")
         return self._ray.put(packed)

@@ -274,7 +274,7 @@ def _job(j: dict) -> JobInfo:
 
 def srun_clients() -> dict[str, tuple[int, float]]:
     """srun commands alive on this machine, by the ``--job-name`` they were given; also those
-    still staging a job's file_mounts before they become that srun (``node.mounts.stage``:
+    still staging a job's file_mounts before they become that srun (``node.staging.stage``:
     ``… stage … -- srun …``)."""
     found = {}
     for proc in psutil.process_iter(["cmdline", "create_time", "name"]):

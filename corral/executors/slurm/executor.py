@@ -23,7 +23,7 @@ what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes. A
 ``file_mounts`` sources that are on neither its device nor a network filesystem are staged
 there first, as the job's account, by the process that then execs the ``srun`` (so the copy is
 off the loop and the srun keeps its pid), within ``infra.slurm.file_mounts_max_gb``; one that
-cannot be ends the attempt with its sentence (``node.mounts.stage``).
+cannot be ends the attempt with its sentence (``node.staging``).
 
 A stop signal reaches the attempt's process group from a small step beside it, SIGKILL cancels
 the step (``stepsignals``). Slurm's variables are set over the step's own (``layout``), and srun
@@ -57,7 +57,8 @@ from corral.executors.slurm.controller import Controller
 from corral.executors.slurm.ports import HostPorts
 from corral.executors.slurm.sidesteps import SideSteps, retrying
 from corral.executors.slurm.stepsignals import Attempt, StepSignals
-from corral.node.mounts import command as mounts_command, seen_at, stage_command, stage_failure
+from corral.node.mounts import command as mounts_command, seen_at
+from corral.node.staging import stage_command, stage_failure
 from corral.node.proctree import ATTEMPT_VAR
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
@@ -301,7 +302,7 @@ class SrunExecutor(EventStream):
         if launch.file_mounts:
             # sources the nodes may not see are first copied into the job's record (which they do
             # see), as the account, by the process that then becomes this srun: off the loop, and
-            # the srun keeps its pid (node.mounts.stage)
+            # the srun keeps its pid (node.staging)
             srun = stage_command(self.runner.mounts_dir(launch.job_id), launch.file_mounts, self.stage_limit,
                                  str(self.runner.run_dir(launch.key)), str(log_file),
                                  (account.uid, account.gid, tuple(account.groups)) if account else None) + ["--"] + srun

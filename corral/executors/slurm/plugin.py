@@ -23,7 +23,7 @@ class SlurmConfig(Strict):
     inside: Literal["auto", "off"] = "auto"
     forward: list[Literal["account", "qos"]] = []
     # the largest file_mounts source (file or directory) staged for nodes that do not see it
-    # (on neither corral's home's device nor a shared filesystem: corral.node.mounts.stage)
+    # (on neither corral's home's device nor a shared filesystem: corral.node.staging.stage)
     file_mounts_max_gb: float = Field(default=1.0, gt=0)
 
 
