@@ -19,11 +19,8 @@ replicas never share a GPU (``--overlap`` would let them, in Slurm 22.05). The s
 after the attempt's key; its output goes straight to the replica's log (``--output``, written
 by slurmstepd, so nothing is lost if the server dies), and the same wrapper as on other
 executors writes ``started`` and ``exit_code`` into the attempt's run directory. This assumes
-what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes. A replica's
-``file_mounts`` sources that are on neither its device nor a network filesystem are staged
-there first, as the job's account, by the process that then execs the ``srun`` (so the copy is
-off the loop and the srun keeps its pid), within ``infra.slurm.file_mounts_max_gb``; one that
-cannot be ends the attempt with its sentence (``node.staging``).
+what Slurm sites provide: ``CORRAL_HOME`` on a filesystem shared by the nodes, where a job's
+``file_mounts`` sources the nodes may not see are staged first (``node.staging``).
 
 A stop signal reaches the attempt's process group from a small step beside it, SIGKILL cancels
 the step (``stepsignals``). Slurm's variables are set over the step's own (``layout``), and srun
@@ -38,7 +35,6 @@ answers, and what needs Slurm's word (its allocations, adopting attempts) waits 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -65,8 +61,8 @@ from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process
 from corral.node.terminal import Terminal
 from corral.executors.slurm.cli import SlurmCli, SlurmError, process_alive, srun_clients
 from corral.pool import NodeSpec
-from corral.executors.slurm.layout import batch_layout, step_layout, user_umask
-from corral.runtime.batchenv import fill_job_id, hand_over_job_files
+from corral.executors.slurm.layout import step_variables, user_umask
+from corral.runtime.batchenv import hand_over_job_files
 
 log = logging.getLogger("corral.srun")
 
@@ -242,28 +238,7 @@ class SrunExecutor(EventStream):
                 hand_over(self.runner.mounts_dir(launch.job_id), account, self.settings.home)
         except OSError as exc:
             raise LaunchError(str(exc)) from exc
-        batch = "CORRAL_SBATCH_NODES" in env
-        if batch and "SLURM_HET_SIZE" in env:  # (corral.spec.hetjob)
-            # inside one Slurm allocation the script's srun is Slurm's own, which knows no
-            # components of a corral job (--het-group would be refused, a plain srun would
-            # span every component's nodes)
-            raise LaunchError("a heterogeneous batch script (#SBATCH hetjob) does not run in a partition whose "
-                              "nodes are Slurm allocations: submit it to a partition of corral's own nodes, or "
-                              "to Slurm's sbatch")
-        if batch:  # a batch script: its host name is the node's, as under sbatch
-            env.pop("CORRAL_HOSTNAME", None)
-            # its job id is the allocation's (what srun and scontrol in it know): so is %j in its files
-            for name in ("OUTPUT", "ERROR"):
-                pattern = env.pop(f"CORRAL_SBATCH_{name}_PATTERN", None)
-                if pattern is not None:
-                    env[f"CORRAL_SBATCH_{name}"] = fill_job_id(pattern, alloc.slurm_id)
-        # Slurm's variables go in through the step's command line, over the step's own; the srun
-        # client here gets none of them (it would read them as its options)
-        if batch:
-            hosts = [self.allocations.where(n["name"])[1] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
-            layout = batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
-        else:
-            layout = step_layout(env, self.allocations.host_of)
+        layout = step_variables(env, alloc, self.allocations)  # (env: a batch script's made as under sbatch)
         if launch.container is not None:  # a stop signal reaches every process in it (``sidesteps``)
             env[containers.SIGNALS_VAR] = "1"
         boxed = launch.container

@@ -6,9 +6,35 @@ bound) stay Slurm's."""
 
 from __future__ import annotations
 
+import json
 import os
 
-from corral.runtime.batchenv import ARRAY_EXTENT, LAYOUT, TASK_LAYOUT, compressed_counts, hostlist, rename_nodes
+from corral.executors.contract import LaunchError
+from corral.runtime.batchenv import (ARRAY_EXTENT, LAYOUT, TASK_LAYOUT, compressed_counts, fill_job_id, hostlist,
+                                     rename_nodes)
+
+
+def step_variables(env: dict[str, str], alloc, allocations) -> list[str]:  # noqa: ANN001 - an Allocation, Allocations
+    """Slurm's variables for a step in allocation ``alloc`` (``VAR=value`` for its command line:
+    they go in over the step's own; the srun client gets none of them, it would read them as its
+    options). A batch script's ``env`` is made as under sbatch first: its host name is the node's,
+    its job id (and so ``%j`` in its files) the allocation's."""
+    if "CORRAL_SBATCH_NODES" not in env:
+        return step_layout(env, allocations.host_of)
+    if "SLURM_HET_SIZE" in env:  # (corral.spec.hetjob)
+        # inside one Slurm allocation the script's srun is Slurm's own, which knows no
+        # components of a corral job (--het-group would be refused, a plain srun would
+        # span every component's nodes)
+        raise LaunchError("a heterogeneous batch script (#SBATCH hetjob) does not run in a partition whose "
+                          "nodes are Slurm allocations: submit it to a partition of corral's own nodes, or "
+                          "to Slurm's sbatch")
+    env.pop("CORRAL_HOSTNAME", None)
+    for name in ("OUTPUT", "ERROR"):
+        pattern = env.pop(f"CORRAL_SBATCH_{name}_PATTERN", None)
+        if pattern is not None:
+            env[f"CORRAL_SBATCH_{name}"] = fill_job_id(pattern, alloc.slurm_id)
+    hosts = [allocations.where(n["name"])[1] for n in json.loads(env.get("CORRAL_SBATCH_NODES", "[]"))]
+    return batch_layout(env, hosts, {share.host: share.cpus for share in alloc.info.nodes})
 
 
 def batch_layout(env: dict[str, str], hosts: list[str], cpus: dict[str, int]) -> list[str]:
