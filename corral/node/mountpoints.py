@@ -15,7 +15,7 @@ from pathlib import Path
 from corral.node.mounts import MountError, _me
 
 
-def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
+def mount_points(wanted: list[tuple[str, str, str]], me: str = "") -> list[dict]:
     """For binds (``node.binds``), as the job's account: each ``(remote, target, source)``'s
     source as the account reaches it (device, inode, whether a directory), and a mount point
     at the target where nothing is there (an empty directory, or file, with the directories
@@ -30,7 +30,7 @@ def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
             except OSError as exc:
                 info, readable, why = None, False, exc.strerror
             if info is None or not readable:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on this node"
+                raise MountError(f"file_mounts.{remote}: the Unix account {me or _me()} cannot read {source} on this node"
                                  f" ({why if info is None else 'permission denied'})")
             directory = os.path.isdir(source)
             made: list[list] = []
@@ -53,7 +53,7 @@ def mount_points(wanted: list[tuple[str, str, str]]) -> list[dict]:
                     made_now = os.lstat(each)
                     made.insert(0, [str(each), made_now.st_dev, made_now.st_ino])
             except OSError as exc:
-                raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot create {exc.filename or target}"
+                raise MountError(f"file_mounts.{remote}: the Unix account {me or _me()} cannot create {exc.filename or target}"
                                  f" on this node ({exc.strerror or exc})") from None
     except MountError:
         for entry in out:
@@ -76,6 +76,9 @@ def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]: 
     made is checked again here: the target and directories above it, nothing else."""
     if account is None:
         return mount_points(wanted)
+    # (named here: a lookup in the passwd database after the fork of a threaded server could
+    # wait on a lock some other thread held at the fork, in the child, for ever)
+    me = getattr(account, "name", "") or str(account.uid)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # (the child: only system calls and this module's code, then _exit)
@@ -87,7 +90,7 @@ def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]: 
             os.setresuid(account.uid, account.uid, account.uid)
             os.chdir("/")
             try:
-                data = json.dumps({"found": mount_points(wanted)}).encode()
+                data = json.dumps({"found": mount_points(wanted, me)}).encode()
             except MountError as exc:
                 data = json.dumps({"error": str(exc)}).encode()
             while data:

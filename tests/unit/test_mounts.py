@@ -315,8 +315,8 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
         os.chmod(root, 0o1777)
         real = mountpoints.mount_points
 
-        def dumpable(wanted: list) -> list:  # (what the process that checks them may be)
-            found = real(wanted)
+        def dumpable(wanted: list, me: str = "") -> list:  # (what the process that checks them may be)
+            found = real(wanted, me)
             found[0]["dumpable"] = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
             return found
 
@@ -326,8 +326,8 @@ def test_mount_points_are_checked_where_the_account_cannot_forge_them(monkeypatc
         assert [m[0] for m in found[0]["made"]] == [target]
         os.rmdir(target)
 
-        def forged(wanted: list) -> list:
-            found = real(wanted)
+        def forged(wanted: list, me: str = "") -> list:
+            found = real(wanted, me)
             found[0]["made"].append(["/var/lib", 1, 2])
             return found
 
