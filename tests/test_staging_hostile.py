@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from corral.node.staging import STAGE_FAILED, stage_failure
+from corral.node.mounts import MountError, copy_dir, staged
+from corral.node.staging import STAGE_FAILED, stage, stage_failure
 
 
 @pytest.fixture
@@ -75,3 +77,121 @@ def test_a_failure_file_as_written_is_read(tmp_path: Path) -> None:
     (run_dir / STAGE_FAILED).write_text("file_mounts./x: it is too large\n")
     assert stage_failure(run_dir) == "file_mounts./x: it is too large"
     assert stage_failure(tmp_path / "absent") == ""
+
+
+def test_a_source_that_grows_while_it_is_copied_stops_at_the_limit(tmp_path: Path, private: Path) -> None:
+    """The size is checked before the copy: a file still being written (a log, or one the
+    account appends to on purpose) must not fill corral's home past the limit."""
+    src = private / "growing.log"
+    src.write_bytes(b"x" * 1000)
+    record = tmp_path / "mounts" / "3"
+    record.mkdir(parents=True)
+    limit = 64 << 10
+    stop = threading.Event()
+
+    def grow() -> None:
+        with open(src, "ab") as out:  # (bounded: 8 MB, some 128 times the limit)
+            for _ in range(32):
+                if stop.is_set():
+                    break
+                out.write(b"y" * (256 << 10))
+                out.flush()
+
+    import corral.node.staging as staging
+
+    real = staging.size_of
+    started = threading.Event()
+
+    def size_then_grow(path: str, bound: int) -> int:  # the check sees 1000 bytes, then it grows
+        size = real(path, bound)
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=grow, daemon=True).start()
+            time.sleep(0.3)
+        return size
+
+    staging.size_of = size_then_grow
+    try:
+        with pytest.raises(MountError) as said:
+            stage(record, [("/logs/x", str(src))], limit)
+    finally:
+        staging.size_of = real
+        stop.set()
+    text = str(said.value)
+    assert text.startswith("file_mounts./logs/x: ") and "infra.slurm.file_mounts_max_gb" in text, text
+    assert not staged(record, str(src))
+    copied = copy_dir(record, str(src))
+    assert not copied.exists() or copied.stat().st_size <= limit
+
+
+def test_a_tree_whose_files_grow_past_the_limit_together_is_not_staged(tmp_path: Path, private: Path) -> None:
+    src = private / "tree"
+    src.mkdir()
+    for i in range(4):
+        (src / f"f{i}").write_bytes(b"z" * 100)
+    record = tmp_path / "mounts" / "4"
+    record.mkdir(parents=True)
+    import corral.node.staging as staging
+
+    real = staging.size_of
+    grown = []
+
+    def size_then_grow(path: str, bound: int) -> int:
+        size = real(path, bound)
+        if not grown:
+            grown.append(1)
+            for i in range(4):
+                (src / f"f{i}").write_bytes(b"z" * 600)  # each under the limit, all four over it
+        return size
+
+    staging.size_of = size_then_grow
+    try:
+        with pytest.raises(MountError, match=r"^file_mounts\./t: "):
+            stage(record, [("/t", str(src))], 2000)
+    finally:
+        staging.size_of = real
+    assert not staged(record, str(src))
+
+
+def test_a_file_swapped_for_a_fifo_after_its_check_does_not_hang_the_stager(tmp_path: Path, private: Path) -> None:
+    """A regular file when looked at, a fifo when opened: the copy opens it without blocking
+    and copies only what is a regular file then."""
+    src = private / "tree"
+    src.mkdir()
+    (src / "f").write_text("x")
+    record = tmp_path / "mounts" / "5"
+    record.mkdir(parents=True)
+    import corral.node.staging as staging
+
+    real_lstat = os.lstat
+    swapped = []
+
+    def lstat_then_swap(path, *args, **kwargs):  # noqa: ANN001, ANN202
+        info = real_lstat(path, *args, **kwargs)
+        if str(path) == str(src / "f") and not swapped:
+            swapped.append(1)
+            os.unlink(src / "f")
+            os.mkfifo(src / "f")
+        return info
+
+    done: list[object] = []
+
+    def run() -> None:
+        try:
+            done.append(stage(record, [("/t", str(src))], 1 << 20))
+        except MountError as exc:
+            done.append(exc)
+
+    staging.os.lstat = lstat_then_swap
+    try:
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(5)
+    finally:
+        staging.os.lstat = real_lstat
+    if worker.is_alive():
+        os.close(os.open(src / "f", os.O_WRONLY | os.O_NONBLOCK))  # (unblock it)
+        worker.join(5)
+        pytest.fail("the stager blocked on a fifo swapped in after its check")
+    assert swapped and len(done) == 1 and isinstance(done[0], MountError), done
+    assert str(done[0]).startswith("file_mounts./t: "), done[0]

@@ -93,20 +93,47 @@ def must_stage(source: str, shared_dev: int, mountinfo: str | None = None) -> bo
     return fs_type(source, mountinfo) not in SHARED_FS
 
 
-def _copy_file(source: str, target: str) -> None:
-    if not stat.S_ISREG(os.lstat(source).st_mode):  # a pipe or device would be read forever
-        raise OSError(f"{source} is neither a file, a directory nor a link")
-    shutil.copy2(source, target)
+class _Budget:
+    """The bytes a source's copy may take: its size is checked before the copy, but a file
+    still being written (a log, or one grown on purpose) must not fill corral's home."""
+
+    def __init__(self, limit: int) -> None:
+        self.left, self.grew = limit, False
+
+    def copy_file(self, source: str, target: str) -> None:
+        """A regular file copied (then its mode and times), opened without following a link
+        nor blocking (a pipe or device swapped in after a look would be read forever), no
+        more than the bytes left."""
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{source} is neither a file, a directory nor a link")
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                while chunk := os.read(fd, min(1 << 20, self.left + 1)):
+                    if len(chunk) > self.left:
+                        self.grew = True
+                        raise OSError(f"{source} grew past the limit while it was copied")
+                    self.left -= len(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+            shutil.copystat(fd, target)
+        finally:
+            os.close(fd)
 
 
-def _copy_tree(source: str, target: Path) -> None:
+def _copy_tree(source: str, target: Path, budget: _Budget) -> None:
     """``source`` (a file, or a directory with its links kept as links) copied to ``target``,
-    with this process's rights. Raises OSError naming what could not be copied."""
+    with this process's rights, within ``budget``. Raises OSError naming what could not be
+    copied."""
     if not os.path.isdir(source):
-        _copy_file(os.path.realpath(source), str(target))
+        budget.copy_file(os.path.realpath(source), str(target))
         return
     try:
-        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file)
+        shutil.copytree(source, target, symlinks=True, copy_function=budget.copy_file)
     except shutil.Error as exc:  # every entry that failed: the first says why
         first = exc.args[0][0] if exc.args and isinstance(exc.args[0], list) and exc.args[0] else None
         raise OSError(first[2] if first and len(first) == 3 else str(exc)) from None
@@ -144,9 +171,16 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
             shutil.rmtree(target.parent, ignore_errors=True)  # a copy cut short earlier
             target.parent.mkdir(parents=True)
             _record(record_dir, kind="copy", path=str(target.parent))
+            budget = _Budget(limit)
             try:
-                _copy_tree(source, target)
+                _copy_tree(source, target, budget)
             except OSError as exc:
+                shutil.rmtree(target.parent, ignore_errors=True)  # (recorded: gone with the job anyway)
+                if budget.grew:
+                    raise MountError(f"file_mounts.{remote}: {source} grew past the {human(limit)} that corral "
+                                     "copies for Slurm nodes that do not see it while it was copied (config.yaml "
+                                     "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
+                                     "stop writing it before the job starts") from None
                 raise MountError(f"file_mounts.{remote}: {source} could not be copied for the Slurm nodes, which "
                                  f"do not see it, as the Unix account {_me()} ({exc.strerror or exc})") from None
             target.parent.joinpath(COMPLETE).touch()
