@@ -195,3 +195,22 @@ def test_a_file_swapped_for_a_fifo_after_its_check_does_not_hang_the_stager(tmp_
         pytest.fail("the stager blocked on a fifo swapped in after its check")
     assert swapped and len(done) == 1 and isinstance(done[0], MountError), done
     assert str(done[0]).startswith("file_mounts./t: "), done[0]
+
+
+def test_a_socket_or_fifo_in_a_tree_fails_the_step_naming_the_mount(tmp_path: Path, private: Path) -> None:
+    import socket
+
+    src = private / "tree"
+    src.mkdir()
+    (src / "f").write_text("x")
+    os.mkfifo(src / "pipe")
+    sock = socket.socket(socket.AF_UNIX)
+    try:
+        sock.bind(str(src / "sock"))
+        record = tmp_path / "mounts" / "6"
+        record.mkdir(parents=True)
+        with pytest.raises(MountError, match=r"^file_mounts\./t: .*neither a file, a directory nor a link"):
+            stage(record, [("/t", str(src))], 1 << 20)
+        assert not staged(record, str(src)) and not copy_dir(record, str(src)).parent.exists()
+    finally:
+        sock.close()

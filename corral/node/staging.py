@@ -104,6 +104,8 @@ class _Budget:
         """A regular file copied (then its mode and times), opened without following a link
         nor blocking (a pipe or device swapped in after a look would be read forever), no
         more than the bytes left."""
+        if not stat.S_ISREG(os.lstat(source).st_mode):  # (not even opened: a device's open may act)
+            raise OSError(f"{source} is neither a file, a directory nor a link")
         fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
