@@ -214,3 +214,72 @@ def test_a_socket_or_fifo_in_a_tree_fails_the_step_naming_the_mount(tmp_path: Pa
         assert not staged(record, str(src)) and not copy_dir(record, str(src)).parent.exists()
     finally:
         sock.close()
+
+
+def test_a_stager_killed_with_sigkill_leaves_no_child_of_the_account_copying(tmp_path: Path, private: Path) -> None:
+    """A cancel during staging SIGKILLs the process that would become the srun (root): its
+    child, copying as the account, ends with it (it holds the job's lock, and would go on
+    writing into corral's home for a job that has ended)."""
+    import fcntl
+    import subprocess
+
+    import psutil
+
+    from corral.node.staging import stage_command
+    from unix_users import need_root, traversable_dir, unix_user
+
+    need_root()
+    with traversable_dir() as root, unix_user("chsk") as ann:
+        src = private / "src"
+        src.mkdir()
+        (src / "f").write_text("x")
+        private.chmod(0o755)
+        src.chmod(0o755)
+        record = root / "mounts" / "11"
+        record.mkdir(parents=True)
+        os.chown(record, ann.uid, ann.gid)
+        lock = record / "lock"  # held here: the child waits on it, as a long copy would keep it busy
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        os.fchown(fd, ann.uid, ann.gid)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        argv = stage_command(record, (("/t", str(src)),), 1 << 20, "", "", (ann.uid, ann.gid, tuple(ann.groups)))
+        proc = subprocess.Popen(argv + ["--", "true"], start_new_session=True)
+        try:
+            child = None
+            for _ in range(200):
+                kids = psutil.Process(proc.pid).children()
+                if kids and kids[0].uids().real == ann.uid:
+                    child = kids[0]
+                    break
+                time.sleep(0.05)
+            assert child is not None, "no staging child of the account"
+            proc.kill()
+            proc.wait()
+            gone, _ = psutil.wait_procs([child], timeout=5)
+            assert gone, f"the account's staging child {child.pid} outlived its parent"
+        finally:
+            os.close(fd)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_a_source_that_is_a_link_is_measured_by_what_it_links_to(tmp_path: Path, private: Path, kind: str) -> None:
+    """The copy follows a source that is itself a link: so must the size checked against the
+    limit (the link's own few bytes let any size through to the copy)."""
+    big = private / "big"
+    if kind == "file":
+        big.write_bytes(b"w" * 3000)
+    else:
+        big.mkdir()
+        (big / "w.bin").write_bytes(b"w" * 3000)
+    link = private / "link"
+    link.symlink_to(big)
+    record = tmp_path / "mounts" / "12"
+    record.mkdir(parents=True)
+    with pytest.raises(MountError) as said:
+        stage(record, [("/opt/big", str(link))], 1024)
+    text = str(said.value)
+    assert text.startswith(f"file_mounts./opt/big: {link} is 2.9 KB, larger than the 1.0 KB"), text
+    assert not copy_dir(record, str(link)).parent.exists()

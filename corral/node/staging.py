@@ -157,9 +157,10 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
             try:
                 if not must_stage(source, shared_dev, mountinfo):
                     continue
-                size = size_of(source, limit)
+                real = os.path.realpath(source)  # what the copy reads: a source that is a link is followed
+                size = size_of(real, limit)
                 if size > limit:  # counted on for the sentence, up to a bound (a huge tree is not walked whole)
-                    size = size_of(source, 64 * limit)
+                    size = size_of(real, 64 * limit)
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None
