@@ -283,3 +283,52 @@ def test_a_source_that_is_a_link_is_measured_by_what_it_links_to(tmp_path: Path,
     text = str(said.value)
     assert text.startswith(f"file_mounts./opt/big: {link} is 2.9 KB, larger than the 1.0 KB"), text
     assert not copy_dir(record, str(link)).parent.exists()
+
+
+def test_a_tree_of_many_empty_files_is_bounded_by_the_limit_too(tmp_path: Path, private: Path) -> None:
+    """Empty files cost no bytes but an inode each in corral's home (the server's disk): a tree
+    of millions of them passed any limit ('0 bytes') and was copied whole."""
+    from corral.node.staging import entries_allowed
+
+    src = private / "many"
+    src.mkdir()
+    limit = 1 << 20
+    assert entries_allowed(limit) == 10_000
+    for i in range(10_050):
+        os.close(os.open(src / str(i), os.O_WRONLY | os.O_CREAT, 0o644))
+    record = tmp_path / "mounts" / "13"
+    record.mkdir(parents=True)
+    with pytest.raises(MountError) as said:
+        stage(record, [("/many", str(src))], limit)
+    text = str(said.value)
+    assert text.startswith(f"file_mounts./many: {src} holds over 10,000 files, directories and links"), text
+    assert "infra.slurm.file_mounts_max_gb" in text, text
+    assert not copy_dir(record, str(src)).parent.exists()
+    for i in range(100):  # under the bound: copied
+        (src / str(i)).unlink()
+    assert stage(record, [("/many", str(src))], limit) == [str(src)]
+    assert len(os.listdir(copy_dir(record, str(src)))) == 9_950
+
+
+def test_a_tree_given_many_files_while_it_is_copied_stops_at_the_bound(tmp_path: Path, private: Path) -> None:
+    import corral.node.staging as staging
+
+    src = private / "many"
+    (src / "a").mkdir(parents=True)
+    record = tmp_path / "mounts" / "14"
+    record.mkdir(parents=True)
+    real = staging.entries_in
+
+    def count_then_add(path: str, stop: int) -> int:
+        found = real(path, stop)
+        for i in range(10_050):  # after the count
+            os.close(os.open(src / "a" / str(i), os.O_WRONLY | os.O_CREAT, 0o644))
+        return found
+
+    staging.entries_in = count_then_add
+    try:
+        with pytest.raises(MountError, match=r"^file_mounts\./many: "):
+            stage(record, [("/many", str(src))], 1 << 20)
+    finally:
+        staging.entries_in = real
+    assert not copy_dir(record, str(src)).parent.exists()

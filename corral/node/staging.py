@@ -40,6 +40,7 @@ SHARED_FS = frozenset({
     "panfs", "pvfs2", "orangefs", "ocfs2", "gfs2", "fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph", "fuse.cephfs",
     "fuse.mfs", "fuse.moosefs", "fuse.lizardfs", "fuse.juicefs", "fuse.quobyte", "fuse.weka",
 })
+ENTRY_BYTES = 4096  # what each file, directory or link of a copy is counted at least (a block, an inode)
 STAGE_FAILED = "mounts.err"  # in an attempt's run directory: why its sources could not be staged
 
 
@@ -93,12 +94,41 @@ def must_stage(source: str, shared_dev: int, mountinfo: str | None = None) -> bo
     return fs_type(source, mountinfo) not in SHARED_FS
 
 
+def entries_allowed(limit: int) -> int:
+    """How many files, directories and links a copy within ``limit`` bytes may hold: each at
+    least ``ENTRY_BYTES`` (never fewer than 10,000)."""
+    return max(limit // ENTRY_BYTES, 10_000)
+
+
+def entries_in(source: str, stop: int) -> int:
+    """The files, directories and links under a directory (0 for a file; links not followed);
+    counting stops past ``stop``."""
+    if not os.path.isdir(source) or os.path.islink(source):
+        return 0
+    total = 0
+    for _, dirs, files in os.walk(source):
+        total += len(dirs) + len(files)
+        if total > stop:
+            break
+    return total
+
+
 class _Budget:
     """The bytes a source's copy may take: its size is checked before the copy, but a file
     still being written (a log, or one grown on purpose) must not fill corral's home."""
 
     def __init__(self, limit: int) -> None:
         self.left, self.grew = limit, False
+        self.entries = entries_allowed(limit)
+
+    def count(self, directory: str, names: list[str]) -> set[str]:
+        """``copytree``'s ``ignore``: a directory's entries counted before they are copied
+        (empty files cost no bytes, but an inode each in corral's home). Ignores none."""
+        self.entries -= len(names)
+        if self.entries < 0:
+            self.grew = True
+            raise OSError(f"{directory} holds more files than the limit while it was copied")
+        return set()
 
     def copy_file(self, source: str, target: str) -> None:
         """A regular file copied (then its mode and times), opened without following a link
@@ -135,7 +165,7 @@ def _copy_tree(source: str, target: Path, budget: _Budget) -> None:
         budget.copy_file(os.path.realpath(source), str(target))
         return
     try:
-        shutil.copytree(source, target, symlinks=True, copy_function=budget.copy_file)
+        shutil.copytree(source, target, symlinks=True, copy_function=budget.copy_file, ignore=budget.count)
     except shutil.Error as exc:  # every entry that failed: the first says why
         first = exc.args[0][0] if exc.args and isinstance(exc.args[0], list) and exc.args[0] else None
         raise OSError(first[2] if first and len(first) == 3 else str(exc)) from None
@@ -164,6 +194,12 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None
+            if size <= limit and entries_in(real, entries_allowed(limit)) > entries_allowed(limit):
+                raise MountError(f"file_mounts.{remote}: {source} holds over {entries_allowed(limit):,} files, "
+                                 f"directories and links, more than corral copies for Slurm nodes that do not see it "
+                                 f"within {human(limit)} (each counted at least {ENTRY_BYTES} bytes; config.yaml "
+                                 "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, pack it "
+                                 "into fewer files, or raise the limit")
             if size > limit:
                 raise MountError(f"file_mounts.{remote}: {source} is {'over ' if size > 64 * limit else ''}"
                                  f"{human(min(size, 64 * limit))}, larger than the {human(limit)} "
