@@ -332,3 +332,28 @@ def test_a_tree_given_many_files_while_it_is_copied_stops_at_the_bound(tmp_path:
     finally:
         staging.entries_in = real
     assert not copy_dir(record, str(src)).parent.exists()
+
+
+def test_copies_that_would_fill_corral_s_home_are_refused(tmp_path: Path, private: Path, monkeypatch) -> None:
+    """Each job's copy is within the limit, but an array of a thousand elements copies a
+    thousand times: the copy that would leave corral's home (the server's disk) with less than
+    KEEP_FREE of it free is refused, with a sentence naming the mount."""
+    import corral.node.staging as staging
+
+    src = private / "w.bin"
+    src.write_bytes(b"w" * 3000)
+    record = tmp_path / "mounts" / "15"
+    record.mkdir(parents=True)
+    real = os.statvfs
+
+    class Full:
+        f_frsize, f_blocks, f_bavail = 1024, 100_000, 5_001  # 5,121,024 free, 5,120,000 kept
+
+    monkeypatch.setattr(staging.os, "statvfs", lambda path: Full() if str(path) == str(record) else real(path))
+    with pytest.raises(MountError) as said:
+        stage(record, [("/w", str(src))], 1 << 20)
+    text = str(said.value)
+    assert text.startswith(f"file_mounts./w: {src} (2.9 KB) does not fit in corral's home"), text
+    assert not staged(record, str(src)) and not copy_dir(record, str(src)).parent.exists()
+    Full.f_bavail = 5_010
+    assert stage(record, [("/w", str(src))], 1 << 20) == [str(src)]

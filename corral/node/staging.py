@@ -40,6 +40,7 @@ SHARED_FS = frozenset({
     "panfs", "pvfs2", "orangefs", "ocfs2", "gfs2", "fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph", "fuse.cephfs",
     "fuse.mfs", "fuse.moosefs", "fuse.lizardfs", "fuse.juicefs", "fuse.quobyte", "fuse.weka",
 })
+KEEP_FREE = 0.05  # of the filesystem holding corral's home, never taken by staged copies (its server's disk)
 ENTRY_BYTES = 4096  # what each file, directory or link of a copy is counted at least (a block, an inode)
 STAGE_FAILED = "mounts.err"  # in an attempt's run directory: why its sources could not be staged
 
@@ -171,6 +172,14 @@ def _copy_tree(source: str, target: Path, budget: _Budget) -> None:
         raise OSError(first[2] if first and len(first) == 3 else str(exc)) from None
 
 
+def _room(record_dir: Path) -> tuple[int, int]:
+    """The bytes this account may still write where the record is, and those kept free there
+    (``KEEP_FREE`` of the filesystem): many jobs' copies (an array's elements, each within the
+    limit) must not fill the disk of the server's home."""
+    info = os.statvfs(record_dir)
+    return info.f_bavail * info.f_frsize, int(info.f_blocks * info.f_frsize * KEEP_FREE)
+
+
 def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo: str | None = None) -> list[str]:
     """On the submitting machine, as the job's account (the caller's rights: ``stage_as``): copy
     each source the nodes may not see (``must_stage``) into the job's record directory, once per
@@ -206,6 +215,12 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
                                  "that corral copies for Slurm nodes that do not see it (config.yaml "
                                  "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
                                  "raise the limit")
+            free, keep = _room(record_dir)
+            if size + keep > free:
+                raise MountError(f"file_mounts.{remote}: {source} ({human(size)}) does not fit in corral's home, "
+                                 f"where the Slurm nodes would see its copy: {human(max(free - keep, 0))} is left "
+                                 f"there for copies ({human(keep)} is kept free): put it on a filesystem the nodes "
+                                 "share, or free space in corral's home")
             target = copy_dir(record_dir, source)
             shutil.rmtree(target.parent, ignore_errors=True)  # a copy cut short earlier
             target.parent.mkdir(parents=True)
