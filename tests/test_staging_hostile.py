@@ -357,3 +357,23 @@ def test_copies_that_would_fill_corral_s_home_are_refused(tmp_path: Path, privat
     assert not staged(record, str(src)) and not copy_dir(record, str(src)).parent.exists()
     Full.f_bavail = 5_010
     assert stage(record, [("/w", str(src))], 1 << 20) == [str(src)]
+
+
+def test_names_with_newlines_spaces_and_dashes_are_staged_by_the_program(tmp_path: Path, private: Path) -> None:
+    import subprocess
+
+    from corral.node.staging import stage_command
+
+    src = private / "a b\n-- srun\n..x"
+    src.mkdir()
+    (src / "--").write_text("dashes\n")
+    (src / "line\nbreak").write_text("nl\n")
+    record = tmp_path / "mounts" / "16"
+    record.mkdir(parents=True)
+    marker = tmp_path / "ran"
+    argv = stage_command(record, (("/in put", str(src)), ("~/--", str(src / "--"))), 1 << 20, "", "", None)
+    done = subprocess.run(argv + ["--", "touch", str(marker)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and marker.exists(), done.stderr
+    copy = copy_dir(record, str(src))
+    assert (copy / "--").read_text() == "dashes\n" and (copy / "line\nbreak").read_text() == "nl\n"
+    assert copy_dir(record, str(src / "--")).read_text() == "dashes\n"
