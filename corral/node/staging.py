@@ -40,6 +40,8 @@ SHARED_FS = frozenset({
     "panfs", "pvfs2", "orangefs", "ocfs2", "gfs2", "fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph", "fuse.cephfs",
     "fuse.mfs", "fuse.moosefs", "fuse.lizardfs", "fuse.juicefs", "fuse.quobyte", "fuse.weka",
 })
+KEEP_FREE = 0.05  # of the filesystem holding corral's home, never taken by staged copies (its server's disk)
+ENTRY_BYTES = 4096  # what each file, directory or link of a copy is counted at least (a block, an inode)
 STAGE_FAILED = "mounts.err"  # in an attempt's run directory: why its sources could not be staged
 
 
@@ -93,23 +95,89 @@ def must_stage(source: str, shared_dev: int, mountinfo: str | None = None) -> bo
     return fs_type(source, mountinfo) not in SHARED_FS
 
 
-def _copy_file(source: str, target: str) -> None:
-    if not stat.S_ISREG(os.lstat(source).st_mode):  # a pipe or device would be read forever
-        raise OSError(f"{source} is neither a file, a directory nor a link")
-    shutil.copy2(source, target)
+def entries_allowed(limit: int) -> int:
+    """How many files, directories and links a copy within ``limit`` bytes may hold: each at
+    least ``ENTRY_BYTES`` (never fewer than 10,000)."""
+    return max(limit // ENTRY_BYTES, 10_000)
 
 
-def _copy_tree(source: str, target: Path) -> None:
+def entries_in(source: str, stop: int) -> int:
+    """The files, directories and links under a directory (0 for a file; links not followed);
+    counting stops past ``stop``."""
+    if not os.path.isdir(source) or os.path.islink(source):
+        return 0
+    total = 0
+    for _, dirs, files in os.walk(source):
+        total += len(dirs) + len(files)
+        if total > stop:
+            break
+    return total
+
+
+class _Budget:
+    """The bytes a source's copy may take: its size is checked before the copy, but a file
+    still being written (a log, or one grown on purpose) must not fill corral's home."""
+
+    def __init__(self, limit: int) -> None:
+        self.left, self.grew = limit, False
+        self.entries = entries_allowed(limit)
+
+    def count(self, directory: str, names: list[str]) -> set[str]:
+        """``copytree``'s ``ignore``: a directory's entries counted before they are copied
+        (empty files cost no bytes, but an inode each in corral's home). Ignores none."""
+        self.entries -= len(names)
+        if self.entries < 0:
+            self.grew = True
+            raise OSError(f"{directory} holds more files than the limit while it was copied")
+        return set()
+
+    def copy_file(self, source: str, target: str) -> None:
+        """A regular file copied (then its mode and times), opened without following a link
+        nor blocking (a pipe or device swapped in after a look would be read forever), no
+        more than the bytes left."""
+        if not stat.S_ISREG(os.lstat(source).st_mode):  # (not even opened: a device's open may act)
+            raise OSError(f"{source} is neither a file, a directory nor a link")
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{source} is neither a file, a directory nor a link")
+            out = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                while chunk := os.read(fd, min(1 << 20, self.left + 1)):
+                    if len(chunk) > self.left:
+                        self.grew = True
+                        raise OSError(f"{source} grew past the limit while it was copied")
+                    self.left -= len(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view):]
+            finally:
+                os.close(out)
+            shutil.copystat(fd, target)
+        finally:
+            os.close(fd)
+
+
+def _copy_tree(source: str, target: Path, budget: _Budget) -> None:
     """``source`` (a file, or a directory with its links kept as links) copied to ``target``,
-    with this process's rights. Raises OSError naming what could not be copied."""
+    with this process's rights, within ``budget``. Raises OSError naming what could not be
+    copied."""
     if not os.path.isdir(source):
-        _copy_file(os.path.realpath(source), str(target))
+        budget.copy_file(os.path.realpath(source), str(target))
         return
     try:
-        shutil.copytree(source, target, symlinks=True, copy_function=_copy_file)
+        shutil.copytree(source, target, symlinks=True, copy_function=budget.copy_file, ignore=budget.count)
     except shutil.Error as exc:  # every entry that failed: the first says why
         first = exc.args[0][0] if exc.args and isinstance(exc.args[0], list) and exc.args[0] else None
         raise OSError(first[2] if first and len(first) == 3 else str(exc)) from None
+
+
+def _room(record_dir: Path) -> tuple[int, int]:
+    """The bytes this account may still write where the record is, and those kept free there
+    (``KEEP_FREE`` of the filesystem): many jobs' copies (an array's elements, each within the
+    limit) must not fill the disk of the server's home."""
+    info = os.statvfs(record_dir)
+    return info.f_bavail * info.f_frsize, int(info.f_blocks * info.f_frsize * KEEP_FREE)
 
 
 def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo: str | None = None) -> list[str]:
@@ -128,25 +196,45 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
             try:
                 if not must_stage(source, shared_dev, mountinfo):
                     continue
-                size = size_of(source, limit)
+                real = os.path.realpath(source)  # what the copy reads: a source that is a link is followed
+                size = size_of(real, limit)
                 if size > limit:  # counted on for the sentence, up to a bound (a huge tree is not walked whole)
-                    size = size_of(source, 64 * limit)
+                    size = size_of(real, 64 * limit)
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None
+            if size <= limit and entries_in(real, entries_allowed(limit)) > entries_allowed(limit):
+                raise MountError(f"file_mounts.{remote}: {source} holds over {entries_allowed(limit):,} files, "
+                                 f"directories and links, more than corral copies for Slurm nodes that do not see it "
+                                 f"within {human(limit)} (each counted at least {ENTRY_BYTES} bytes; config.yaml "
+                                 "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, pack it "
+                                 "into fewer files, or raise the limit")
             if size > limit:
                 raise MountError(f"file_mounts.{remote}: {source} is {'over ' if size > 64 * limit else ''}"
                                  f"{human(min(size, 64 * limit))}, larger than the {human(limit)} "
                                  "that corral copies for Slurm nodes that do not see it (config.yaml "
                                  "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
                                  "raise the limit")
+            free, keep = _room(record_dir)
+            if size + keep > free:
+                raise MountError(f"file_mounts.{remote}: {source} ({human(size)}) does not fit in corral's home, "
+                                 f"where the Slurm nodes would see its copy: {human(max(free - keep, 0))} is left "
+                                 f"there for copies ({human(keep)} is kept free): put it on a filesystem the nodes "
+                                 "share, or free space in corral's home")
             target = copy_dir(record_dir, source)
             shutil.rmtree(target.parent, ignore_errors=True)  # a copy cut short earlier
             target.parent.mkdir(parents=True)
             _record(record_dir, kind="copy", path=str(target.parent))
+            budget = _Budget(limit)
             try:
-                _copy_tree(source, target)
+                _copy_tree(source, target, budget)
             except OSError as exc:
+                shutil.rmtree(target.parent, ignore_errors=True)  # (recorded: gone with the job anyway)
+                if budget.grew:
+                    raise MountError(f"file_mounts.{remote}: {source} grew past the {human(limit)} that corral "
+                                     "copies for Slurm nodes that do not see it while it was copied (config.yaml "
+                                     "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
+                                     "stop writing it before the job starts") from None
                 raise MountError(f"file_mounts.{remote}: {source} could not be copied for the Slurm nodes, which "
                                  f"do not see it, as the Unix account {_me()} ({exc.strerror or exc})") from None
             target.parent.joinpath(COMPLETE).touch()
@@ -198,11 +286,23 @@ def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
 
 
 def stage_failure(run_dir: Path) -> str:
-    """Why the attempt's sources could not be staged ("" when they were, or none had to be)."""
+    """Why the attempt's sources could not be staged ("" when they were, or none had to be).
+    Read by the server (root) in a directory of the job's account: only a file of one link,
+    never through a link nor a pipe, and its first 4 KB (what the account put there is not
+    another file of root's to show as the job's reason)."""
     try:
-        return (run_dir / STAGE_FAILED).read_text().strip()
+        fd = os.open(run_dir / STAGE_FAILED, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            return ""
+        return os.read(fd, 4096).decode(errors="replace").strip()
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def stage_as(account: tuple[int, int, tuple[int, ...]] | None, record_dir: Path, mounts: list[tuple[str, str]],
