@@ -35,6 +35,8 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from corral.node.runfiles import read_small
+
 if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
     from corral.auth.accounts import UnixAccount
     from corral.executors.contract import Container
@@ -337,7 +339,7 @@ def note_steps(run_dir: Path, engine: str, uid: int) -> None:
 def remove_steps(run_dir: Path, key: str) -> None:
     """End every container of the attempt's steps left when it ended (by its label)."""
     try:
-        engine, uid = (run_dir / STEPS_FILE).read_text().split("\n")[:2]
+        engine, uid = (read_small(run_dir / STEPS_FILE) or "").split("\n")[:2]
         owner = int(uid)
     except (OSError, ValueError):
         return
@@ -412,10 +414,8 @@ def pulling(run_dir: Path) -> bool:
     before it runs: STARTING, not RUNNING, on every infra while a pull may take minutes."""
     if named(run_dir) is not None:
         return not running(run_dir)
-    try:
-        return (run_dir / SCRIPT_FILE).read_text().strip() != "running"
-    except OSError:  # (none: no container to wait for)
-        return False
+    said = read_small(run_dir / SCRIPT_FILE)
+    return said is not None and said.strip() != "running"  # (none: no container to wait for)
 
 
 def await_script(run_dir: Path, env: dict[str, str], account: UnixAccount | None) -> None:
@@ -447,18 +447,15 @@ def script_runs(env: dict[str, str]) -> None:
 
 def pull_failure(run_dir: Path) -> str:
     """What the registry said when the attempt's image could not be pulled ("" if it was)."""
-    try:
-        said = (run_dir / REASON_FILE).read_text().strip()
-    except OSError:
-        return ""
+    said = (read_small(run_dir / REASON_FILE) or "").strip()  # (the account's directory: ``runfiles``)
     return f"image pull failed: {said}" if said else ""
 
 
 def named(run_dir: Path) -> tuple[str, str] | None:
     try:
-        engine, name = (run_dir / NAME_FILE).read_text().split("\n")[:2]
+        engine, name = (read_small(run_dir / NAME_FILE) or "").split("\n")[:2]
         return engine, name
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 

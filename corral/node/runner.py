@@ -42,6 +42,7 @@ from corral.node.mounts import attach_as, detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.network import Bridge
 from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
+from corral.node.runfiles import read_small
 from corral.node.stepagent import DIR_VAR as STEP_AGENTS_VAR
 
 if TYPE_CHECKING:  # (annotations only: a Ray worker imports this module for every replica actor it
@@ -436,9 +437,9 @@ class NodeRunner:
                 self._spawner = None
 
     def exit_code(self, key: str) -> int | None:
-        try:
-            return int((self.run_dir(key) / EXIT_FILE).read_text().strip())
-        except (OSError, ValueError):
+        try:  # (the job's account may write the directory: ``runfiles``)
+            return int((read_small(self.run_dir(key) / EXIT_FILE) or "").strip())
+        except ValueError:
             return None
 
     def no_new_privs(self, key: str) -> bool:
@@ -449,8 +450,8 @@ class NodeRunner:
     def started_pid(self, key: str) -> int | None:
         """The wrapper's pid if it recorded that it started."""
         try:
-            return int((self.run_dir(key) / STARTED_FILE).read_text().strip())
-        except (OSError, ValueError):
+            return int((read_small(self.run_dir(key) / STARTED_FILE) or "").strip())
+        except ValueError:
             return None
 
     def end_tree(self, key: str, pid: int | None, thorough: bool = False) -> list[int]:

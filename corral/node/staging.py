@@ -24,6 +24,7 @@ import stat
 import sys
 from pathlib import Path
 
+from corral.node.runfiles import read_small
 from corral.node.mounts import (COMPLETE, MountError, _locked, _me, _record, copy_dir, seen_at, size_of,
                                 staged)
 
@@ -287,22 +288,8 @@ def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
 
 def stage_failure(run_dir: Path) -> str:
     """Why the attempt's sources could not be staged ("" when they were, or none had to be).
-    Read by the server (root) in a directory of the job's account: only a file of one link,
-    never through a link nor a pipe, and its first 4 KB (what the account put there is not
-    another file of root's to show as the job's reason)."""
-    try:
-        fd = os.open(run_dir / STAGE_FAILED, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return ""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            return ""
-        return os.read(fd, 4096).decode(errors="replace").strip()
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
+    Read by the server (root) in a directory of the job's account (``runfiles``)."""
+    return (read_small(run_dir / STAGE_FAILED) or "").strip()
 
 
 def stage_as(account: tuple[int, int, tuple[int, ...]] | None, record_dir: Path, mounts: list[tuple[str, str]],

@@ -273,14 +273,15 @@ def _job(j: dict) -> JobInfo:
 
 
 def srun_clients() -> dict[str, tuple[int, float]]:
-    """srun commands alive on this machine, by the ``--job-name`` they were given; also those
-    still staging a job's file_mounts before they become that srun (``node.staging.stage``:
-    ``… stage … -- srun …``)."""
-    found = {}
-    for proc in psutil.process_iter(["cmdline", "create_time", "name"]):
+    """srun commands of this server's account alive on this machine, by the ``--job-name`` they
+    were given; also those still staging a job's file_mounts before they become that srun
+    (``node.staging.stage``: ``… stage … -- srun …``)."""
+    found, me = {}, os.getuid()
+    for proc in psutil.process_iter(["cmdline", "create_time", "name", "uids"]):
         try:
             argv = proc.info["cmdline"] or []
-            if not argv:
+            # only the server's own: anyone may start a process whose arguments look like one
+            if not argv or proc.info["uids"] is None or proc.info["uids"].real != me:
                 continue
             at = 0 if os.path.basename(argv[0]) == "srun" else next(
                 (i + 1 for i in range(1, len(argv) - 1)

@@ -56,6 +56,7 @@ from corral.executors.slurm.stepsignals import Attempt, StepSignals
 from corral.node.mounts import command as mounts_command, seen_at
 from corral.node.staging import stage_command, stage_failure
 from corral.node.proctree import ATTEMPT_VAR
+from corral.node.runfiles import read_small
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
 from corral.node.terminal import Terminal
@@ -308,10 +309,10 @@ class SrunExecutor(EventStream):
 
     def bound_gpus(self, key: str) -> tuple[int, ...] | None:
         """The GPUs Slurm bound to the attempt's step (node indices), once its step recorded them."""
-        try:
-            text = (self.runner.run_dir(key) / GPUS_FILE).read_text().strip()
-        except OSError:
+        text = read_small(self.runner.run_dir(key) / GPUS_FILE)  # (the account's directory: ``runfiles``)
+        if text is None:
             return None
+        text = text.strip()
         try:
             return tuple(int(g) for g in text.split(",")) if text else ()
         except ValueError:  # not indices (UUIDs): corral's own choice stays what it shows
