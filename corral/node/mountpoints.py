@@ -26,7 +26,7 @@ def mount_points(wanted: list[tuple[str, str, str]], me: str = "") -> list[dict]
         for remote, target, source in wanted:
             try:
                 info = os.stat(source)
-                readable = os.access(source, os.R_OK | (os.X_OK if os.path.isdir(source) else 0))
+                readable = os.access(source, os.R_OK | (os.X_OK if os.path.isdir(source) else 0), effective_ids=True)
             except OSError as exc:
                 info, readable, why = None, False, exc.strerror
             if info is None or not readable:
@@ -69,11 +69,12 @@ def mount_points(wanted: list[tuple[str, str, str]], me: str = "") -> list[dict]
 def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]:  # noqa: ANN001
     """``mount_points`` as ``account`` (None: this process's own, in it).
 
-    In a child forked from this process that switches to the account without exec: a change
-    of credentials leaves it undumpable, so the account cannot trace it nor write into its
-    memory (as it could a program it execs: what it reports, the source's identity and what it
-    made, would then be the account's to forge, and root binds and removes by it). What it
-    made is checked again here: the target and directories above it, nothing else."""
+    In a child forked from this process that takes the account's effective uid without exec:
+    a change of credentials leaves it undumpable, and its real uid stays root's, so the account
+    can neither trace it, write into its memory nor stop it (a program it execs would be the
+    account's to forge: what it reports, the source's identity and what it made, by which root
+    binds and removes). What it made is checked again here: the target and directories above
+    it, nothing else."""
     if account is None:
         return mount_points(wanted)
     # (named here: a lookup in the passwd database after the fork of a threaded server could
@@ -87,7 +88,10 @@ def mount_points_as(account, wanted: list[tuple[str, str, str]]) -> list[dict]: 
             os.close(read)
             os.setgroups(list(account.groups))
             os.setresgid(account.gid, account.gid, account.gid)
-            os.setresuid(account.uid, account.uid, account.uid)
+            # the account's rights for every file it touches (the effective uid), yet not the
+            # account's to signal (its real and saved uids stay root's): stopped, it would hold
+            # the server's start for as long as the deadline below
+            os.setresuid(-1, account.uid, -1)
             os.chdir("/")
             try:
                 data = json.dumps({"found": mount_points(wanted, me)}).encode()

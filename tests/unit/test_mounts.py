@@ -431,3 +431,50 @@ def test_no_mount_shadows_the_code_the_server_runs(tmp_path: Path) -> None:
         for path in (os.path.realpath(sys.prefix), package, os.path.join(package, "corral")):
             assert "would shadow corral's own directory" in (shadows(path, own) or ""), (path, own)
         assert shadows("/data/x", own) is None
+
+
+def test_the_account_can_neither_stop_the_check_nor_read_past_its_rights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs with the account's rights on files (a 0600 file of root's is refused),
+    yet the account may not signal it: stopped, it held the server's start (its control loop,
+    on the local executor) until the check's deadline (hostile trial)."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from unix_users import need_root, traversable_dir, unix_user
+
+    import corral.node.mountpoints as mountpoints
+
+    need_root()
+    with traversable_dir() as root, unix_user("cistop") as ann:
+        (root / "src").mkdir()
+        (root / "private").write_text("root's\n")
+        os.chmod(root / "private", 0o600)
+        os.chmod(root, 0o1777)
+        with pytest.raises(MountError, match=r"file_mounts\./p: the Unix account .* cannot read .*private"):
+            mountpoints.mount_points_as(ann, [("/p", str(root / "p"), str(root / "private"))])
+        real, pid_file = mountpoints.mount_points, root / "pid"
+
+        def slow(wanted: list, me: str = "") -> list:  # (in the checking child)
+            os.write(os.open(pid_file, os.O_WRONLY | os.O_CREAT, 0o644), str(os.getpid()).encode())
+            time.sleep(1.5)
+            return real(wanted, me)
+
+        monkeypatch.setattr(mountpoints, "mount_points", slow)
+        found: list = []
+        check = threading.Thread(target=lambda: found.append(
+            mountpoints.mount_points_as(ann, [("/pt", str(root / "pt"), str(root / "src"))])))
+        check.start()
+        deadline = time.monotonic() + 10
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        child = int(pid_file.read_text())
+        tried = subprocess.run(["kill", f"-{signal.SIGSTOP.value}", str(child)], user=ann.uid, group=ann.gid,
+                               capture_output=True, text=True, cwd="/")
+        check.join(20)
+        assert tried.returncode != 0, "the account stopped the check"
+        assert found and [m[0] for m in found[0][0]["made"]] == [str(root / "pt")]
+        os.rmdir(root / "pt")
