@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from corral.spec.resources import IGNORED_RESOURCE_FIELDS, Alternative
-from corral.spec.mounts import corral_dirs, resolve_sources
+from corral.spec.mounts import corral_dirs, fill_variables, resolve_sources
 from corral.spec.models import ENV_NAME_RE, NAME_RE, NAME_RULE, GroupHeader, JobSpec, Resources, TaskSpec, shown
 from corral.spec.service import SCHEDULING_FIELDS, Scheduling
 from corral.spec.source import Document, SourceError, load_documents
@@ -94,6 +94,7 @@ def load_job(text: str, *, source: str = "<spec>", default_name: str | None = No
     issues += world_issues(world, workdir, export_given)
     if issues:
         raise SpecError(issues, source)
+    docs = [fill_variables(doc, env) for doc in docs]  # ${VAR} in file_mounts and workdir, as sky launch
 
     scheduling_doc: Document | None = None
     pipeline = False

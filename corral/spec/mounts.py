@@ -124,9 +124,19 @@ SourcePath = Annotated[str, BeforeValidator(_source)]
 
 
 def check_mounts(value: dict[str, str]) -> dict[str, str]:
-    """Two written keys that name one remote path (``/data`` and ``/data/``) are one mount."""
+    """At most ``MAX_MOUNTS``, and none inside another: a bind inside a bind writes its mount
+    point into the outer source (the submitter's own directory), a link inside a link puts a
+    link there, and a namespace's mounts cannot reach into another's source at all, so the one
+    rule every infra can keep is to refuse it."""
     if len(value) > MAX_MOUNTS:
         raise ValueError(f"at most {MAX_MOUNTS} file_mounts per task")
+    remotes = sorted(value)
+    for outer in remotes:
+        inner = next((r for r in remotes if r != outer and r.startswith(outer.rstrip("/") + "/")), None)
+        if inner is not None:
+            raise ValueError(f"{inner} is inside {outer}, another of the task's mounts: mount them at "
+                             "sibling paths (what corral makes for the inner one would land in the outer "
+                             "one's source, your own files)")
     return value
 
 
@@ -164,3 +174,54 @@ def resolve_sources(mounts: dict[str, str], base_dir: str | None, home: str | No
         elif not (os.path.isfile(path) or os.path.isdir(path)):
             problems[remote] = f"{path} is neither a file nor a directory"
     return out, problems
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+FILLED = ("file_mounts", "workdir")  # the fields ``sky launch`` fills variables in at load
+
+
+def fill_variables(doc: Any, cli_env: dict[str, str] | None) -> Any:
+    """A task's document with SkyPilot's ``${VAR}`` (or ``$VAR``) filled in its ``file_mounts``
+    (remote paths and sources) and ``workdir`` from its ``envs``, ``--env`` winning, as ``sky
+    launch`` fills them when it reads the file. A name neither sets stays as written (its path
+    then fails to resolve, naming the field); ``secrets`` never fill one: they are for the
+    job's commands alone, never written into a path. ``doc``: a ``corral.spec.source.Document``;
+    the lines of the fields it changed follow them."""
+    from dataclasses import replace
+
+    data = doc.data
+    if not isinstance(data, dict) or not any(isinstance(data.get(f), (str, dict)) for f in FILLED):
+        return doc
+    envs = data.get("envs") if isinstance(data.get("envs"), dict) else {}
+    values = {str(k): _scalar(v) for k, v in envs.items() if _scalar(v) is not None}
+    values.update(cli_env or {})
+    if not values:
+        return doc
+
+    def fill(text: str) -> str:
+        return _VAR.sub(lambda m: values.get(m.group(1) or m.group(2), m.group(0)), text)
+
+    data, lines = dict(data), dict(doc.lines)
+    if isinstance(data.get("workdir"), str):
+        data["workdir"] = fill(data["workdir"])
+    if isinstance(data.get("file_mounts"), dict):
+        filled = {}
+        for remote, source in data["file_mounts"].items():
+            new = fill(remote) if isinstance(remote, str) else remote
+            filled[new] = fill(source) if isinstance(source, str) else source
+            if new != remote:  # its line (and those of anything under it) under its new name
+                for path, line in doc.lines.items():
+                    if path[:2] == ("file_mounts", remote):
+                        lines[("file_mounts", new, *path[2:])] = line
+        data["file_mounts"] = filled
+    return replace(doc, data=data, lines=lines)
+
+
+def _scalar(value: Any) -> str | None:
+    """An ``envs`` value as its variable holds it (YAML reads ``13`` and ``true`` as numbers and
+    booleans), or None for one without a value."""
+    if value is None or isinstance(value, (dict, list)):
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

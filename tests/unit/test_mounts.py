@@ -34,6 +34,8 @@ def _load(mounts: str, base: Path) -> TaskSpec:
     ("  /lib64/x: /tmp", "file_mounts./lib64/x", "system path"),
     ("  /var/run/x: /tmp", "file_mounts./var/run/x", "system path"),
     ("  /data: ./absent", "file_mounts./data", "does not exist (resolved against the submit directory"),
+    ("  /data: /tmp\n  /data/sub: /tmp", "file_mounts", "/data/sub is inside /data, another of the task's mounts"),
+    ("  ~/d: /tmp\n  ~/d/e/f: /tmp", "file_mounts", "~/d/e/f is inside ~/d"),
 ])
 def test_refused_at_submit_naming_the_mount(tmp_path: Path, mounts: str, field: str, words: str) -> None:
     with pytest.raises(SpecError) as info:
