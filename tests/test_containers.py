@@ -381,3 +381,29 @@ file_mounts: {{/out: {out}}}
     assert server.post(f"/v1/jobs/{job['id']}/cancel").json()["cancelled"] is True
     wait_state(server, job["id"], "CANCELLED", timeout=60)
     assert (out / "log").read_text().splitlines() == ["up", "got TERM", "saved"]
+
+
+def test_path_variables_the_task_sets_itself_reach_the_container(server) -> None:
+    """The submitting machine's PATH and LD_LIBRARY_PATH stay out of a container (the image has
+    its own), but a task that sets one in its envs means it: it arrives (new-user trial: it was
+    dropped, so ``envs: {PATH: /opt/tool/bin:…}`` found nothing of /opt/tool)."""
+    job = submit(server, f"""
+name: paths
+resources: {{image_id: docker:{IMAGE}}}
+envs: {{PATH: "/opt/mine/bin:/bin:/usr/bin", LD_LIBRARY_PATH: /opt/mine/lib}}
+run: |
+  printf 'path=%s\\n' "$PATH"
+  printf 'ld=%s\\n' "$LD_LIBRARY_PATH"
+""")
+    done = wait_state(server, job["id"], "SUCCEEDED", "FAILED", timeout=60)
+    assert done["state"] == "SUCCEEDED", _events(server, job["id"])
+    log = server.get(f"/v1/jobs/{job['id']}/logs").text
+    said = [line.split(" | ", 1)[-1] for line in log.splitlines() if line.split(" | ", 1)[-1].startswith(("path=", "ld="))]
+    assert said == ["path=/opt/mine/bin:/bin:/usr/bin", "ld=/opt/mine/lib"], log
+    other = submit(server, f"""
+name: image-own
+resources: {{image_id: docker:{IMAGE}}}
+run: printf 'ld=%s\\n' "${{LD_LIBRARY_PATH:-none}}"
+""")
+    assert wait_state(server, other["id"], "SUCCEEDED", "FAILED", timeout=60)["state"] == "SUCCEEDED"
+    assert "ld=none" in server.get(f"/v1/jobs/{other['id']}/logs").text

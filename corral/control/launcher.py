@@ -26,6 +26,7 @@ from corral.executors.contract import Container, Gangs, Handle, Launch, LaunchEr
 from corral.metrics import Metrics
 from corral.runtime import batchenv
 from corral.node import stepagent
+from corral.node.container import HOST_ONLY
 from corral.node.namedcontainer import NAMED_VAR
 from corral.node.runner import STOP_SIGNAL_VAR
 from corral.runtime.environment import ReplicaContext, join_paths, replica_env, starting_environment
@@ -261,9 +262,11 @@ class Launcher:
         if env.get("SKYPILOT_DOCKER_USERNAME") and env.get("SKYPILOT_DOCKER_PASSWORD"):
             server = env.get("SKYPILOT_DOCKER_SERVER") or resources.image.split("/", 1)[0]
             login = (server, env["SKYPILOT_DOCKER_USERNAME"], env["SKYPILOT_DOCKER_PASSWORD"])
+        own = {**(task.spec.get("envs") or {}), **(task.spec.get("secrets") or {})}
         # the site's options last: where a job's sets the same flag, the operator's stands
         return Container(resources.image, self.containers.engine,
-                         (docker.run_options if docker else ()) + tuple(self.containers.run_options), login, mounts)
+                         (docker.run_options if docker else ()) + tuple(self.containers.run_options), login, mounts,
+                         tuple(sorted(k for k in own if k in HOST_ONLY)))
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

@@ -68,6 +68,9 @@ class Container:
     options: tuple[str, ...] = ()  # the site's (config.yaml containers.run_options), then the job's
     login: tuple[str, str, str] | None = None
     mounts: tuple[tuple[str, str], ...] = ()  # the task's file_mounts (remote, source): bound in the container
+    # variables of the submitting machine's paths (PATH, LD_LIBRARY_PATH …: ``node.container.HOST_ONLY``)
+    # that the task itself sets (envs, secrets, --env): carried in, where the rest stay the image's
+    kept: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,8 @@ SCRIPT_VAR = "CORRAL_SBATCH_BOX_MARK"  # that file's path, in the batch script's
 STEPS_FILE = "steps.engine"  # a batch script's attempt: the engine (and account) its steps' containers use
 STEP_LABEL = "corral.attempt"  # on every container a batch script's step makes: the attempt's key
 CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidia.yaml", "/var/run/cdi/nvidia.json")
-# paths of the machine the job was submitted from: inside an image its own hold
+# paths of the machine the job was submitted from: inside an image its own hold (unless the
+# task sets one itself: ``Container.kept``)
 HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
                        "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL", "MANPATH", "INFOPATH",
                        "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
@@ -152,7 +153,7 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
         locks, marks = box, None
     owner = account.uid if rootless else None
     skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
-    inside = {k: v for k, v in env.items() if k not in HOST_ONLY and k not in skipped}
+    inside = {k: v for k, v in env.items() if (k not in HOST_ONLY or k in container.kept) and k not in skipped}
     spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
     inside = {k: v for k, v in inside.items() if k not in spanning}
     argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + (

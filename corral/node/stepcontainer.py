@@ -197,7 +197,7 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
     login = login_for(container, env, container.image) if container.image else None
     # the attempt's Container (``executors.contract``) in all but its class: a step's task starts
     # in about 0.1 s without loading the models that module brings
-    spec = SimpleNamespace(image=image, engine=engine, options=options, login=login, mounts=())
+    spec = SimpleNamespace(image=image, engine=engine, options=options, login=login, mounts=(), kept=())
     run_dir = Path(tempfile.mkdtemp(prefix="corral-step-"))
     hosts = env.get("CORRAL_HOSTS_FILE") or None
     binds = [str(Path(hosts).parent)] if hosts else []
@@ -209,7 +209,9 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
         locks = run_dir / "locks"
     try:
         engine_files.prepare(run_dir, spec, scope="step", key=key, job_id=int(env.get("SLURM_JOB_ID") or 0),
-                             env=env, hosts_file=hosts, hostname=env.get("CORRAL_HOSTNAME", ""), binds=binds,
+                             # a step's host name is its node's, as on a Slurm node (docs/sbatch.md)
+                             env=env, hosts_file=hosts, hostname=env.get("SLURMD_NODENAME") or env.get(
+                                 "CORRAL_HOSTNAME", ""), binds=binds,
                              account=None, locks=locks, keep_entrypoint=container.entrypoint)
     except engine_files.ContainerError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -24,7 +24,8 @@ def last_words(path: Path, tail: int = 4096, code: int | None = None) -> str:
     """Why a replica failed where its exit code alone does not say: the sentence corral's shell
     printed last when it failed the job itself (its ``--output`` directory missing, its setup
     failing, say), a port taken (``Address already in use``), or for the shell's own codes
-    (126: found but not executable, 127: not found) the shell's line saying what; "" otherwise."""
+    (126: found but not executable, 127: not found) the shell's line saying what, or for a
+    container engine's own (125) its ``Error:`` line; "" otherwise."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - tail))
@@ -43,11 +44,17 @@ def last_words(path: Path, tail: int = 4096, code: int | None = None) -> str:
         shell = [line.strip() for line in text.splitlines() if _SHELL_SAYS.search(line)]
         if shell:
             return f"its log says: {shell[-1][:300]}"
+    if code == 125:  # Podman's and Docker's own failure (a bind's source gone, a refused option)
+        engine = [line.strip() for line in text.splitlines() if _ENGINE_SAYS.match(line.strip())]
+        if engine:
+            return f"its container engine said: {engine[-1][:300]}"
     return ""
 
 
 # how bash and sh say a command could not be run (exit 127: not found; 126: not executable)
 _SHELL_SAYS = re.compile(r"command not found|[Pp]ermission denied|No such file or directory|cannot execute")
+# how Podman and Docker say they could not run a container (their exit 125)
+_ENGINE_SAYS = re.compile(r"(Error: |docker: Error response from daemon: |Error response from daemon: )\S")
 
 
 def rotated(path: Path) -> Path:

@@ -140,7 +140,7 @@ class ReplicaActor:
 
         container = Container(**{**boxed, "options": tuple(boxed["options"]),
                                  "login": tuple(boxed["login"]) if boxed.get("login") else None,
-                                 "mounts": tuple(mounts)}) if boxed else None
+                                 "mounts": tuple(mounts), "kept": tuple(boxed.get("kept") or ())}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
                                       self.log_file, bool(launch.get("hosts", True)), repo=tuple(repo) if repo else None,
                                       container=container, file_mounts=tuple(mounts) if binding else (),
