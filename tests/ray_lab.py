@@ -154,12 +154,24 @@ class RayLab:
     def wait_nodes(self, count: int, timeout: float = 60.0) -> list[dict]:
         """Ray's view of its alive nodes, once ``count`` are up (asked in a subprocess, so
         the caller's process is not a Ray driver)."""
-        code = ("import json, ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR');"
-                "print(json.dumps([n for n in ray.nodes() if n['Alive']]))" % self.address)
+        # one driver asks until the count is reached (importing ray and connecting took 2-3 s
+        # a time on a loaded machine, for each look while a node was still registering); a
+        # look that fails to connect (the head's GCS not up yet) is tried again after a second
+        code = ("import json, sys, time, ray\n"
+                "ray.init(address=sys.argv[1], log_to_driver=False, logging_level='ERROR')\n"
+                "count, until = int(sys.argv[2]), time.monotonic() + float(sys.argv[3])\n"
+                "while True:\n"
+                "    nodes = [n for n in ray.nodes() if n['Alive']]\n"
+                "    if len(nodes) >= count or time.monotonic() > until:\n"
+                "        break\n"
+                "    time.sleep(0.2)\n"
+                "print(json.dumps(nodes))\n")
         deadline = time.monotonic() + timeout
         nodes: list[dict] = []
         while time.monotonic() < deadline:
-            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+            left = max(deadline - time.monotonic(), 0.0)
+            done = subprocess.run([sys.executable, "-c", code, self.address, str(count), f"{left:.1f}"],
+                                  capture_output=True, text=True, timeout=left + 60)
             # Ray may print its own warnings to stdout (lagging heartbeats on a busy machine)
             said = [line for line in done.stdout.splitlines() if line.startswith("[")]
             if done.returncode == 0 and said:

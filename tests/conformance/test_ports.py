@@ -14,8 +14,15 @@ from conformance.harnesses import PARTITION, describe
 
 # a fixed port as a user declares one (8000 in vLLM's examples): one no other test here
 # uses, since suites run side by side on this machine's network (the Slurm lab's and the Ray
-# lab head's replicas share it)
+# lab head's replicas share it); the Ray cases another, since with ``-n`` they run in another
+# worker than the local and Slurm ones, at the same time (and a lab without network
+# namespaces puts its workers' replicas on this machine's addresses too)
 PORT = 8471
+PORTS = {"ray": 8472}
+
+
+def _port(harness) -> int:  # noqa: ANN001 - a Harness
+    return PORTS.get(harness.name, PORT)
 
 SERVER = """
 import http.server, os, sys
@@ -33,7 +40,7 @@ bind = sys.argv[1]
 server = http.server.HTTPServer((bind, %d), Hello)
 open(os.path.join(sys.argv[2], "bound-" + os.environ["CORRAL_LAUNCH_KEY"]), "w").close()  # its readiness
 server.serve_forever()
-""" % PORT
+"""
 
 CLIENT = """
 import json, os, sys, time, urllib.request
@@ -53,15 +60,15 @@ for rank in range(servers):
 peers = json.load(open(os.environ["CORRAL_PEERS_FILE"]))
 for r in peers["tasks"]["server"]["replicas"]:
     print("peer", r["hostname"], r["addr"], json.dumps(r["ports"], separators=(",", ":")), json.dumps(r.get("moved_ports", {}), separators=(",", ":")), flush=True)
-""" % PORT
+"""
 
 
-def _group(work: Path, servers: int, bind: str, gpu_type: str) -> str:
+def _group(work: Path, servers: int, bind: str, gpu_type: str, port: int) -> str:
     """Servers, and a client that asks each by name once every one has bound its port (ready):
     a replica binding 0.0.0.0 answers on its peers' addresses of one machine too, so a client
     asking sooner could be answered for a server that has not bound yet, or never can."""
-    (work / "server.py").write_text(SERVER)
-    (work / "client.py").write_text(CLIENT)
+    (work / "server.py").write_text(SERVER % port)
+    (work / "client.py").write_text(CLIENT % port)
     return f"""
 name: web
 execution: parallel
@@ -69,7 +76,7 @@ primary_tasks: [client]
 ---
 name: server
 num_nodes: {servers}
-resources: {{accelerators: {gpu_type}:1, ports: {{web: {PORT}}}}}
+resources: {{accelerators: {gpu_type}:1, ports: {{web: {port}}}}}
 readiness_probe: {{exec: "test -e {work}/bound-$CORRAL_LAUNCH_KEY", period: 0.5s}}
 run: exec python3 {work}/server.py {bind} {work}
 ---
@@ -80,22 +87,23 @@ run: exec python3 {work}/client.py {servers}
 
 
 def _served(corral: Corral, job: int, servers: int) -> None:
+    port = _port(corral.harness)
     done = corral.wait_job(job, timeout=180)
     assert done["state"] == "SUCCEEDED", describe(done)
     lines = corral("logs", str(job), "client-0").stdout.splitlines()
     for rank in range(servers):
         # the server bound the port it declared, and was reached on it by its name
-        assert f"got {rank} server-{rank}.web CORRAL_PORT_WEB={PORT}" in lines, lines
+        assert f"got {rank} server-{rank}.web CORRAL_PORT_WEB={port}" in lines, lines
     peers = [x.split() for x in lines if x.startswith("peer ")]
     assert len(peers) == servers, lines
     for _, name, addr, ports, moved in peers:
-        assert json.loads(ports) == {"web": PORT} and json.loads(moved) == {}, (name, ports, moved)
+        assert json.loads(ports) == {"web": port} and json.loads(moved) == {}, (name, ports, moved)
     assert not [e for e in corral.events(job) if e["cause"] == "port-moved"], corral.events(job)
 
 
 def test_a_server_binding_every_address_is_reached_on_its_declared_port(corral: Corral, harness, work: Path) -> None:
     # vLLM's default: bind 0.0.0.0 on the declared port
-    job = corral.launch("web", _group(work, 1, "0.0.0.0", harness.gpu_type))
+    job = corral.launch("web", _group(work, 1, "0.0.0.0", harness.gpu_type, _port(harness)))
     _served(corral, job, 1)
 
 
@@ -108,13 +116,13 @@ def test_two_replicas_declaring_one_port_both_serve_on_it_by_name(corral: Corral
     # network namespaces of their own) they bind 0.0.0.0.
     shared = harness.name == "local" and getattr(harness, "network", "host") == "host"
     bind = "$CORRAL_ADDR" if shared else "0.0.0.0"
-    job = corral.launch("web", _group(work, 2, bind, harness.gpu_type))
+    job = corral.launch("web", _group(work, 2, bind, harness.gpu_type, _port(harness)))
     _served(corral, job, 2)
     reps = corral.replicas(job)
     assert reps["server-0"]["addr"] != reps["server-1"]["addr"], describe(corral.status(job))
     if shared:
         # both binding 0.0.0.0 on one machine: the second cannot, and the job says so and how
-        job = corral.launch("web", _group(work, 2, "0.0.0.0", harness.gpu_type))
+        job = corral.launch("web", _group(work, 2, "0.0.0.0", harness.gpu_type, _port(harness)))
         done = corral.wait_job(job, timeout=180)
         message = done.get("message") or ""
         assert done["state"] == "FAILED" and "a port it binds is already in use" in message, describe(done)
@@ -125,7 +133,7 @@ def _never_together_on_one_address(corral: Corral, work: Path, gpu_type: str) ->
     """The slurm-lab's nodes are processes of one machine (loopback addresses, one network
     stack): two replicas holding one port could never run there at once; refused at submit."""
     path = corral.specs / "web.yaml"
-    path.write_text(_group(work, 2, "0.0.0.0", gpu_type))
+    path.write_text(_group(work, 2, "0.0.0.0", gpu_type, PORT))
     out = corral("launch", "-d", "-p", PARTITION, "--name", "web", str(path), check=False)
     assert out.returncode != 0, out.stdout
     assert f"2 replicas declare port {PORT}" in out.stderr and "address" in out.stderr, out.stderr
