@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from corral.node.proctree import attempt_mark
+
 from corral.executors.contract import Kind, Launch, LaunchError, Observed, Started
 from corral.executors.local.executor import LocalExecutor
 from corral.node.runner import EXIT_FILE, STARTED_FILE
@@ -228,13 +230,35 @@ def test_an_attempt_caught_before_it_recorded_its_start_is_ended_and_absent(tmp_
     that replaces it."""
     executor = _executor(tmp_path)
     try:
-        proc = subprocess.Popen(["bash", "-c", "sleep 30"], env={**os.environ, "CORRAL_ATTEMPT": "11.w.0.a1"},
-                                start_new_session=True)
+        proc = subprocess.Popen(["bash", "-c", "sleep 30"], start_new_session=True,
+                                env={**os.environ, "CORRAL_ATTEMPT": attempt_mark(executor.runner.trees.scope, "11.w.0.a1")})
         executor.adopt([("11.w.0.a1", None)])
         assert [e.kind for e in executor.drain()] == [Kind.ABSENT]
         assert proc.wait(timeout=5) == -signal.SIGKILL
     finally:
         executor.close()
+
+
+def test_another_server_s_attempt_of_the_same_key_is_never_touched(tmp_path: Path) -> None:
+    """Two servers on one machine (two homes, two users, two workers of a test suite) number
+    their jobs from 1 alike: an attempt found by its key where no cgroup holds it must be this
+    server's (a cancel in one home SIGKILLed the other's replica of the same key)."""
+    from corral.node.proctree import ProcessTrees
+
+    ours, key = ProcessTrees(f"ours{os.getpid()}"), "1.main.0.a1"
+    theirs = subprocess.Popen(["sleep", "30"], start_new_session=True,
+                              env={**os.environ, "CORRAL_ATTEMPT": attempt_mark(f"theirs{os.getpid()}", key)})
+    mine = subprocess.Popen(["sleep", "30"], start_new_session=True,
+                            env={**os.environ, "CORRAL_ATTEMPT": attempt_mark(ours.scope, key)})
+    try:
+        assert ours.members(key, thorough=True) == [mine.pid]
+        assert ours.kill(key, thorough=True) == []
+        assert mine.wait(timeout=5) == -signal.SIGKILL
+        assert theirs.poll() is None
+    finally:
+        for proc in (theirs, mine):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_replica_is_named_after_itself(tmp_path: Path) -> None:

@@ -46,11 +46,11 @@ def test_a_job_cannot_make_the_server_show_a_file_of_root_s_as_its_reason(lab: s
         admin = corral.client()
         client = Client(admin.url, admin.create_token(ann.name)["token"])
         try:
-            runs = home / "runs"  # (Settings.runs_dir: an attempt's run directory is runs/KEY, KEY its CORRAL_ATTEMPT)
+            runs = home / "runs"  # (Settings.runs_dir: an attempt's run directory is runs/KEY, CORRAL_ATTEMPT being KEY@SCOPE)
             job = client.submit(
                 "resources: {accelerators: H100:1}\nrestart: {policy: never}\n"
                 "run: |\n"
-                f"  ln -sf {secret} \"{runs}/$CORRAL_ATTEMPT/mounts.err\" && echo planted\n"
+                f"  ln -sf {secret} \"{runs}/${{CORRAL_ATTEMPT%@*}}/mounts.err\" && echo planted\n"
                 "  exit 3\n",
                 cwd="/", scheduling={"partition": PARTITION})["job"]["id"]
             done = corral.wait_job(job, timeout=120)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from corral.node.proctree import attempt_mark
 from corral.node.runfiles import read_small
 
 if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
@@ -196,7 +197,7 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for variable in passthrough:
         argv += ["--env", variable]
     argv += options + [container.image]
-    prefix = _account_env(account, key, passthrough) if rootless else []
+    prefix = _account_env(account, attempt_mark(scope, key), passthrough) if rootless else []
     _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
@@ -209,13 +210,13 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     return skipped
 
 
-def _account_env(account: UnixAccount, key: str, keep: tuple[str, ...] = ()) -> list[str]:
+def _account_env(account: UnixAccount, mark: str, keep: tuple[str, ...] = ()) -> list[str]:
     """What the account's engine starts with (run through the wrapper's switch to it): its
     home (the engine's store and runtime are there), nothing of the server's, but the variables
     ``keep`` names (shell patterns, corral's own: a Slurm step's ``SLURM_*``, its GPUs), which
     exist only once the step runs and which the engine passes into the container."""
     fixed = [f"HOME={account.home}", f"USER={account.name}", "PATH=/usr/local/bin:/usr/bin:/bin",
-             f"CORRAL_ATTEMPT={key}"]
+             f"CORRAL_ATTEMPT={mark}"]  # (``proctree.attempt_mark``: its processes are the attempt's)
     if not keep:
         return ["env", "-i", *fixed]
     script = ('kept=(); for v in $(compgen -e); do case $v in ' + "|".join(keep) + ') kept+=("$v=${!v}");; '

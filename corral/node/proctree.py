@@ -16,6 +16,14 @@ import psutil
 
 ATTEMPT_VAR = "CORRAL_ATTEMPT"
 
+
+def attempt_mark(scope: str, key: str) -> str:
+    """What ``CORRAL_ATTEMPT`` holds in every process of the attempt ``key`` of the server of
+    ``scope``, by which its processes are found and ended where no cgroup holds them. A key
+    alone is one server's (job ids start at 1 in every home): two servers on one machine (two
+    homes, two users, a test suite's workers) ended each other's replicas of the same key."""
+    return f"{key}@{scope}"
+
 # ``corral_reap KEY``: SIGKILL every process of the attempt KEY on this node but the caller,
 # found by the key in their environment, until none is left (false if some outlive 5 s). It
 # is bash, not Python, because it runs where the attempt runs: the wrapper ends what its
@@ -303,12 +311,11 @@ class ProcessTrees:
                 pass
         return sent
 
-    @staticmethod
-    def _by_environment(key: str) -> list[int]:
-        out = []
+    def _by_environment(self, key: str) -> list[int]:
+        out, mark = [], attempt_mark(self.scope, key)
         for proc in psutil.process_iter():
             try:
-                if proc.environ().get(ATTEMPT_VAR) == key and proc.status() != psutil.STATUS_ZOMBIE:
+                if proc.environ().get(ATTEMPT_VAR) == mark and proc.status() != psutil.STATUS_ZOMBIE:
                     out.append(proc.pid)
             except (psutil.Error, OSError):
                 continue

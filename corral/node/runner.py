@@ -41,7 +41,7 @@ from corral.node import binds
 from corral.node.mounts import attach_as, detach_as_owner
 from corral.node.namespaces import NamespaceError, NamespaceSpawner
 from corral.node.network import Bridge
-from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees
+from corral.node.proctree import ATTEMPT_VAR, REAP, ProcessTrees, attempt_mark
 from corral.node.runfiles import read_small
 from corral.node.stepagent import DIR_VAR as STEP_AGENTS_VAR
 
@@ -328,7 +328,8 @@ class NodeRunner:
         if warm:
             self.trees.warm()  # the wrapper's move of itself comes a few ms after the spawn
         self.run_dir(key).mkdir(parents=True, exist_ok=False)  # a key is never reused
-        env = {**env, ATTEMPT_VAR: key, RUN_AS_VAR: run_as_value(account)}  # never the job's own value
+        env = {**env, ATTEMPT_VAR: attempt_mark(self.trees.scope, key),  # never the job's own value
+               RUN_AS_VAR: run_as_value(account)}
         containers.await_script(self.run_dir(key), env, account)
         if env.get(STEP_ENGINE_VAR):  # a batch script: its steps may make containers of their own
             containers.note_steps(self.run_dir(key), env[STEP_ENGINE_VAR], account.uid if account else os.geteuid())
@@ -417,7 +418,8 @@ class NodeRunner:
         """What a process of the server's rights gets when it starts another account's replica:
         nothing of the job's (its variables go through ``write_env_file``)."""
         path = self.write_env_file(key, env, owner)
-        return {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key, RUN_AS_VAR: env.get(RUN_AS_VAR, ""),
+        return {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: attempt_mark(self.trees.scope, key),
+                RUN_AS_VAR: env.get(RUN_AS_VAR, ""),
                 ENV_FILE_VAR: str(path), STOP_SIGNAL_VAR: env.get(STOP_SIGNAL_VAR, "")}
 
     def _namespace_spawner(self) -> NamespaceSpawner | None:

@@ -28,7 +28,7 @@ from corral.node import listeners
 from corral.node.mounts import MountError, attach_as
 from corral.node.loopback import LoopbackBlock
 from corral.node.network import HOST_ADDR_VAR, Bridge
-from corral.node.proctree import ATTEMPT_VAR
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 from corral.node.runner import (ENV_FILE_VAR, LOAD_ENV, SAFE_PATH, START_TIME_TOLERANCE_S, NodeRunner, Spawning,
                                 process_start_time, run_as_value)
 from corral.node.terminal import ENTER, ENTER_OWN, Terminal, env_file
@@ -338,7 +338,7 @@ class LocalExecutor(EventStream):
         key, pid = handle["key"], int(handle.get("pid") or 0)
         if pid <= 0 or not self._alive(pid, key, handle.get("started_at")):
             raise ShellError(f"the replica's process (pid {pid or '?'}) is no longer running")
-        account = request.run_as
+        account, mark = request.run_as, attempt_mark(self.runner.trees.scope, key)
         root = os.geteuid() == 0
         term = request.env.get("TERM")
         boxed = containers.shell_argv(self.runner.run_dir(key), list(request.argv), request.tty, term) \
@@ -348,9 +348,9 @@ class LocalExecutor(EventStream):
         try:
             if boxed is not None:
                 argv = (containers.as_account(account.uid, boxed) if account is not None and root else None) or boxed
-                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key},
+                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: mark},
                                 request.tty, request.rows, request.cols)
-            env = {**(account.env() if account else {}), **request.env, ATTEMPT_VAR: key}
+            env = {**(account.env() if account else {}), **request.env, ATTEMPT_VAR: mark}
             try:  # where the replica's wrapper is now (a git workdir's clone), else where it was to start
                 cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
@@ -364,7 +364,7 @@ class LocalExecutor(EventStream):
                 argv = [*enter, "setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={groups}", "--",
                         "env", "-i", "PATH=/usr/bin:/bin", "bash", "--noprofile", "--norc", "-c", ENTER,
                         "corral-shell", cwd, *request.argv]
-                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: key},
+                return Terminal(self._joining(key, argv), {"PATH": SAFE_PATH, "LANG": "C.UTF-8", ATTEMPT_VAR: mark},
                                 request.tty, request.rows, request.cols, env_fd=env_file(env, str(self.runner.runs_dir)))
             argv = [*enter, "bash", "--noprofile", "--norc", "-c", ENTER_OWN, "corral-shell", cwd, *request.argv]
             return Terminal(self._joining(key, argv), env, request.tty, request.rows, request.cols)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corral.node import container as containers
-from corral.node.proctree import ATTEMPT_VAR
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 from corral.node.runner import NodeRunner
 from corral.node.terminal import ENTER_OWN, Terminal
 
@@ -43,7 +43,8 @@ class NodeShells:
         run_dir = self.runner.run_dir(key)
         boxed = containers.shell_argv(run_dir, list(request["argv"]), request["tty"], request["env"].get("TERM"))
         if boxed is not None:
-            process = Terminal(boxed, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), ATTEMPT_VAR: key},
+            process = Terminal(boxed, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                                       ATTEMPT_VAR: attempt_mark(self.runner.trees.scope, key)},
                                request["tty"], request["rows"], request["cols"])
         else:
             env = _environ(pid) or dict(request["env"])  # what the replica itself started with

@@ -55,7 +55,7 @@ from corral.executors.slurm.sidesteps import SideSteps, retrying
 from corral.executors.slurm.stepsignals import Attempt, StepSignals
 from corral.node.mounts import command as mounts_command, seen_at
 from corral.node.staging import stage_command, stage_failure
-from corral.node.proctree import ATTEMPT_VAR
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 from corral.node.runfiles import read_small
 from corral.node import container as containers
 from corral.node.runner import RUN_AS_VAR, NodeRunner, base_environment, process_start_time
@@ -265,7 +265,7 @@ class SrunExecutor(EventStream):
                 else "--gres=none", "--kill-on-bad-exit=1", f"--output={log_file}", "--open-mode=append",
                 # the key marks every process of the attempt on its node (the wrapper and the reaper
                 # find them by it), not the srun client here
-                "--input=none", f"--export=ALL,{ATTEMPT_VAR}={launch.key}",
+                "--input=none", f"--export=ALL,{ATTEMPT_VAR}={attempt_mark(self.scope, launch.key)}",
                 *self.allocations.step_identity(alloc.slurm_id)]
         if mem_mb:
             argv.append(f"--mem={mem_mb}M")

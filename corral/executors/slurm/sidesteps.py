@@ -21,7 +21,7 @@ from pathlib import Path
 
 from corral.executors.slurm.allocations import Allocations
 from corral.executors.slurm.cli import SlurmCli, SlurmError
-from corral.node.proctree import REAP
+from corral.node.proctree import ATTEMPT_VAR, REAP, attempt_mark
 
 # the attempt's container, named in the file "$2" (engine, then name), removed on its node
 UNBOX = ('if [ -n "$2" ] && [ -r "$2" ]; then { read -r e; read -r n; } < "$2"; '
@@ -115,7 +115,7 @@ class SideSteps:
         cannot run, ``scancel --signal`` the step."""
         if pid and host:
             argv = self._argv(slurm_id, host, f"corral-{self.scope}-signal", SIGNAL_GROUP, "corral-signal",
-                              str(pid), key, name, boxed)
+                              str(pid), attempt_mark(self.scope, key), name, boxed)
             try:
                 done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
                                       timeout=30, stdin=subprocess.DEVNULL)
@@ -134,7 +134,7 @@ class SideSteps:
         naming the attempt's container (engine, name), ended there too (its engine's monitor
         is no process of the step's)."""
         argv = self._argv(slurm_id, host, f"corral-{self.scope}-reap", REAP + 'corral_reap "$1"; rc=$?; ' + UNBOX + '; exit $rc',
-                          "corral-reap", key, boxed)
+                          "corral-reap", attempt_mark(self.scope, key), boxed)
         try:
             done = subprocess.run(argv, env={**self.base_env, **self.cli.conf}, capture_output=True, text=True,
                                   timeout=30, stdin=subprocess.DEVNULL)
@@ -171,7 +171,8 @@ class SideSteps:
         the allocation's account. In another account's allocation root's srun carries nothing
         of the job's: the step reads its variables from a file only that account may read."""
         owner = self.allocations.step_owner(slurm_id)
-        env = {**(request.run_as.env() if request.run_as else {}), **request.env, "CORRAL_ATTEMPT": key}
+        env = {**(request.run_as.env() if request.run_as else {}), **request.env,
+               ATTEMPT_VAR: attempt_mark(self.scope, key)}
         fd, path = tempfile.mkstemp(dir=run_dir, prefix=".shell-env-")
         try:
             if owner is not None:
@@ -183,7 +184,7 @@ class SideSteps:
                     # the job's memory on the node, as the replica's: a shell's programs are the job's
                     "--gres=none", "--mem=0", "--quiet", "--disable-status", f"--job-name=corral-{self.scope}-shell",
                     *self.allocations.step_identity(slurm_id), *(["--pty"] if request.tty else []),
-                    "bash", "--noprofile", "--norc", "-c", script, "corral-shell", path, key,
+                    "bash", "--noprofile", "--norc", "-c", script, "corral-shell", path, attempt_mark(self.scope, key),
                     str(run_dir / "started"), request.cwd or "/", *(boxed or request.argv)]
             client = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "CORRAL_ENTER": ENTER_OWN, **self.cli.conf,
                       **({"TERM": request.env["TERM"]} if "TERM" in request.env else {})}
