@@ -180,7 +180,7 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
     from conformance.driver import Corral
     from conformance.harnesses import PARTITION, LocalHarness
     from conftest import kill_leftovers
-    from corral.client import Client, InvalidRequest
+    from corral.client import InvalidRequest
 
     with traversable_dir() as root, unix_user("cidm") as ann:
         home = root / "home"
@@ -197,8 +197,7 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
         suid = root / "suid-id"  # a setuid-root ``id``: euid 0 for whoever runs it, unless no_new_privs
         shutil.copy("/usr/bin/id", suid)
         suid.chmod(0o4755)
-        client = Client(corral.client().url, corral.client().create_token(ann.name)["token"])
-        try:
+        with corral.as_account(ann.name, lambda: kill_leftovers(home)) as client:
             def run(yaml: str, name: str) -> int:
                 return client.submit(yaml, name=name, base_dir=str(work),
                                      scheduling={"partition": PARTITION})["job"]["id"]
@@ -226,14 +225,6 @@ def test_another_accounts_mounts_are_its_own_and_only_what_it_may_read(tmp_path:
             assert done["state"] == "FAILED" and "ran" not in corral.log(job), (done, said)
             assert f"file_mounts.{root}/not-hers/p.txt: the Unix account {ann.name} cannot create" in said, said
             assert not (root / "not-hers").exists()
-        finally:
-            client.close()
-            try:
-                corral.cancel_all()
-            finally:
-                corral.close_client()
-                corral("server", "stop", check=False)
-                kill_leftovers(home)
 
 
 def test_a_source_sent_to_another_node_is_read_with_the_account_s_rights() -> None:

@@ -212,7 +212,6 @@ def _another_account(python_needed: bool):
     from conformance.driver import Corral
     from conformance.harnesses import SlurmHarness
     from container_lab import SITE as CONTAINER_SITE, ensure_image_for, need_podman
-    from corral.client import Client
     from unix_users import need_root, slurm_association, traversable_dir, unix_user
 
     need_root()
@@ -243,19 +242,9 @@ def _another_account(python_needed: bool):
         own.mkdir()
         os.chown(own, ann.uid, ann.gid)
         corral.start()
-        admin = corral.client()
-        client = Client(admin.url, admin.create_token(ann.name)["token"])
-        try:
+        with corral.as_account(ann.name, lambda: harness.cleanup(home)) as client:
             yield SimpleNamespace(corral=corral, client=client, ann=ann, own=own, image=image,
                                   containers=her_containers)
-        finally:
-            client.close()
-            try:
-                corral.cancel_all()
-            finally:
-                corral.close_client()
-                corral("server", "stop", check=False)
-                harness.cleanup(home)
 
 
 def test_another_account_s_pyxis_steps_on_slurm_run_as_it_and_leave_nothing_behind() -> None:

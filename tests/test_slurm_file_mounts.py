@@ -42,7 +42,6 @@ def test_sources_the_slurm_nodes_do_not_see_are_staged_as_the_account_and_go_wit
         pytest.skip(why)
     from conformance.driver import Corral
     from conformance.harnesses import PARTITION, SlurmHarness
-    from corral.client import Client
     from unix_users import slurm_association, traversable_dir, unix_user
 
     with traversable_dir() as root, unix_user("cstg") as ann, slurm_association(ann.name, {**ENV}):
@@ -88,10 +87,9 @@ def test_sources_the_slurm_nodes_do_not_see_are_staged_as_the_account_and_go_wit
         assert done.returncode == 0, done.stdout + done.stderr
         shutil.rmtree(made)
         assert (private / "data/a.txt").read_text() == "node's own shard\n"  # not the server's view
-        admin = corral.client()
-        client = Client(admin.url, admin.create_token(ann.name)["token"])
         records = home / "mounts"  # each job's record of its mounts, with its staged copies (NodeRunner.mounts_dir)
-        try:
+        admin = corral.client()
+        with corral.as_account(ann.name, lambda: harness.cleanup(home)) as client:
             def record_of(job: int) -> Path | None:
                 return next(iter(home.rglob(f"mounts/{job}")), None)
 
@@ -174,11 +172,3 @@ run: |
             assert "never" not in corral.log(job).split()
             wait_for(lambda: record_of(job) is None, timeout=30)
             assert not records.exists() or not any(records.iterdir()), list(records.rglob("*"))
-        finally:
-            client.close()
-            try:
-                corral.cancel_all()
-            finally:
-                corral.close_client()
-                corral("server", "stop", check=False)
-                harness.cleanup(home)

@@ -30,7 +30,6 @@ def test_a_job_cannot_make_the_server_show_a_file_of_root_s_as_its_reason(lab: s
         pytest.skip(why)
     from conformance.driver import Corral
     from conformance.harnesses import PARTITION, SlurmHarness
-    from corral.client import Client
     from unix_users import slurm_association, traversable_dir, unix_user
 
     with traversable_dir() as root, unix_user("chst") as ann, slurm_association(ann.name, {**ENV}):
@@ -43,9 +42,7 @@ def test_a_job_cannot_make_the_server_show_a_file_of_root_s_as_its_reason(lab: s
         (home / "config.yaml").write_text(harness.site())
         corral = Corral(home, harness)
         corral("server", "start")
-        admin = corral.client()
-        client = Client(admin.url, admin.create_token(ann.name)["token"])
-        try:
+        with corral.as_account(ann.name, lambda: harness.cleanup(home)) as client:
             runs = home / "runs"  # (Settings.runs_dir: an attempt's run directory is runs/KEY, CORRAL_ATTEMPT being KEY@SCOPE)
             job = client.submit(
                 "resources: {accelerators: H100:1}\nrestart: {policy: never}\n"
@@ -59,11 +56,3 @@ def test_a_job_cannot_make_the_server_show_a_file_of_root_s_as_its_reason(lab: s
             said = done.get("message") or ""
             assert "ROOT-ONLY-7f3a" not in said, said
             assert "ROOT-ONLY-7f3a" not in log, log
-        finally:
-            client.close()
-            try:
-                corral.cancel_all()
-            finally:
-                corral.close_client()
-                corral("server", "stop", check=False)
-                harness.cleanup(home)

@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,25 @@ class Corral:
 
     def log(self, job: int) -> str:
         return self("logs", str(job)).stdout
+
+    @contextmanager
+    def as_account(self, account: str, cleanup: Callable[[], None]) -> Iterator[Any]:
+        """A client of this (started) server acting as ``account``; at the end, whatever
+        happened, every job is cancelled, the server stopped and ``cleanup`` run."""
+        from corral.client import Client
+
+        admin = self.client()
+        client = Client(admin.url, admin.create_token(account)["token"])
+        try:
+            yield client
+        finally:
+            client.close()
+            try:
+                self.cancel_all()
+            finally:
+                self.close_client()
+                self("server", "stop", check=False)
+                cleanup()
 
     def cancel_all(self) -> None:
         active = [j["id"] for j in self.client().jobs()]
