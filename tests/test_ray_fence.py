@@ -19,7 +19,7 @@ import pytest
 
 from conftest import wait_for
 from corral.executors.ray.fence import FENCED_FILE
-from corral.node.proctree import ATTEMPT_VAR
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 
 
 _KEYS = itertools.count(7)
@@ -35,7 +35,7 @@ def _alive(pid: int) -> bool:
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch):
     """A fake raylet, an attempt (a loop that forks all the time, in a session of its own,
-    carrying its key), and the fence started as the actor starts it."""
+    carrying its mark), and the fence started as the actor starts it."""
     monkeypatch.setenv("CORRAL_RAY_DIR", str(tmp_path))
     # a key of its own per test: a fence still finishing the previous test's kill (it finds the
     # attempt's processes by key) must not take this test's attempt for its own
@@ -45,7 +45,7 @@ def world(tmp_path: Path, monkeypatch):
     runner.run_dir(key).mkdir(parents=True)
     raylet = subprocess.Popen(["sleep", "600"])
     attempt = subprocess.Popen(["bash", "-c", "while true; do sleep 0.05; done"], start_new_session=True,
-                               env={**os.environ, ATTEMPT_VAR: key})
+                               env={**os.environ, ATTEMPT_VAR: attempt_mark(scope, key)})
     read, write = os.pipe()
     gone_read, gone_write = os.pipe()
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "CORRAL_RAY_DIR")}
