@@ -162,6 +162,22 @@ def shared_account(site_config: str) -> str:
 
 
 @pytest.fixture
+def private(tmp_path: Path) -> Iterator[Path]:
+    """A directory on a tmpfs (/dev/shm), a device other than ``tmp_path``'s (where a job's
+    record is made): a ``file_mounts`` source Slurm's nodes are taken not to see, so it is
+    staged (``corral.node.staging``)."""
+    import shutil
+    import uuid
+
+    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm, a tmpfs, on a device of its own")
+    path = Path("/dev/shm") / f"corral-test-private-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def server(corral_home: Path, db_url: str) -> Iterator:
     """An in-process server with a real control loop and local executor."""
     from fastapi.testclient import TestClient

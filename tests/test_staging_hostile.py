@@ -5,27 +5,14 @@ nor let a copy grow past ``infra.slurm.file_mounts_max_gb``, nor hang the stager
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from corral.node.mounts import MountError, copy_dir, staged
 from corral.node.staging import STAGE_FAILED, stage, stage_failure
-
-
-@pytest.fixture
-def private(tmp_path: Path):
-    """A directory on a tmpfs (/dev/shm), a device other than the record's: staged."""
-    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("needs /dev/shm, a tmpfs, on a device of its own")
-    path = Path("/dev/shm") / f"corral-stage-hostile-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_failure_file_that_is_a_link_is_not_followed(tmp_path: Path) -> None:

@@ -266,7 +266,7 @@ class Launcher:
         # the site's options last: where a job's sets the same flag, the operator's stands
         return Container(resources.image, self.containers.engine,
                          (docker.run_options if docker else ()) + tuple(self.containers.run_options), login, mounts,
-                         tuple(sorted(k for k in own if k in HOST_ONLY)))
+                         tuple(sorted(k for k in own if k in HOST_ONLY and not k.startswith("CORRAL_"))))
 
     def _batch_env(self, job: JobRec, task: TaskRec, replica: ReplicaRec) -> dict[str, str]:
         """A Slurm batch script's variables and its nodes (``corral.runtime.batchenv``): its own

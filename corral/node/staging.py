@@ -251,18 +251,22 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
     return copied
 
 
-def _say(log_file: str, lines: list[str]) -> None:
-    """Lines appended to the replica's log (as the job's account), if it has one."""
-    if not log_file or not lines:
-        return
+def _write(path: str, text: str, mode: int) -> None:
+    """``text`` written to ``path`` as this process's account (never through a link), if it may."""
     try:
-        fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | mode, 0o644)
     except OSError:
         return
     try:
-        os.write(fd, "".join(line + "\n" for line in lines).encode())
+        os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def _say(log_file: str, lines: list[str]) -> None:
+    """Lines appended to the replica's log (as the job's account), if it has one."""
+    if log_file and lines:
+        _write(log_file, "".join(line + "\n" for line in lines), os.O_APPEND)
 
 
 def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
@@ -270,20 +274,10 @@ def _say_stage_failed(run_dir: str, log_file: str, why: str, pid: int) -> None:
     attempt's run directory, which records that the attempt started (``pid``: the srun
     client's) and exited 1, so the executor reports it ended, with that reason."""
     print(f"corral: {why}", file=sys.stderr)
-    writes = [(log_file, f"corral: {why}", os.O_APPEND)] if log_file else []
+    _say(log_file, [f"corral: {why}"])
     if run_dir:
-        writes += [(os.path.join(run_dir, STAGE_FAILED), why, os.O_TRUNC),
-                   (os.path.join(run_dir, "started"), str(pid), os.O_TRUNC),
-                   (os.path.join(run_dir, "exit_code"), "1", os.O_TRUNC)]
-    for path, text, mode in writes:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | mode, 0o644)
-        except OSError:
-            continue
-        try:
-            os.write(fd, (text + "\n").encode())
-        finally:
-            os.close(fd)
+        for name, text in ((STAGE_FAILED, why), ("started", str(pid)), ("exit_code", "1")):
+            _write(os.path.join(run_dir, name), text + "\n", os.O_TRUNC)
 
 
 def stage_failure(run_dir: Path) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -187,8 +188,6 @@ def fill_variables(doc: Any, cli_env: dict[str, str] | None) -> Any:
     then fails to resolve, naming the field); ``secrets`` never fill one: they are for the
     job's commands alone, never written into a path. ``doc``: a ``corral.spec.source.Document``;
     the lines of the fields it changed follow them."""
-    from dataclasses import replace
-
     data = doc.data
     if not isinstance(data, dict) or not any(isinstance(data.get(f), (str, dict)) for f in FILLED):
         return doc

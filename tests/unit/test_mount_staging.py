@@ -60,21 +60,6 @@ def test_what_is_staged_is_what_neither_corral_s_home_s_device_nor_a_shared_file
         must_stage(str(tmp_path / "absent"), here_dev + 1, local)
 
 
-@pytest.fixture
-def private(tmp_path: Path):
-    """A directory on a tmpfs (/dev/shm), a device other than the record's (tmp_path's): what
-    the submitting machine alone sees."""
-    import shutil
-    import uuid
-
-    if not os.path.isdir("/dev/shm") or os.stat("/dev/shm").st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("needs /dev/shm, a tmpfs, on a device of its own")
-    path = Path("/dev/shm") / f"corral-stage-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def _copies(record: Path) -> list[dict]:
     lines = (record / RECORD).read_text().splitlines() if (record / RECORD).exists() else []
     return [e for e in map(json.loads, lines) if e["kind"] == "copy"]

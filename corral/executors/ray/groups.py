@@ -48,11 +48,8 @@ class Groups:
             if gone:
                 self._doom(job_id, label, node)
                 continue
-            try:  # made before a server restart (asked only then: one call to Ray's GCS per replica)
-                if name not in self._earlier_groups().get(job_id, ()):
-                    raise ValueError(name)
-                pg = self._ray.util.get_placement_group(name)
-            except ValueError:
+            pg = self._earlier_group(job_id, name)
+            if pg is None:
                 bundle: dict[str, float] = {"CPU": cpus}
                 if len(gpus):
                     bundle["GPU"] = float(len(gpus))
@@ -114,6 +111,16 @@ class Groups:
                 self._remove_group(self._ray.util.get_placement_group(name))
             except ValueError:
                 pass
+
+    def _earlier_group(self, job_id: int, name: str):  # noqa: ANN202 - a Ray PlacementGroup
+        """The group ``name`` if an earlier server made it, else None (Ray's GCS is asked only
+        when its table named one: not once per replica)."""
+        if name not in self._earlier_groups().get(job_id, ()):
+            return None
+        try:
+            return self._ray.util.get_placement_group(name)
+        except ValueError:
+            return None
 
     def _earlier_groups(self) -> dict[int, list[str]]:
         """Live placement groups of this scope that an earlier server made, by job: read from
