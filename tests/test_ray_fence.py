@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -32,10 +33,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _high(fd: int, at: int) -> int:
+    """``fd`` moved to ``at`` (a worker with many descriptors open passes its pipe that high)."""
+    os.dup2(fd, at)
+    os.close(fd)
+    return at
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN)
+    return bool(waiting.poll(timeout * 1000))
+
+
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch):
+def world(tmp_path: Path, monkeypatch, request):
     """A fake raylet, an attempt (a loop that forks all the time, in a session of its own,
-    carrying its mark), and the fence started as the actor starts it."""
+    carrying its mark), and the fence started as the actor starts it; with ``"high"`` as the
+    fixture's parameter, the pipes sit above descriptor 1024."""
     monkeypatch.setenv("CORRAL_RAY_DIR", str(tmp_path))
     # a key of its own per test: a fence still finishing the previous test's kill (it finds the
     # attempt's processes by key) must not take this test's attempt for its own
@@ -48,6 +63,11 @@ def world(tmp_path: Path, monkeypatch):
                                env={**os.environ, ATTEMPT_VAR: attempt_mark(scope, key)})
     read, write = os.pipe()
     gone_read, gone_write = os.pipe()
+    if getattr(request, "param", "low") == "high":
+        if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:
+            pytest.skip("descriptors above 1024 need a soft RLIMIT_NOFILE over 1200")
+        read, write, gone_read, gone_write = (_high(fd, 1100 + i) for i, fd in
+                                              enumerate((read, write, gone_read, gone_write)))
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "HOME", "LANG", "CORRAL_RAY_DIR")}
     fence = subprocess.Popen([sys.executable, "-m", "corral.executors.ray.fence", str(read), str(raylet.pid), scope,
                               key], pass_fds=(read, gone_write), start_new_session=True, env=env)
@@ -59,7 +79,7 @@ def world(tmp_path: Path, monkeypatch):
     for proc in (raylet, attempt):
         proc.kill()
         proc.wait()
-    select.select([gone_read], [], [], 10.0)  # the fence is gone before the next test starts
+    _readable(gone_read, 10.0)  # the fence is gone before the next test starts
     for fd in (write, gone_read):
         try:
             os.close(fd)
@@ -83,19 +103,18 @@ def test_the_fence_outlives_a_sigkill_of_the_worker_s_children_and_ends_the_atte
     assert said == "the node's raylet died"
 
 
+@pytest.mark.parametrize("world", ["low", "high"], indirect=True)
 def test_the_fence_ends_the_attempt_when_its_worker_dies(world):
     attempt = world["attempt"]
     os.close(world["write"])  # the worker's end of the pipe: closed however the worker dies
     wait_for(lambda: not _alive(attempt.pid), timeout=5)
-    ready, _, _ = select.select([world["gone"]], [], [], 10.0)
-    assert ready and os.read(world["gone"], 1) == b""  # the fence has done all it does
+    assert _readable(world["gone"], 10.0) and os.read(world["gone"], 1) == b""  # the fence has done all it does
     assert (world["runner"].run_dir(world["key"]) / FENCED_FILE).read_text() == "its Ray worker died"
 
 
 def test_an_attempt_that_ended_lets_its_fence_go_without_a_kill(world):
     attempt = world["attempt"]
     os.write(world["write"], b"ended")
-    ready, _, _ = select.select([world["gone"]], [], [], 5.0)  # the fence's own end: gone once it exits
-    assert ready and os.read(world["gone"], 1) == b""
+    assert _readable(world["gone"], 5.0) and os.read  # the fence's own end: gone once it exits(world["gone"], 1) == b""
     assert _alive(attempt.pid)  # "ended" says the actor reaped the tree itself: the fence does nothing
     assert not (world["runner"].run_dir(world["key"]) / FENCED_FILE).exists()

@@ -49,9 +49,11 @@ def watch(fd: int, raylet: int) -> str | None:
     says the attempt ended and its tree was reaped (None: nothing to do)."""
     first = _stat(raylet) if raylet > 1 else None
     since = first[1] if first is not None else None
+    # poll, not select: a Ray worker's descriptors can pass 1024, which select cannot take
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN)
     while True:
-        ready, _, _ = select.select([fd], [], [], WATCH_S)
-        if ready:
+        if waiting.poll(WATCH_S * 1000):
             try:
                 data = os.read(fd, 64)
             except OSError:
