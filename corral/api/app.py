@@ -28,6 +28,9 @@ def create_app(state: ServerState, manage_loop: bool = True) -> FastAPI:
             state.intake.stop()
             if manage_loop:
                 state.loop.stop()
+                # its connections closed now, not by the garbage collector: a server stopped
+                # in a process that goes on (embedded use, tests) keeps no database files open
+                state.sessions.kw["bind"].dispose()
 
     # The API's description needs a token like the rest (docs/security.md: only the health
     # check is open). The /docs and /redoc pages are not served: they load their scripts from a

@@ -131,6 +131,7 @@ class _Ahead:
         self._warm = False
         self._thread: threading.Thread | None = None
         self._fd: int | None = None
+        self._closed = False
 
     def ask(self, make: str | None = None, sweep: int | None = None, warm: bool = False) -> None:
         with self._lock:
@@ -144,9 +145,22 @@ class _Ahead:
                 self._thread.start()
         self._wanted.set()
 
+    def close(self) -> None:
+        """Its thread ends and its open ``cgroup.procs`` is closed (a server stopping in a
+        process that goes on: tests, embedded use)."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wanted.set()
+        if thread is not None:
+            thread.join(timeout=2)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def _run(self) -> None:
         warm_until = moved = 0.0
-        while True:
+        while not self._closed:
             keeping = time.monotonic() < warm_until
             if not self._wanted.wait(timeout=max(0.0, moved + self.period_s - time.monotonic()) if keeping else None):
                 moved = time.monotonic()
@@ -155,6 +169,8 @@ class _Ahead:
                 continue
             self._wanted.clear()
             with self._lock:
+                if self._closed:
+                    return
                 make, sweep, warm = self._make, self._sweep, self._warm
                 self._make, self._sweep, self._warm = [], [], False
             # In the order asked: a job's sweep comes before any later placement of it (a
@@ -233,6 +249,10 @@ class ProcessTrees:
         intake warms as a request arrives), pays no grace period at all."""
         if self._ahead is not None:
             self._ahead.ask(warm=True)
+
+    def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
 
     def expect(self, key: str) -> None:
         """An attempt was placed here and starts after the loop's next commit: its cgroup is

@@ -432,11 +432,12 @@ class NodeRunner:
             return self._spawner
 
     def close(self) -> None:
-        """Stop the namespace thread, if one was started."""
+        """Stop the namespace thread, if one was started, and the cgroup helper."""
         with self._spawner_lock:
             if self._spawner is not None:
                 self._spawner.close()
                 self._spawner = None
+        self.trees.close()
 
     def exit_code(self, key: str) -> int | None:
         try:  # (the job's account may write the directory: ``runfiles``)

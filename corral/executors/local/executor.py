@@ -383,7 +383,10 @@ class LocalExecutor(EventStream):
         self.runner.cleanup_job(job_id)
 
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            if self._closed:  # once: a second close would close numbers other files now hold
+                return
+            self._closed = True
         self.runner.close()
         if self.bridge is not None:
             self.bridge.close()
@@ -394,6 +397,14 @@ class LocalExecutor(EventStream):
         except OSError:
             pass
         self._thread.join(timeout=2)
+        if not self._thread.is_alive():  # its descriptors are no one's now
+            with self._lock:
+                for fd in (*self._watched, self._wake_r, self._wake_w):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+                self._watched = {}
 
     # -- watching -----------------------------------------------------------------------------
     def _alive(self, pid: int, key: str, recorded: float | None) -> bool:
@@ -416,10 +427,13 @@ class LocalExecutor(EventStream):
         except ProcessLookupError:
             self._report(key, pid)
             return
-        with self._lock:
+        with self._lock:  # (under the lock: after close the pipe's number may be another file's)
+            if self._closed:
+                os.close(pidfd)
+                return
             self._watched[pidfd] = (key, pid)
             self._poll.register(pidfd, select.POLLIN)
-        os.write(self._wake_w, b"x")
+            os.write(self._wake_w, b"x")
 
     def _run(self) -> None:
         while not self._closed:
