@@ -181,8 +181,8 @@ def test_a_replica_in_a_container_is_entered_by_its_engine(server) -> None:
     with _open(server, job, {"command": ["sh", "-c", f"cat {MARKER} >/dev/null && echo inside; hostname; pwd; "
                                                      "echo $CORRAL_REPLICA; exit 6"]}) as ws:
         code, out, err = _run(ws)
-    lines = out.decode().split()
-    assert (code, lines[0], lines[1], lines[3]) == (6, "inside", "boxed-0.boxed", "0"), (out, err)
+    lines = out.decode().split() + [""] * 4
+    assert (code, lines[0], lines[1], lines[3]) == (6, "inside", "boxed-0.boxed", "0"), (code, out, err)
     with _open(server, job, {"command": ["sh", "-c", "[ -t 0 ] && echo tty-$TERM"], "tty": True,
                              "term": "xterm-test"}) as ws:
         code, out, _ = _run(ws)

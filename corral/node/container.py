@@ -479,8 +479,25 @@ def shell_argv(run_dir: Path, command: list[str], tty: bool, term: str | None) -
     if boxed is None or not _trusted_engine(boxed[0]) or not _SAFE_NAME.fullmatch(boxed[1]):
         return None
     inner = command or ["/bin/sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash || exec sh"]
-    return [boxed[0], "exec", "-i", *(["-t"] if tty else []), *(["-e", f"TERM={term}"] if term else []), boxed[1],
-            *entry(run_dir, inner)]
+    return once_running(boxed[0], boxed[1], [boxed[0], "exec", "-i", *(["-t"] if tty else []),
+                                             *(["-e", f"TERM={term}"] if term else []), boxed[1],
+                                             *entry(run_dir, inner)])
+
+
+# The attempt is RUNNING once its image is there and its engine was told to run it (the
+# wrapper's mark); the container itself exists a few hundred ms later. An exec in between
+# failed ("no such container"): a `corral exec` right after RUNNING, a first exec probe, a
+# stop signal. So an exec waits, a while, for a container not yet created or started.
+_ONCE_RUNNING = (
+    'e=$1; n=$2; shift 2; i=0; while [ "$i" -lt 50 ]; do '
+    'case $("$e" inspect -f "{{.State.Status}}" "$n" 2>/dev/null) in ""|created|configured|initialized) ;; '
+    '*) break;; esac; i=$((i+1)); sleep 0.1; done; exec "$@"')
+
+
+def once_running(engine: str, name: str, argv: list[str]) -> list[str]:
+    """``argv`` (an exec into the container ``name``) once the container runs, or has ended,
+    or after 5 s (then the engine says why it cannot)."""
+    return ["/bin/sh", "-c", _ONCE_RUNNING, "corral-exec", engine, name, *argv]
 
 
 def signal_all(engine: str, name: str, signum: int, run_as: str | None) -> None:
@@ -507,7 +524,7 @@ def signal_all(engine: str, name: str, signum: int, run_as: str | None) -> None:
 def exec_argv(engine: str, name: str, command: str, run_as: str | None) -> list[str]:
     """An exec probe inside the attempt's container: through the account's own engine where
     it runs the container (``run_as`` "uid:gid:groups", from root)."""
-    argv = [engine, "exec", name, "/bin/sh", "-c", command]
+    argv = once_running(engine, name, [engine, "exec", name, "/bin/sh", "-c", command])
     if run_as and os.geteuid() == 0 and int(str(run_as).split(":")[0]) != 0:
         return as_account(int(str(run_as).split(":")[0]), argv) or argv
     return argv
