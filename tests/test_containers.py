@@ -340,7 +340,7 @@ def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_pat
     home.mkdir()
     (home / "config.yaml").write_text(SITE.replace("containers:\n", f"containers:\n  engine: {slow}\n"))
     corral = cli_for(home, cwd=tmp_path, timeout=120)
-    image = "localhost/corral-test/not-here-yet:1"  # absent: its pull (slow) starts
+    image = "localhost:1/corral-test/not-here-yet:1"  # absent, a registry's (a port): its pull (slow) starts
     (tmp_path / "p.yaml").write_text(f"name: pulling\nresources: {{image_id: docker:{image}}}\nrun: exec sleep 300\n")
     try:
         job = corral("launch", "-d", "p.yaml", check=True).stdout.strip()

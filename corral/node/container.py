@@ -201,8 +201,9 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
-    mark = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
-    pull = _pull_argv(box, engine, container, locks, mark, owner)
+    pulled = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
+    node = env.get("CORRAL_NODE") or env.get("SLURMD_NODENAME", "")  # (what a refusal names: the node's own image)
+    pull = _pull_argv(box, engine, container, locks, pulled, owner, node)
     _nul(run_dir / PULL_FILE, prefix + pull)
     if rootless:  # read by the account where it runs the attempt itself (a Slurm step started as it)
         for made in (ARGV_FILE, READS_FILE, NAME_FILE, PULL_FILE):
@@ -228,8 +229,17 @@ def _digest(image: str) -> str:
     return hashlib.sha256(image.encode()).hexdigest()[:24]
 
 
+def local_only(image: str) -> bool:
+    """Whether ``image`` names an image built or loaded on the node (``localhost/NAME``, no
+    port: Podman's name for them), which no registry serves: the engine would ask
+    https://localhost/ for it, whose "connection refused" reads as a registry that may answer
+    later. ``localhost:PORT/NAME`` is a registry's."""
+    first, slash, _ = image.partition("/")
+    return bool(slash) and first == "localhost"
+
+
 def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, mark: Path | None,
-               owner: int | None = None) -> list[str]:
+               owner: int | None = None, node: str = "") -> list[str]:
     auth = ""
     if container.login is not None:
         server, user, password = container.login
@@ -248,9 +258,14 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
     # they fail with them rather than each pulling again (one failed pull, not one per replica);
     # a replica that comes later pulls anew. The engine's progress goes to the replica's log as
     # it pulls (stdout); only the registry's words go to stderr, for the wrapper's reason.
+    # A node's own image (``local_only``: $9 says why) that is not there is not pulled: an
+    # "Error:" line (the wrapper keeps those for the reason) naming the node ($10) is a lasting
+    # refusal (``REFUSALS``).
     script = ('before=$(cat "$6" 2>/dev/null); exec 9>>"$7" && flock 9 || exit; '
               'if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
               'if [ -n "$3" ] && [ -n "$5" ] && [ -e "$5" ] && "$1" image exists "$2"; then exit 0; fi; '
+              'if [ -n "$9" ]; then "$1" image exists "$2" && exit 0; '
+              'printf "Error: image %s is not on node %s: %s\\n" "$2" "${10:-$(uname -n)}" "$9" >&2; exit 125; fi; '
               'now=$(cat "$6" 2>/dev/null); if [ -n "$now" ] && [ "$now" != "$before" ]; then '
               'echo "corral: the pull of $2 that a replica beside this one made on this node just failed"; '
               'printf "%s\\n" "${now#* }" >&2; exit 125; fi; '
@@ -261,14 +276,18 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
               'exit "$rc"; fi; rm -f "$6" 2>/dev/null; '
               'if [ -n "$3" ]; then : > "$4" || exit; { [ -z "$5" ] || : > "$5"; } 2>/dev/null || :; fi')
     return ["sh", "-c", script, "corral-pull", engine, container.image, auth, str(private),
-            str(mark) if mark else "", str(failed), str(lock), str(run_dir / PULL_OUT_FILE)]
+            str(mark) if mark else "", str(failed), str(lock), str(run_dir / PULL_OUT_FILE),
+            LOCAL_ONLY if local_only(container.image) else "", node]
 
 
 # What a registry says when it refuses an image for good: a new attempt would meet the same
 # words (a wrong name or tag, a login it does not take), so it is not pulled again and again.
-# Anything else (a registry that does not answer, a timeout, a server error) may pass.
-REFUSALS = ("manifest unknown", "name unknown", "not found", "unauthorized", "denied", "authentication required",
-            "invalid reference format", "invalid username/password", "requested access to the resource is denied")
+# Anything else (a registry that does not answer, a timeout, a server error) may pass. A node's
+# own image (``local_only``) that is not there is refused so too: no registry would ever have it.
+LOCAL_ONLY = "localhost/ names an image built or loaded on the node, which no registry serves"
+REFUSALS = (LOCAL_ONLY, "manifest unknown", "name unknown", "not found", "unauthorized", "denied",
+            "authentication required", "invalid reference format", "invalid username/password",
+            "requested access to the resource is denied")
 
 
 def refused(reason: str) -> bool:
