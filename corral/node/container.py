@@ -35,7 +35,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from corral.node.proctree import attempt_mark
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 from corral.node.runfiles import read_small
 
 if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
@@ -67,6 +67,9 @@ CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidi
 HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
                        "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL", "MANPATH", "INFOPATH",
                        "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
+# What a Slurm step sets for itself beside its ``SLURM_*`` variables: passed in with them (a
+# user's script reads its node's name as Slurm names it, inside a container as outside).
+SLURM_STEP_EXTRA = ("SLURMD_NODENAME",)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_NAME = re.compile(r"corral-[A-Za-z0-9_.-]{1,240}")
@@ -130,15 +133,20 @@ def engine_path(container: Container) -> str:
 def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
             hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
             locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False,
-            marks: Path | None = None, lifeline: bool = False) -> list[str]:
+            marks: Path | None = None, lifeline: bool = False, mark: str | None = None) -> list[str]:
     """Write the attempt's container files into ``run_dir`` (which exists); the names of
     variables that could not go in (a line break), for the replica's log. ``passthrough``:
     variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
     step's GPUs and ids), taken from the engine's own environment then. ``marks``: the job's
     directory on the node (gone with the job), where a pull with a login is remembered for the
     task's other replicas. ``lifeline``: the attempt's wrapper passes the container its
-    lifeline (``LIFELINE``) on fd 3."""
+    lifeline (``LIFELINE``) on fd 3. ``mark``: the attempt's ``CORRAL_ATTEMPT``, which every
+    process in the container carries as outside it (``proctree.attempt_mark``, the default:
+    the attempt ``key`` of ``scope``; a step's task passes its step's, "" for none)."""
     engine = engine_path(container)
+    mark = attempt_mark(scope, key) if mark is None else mark
+    if any(p.startswith("SLURM_") for p in passthrough):
+        passthrough = (*passthrough, *(v for v in SLURM_STEP_EXTRA if v not in passthrough))
     name = name_of(scope, key)
     # Another account's job, started by root: its own (rootless) engine runs its container, as
     # it. Its binds are then resolved with its rights alone, a setuid program in its image is
@@ -155,6 +163,8 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     owner = account.uid if rootless else None
     skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
     inside = {k: v for k, v in env.items() if (k not in HOST_ONLY or k in container.kept) and k not in skipped}
+    if mark:  # never the job's own value: where a Slurm step sets it, the env given lacks it
+        inside[ATTEMPT_VAR] = mark
     spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
     inside = {k: v for k, v in inside.items() if k not in spanning}
     argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + (
@@ -197,7 +207,7 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for variable in passthrough:
         argv += ["--env", variable]
     argv += options + [container.image]
-    prefix = _account_env(account, attempt_mark(scope, key), passthrough) if rootless else []
+    prefix = _account_env(account, mark or attempt_mark(scope, key), passthrough) if rootless else []
     _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
