@@ -86,10 +86,30 @@ def test_a_failed_pull_is_one_failure_for_the_replicas_that_waited_for_it(server
     slow.chmod(0o755)
     launcher = server.state.loop.launcher
     launcher.containers = launcher.containers.model_copy(update={"engine": str(slow)})
-    job = submit(server, "name: unreachable\nnum_nodes: 3\nresources: {image_id: docker:localhost/corral-test/absent:1}\n"
+    # (a port: a registry, which may answer later; ``localhost/`` alone is the node's own image)
+    job = submit(server, "name: unreachable\nnum_nodes: 3\nresources: {image_id: docker:localhost:1/corral-test/absent:1}\n"
                          "restart: {policy: on_failure, max_restarts: 1, backoff: {initial: 0s}}\nrun: echo never\n")
     done = wait_state(server, job["id"], "FAILED", "SUCCEEDED", timeout=120)
     assert done["state"] == "FAILED" and "connection refused" in done["message"], done
     assert "not restarted" not in done["message"], done  # transient: its policy was asked
     assert [r["restarts"] for r in _replicas(server, job["id"])] == [1, 1, 1], done
     assert _pulls(server, job["id"]) == 2, server.get(f"/v1/jobs/{job['id']}/logs").text[-3000:]  # one per round
+
+
+def test_a_node_s_own_image_that_is_not_there_fails_once_and_is_not_pulled(server) -> None:
+    """``localhost/NAME`` (no port) is an image built or loaded on the node: no registry serves
+    it, so its absence is lasting (the engine's "connection refused" from https://localhost/
+    would read as a registry that may answer later, and each restart would meet it again)."""
+    restart = "restart: {policy: on_failure, max_restarts: 3, backoff: {initial: 0s}}\n"
+    job = submit(server, "name: unbuilt\nresources: {image_id: docker:localhost/corral-test/never-built:1}\n"
+                         "run: echo never\n" + restart)
+    done = wait_state(server, job["id"], "FAILED", "SUCCEEDED", timeout=60)
+    node = _replicas(server, job["id"])[0]["node"]
+    assert done["state"] == "FAILED", done
+    assert (f"image localhost/corral-test/never-built:1 is not on node {node}: localhost/ names an image built "
+            "or loaded on the node, which no registry serves") in done["message"], done
+    assert "not restarted" in done["message"] and "connection refused" not in done["message"], done
+    assert [r["restarts"] for r in _replicas(server, job["id"])] == [0], done
+    assert _pulls(server, job["id"]) == 0, server.get(f"/v1/jobs/{job['id']}/logs").text[-2000:]
+    told = [e["message"] or "" for e in server.get(f"/v1/jobs/{job['id']}/events").json()]
+    assert any("which no registry serves" in m for m in told), told

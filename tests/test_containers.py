@@ -90,7 +90,8 @@ ports: {{http: {port}}}
 envs: {{GREETING: hello}}
 run: |
   {{ echo "$GREETING $(id -u) $(hostname) $(pwd) $CORRAL_TASK $CORRAL_REPLICA $CORRAL_PORT_HTTP"
-    test -e {MARKER} && echo inside; }} > "$CORRAL_CHECKPOINT_DIR/seen.txt"
+    test -e {MARKER} && echo inside; echo "$CORRAL_ATTEMPT $CORRAL_LAUNCH_KEY $SLURMD_NODENAME"
+  }} > "$CORRAL_CHECKPOINT_DIR/seen.txt"
   exec httpd -f -p "$CORRAL_PORT_HTTP" -h /www
 readiness_probe: {{exec: "test -e {MARKER}", period: 0.2s}}
 ---
@@ -106,6 +107,10 @@ run: |
     seen = (checkpoints / "server" / "seen.txt").read_text().split("\n")
     assert seen[0].split() == ["hello", str(os.getuid()), "server-0.web", str(Path.cwd()), "server", "0", str(port)]
     assert seen[1] == "inside"
+    # its processes carry the attempt's mark (``proctree.attempt_mark``) and its node's name, as outside
+    attempt, key, node = seen[2].split()
+    replica = next(t for t in server.get(f"/v1/jobs/{job['id']}").json()["tasks"] if t["name"] == "server")["replicas"][0]
+    assert attempt == f"{key}@{_scope(server)}" and node == replica["node"], (seen, replica)
     assert containers_of(_scope(server)) == []  # the server's container went with its job
 
 
@@ -340,7 +345,7 @@ def test_a_replica_still_pulling_when_the_server_restarts_stays_starting(tmp_pat
     home.mkdir()
     (home / "config.yaml").write_text(SITE.replace("containers:\n", f"containers:\n  engine: {slow}\n"))
     corral = cli_for(home, cwd=tmp_path, timeout=120)
-    image = "localhost/corral-test/not-here-yet:1"  # absent: its pull (slow) starts
+    image = "localhost:1/corral-test/not-here-yet:1"  # absent, a registry's (a port): its pull (slow) starts
     (tmp_path / "p.yaml").write_text(f"name: pulling\nresources: {{image_id: docker:{image}}}\nrun: exec sleep 300\n")
     try:
         job = corral("launch", "-d", "p.yaml", check=True).stdout.strip()

@@ -363,3 +363,59 @@ def test_a_step_pulling_its_image_is_starting_and_a_refused_pull_fails_once(corr
                     interval=0.5)
     assert done["state"] == "FAILED" and "unauthorized" in (done["message"] or "").lower(), done
     assert done["tasks"][0]["replicas"][0]["restarts"] == 0, done
+
+
+def _scope(corral) -> str:
+    from corral.executors import scope_of
+    from corral.settings import Settings
+
+    return scope_of(Settings(home=corral.home, db_url="sqlite://"))
+
+
+def test_a_container_on_slurm_has_its_node_s_name_and_its_attempt_s_mark(corral, tmp_path: Path) -> None:
+    """``SLURMD_NODENAME`` (Slurm users' scripts read it) and ``CORRAL_ATTEMPT`` (which marks
+    every process of an attempt, ``proctree.attempt_mark``) hold inside a replica's container
+    on Slurm as outside it: a task with ``image_id``, a batch script's Pyxis step and a batch
+    script run in its own container alike."""
+    import subprocess
+
+    scope = _scope(corral)
+    spec = tmp_path / "marked.yaml"
+    spec.write_text(f"name: marked\nresources: {{image_id: docker:{IMAGE}}}\n"
+                    "run: echo \"inside node=$SLURMD_NODENAME attempt=$CORRAL_ATTEMPT key=$CORRAL_LAUNCH_KEY\"\n")
+    job = corral("launch", "--slurm", "-d", str(spec), check=True).stdout.strip()
+    done = wait_for(lambda: (s := _status(corral, job))["state"] in ("SUCCEEDED", "FAILED") and s, timeout=90,
+                    interval=0.5)
+    assert done["state"] == "SUCCEEDED", _told(corral, job)
+    line = next((x for x in corral("logs", job).stdout.splitlines() if "inside node=" in x), "")
+    said = dict(w.split("=", 1) for w in line.split("inside ", 1)[-1].split())
+    slurm_nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, env=ENV).stdout
+    assert said.get("node") in slurm_nodes.split(), (line, slurm_nodes)  # as Slurm names it, as outside
+    assert said.get("attempt") == f"{said.get('key')}@{scope}" and said.get("key"), line
+    (tmp_path / "marked.sbatch").write_text(f"""#!/bin/bash
+#SBATCH -N 2
+echo "outside attempt=$CORRAL_ATTEMPT"
+srun -N 2 --ntasks-per-node=1 --container-image={IMAGE} sh -c 'echo "step node=$SLURMD_NODENAME attempt=$CORRAL_ATTEMPT"'
+""")
+    (tmp_path / "boxed.sbatch").write_text(f"""#!/bin/sh
+#SBATCH --container-image={IMAGE}
+echo "script node=$SLURMD_NODENAME attempt=$CORRAL_ATTEMPT key=$CORRAL_LAUNCH_KEY"
+""")
+    for script in ("marked.sbatch", "boxed.sbatch"):
+        job = corral("sbatch", "--parsable", "-p", "gpu", script, check=True).stdout.strip()
+        try:
+            wait_for(lambda: _status(corral, job)["state"] not in ("PENDING", "STARTING", "RUNNING"), timeout=120,
+                     interval=0.5)
+        except AssertionError:
+            raise AssertionError(_told(corral, job)) from None
+        assert _status(corral, job)["state"] == "SUCCEEDED", _told(corral, job)
+        log = [x.split(" | ", 1)[-1] for x in corral("logs", job).stdout.splitlines()]
+        seen = [dict(w.split("=", 1) for w in x.split()[1:]) for x in log if x.startswith(("step ", "script "))]
+        if script == "marked.sbatch":
+            outside = next(x for x in log if x.startswith("outside ")).split("=", 1)[1]
+            assert outside.endswith(f"@{scope}") and len(seen) == 2, log
+            assert {s.get("attempt") for s in seen} == {outside}, log
+            assert all(s.get("node") for s in seen) and seen[0]["node"] != seen[1]["node"], log
+        else:
+            assert len(seen) == 1 and seen[0].get("node"), log
+            assert seen[0].get("attempt") == f"{seen[0].get('key')}@{scope}", log

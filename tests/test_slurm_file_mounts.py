@@ -159,16 +159,107 @@ run: |
             assert not [p for p in home.rglob("secret.txt")], list(home.rglob("secret.txt"))
             wait_for(lambda: record_of(job) is None, timeout=30)
 
-            # over the limit: the job fails at once with the sentence, and nothing was copied
-            job = admin.submit(f"file_mounts: {{{remote}/big: {private}/big}}\nresources: {{accelerators: H100:1}}\n"
-                               "restart: {policy: on_failure, backoff: {initial: 0s}}\nrun: echo never\n",
-                               cwd=str(root), scheduling={"partition": PARTITION})["job"]["id"]
+            # over the limit: refused at submission with the sentence, nothing stored
+            from corral.client import InvalidRequest
+
+            big = (f"file_mounts: {{{remote}/big: {private}/big}}\nresources: {{accelerators: H100:1}}\n"
+                   "restart: {policy: on_failure, backoff: {initial: 0s}}\nrun: echo never\n")
+            known = {j["id"] for j in admin.jobs(all=True)}
+            with pytest.raises(InvalidRequest) as refused:
+                admin.submit(big, cwd=str(root), scheduling={"partition": PARTITION})
+            said = str(refused.value)
+            assert f"file_mounts.{remote}/big: {private}/big is 2.0 MB, larger than the 1.0 MB" in said, said
+            assert "infra.slurm.file_mounts_max_gb" in said, said
+            assert {j["id"] for j in admin.jobs(all=True)} == known
+
+            # within it when submitted, over it when its step starts (written meanwhile, in the
+            # server's namespace): the step's own check fails the job at once with the sentence
+            grown = f"{private}/grown"
+            enter = ["nsenter", "-t", str(corral.server_pid()), "-m", "--", "sh", "-c"]
+            subprocess.run([*enter, f"mkdir -p {grown} && echo small > {grown}/w.bin"], check=True)
+            job = admin.submit(big.replace(f"{private}/big", grown), cwd=str(root),
+                               scheduling={"partition": PARTITION, "hold": True})["job"]["id"]
+            subprocess.run([*enter, f"head -c 2097152 /dev/zero > {grown}/w.bin"], check=True)
+            admin.release(job)
             done = corral.wait_job(job, timeout=120)
             said = done.get("message") or ""
             assert done["state"] == "FAILED", (done, corral.log(job))
-            assert f"file_mounts.{remote}/big: {private}/big is 2.0 MB, larger than the 1.0 MB" in said, said
+            assert f"file_mounts.{remote}/big: {grown} is 2.0 MB, larger than the 1.0 MB" in said, said
             assert "infra.slurm.file_mounts_max_gb" in said, said
             assert corral.replicas(job)[next(iter(corral.replicas(job)))]["restarts"] == 0
             assert "never" not in corral.log(job).split()
             wait_for(lambda: record_of(job) is None, timeout=30)
             assert not records.exists() or not any(records.iterdir()), list(records.rglob("*"))
+
+
+SLURM_SITE = """
+partitions:
+  - {name: here, nodes: ["*"]}
+  - {name: gpu, infra: slurm, slurm_partition: gpu}
+infra: {slurm: {file_mounts_max_gb: 0.000001}}
+"""  # about 1 KB
+
+
+@pytest.fixture
+def site_config() -> str:
+    from conftest import POOL
+
+    return POOL + SLURM_SITE
+
+
+@pytest.fixture
+def corral_home(site_config: str):
+    """Corral's home on /dev/shm (a tmpfs), so that a source in the test's directory (another
+    device, not a shared filesystem) is one the Slurm nodes may not see (``staging.must_stage``)."""
+    import tempfile
+
+    from conftest import shared_account
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here for a home on another device than the test's files")
+    home = Path(tempfile.mkdtemp(dir="/dev/shm", prefix="corral-test-home-"))
+    try:
+        (home / "config.yaml").write_text(site_config + shared_account(site_config))
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def unseen_source(corral_home: Path, tmp_path: Path) -> Path:
+    """A directory of 64 KB the Slurm nodes may not see."""
+    from corral.node.staging import must_stage
+
+    source = tmp_path / "big"
+    source.mkdir()
+    (source / "weights.bin").write_bytes(os.urandom(64 * 1024))
+    if not must_stage(str(source), os.stat(corral_home).st_dev):
+        pytest.skip(f"{tmp_path} is seen by the Slurm nodes here (corral's home's device or a shared filesystem)")
+    return source
+
+
+@pytest.mark.parametrize("lab", ["slurm"])  # (grouped with the lab's other tests, as above)
+def test_a_source_over_the_slurm_staging_limit_is_refused_at_submission_and_nothing_is_stored(
+        lab: str, server, unseen_source: Path) -> None:
+    """``infra.slurm.file_mounts_max_gb`` is known when the job is submitted: a source larger is
+    refused then (422, naming the mount, its size and the limit), not once the job has queued and
+    its step starts; no job is stored. The same source on a partition of corral's own nodes
+    (which see it) is taken."""
+    from conftest import submit
+    from conformance.harnesses import SlurmHarness
+
+    why = SlurmHarness().why_unavailable()
+    if why:
+        pytest.skip(f"no usable Slurm here: {why}")
+    spec = f"name: big\nfile_mounts: {{/data/big: {unseen_source}}}\nrun: echo never\n"
+    response = server.post("/v1/jobs", json={"yaml": spec, "cwd": str(unseen_source),
+                                             "scheduling": {"partition": "gpu"}})
+    assert response.status_code == 422, response.text
+    errors = response.json()["detail"]["errors"]
+    assert [e["field"] for e in errors] == ["file_mounts./data/big"], errors
+    said = errors[0]["message"]
+    assert f"{unseen_source} is 64.0 KB, larger than the 1.0 KB" in said, said
+    assert "infra.slurm.file_mounts_max_gb" in said, said
+    assert server.get("/v1/jobs").json() == []
+    job = submit(server, spec.replace("echo never", "echo taken"), scheduling={"partition": "here"})
+    assert job["partition"] == "here"

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from corral.node.proctree import attempt_mark
+from corral.node.proctree import ATTEMPT_VAR, attempt_mark
 from corral.node.runfiles import read_small
 
 if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
@@ -67,6 +67,9 @@ CDI_SPECS = ("/etc/cdi/nvidia.yaml", "/etc/cdi/nvidia.json", "/var/run/cdi/nvidi
 HOST_ONLY = frozenset({"PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX",
                        "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL", "MANPATH", "INFOPATH",
                        "TMPDIR", "PS1", "SHELL", "CORRAL_ENV_FILE", "CORRAL_RUN_AS"})
+# What a Slurm step sets for itself beside its ``SLURM_*`` variables: passed in with them (a
+# user's script reads its node's name as Slurm names it, inside a container as outside).
+SLURM_STEP_EXTRA = ("SLURMD_NODENAME",)
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_NAME = re.compile(r"corral-[A-Za-z0-9_.-]{1,240}")
@@ -130,15 +133,20 @@ def engine_path(container: Container) -> str:
 def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id: int, env: dict[str, str],
             hosts_file: str | None, hostname: str, binds: list[str], account: UnixAccount | None,
             locks: Path, passthrough: tuple[str, ...] = (), keep_entrypoint: bool = False,
-            marks: Path | None = None, lifeline: bool = False) -> list[str]:
+            marks: Path | None = None, lifeline: bool = False, mark: str | None = None) -> list[str]:
     """Write the attempt's container files into ``run_dir`` (which exists); the names of
     variables that could not go in (a line break), for the replica's log. ``passthrough``:
     variables (or ``NAME*`` patterns) the node sets only when the attempt starts (a Slurm
     step's GPUs and ids), taken from the engine's own environment then. ``marks``: the job's
     directory on the node (gone with the job), where a pull with a login is remembered for the
     task's other replicas. ``lifeline``: the attempt's wrapper passes the container its
-    lifeline (``LIFELINE``) on fd 3."""
+    lifeline (``LIFELINE``) on fd 3. ``mark``: the attempt's ``CORRAL_ATTEMPT``, which every
+    process in the container carries as outside it (``proctree.attempt_mark``, the default:
+    the attempt ``key`` of ``scope``; a step's task passes its step's, "" for none)."""
     engine = engine_path(container)
+    mark = attempt_mark(scope, key) if mark is None else mark
+    if any(p.startswith("SLURM_") for p in passthrough):
+        passthrough = (*passthrough, *(v for v in SLURM_STEP_EXTRA if v not in passthrough))
     name = name_of(scope, key)
     # Another account's job, started by root: its own (rootless) engine runs its container, as
     # it. Its binds are then resolved with its rights alone, a setuid program in its image is
@@ -155,6 +163,8 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     owner = account.uid if rootless else None
     skipped = sorted(k for k, v in env.items() if "\0" in v or not _NAME.fullmatch(k))
     inside = {k: v for k, v in env.items() if (k not in HOST_ONLY or k in container.kept) and k not in skipped}
+    if mark:  # never the job's own value: where a Slurm step sets it, the env given lacks it
+        inside[ATTEMPT_VAR] = mark
     spanning = {k: v for k, v in inside.items() if "\n" in v or "\r" in v}  # an env file is one line each
     inside = {k: v for k, v in inside.items() if k not in spanning}
     argv = [engine, "run", "--rm", "--name", name, "--init"] + ([] if keep_entrypoint else ["--entrypoint="]) + (
@@ -197,12 +207,13 @@ def prepare(run_dir: Path, container: Container, *, scope: str, key: str, job_id
     for variable in passthrough:
         argv += ["--env", variable]
     argv += options + [container.image]
-    prefix = _account_env(account, attempt_mark(scope, key), passthrough) if rootless else []
+    prefix = _account_env(account, mark or attempt_mark(scope, key), passthrough) if rootless else []
     _nul(run_dir / ARGV_FILE, prefix + argv)
     _nul(run_dir / READS_FILE, [source for _, source in container.mounts])
     (run_dir / NAME_FILE).write_text(f"{engine}\n{name}\n{account.uid if rootless else ''}\n")
-    mark = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
-    pull = _pull_argv(box, engine, container, locks, mark, owner)
+    pulled = marks / _SAFE.sub("-", f"pulled-{env.get('CORRAL_TASK', '')}-{_digest(container.image)}") if marks else None
+    node = env.get("CORRAL_NODE") or env.get("SLURMD_NODENAME", "")  # (what a refusal names: the node's own image)
+    pull = _pull_argv(box, engine, container, locks, pulled, owner, node)
     _nul(run_dir / PULL_FILE, prefix + pull)
     if rootless:  # read by the account where it runs the attempt itself (a Slurm step started as it)
         for made in (ARGV_FILE, READS_FILE, NAME_FILE, PULL_FILE):
@@ -228,8 +239,17 @@ def _digest(image: str) -> str:
     return hashlib.sha256(image.encode()).hexdigest()[:24]
 
 
+def local_only(image: str) -> bool:
+    """Whether ``image`` names an image built or loaded on the node (``localhost/NAME``, no
+    port: Podman's name for them), which no registry serves: the engine would ask
+    https://localhost/ for it, whose "connection refused" reads as a registry that may answer
+    later. ``localhost:PORT/NAME`` is a registry's."""
+    first, slash, _ = image.partition("/")
+    return bool(slash) and first == "localhost"
+
+
 def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, mark: Path | None,
-               owner: int | None = None) -> list[str]:
+               owner: int | None = None, node: str = "") -> list[str]:
     auth = ""
     if container.login is not None:
         server, user, password = container.login
@@ -248,9 +268,14 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
     # they fail with them rather than each pulling again (one failed pull, not one per replica);
     # a replica that comes later pulls anew. The engine's progress goes to the replica's log as
     # it pulls (stdout); only the registry's words go to stderr, for the wrapper's reason.
+    # A node's own image (``local_only``: $9 says why) that is not there is not pulled: an
+    # "Error:" line (the wrapper keeps those for the reason) naming the node ($10) is a lasting
+    # refusal (``REFUSALS``).
     script = ('before=$(cat "$6" 2>/dev/null); exec 9>>"$7" && flock 9 || exit; '
               'if [ -z "$3" ] && [ ! -e "$4" ] && "$1" image exists "$2"; then exit 0; fi; '
               'if [ -n "$3" ] && [ -n "$5" ] && [ -e "$5" ] && "$1" image exists "$2"; then exit 0; fi; '
+              'if [ -n "$9" ]; then "$1" image exists "$2" && exit 0; '
+              'printf "Error: image %s is not on node %s: %s\\n" "$2" "${10:-$(uname -n)}" "$9" >&2; exit 125; fi; '
               'now=$(cat "$6" 2>/dev/null); if [ -n "$now" ] && [ "$now" != "$before" ]; then '
               'echo "corral: the pull of $2 that a replica beside this one made on this node just failed"; '
               'printf "%s\\n" "${now#* }" >&2; exit 125; fi; '
@@ -261,14 +286,18 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
               'exit "$rc"; fi; rm -f "$6" 2>/dev/null; '
               'if [ -n "$3" ]; then : > "$4" || exit; { [ -z "$5" ] || : > "$5"; } 2>/dev/null || :; fi')
     return ["sh", "-c", script, "corral-pull", engine, container.image, auth, str(private),
-            str(mark) if mark else "", str(failed), str(lock), str(run_dir / PULL_OUT_FILE)]
+            str(mark) if mark else "", str(failed), str(lock), str(run_dir / PULL_OUT_FILE),
+            LOCAL_ONLY if local_only(container.image) else "", node]
 
 
 # What a registry says when it refuses an image for good: a new attempt would meet the same
 # words (a wrong name or tag, a login it does not take), so it is not pulled again and again.
-# Anything else (a registry that does not answer, a timeout, a server error) may pass.
-REFUSALS = ("manifest unknown", "name unknown", "not found", "unauthorized", "denied", "authentication required",
-            "invalid reference format", "invalid username/password", "requested access to the resource is denied")
+# Anything else (a registry that does not answer, a timeout, a server error) may pass. A node's
+# own image (``local_only``) that is not there is refused so too: no registry would ever have it.
+LOCAL_ONLY = "localhost/ names an image built or loaded on the node, which no registry serves"
+REFUSALS = (LOCAL_ONLY, "manifest unknown", "name unknown", "not found", "unauthorized", "denied",
+            "authentication required", "invalid reference format", "invalid username/password",
+            "requested access to the resource is denied")
 
 
 def refused(reason: str) -> bool:

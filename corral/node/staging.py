@@ -181,6 +181,48 @@ def _room(record_dir: Path) -> tuple[int, int]:
     return info.f_bavail * info.f_frsize, int(info.f_blocks * info.f_frsize * KEEP_FREE)
 
 
+def too_large(source: str, limit: int) -> tuple[int, str]:
+    """The bytes of ``source`` (counted up to a bound: a huge tree is not walked whole) and why
+    it is more than corral copies for Slurm nodes within ``limit`` bytes ("" when it is not): its
+    size, or its count of files. Raises OSError when it cannot be read."""
+    real = os.path.realpath(source)  # what a copy reads: a source that is a link is followed
+    size = size_of(real, limit)
+    if size > limit:  # counted on for the sentence
+        size = size_of(real, 64 * limit)
+    elif entries_in(real, entries_allowed(limit)) > entries_allowed(limit):
+        return size, (f"{source} holds over {entries_allowed(limit):,} files, directories and links, more than "
+                      f"corral copies for Slurm nodes that do not see it within {human(limit)} (each counted at "
+                      f"least {ENTRY_BYTES} bytes; config.yaml infra.slurm.file_mounts_max_gb): put it on a "
+                      "filesystem the nodes share, pack it into fewer files, or raise the limit")
+    if size <= limit:
+        return size, ""
+    return size, (f"{source} is {'over ' if size > 64 * limit else ''}{human(min(size, 64 * limit))}, larger than "
+                  f"the {human(limit)} that corral copies for Slurm nodes that do not see it (config.yaml "
+                  "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or raise the limit")
+
+
+def oversized(record_root: Path, mounts: list[tuple[str, str]], limit: int,
+              mountinfo: str | None = None) -> dict[str, str]:
+    """At submission, on the submitting machine: {remote: why} for each source the Slurm nodes
+    may not see (``must_stage``, against the device of ``record_root``, where the jobs' records
+    are) that ``stage`` would refuse as too large, so the job is refused before it queues rather
+    than failing when its step starts (which checks again: a source may change meanwhile). A
+    source that cannot be read is left to the other checks."""
+    problems: dict[str, str] = {}
+    try:
+        shared_dev = os.stat(record_root).st_dev
+    except OSError:
+        return problems
+    for remote, source in mounts:
+        try:
+            over = must_stage(source, shared_dev, mountinfo) and too_large(source, limit)[1]
+        except OSError:
+            continue
+        if over:
+            problems[remote] = over
+    return problems
+
+
 def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo: str | None = None) -> list[str]:
     """On the submitting machine, as the job's account (the caller's rights: ``stage_as``): copy
     each source the nodes may not see (``must_stage``) into the job's record directory, once per
@@ -197,25 +239,12 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
             try:
                 if not must_stage(source, shared_dev, mountinfo):
                     continue
-                real = os.path.realpath(source)  # what the copy reads: a source that is a link is followed
-                size = size_of(real, limit)
-                if size > limit:  # counted on for the sentence, up to a bound (a huge tree is not walked whole)
-                    size = size_of(real, 64 * limit)
+                size, over = too_large(source, limit)
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None
-            if size <= limit and entries_in(real, entries_allowed(limit)) > entries_allowed(limit):
-                raise MountError(f"file_mounts.{remote}: {source} holds over {entries_allowed(limit):,} files, "
-                                 f"directories and links, more than corral copies for Slurm nodes that do not see it "
-                                 f"within {human(limit)} (each counted at least {ENTRY_BYTES} bytes; config.yaml "
-                                 "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, pack it "
-                                 "into fewer files, or raise the limit")
-            if size > limit:
-                raise MountError(f"file_mounts.{remote}: {source} is {'over ' if size > 64 * limit else ''}"
-                                 f"{human(min(size, 64 * limit))}, larger than the {human(limit)} "
-                                 "that corral copies for Slurm nodes that do not see it (config.yaml "
-                                 "infra.slurm.file_mounts_max_gb): put it on a filesystem the nodes share, or "
-                                 "raise the limit")
+            if over:
+                raise MountError(f"file_mounts.{remote}: {over}")
             free, keep = _room(record_dir)
             if size + keep > free:
                 raise MountError(f"file_mounts.{remote}: {source} ({human(size)}) does not fit in corral's home, "

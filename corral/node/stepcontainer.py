@@ -212,7 +212,9 @@ def prepare(container: StepContainer, key: str, env: dict[str, str], cwd: str) -
                              # a step's host name is its node's, as on a Slurm node (docs/sbatch.md)
                              env=env, hosts_file=hosts, hostname=env.get("SLURMD_NODENAME") or env.get(
                                  "CORRAL_HOSTNAME", ""), binds=binds,
-                             account=None, locks=locks, keep_entrypoint=container.entrypoint)
+                             account=None, locks=locks, keep_entrypoint=container.entrypoint,
+                             # its processes are its batch script's attempt's (set in the step's environment)
+                             mark=env.get(engine_files.ATTEMPT_VAR, ""))
     except engine_files.ContainerError as exc:
         shutil.rmtree(run_dir, ignore_errors=True)
         raise StepContainerError(str(exc)) from None

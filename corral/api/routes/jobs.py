@@ -121,6 +121,8 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
     # (asked of another account through a process: off the event loop; of this one, at once)
     refused = (await run_in_threadpool(_unreadable, spec, run_as) if _switches(run_as)
                or any(task.file_mounts for task in spec.tasks) else _unreadable(spec, run_as))
+    if not refused and any(task.file_mounts for task in spec.tasks):
+        refused = await run_in_threadpool(_oversized, state, spec, admitted.partition)
     if refused:
         return JSONResponse(status_code=422, content={"detail": {
             "message": f"{source} is not a valid job", "errors": refused}})
@@ -194,6 +196,22 @@ def _unreadable(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
                         f"where its account may read (the submit directory when the task names no workdir)"}
             for task in spec.tasks if isinstance(task.workdir, str) and task.workdir in unreadable]
     return mounts + dirs
+
+
+def _oversized(state, spec, partition: str) -> list[dict]:  # noqa: ANN001 - a ServerState, a JobSpec
+    """A problem for each ``file_mounts`` source larger than what corral stages for the nodes of
+    a Slurm partition that do not see it (``infra.slurm.file_mounts_max_gb``): said now, not
+    once the job has queued and its step starts (which checks again: a source may grow)."""
+    config = state.site.infras.get("slurm")
+    if state.site.partition_infra.get(partition) != "slurm" or config is None:
+        return []
+    from corral.node.staging import oversized
+
+    limit = int(config.file_mounts_max_gb * 2**30)  # as the Slurm executor counts it
+    records = state.settings.runs_dir.parent  # (where the jobs' records are: the device the nodes share)
+    return [{"document": f"task {task.name!r}", "field": f"file_mounts.{remote}", "line": None, "message": why}
+            for task in spec.tasks
+            for remote, why in oversized(records, list(task.file_mounts.items()), limit).items()]
 
 
 async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState
