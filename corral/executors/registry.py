@@ -18,6 +18,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -65,6 +66,10 @@ class Infra:
     # partitions accept only that account's jobs; None (the default): it starts each replica as
     # its job's account
     runs_as: Callable[[Any], str] | None = None
+    # what its nodes would refuse of a job's file_mounts, said at submission rather than once
+    # the job has queued: {remote path: sentence}, from its section, the directory of the jobs'
+    # records and the task's (remote, source) pairs
+    mounts_check: Callable[[Any, Path, list[tuple[str, str]]], dict[str, str]] | None = None
 
 
 @cache

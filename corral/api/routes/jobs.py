@@ -24,6 +24,7 @@ from corral.api.schemas import (ActionResponse, CancelResponse, EventOut, JobOut
 from corral.admission import Refusal
 from corral.auth.accounts import AccountRefusal, account_to_start, unreadable_as
 from corral.auth.roles import Identity, Role
+from corral.executors.registry import infras
 from corral.runtime.discovery import peers_document
 from corral.runtime.logs import LogTail, follow
 from corral.spec import SpecError, load_job
@@ -199,19 +200,18 @@ def _unreadable(spec, run_as: str) -> list[dict]:  # noqa: ANN001 - a JobSpec
 
 
 def _oversized(state, spec, partition: str) -> list[dict]:  # noqa: ANN001 - a ServerState, a JobSpec
-    """A problem for each ``file_mounts`` source larger than what corral stages for the nodes of
-    a Slurm partition that do not see it (``infra.slurm.file_mounts_max_gb``): said now, not
-    once the job has queued and its step starts (which checks again: a source may grow)."""
-    config = state.site.infras.get("slurm")
-    if state.site.partition_infra.get(partition) != "slurm" or config is None:
+    """A problem for each ``file_mounts`` source the partition's infra would refuse on its
+    nodes (too large to copy for nodes that do not see it): said now, not once the job has
+    queued and its replica starts (which checks again: a source may grow)."""
+    name = state.site.partition_infra.get(partition)
+    infra = infras().get(name) if name else None
+    if infra is None or infra.mounts_check is None:
         return []
-    from corral.node.staging import oversized
-
-    limit = int(config.file_mounts_max_gb * 2**30)  # as the Slurm executor counts it
+    config = state.site.infras.get(name) or infra.config()  # (no section: its defaults)
     records = state.settings.runs_dir.parent  # (where the jobs' records are: the device the nodes share)
     return [{"document": f"task {task.name!r}", "field": f"file_mounts.{remote}", "line": None, "message": why}
             for task in spec.tasks
-            for remote, why in oversized(records, list(task.file_mounts.items()), limit).items()]
+            for remote, why in infra.mounts_check(config, records, list(task.file_mounts.items())).items()]
 
 
 async def _may_submit(state, who: Identity, priority: float | None, nice: int) -> None:  # noqa: ANN001 - a ServerState

@@ -7,6 +7,7 @@ as its pool. Kept apart from the executor so the site can read the section cheap
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -56,6 +57,13 @@ def _partition_nodes(config: SlurmConfig, patterns: tuple[str, ...], declared: l
     return ("s[0-9]*",)  # the nodes of its jobs' allocations, named s{slurm job}-{host}
 
 
+def _mounts_check(config: SlurmConfig, records: Path, mounts: list[tuple[str, str]]) -> dict[str, str]:
+    from corral.node.staging import oversized
+
+    return oversized(records, mounts, int(config.file_mounts_max_gb * 2**30))  # as the executor counts it
+
+
 INFRA = Infra(name="slurm", config=SlurmConfig, build=_build, partition_nodes=_partition_nodes,
               runtime_nodes=lambda config: inside_allocation(config) is not None,
-              provisions=True, implied=_implied, replaces_pool=_replaces_pool)
+              provisions=True, implied=_implied, replaces_pool=_replaces_pool,
+              mounts_check=_mounts_check)
