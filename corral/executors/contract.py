@@ -47,6 +47,7 @@ from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from corral.auth.accounts import UnixAccount
+from corral.node.container import Container  # noqa: F401 - part of the contract, kept light (see there)
 from corral.pool import NodeSpec
 
 Handle = dict[str, Any]  # opaque to the core; JSON-storable; defined by each executor
@@ -55,22 +56,6 @@ Handle = dict[str, Any]  # opaque to the core; JSON-storable; defined by each ex
 class LaunchError(RuntimeError):
     """The attempt could not be started (bad working directory, engine refused, node gone);
     its message is shown in ``corral events``. Nothing of the attempt is left running."""
-
-
-@dataclass(frozen=True)
-class Container:
-    """The container an attempt runs in, on the node's own engine (Podman, Docker): its
-    image, the site's and the job's run options, and the registry login for a private image
-    (server, user, password: never on a command line)."""
-
-    image: str
-    engine: str = "podman"
-    options: tuple[str, ...] = ()  # the site's (config.yaml containers.run_options), then the job's
-    login: tuple[str, str, str] | None = None
-    mounts: tuple[tuple[str, str], ...] = ()  # the task's file_mounts (remote, source): bound in the container
-    # variables of the submitting machine's paths (PATH, LD_LIBRARY_PATH …: ``node.container.HOST_ONLY``)
-    # that the task itself sets (envs, secrets, --env): carried in, where the rest stay the image's
-    kept: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ import shlex
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from corral.node.proctree import ATTEMPT_VAR, attempt_mark
@@ -40,9 +40,25 @@ from corral.node.runfiles import read_small
 
 if TYPE_CHECKING:  # names only: a step's task (``node.stepcontainer``) starts without loading the models
     from corral.auth.accounts import UnixAccount
-    from corral.executors.contract import Container
 
 log = logging.getLogger("corral.node")
+
+
+@dataclass(frozen=True)
+class Container:
+    """(Part of ``executors.contract``; defined here, where a Ray actor builds one without
+    importing the server's models.) The container an attempt runs in, on the node's own engine (Podman, Docker): its
+    image, the site's and the job's run options, and the registry login for a private image
+    (server, user, password: never on a command line)."""
+
+    image: str
+    engine: str = "podman"
+    options: tuple[str, ...] = ()  # the site's (config.yaml containers.run_options), then the job's
+    login: tuple[str, str, str] | None = None
+    mounts: tuple[tuple[str, str], ...] = ()  # the task's file_mounts (remote, source): bound in the container
+    # variables of the submitting machine's paths (PATH, LD_LIBRARY_PATH …: ``node.container.HOST_ONLY``)
+    # that the task itself sets (envs, secrets, --env): carried in, where the rest stay the image's
+    kept: tuple[str, ...] = ()
 
 ARGV_FILE = "container"  # the engine's ``run`` up to and including the image (NUL separated)
 PULL_FILE = "pull"

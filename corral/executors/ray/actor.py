@@ -136,9 +136,7 @@ class ReplicaActor:
         repo = launch.get("repo")
         if boxed:  # ``signal`` reaches every process in it
             env = {**env, containers.SIGNALS_VAR: "1"}
-        from corral.executors.contract import Container  # (only for a container: it brings the server's models)
-
-        container = Container(**{**boxed, "options": tuple(boxed["options"]),
+        container = containers.Container(**{**boxed, "options": tuple(boxed["options"]),
                                  "login": tuple(boxed["login"]) if boxed.get("login") else None,
                                  "mounts": tuple(mounts), "kept": tuple(boxed.get("kept") or ())}) if boxed else None
         self.proc = self.runner.spawn(self.key, job_id, launch["setup"], launch["run"], env, launch["cwd"],
