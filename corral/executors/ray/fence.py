@@ -70,13 +70,17 @@ def main(argv: list[str]) -> int:
     fd, raylet, nodescope, key = int(argv[0]), int(argv[1]), argv[2], argv[3]
     if os.fork() > 0:  # the actor's child ends here; the fence goes on as an orphan (see above)
         os._exit(0)
-    from corral.executors.ray.actor import node_runner  # imported now: the kill must not wait for it
-
-    runner = node_runner(nodescope)
     why = watch(fd, raylet)
     if why is None:
         return 0
     started = time.monotonic()
+    # imported only now: a fence whose attempt ends by itself (nearly every one) never pays
+    # for it. Five fences importing it at a group's start took ~0.25 s of CPU from the Ray
+    # workers starting beside them on two cores; a kill ~50 ms later is nothing beside the
+    # seconds Ray takes to declare a node dead and corral to start the attempt elsewhere.
+    from corral.executors.ray.actor import node_runner
+
+    runner = node_runner(nodescope)
     try:  # said before the kill, so the actor (if it still lives) reports a loss, not an exit
         (runner.run_dir(key) / FENCED_FILE).write_text(why)
     except OSError:
