@@ -53,3 +53,18 @@ def test_an_exec_into_an_ended_container_does_not_wait() -> None:
         assert done.returncode != 0 and time.monotonic() - started < 2.0, done.stderr
     finally:
         subprocess.run([podman, "rm", "-f", "-t", "0", name], capture_output=True)
+
+
+def test_the_wait_is_bounded_in_time_however_slow_the_engine_answers(tmp_path) -> None:
+    """Each look is an engine process; on a busy node one took ~0.4 s, so fifty looks were
+    ~24 s where 5 s was meant. An engine that takes a second per look and never finds the
+    container: the exec is made after the bound, not after fifty looks."""
+    engine = tmp_path / "slow-engine"
+    engine.write_text('#!/bin/sh\nif [ "$1" = inspect ]; then sleep 1; exit 1; fi\necho "engine: $*"\n')
+    engine.chmod(0o755)
+    started = time.monotonic()
+    done = subprocess.run(exec_argv(str(engine), "never-there", "true", None), capture_output=True, text=True,
+                          timeout=120)
+    took = time.monotonic() - started
+    assert done.stdout.startswith("engine: exec never-there"), done
+    assert 4.5 < took < 15, took

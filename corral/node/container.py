@@ -313,7 +313,7 @@ def _pull_argv(run_dir: Path, engine: str, container: Container, locks: Path, ma
 LOCAL_ONLY = "localhost/ names an image built or loaded on the node, which no registry serves"
 REFUSALS = (LOCAL_ONLY, "manifest unknown", "name unknown", "not found", "unauthorized", "denied",
             "authentication required", "invalid reference format", "invalid username/password",
-            "requested access to the resource is denied")
+            "requested access to the resource is denied", "repository name must be lowercase")
 
 
 def refused(reason: str) -> bool:
@@ -533,16 +533,16 @@ def shell_argv(run_dir: Path, command: list[str], tty: bool, term: str | None) -
 # wrapper's mark); the container itself exists a few hundred ms later. An exec in between
 # failed ("no such container"): a `corral exec` right after RUNNING, a first exec probe, a
 # stop signal. So an exec waits, a while, for a container not yet created or started.
-_ONCE_RUNNING = (
-    'e=$1; n=$2; shift 2; i=0; while [ "$i" -lt 50 ]; do '
-    'case $("$e" inspect -f "{{.State.Status}}" "$n" 2>/dev/null) in ""|created|configured|initialized) ;; '
-    '*) break;; esac; i=$((i+1)); sleep 0.1; done; exec "$@"')
+_WAIT_RUNNING = ('while :; do case $("$0" inspect -f "{{.State.Status}}" "$1" 2>/dev/null) in '
+                 '""|created|configured|initialized) sleep 0.1;; *) exit 0;; esac; done')
+# bounded in time by ``timeout``, not in tries: each try is an engine process, slow on a busy node
+_ONCE_RUNNING = 'w=$1; e=$2; n=$3; shift 3; timeout 5 /bin/sh -c "$w" "$e" "$n" </dev/null >/dev/null 2>&1; exec "$@"'
 
 
 def once_running(engine: str, name: str, argv: list[str]) -> list[str]:
     """``argv`` (an exec into the container ``name``) once the container runs, or has ended,
     or after 5 s (then the engine says why it cannot)."""
-    return ["/bin/sh", "-c", _ONCE_RUNNING, "corral-exec", engine, name, *argv]
+    return ["/bin/sh", "-c", _ONCE_RUNNING, "corral-exec", _WAIT_RUNNING, engine, name, *argv]
 
 
 def signal_all(engine: str, name: str, signum: int, run_as: str | None) -> None:

@@ -196,20 +196,54 @@ def _copy(record_dir: Path, source: str, archive: Archive | None, remote: str) -
     return str(target)
 
 
+# Directories nested deeper are not copied: a copy (copytree, tar) recurses once per level,
+# and os.walk did too, so a tree ~1000 levels deep was a RecursionError (an HTTP 500 at
+# submission) where it must be a sentence. No real dataset nests anywhere near this.
+MAX_DEPTH = 128
+
+
+class TooDeep(OSError):
+    """A source whose directories nest deeper than ``MAX_DEPTH``."""
+
+
+def entries(source: str):  # noqa: ANN201 - an iterator of os.DirEntry
+    """Every entry under the directory ``source`` (links not followed), walked with a stack,
+    not recursion; a directory that cannot be read is passed over, as ``os.walk`` does.
+    Raises ``TooDeep`` past ``MAX_DEPTH`` levels."""
+    stack = [(source, 0)]
+    while stack:
+        path, depth = stack.pop()
+        try:
+            with os.scandir(path) as listing:
+                found = list(listing)
+        except OSError:
+            continue
+        for entry in found:
+            yield entry
+            try:
+                inner = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                continue
+            if inner:
+                if depth + 1 >= MAX_DEPTH:
+                    raise TooDeep(f"{source} nests directories over {MAX_DEPTH} levels deep, deeper than corral "
+                                  "copies: pack it (tar) or put it on a filesystem the nodes share")
+                stack.append((entry.path, depth + 1))
+
+
 def size_of(source: str, stop: int) -> int:
     """The bytes of a file, or of everything under a directory (links not followed); counting
-    stops past ``stop``."""
+    stops past ``stop``. Raises ``TooDeep`` for a tree nested deeper than corral copies."""
     if not os.path.isdir(source) or os.path.islink(source):
         return os.lstat(source).st_size
     total = 0
-    for root, dirs, files in os.walk(source):
-        for name in files + dirs:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            if total > stop:
-                return total
+    for entry in entries(source):
+        try:
+            total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+        if total > stop:
+            return total
     return total
 
 

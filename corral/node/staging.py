@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 from corral.node.runfiles import read_small
-from corral.node.mounts import (COMPLETE, MountError, _locked, _me, _record, copy_dir, seen_at, size_of,
-                                staged)
+from corral.node.mounts import (COMPLETE, MountError, TooDeep, _locked, _me, _record, copy_dir, entries, seen_at,
+                                size_of, staged)
 
 # Filesystem types (``/proc/self/mountinfo``) a cluster's nodes mount alike: a source on one is
 # taken to be seen by the nodes at the same path, so it is not staged. Network and cluster
@@ -108,8 +108,8 @@ def entries_in(source: str, stop: int) -> int:
     if not os.path.isdir(source) or os.path.islink(source):
         return 0
     total = 0
-    for _, dirs, files in os.walk(source):
-        total += len(dirs) + len(files)
+    for _ in entries(source):
+        total += 1
         if total > stop:
             break
     return total
@@ -216,6 +216,8 @@ def oversized(record_root: Path, mounts: list[tuple[str, str]], limit: int,
     for remote, source in mounts:
         try:
             over = must_stage(source, shared_dev, mountinfo) and too_large(source, limit)[1]
+        except TooDeep as exc:
+            over = str(exc)
         except OSError:
             continue
         if over:
@@ -240,6 +242,8 @@ def stage(record_dir: Path, mounts: list[tuple[str, str]], limit: int, mountinfo
                 if not must_stage(source, shared_dev, mountinfo):
                     continue
                 size, over = too_large(source, limit)
+            except TooDeep as exc:
+                raise MountError(f"file_mounts.{remote}: {exc}") from None
             except OSError as exc:
                 raise MountError(f"file_mounts.{remote}: the Unix account {_me()} cannot read {source} on the "
                                  f"submitting machine ({exc.strerror or exc})") from None

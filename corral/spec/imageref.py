@@ -18,7 +18,12 @@ def image_of(value: str) -> str:
     image = value[len(DOCKER_PREFIX):].strip()
     if not image:
         raise ValueError("image_id docker: names no image (write docker:REPOSITORY[:TAG])")
-    if len(image) > 255 or not _IMAGE.fullmatch(image):
+    first, _, rest = image.partition("/")
+    # a first component is a registry only with a dot, a port or as "localhost" (Docker's rule,
+    # ``qualified``); otherwise it is a repository path, and those are lowercase (LOCALHOST/x
+    # would be Docker Hub's "LOCALHOST/x", refused by every registry as such)
+    path_first = rest and not ("." in first or ":" in first or first == "localhost")
+    if len(image) > 255 or not _IMAGE.fullmatch(image) or (path_first and first != first.lower()):
         raise ValueError(f"image_id {value!r} is not an image reference like docker:nvcr.io/nvidia/pytorch:24.05-py3 "
                          "(repository names are lowercase)")
     return image

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from corral.node.mounts import COMPLETE, RECORD, MountError, attach, copy_dir, detach, here, seen_at, staged
-from corral.node.staging import SHARED_FS, fs_type, must_stage, stage, stage_command, stage_failure
+from corral.node.staging import SHARED_FS, fs_type, must_stage, oversized, stage, stage_command, stage_failure
 
 MOUNTINFO = """\
 22 1 252:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -119,6 +119,55 @@ def test_a_source_over_the_limit_is_not_staged_and_the_sentence_says_mount_size_
     assert not copy_dir(record, str(big)).parent.exists()
     with pytest.raises(MountError, match=r"is over 1\.0 KB, larger than the 16 bytes"):  # not walked past 64x
         stage(record, [("/opt/big", str(big))], 16)
+
+
+def _deep(root: Path, levels: int) -> Path:
+    """A tree ``levels`` directories deep (made by relative steps: its full path outgrows PATH_MAX)."""
+    root.mkdir()
+    here = os.getcwd()
+    try:
+        os.chdir(root)
+        for _ in range(levels):
+            os.mkdir("d")
+            os.chdir("d")
+        Path("leaf").write_text("x")
+    finally:
+        os.chdir(here)
+    return root
+
+
+def _undeep(root: Path, levels: int) -> None:
+    """Remove what ``_deep`` made, bottom up (``shutil.rmtree`` recurses per level too)."""
+    here = os.getcwd()
+    try:
+        os.chdir(root)
+        for _ in range(levels):
+            os.chdir("d")
+        os.unlink("leaf")
+        for _ in range(levels):
+            os.chdir("..")
+            os.rmdir("d")
+    finally:
+        os.chdir(here)
+
+
+def test_a_tree_nested_deeper_than_corral_copies_is_refused_with_a_sentence_not_a_recursion_error(
+        tmp_path: Path, private: Path) -> None:
+    """A source 2,000 directories deep once made the submission's size check raise
+    RecursionError (os.walk recursed per level): an HTTP 500 where a sentence was due."""
+    deep = _deep(private / "deep", 2000)
+    try:
+        record = tmp_path / "mounts" / "4"
+        record.mkdir(parents=True)
+        said = oversized(tmp_path, [("/data", str(deep))], 1 << 30)
+        assert list(said) == ["/data"] and "levels deep" in said["/data"], said
+        with pytest.raises(MountError, match=r"^file_mounts\./data: .* nests directories over \d+ levels deep"):
+            stage(record, [("/data", str(deep))], 1 << 30)
+        assert not copy_dir(record, str(deep)).parent.exists()
+    finally:
+        _undeep(deep, 2000)
+    shallow = _deep(private / "shallow", 40)  # as deep as real trees get: staged as before
+    assert oversized(tmp_path, [("/data", str(shallow))], 1 << 30) == {}
 
 
 def test_a_node_prefers_the_job_s_complete_copy_over_what_it_has_at_the_path(tmp_path: Path) -> None:
