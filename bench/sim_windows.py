@@ -426,7 +426,10 @@ def main() -> None:
     record = {"at": datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:], "seeds": seeds,
               "load": args.load, "checkpointing": args.checkpointing, "elastic": args.elastic, "elapsed_s": round(elapsed, 1), "cpu_s": round(cpu, 1), "variants": variants,
               "windows": [asdict(w) for w in windows], "verdicts": verdicts,
-              "runs": [{"window": k, "policy": p, "seed": s, **m} for (k, p), by in results.items() for s, m in by.items()]}
+              # in the order asked for (windows, then policies, then seeds), not the order the replays
+              # ended in: two runs of one study (or one reusing another's rows) list them alike
+              "runs": [{"window": w.key, "policy": p, "seed": s, **results[(w.key, p)][s]} for w in windows
+                       for p in rows for s in seeds if s in results.get((w.key, p), {})]}
     path = args.out or Path("sim_windows_variants.json" if variants else "sim_windows.json")
     if path.parent == Path("."):
         path = ROOT / "bench" / "results" / path

@@ -80,6 +80,8 @@ def test_reuse_takes_the_built_in_rows_from_an_earlier_run_instead_of_replaying(
                            timeout=300, env=TRACES)
     assert again.returncode == 0, again.stderr
     assert "2 rows taken from" in again.stderr and "0 replays" in again.stderr
+    # listed in the order asked for, not as the replays ended (which a loaded machine reorders)
+    assert [r["policy"] for r in json.loads(first.read_text())["runs"]] == ["slurm", "corral"]
     assert json.loads(second.read_text())["runs"] == json.loads(first.read_text())["runs"]
     # another load sizes other clusters: nothing is taken
     other = subprocess.run([*args, "--load", "0.5", "--reuse", str(first), "--out", str(second)],
