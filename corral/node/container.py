@@ -46,10 +46,10 @@ log = logging.getLogger("corral.node")
 
 @dataclass(frozen=True)
 class Container:
-    """(Part of ``executors.contract``; defined here, where a Ray actor builds one without
-    importing the server's models.) The container an attempt runs in, on the node's own engine (Podman, Docker): its
-    image, the site's and the job's run options, and the registry login for a private image
-    (server, user, password: never on a command line)."""
+    """The container an attempt runs in, on the node's own engine (Podman, Docker): its image,
+    the site's and the job's run options, and the registry login for a private image (server,
+    user, password: never on a command line). Part of ``executors.contract``, defined here so a
+    Ray actor builds one without importing the server's models."""
 
     image: str
     engine: str = "podman"
@@ -59,6 +59,7 @@ class Container:
     # variables of the submitting machine's paths (PATH, LD_LIBRARY_PATH …: ``node.container.HOST_ONLY``)
     # that the task itself sets (envs, secrets, --env): carried in, where the rest stay the image's
     kept: tuple[str, ...] = ()
+
 
 ARGV_FILE = "container"  # the engine's ``run`` up to and including the image (NUL separated)
 PULL_FILE = "pull"

@@ -19,10 +19,9 @@ def image_of(value: str) -> str:
     if not image:
         raise ValueError("image_id docker: names no image (write docker:REPOSITORY[:TAG])")
     first, _, rest = image.partition("/")
-    # a first component is a registry only with a dot, a port or as "localhost" (Docker's rule,
-    # ``qualified``); otherwise it is a repository path, and those are lowercase (LOCALHOST/x
-    # would be Docker Hub's "LOCALHOST/x", refused by every registry as such)
-    path_first = rest and not ("." in first or ":" in first or first == "localhost")
+    # a first component that is not a registry (``_is_registry``) is a repository path, and those
+    # are lowercase (LOCALHOST/x would be Docker Hub's "LOCALHOST/x", refused by every registry)
+    path_first = rest and not _is_registry(first)
     if len(image) > 255 or not _IMAGE.fullmatch(image) or (path_first and first != first.lower()):
         raise ValueError(f"image_id {value!r} is not an image reference like docker:nvcr.io/nvidia/pytorch:24.05-py3 "
                          "(repository names are lowercase)")
@@ -35,6 +34,12 @@ def qualified(image: str) -> str:
     reads it, never a short name the engine resolves on its own (against whatever images
     other jobs left on the node, or a search list of registries)."""
     first, _, rest = image.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
+    if rest and _is_registry(first):
         return image
     return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
+
+
+def _is_registry(first: str) -> bool:
+    """Whether an image's first component names its registry: with a dot, a port, or as
+    "localhost" (Docker's rule); otherwise it is the first part of a Docker Hub path."""
+    return "." in first or ":" in first or first == "localhost"

@@ -120,9 +120,10 @@ async def submit(body: SubmitRequest, state: StateDep, who: IdentityDep):
         raise HTTPException(403, str(exc)) from None
     # the job's account reads its mounts and enters its directories, never the server for it
     # (asked of another account through a process: off the event loop; of this one, at once)
-    refused = (await run_in_threadpool(_unreadable, spec, run_as) if _switches(run_as)
-               or any(task.file_mounts for task in spec.tasks) else _unreadable(spec, run_as))
-    if not refused and any(task.file_mounts for task in spec.tasks):
+    mounts = any(task.file_mounts for task in spec.tasks)
+    refused = (await run_in_threadpool(_unreadable, spec, run_as) if _switches(run_as) or mounts
+               else _unreadable(spec, run_as))
+    if not refused and mounts:
         refused = await run_in_threadpool(_oversized, state, spec, admitted.partition)
     if refused:
         return JSONResponse(status_code=422, content={"detail": {
