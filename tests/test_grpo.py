@@ -51,7 +51,7 @@ def test_grpo_learns_survives_a_killed_rollout_and_scales(server, tmp_path: Path
     log = server.get(f"/v1/jobs/{job_id}/logs", params={"replica": "trainer-0"}).text
     assert done["state"] == "SUCCEEDED", log[-2000:]
     history = rows()
-    assert [r["iteration"] for r in history] == list(range(ITERATIONS))  # no iteration lost or repeated
+    assert [r["iteration"] for r in history] == list(range(ITERATIONS)), log  # no iteration lost or repeated
     first = statistics.fmean(r["mean_reward"] for r in history[:10])
     last = statistics.fmean(r["mean_reward"] for r in history[-10:])
     assert last > first + 0.2, (first, last)
@@ -61,3 +61,34 @@ def test_grpo_learns_survives_a_killed_rollout_and_scales(server, tmp_path: Path
         assert all(r[key] >= 0 for r in history)
     rollout = next(t for t in done["tasks"] if t["name"] == "rollout")["replicas"]
     assert rollout[1]["restarts"] == 1 and rollout[1]["addr"] == victim["addr"]
+
+
+def test_a_reply_cut_short_by_a_killed_replica_is_a_connection_error() -> None:
+    """A rollout killed between its reply's headers and body made the trainer crash with
+    http.client.IncompleteRead (not an OSError) and redo an iteration from its checkpoint."""
+    import socket
+    import sys
+    import threading
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from wire import call
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def die_mid_reply() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=die_mid_reply, daemon=True).start()
+    try:
+        call(f"http://127.0.0.1:{listener.getsockname()[1]}/generate", {"version": 1})
+    except OSError as exc:
+        assert "cut short" in str(exc)
+    else:
+        raise AssertionError("a reply cut short returned")
+    finally:
+        listener.close()

@@ -81,6 +81,18 @@ def generate(url: str, targets: list[int], blob: bytes):
     raise RuntimeError(f"{url} could not serve version {version}")
 
 
+def generate_elsewhere(targets: list[int], blob: bytes):
+    """The prompts of a replica that died mid-request, from the first one that answers
+    (the peers file may still list the dead one for a moment)."""
+    while True:
+        for url in rollout_urls():
+            try:
+                return generate(url, targets, blob)
+            except (OSError, RuntimeError) as exc:
+                print(f"rollout {url} failed too ({exc})", flush=True)
+        time.sleep(0.2)
+
+
 def generate_all(targets: list[int], blob: bytes) -> tuple[list, list, int]:
     urls = rollout_urls()
     shards = [targets[i::len(urls)] for i in range(len(urls))]
@@ -92,7 +104,7 @@ def generate_all(targets: list[int], blob: bytes) -> tuple[list, list, int]:
                 body = future.result()
             except (OSError, RuntimeError) as exc:  # a replica died mid-request: use another
                 print(f"rollout failed ({exc}); retrying its prompts elsewhere", flush=True)
-                body = generate(rollout_urls()[0], shard, blob)
+                body = generate_elsewhere(shard, blob)
             for i, target in enumerate(shard):
                 completions[target] = body["completions"][i * GROUP:(i + 1) * GROUP]
                 logps[target] = body["logps"][i * GROUP:(i + 1) * GROUP]

@@ -4,6 +4,7 @@ exactly what crosses the wire). Peers are addressed by their corral names, e.g.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import urllib.error
@@ -16,10 +17,15 @@ def call(url: str, payload: object | None = None, data: bytes | None = None, tim
     body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
     request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body else "GET")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"null")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+    except http.client.HTTPException as exc:
+        # A peer killed between its reply's headers and its body (IncompleteRead) is gone,
+        # like one that refused the connection: callers handle both as OSError.
+        raise ConnectionError(f"{url}: the reply was cut short ({exc!r})") from exc
 
 
 def serve(routes: dict[tuple[str, str], callable], port: int) -> None:
