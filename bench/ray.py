@@ -138,14 +138,20 @@ class Corral:
         return self.http.get(f"/v1/jobs/{job_id}").json()
 
     def wait(self, job_id: int, states: tuple[str, ...], timeout: float = 120.0, interval: float = 0.05) -> dict:
-        # Polled every 50 ms (<2% of a group's start): faster polling made the server answer
-        # hundreds of requests a second on this 2-core machine, starving Ray's worker start-up.
+        # A long poll (the job answered once it changes, as `corral launch` and the SDK wait), so
+        # the server answers a few requests per start, as the hand-written driver waits in
+        # ray.get; a server without it is polled every 50 ms (polling faster starved Ray's worker
+        # start-up on this 2-core machine).
         deadline = time.monotonic() + timeout
+        tag = None
         while time.monotonic() < deadline:
-            job = self.job(job_id)
+            wait = {"wait": round(min(20.0, max(0.0, deadline - time.monotonic())), 3)} if tag else None
+            response = self.http.get(f"/v1/jobs/{job_id}", params=wait, headers={"If-None-Match": tag} if tag else None)
+            job, tag = response.json(), response.headers.get("etag")
             if job["state"] in states:
                 return job
-            time.sleep(interval)
+            if tag is None:
+                time.sleep(interval)
         raise TimeoutError(f"job {job_id} not {states} in {timeout}s: {job['state']}")
 
     def cancel(self, job_id: int) -> None:

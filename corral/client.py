@@ -37,6 +37,7 @@ from corral.states import TERMINAL_JOB_STATES
 
 
 TERMINAL = tuple(s.value for s in TERMINAL_JOB_STATES)
+LONG_POLL_S = 25.0  # the longest a request waits for a job to change (the server's bound is 60 s)
 
 
 class CorralError(RuntimeError):
@@ -174,13 +175,14 @@ class Client:
         return self._tls
 
     def _request(self, method: str, path: str, params: dict[str, Any] | None = None, body: Any = None,
-                 stream: bool = False) -> tuple[http1.Connection, http1.Response]:
+                 stream: bool = False, headers: dict[str, str] | None = None) -> tuple[http1.Connection, http1.Response]:
         query = urlencode([(k, _wire(v)) for k, value in (params or {}).items()
                            for v in (value if isinstance(value, list) else [value])])
         # an id with a space, a '?' or non-ASCII letters stays one path segment (and cannot end the line)
         target = quote(self._prefix + path, safe="/:@!$&'()*+,;=%") + (f"?{query}" if query else "")
         payload = json.dumps(body).encode() if body is not None else None
-        headers = dict(self.headers, **({"Content-Type": "application/json"} if payload is not None else {}))
+        headers = dict(self.headers, **(headers or {}),
+                       **({"Content-Type": "application/json"} if payload is not None else {}))
         # A kept-alive connection the server has meanwhile closed fails at once; a GET is then sent
         # again on a fresh one. A POST always gets a fresh connection: never sent twice.
         reuse = not stream and method == "GET" and self._conn is not None
@@ -212,14 +214,22 @@ class Client:
         raise AssertionError("unreachable")
 
     def _call(self, method: str, path: str, params: dict[str, Any] | None = None, json_body: Any = None) -> Any:
+        return self._tagged(method, path, params, json_body)[0]
+
+    def _tagged(self, method: str, path: str, params: dict[str, Any] | None = None, json_body: Any = None,
+                headers: dict[str, str] | None = None) -> tuple[Any, str | None]:
+        """The answer's JSON and its ``ETag`` (None where the server sends none)."""
         with self._exchange:
-            _, response = self._request(method, path, params, json_body)
+            _, response = self._request(method, path, params, json_body, headers=headers)
             try:
                 data = response.read()
             except OSError as exc:
                 self.close()
                 raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
         _check(response.status, data, self.url)
+        return self._json(response, data), response.headers.get("etag")
+
+    def _json(self, response: http1.Response, data: bytes) -> Any:
         if not data:
             return None
         try:
@@ -311,8 +321,12 @@ class Client:
         it runs with every replica READY (a job that ends first is returned as it ended).
         Raises ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        tag = None
         while True:
-            job = self.job(ident)
+            left = LONG_POLL_S if deadline is None else deadline - time.monotonic()
+            asked = time.monotonic()
+            job, new = self.job_change(ident, tag, left)
+            unchanged, tag = new == tag, new
             replicas = [r for t in job["tasks"] for r in t["replicas"]]
             if job["state"] in TERMINAL or (not ready and job["state"] in states) or (
                     ready and job["state"] == "RUNNING" and all(r["ready"] and r["state"] == "RUNNING"
@@ -321,7 +335,8 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 what = "every replica ready" if ready else " or ".join(states)
                 raise TimeoutError(f"job {job['id']} is {job['state']} after {timeout:g}s, not {what}")
-            time.sleep(interval)
+            if tag is None or (unchanged and time.monotonic() - asked < interval):
+                time.sleep(interval)  # a server that cannot wait for a change (or no time to wait): polled
 
     def status(self, ident: str | int) -> dict[str, Any]:
         """The job with its tasks and replicas (same as ``job``)."""
@@ -381,6 +396,14 @@ class Client:
 
     def job(self, ident: str | int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_segment(ident)}")
+
+    def job_change(self, ident: str | int, seen: str | None, wait: float) -> tuple[dict[str, Any], str | None]:
+        """The job and its tag once it differs from the one tagged ``seen`` (a ``job_change``
+        or ``ETag`` answer), or as it is after ``wait`` seconds: one request where a poll would
+        send many. A server that cannot wait answers at once, with no tag."""
+        wait = max(0.0, min(wait, LONG_POLL_S, self.timeout - 5.0))
+        params, headers = ({"wait": round(wait, 3)}, {"If-None-Match": seen}) if seen and wait > 0 else (None, None)
+        return self._tagged("GET", f"/v1/jobs/{_segment(ident)}", params, headers=headers)
 
     def cancel(self, ident: str | int, force: bool = False) -> dict[str, Any]:
         """Stop the job (its replicas' stop signal, SIGKILL after their grace period); ``force``:

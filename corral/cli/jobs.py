@@ -161,7 +161,7 @@ def _while_pending(client: Client, job: dict) -> None:
     """While the job waits, say why and when it is expected to start: one line kept current on
     a terminal, a new line at each change otherwise."""
     tty = sys.stderr.isatty()
-    shown, waited, first = "", False, True
+    shown, waited, first, tag = "", False, True, None
     while job["state"] == "PENDING":
         reason = "" if job["reason"] in (None, "None") else f" ({job['reason']})"
         start = f", expected start {moment(job['expected_start'])}" if job.get("expected_start") else ""
@@ -170,9 +170,10 @@ def _while_pending(client: Client, job: dict) -> None:
             sys.stderr.write(("\r\x1b[2K" + line) if tty else line + "\n")
             sys.stderr.flush()
             shown, waited = line, True
-        time.sleep(0.2 if first else 1.0)
+        if tag is None:  # the first look (or a server that cannot wait for a change)
+            time.sleep(0.2 if first else 1.0)
         first = False
-        job = client.job(job["id"])
+        job, tag = client.job_change(job["id"], tag, 10.0)  # answers as soon as the job changes
     if waited and tty:
         sys.stderr.write("\r\x1b[2K")
         sys.stderr.flush()

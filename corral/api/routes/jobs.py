@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
@@ -282,12 +284,40 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
     return [JobOut.of(j, expected.get(j.id), down, predicted, waiting, grow) for j in jobs]
 
 
+WAIT_MAX_S = 60.0  # a long poll's longest wait; clients ask again
+WAIT_LOOK_S = 1.0  # looked at again at least this often while waiting (a change outside a cycle)
+
+
+def _job_body(state, job: str, user: str | None) -> tuple[bytes, str]:  # noqa: ANN001 - a ServerState
+    """The job as JSON and its entity tag (a digest of exactly those bytes), read with a
+    session of its own: a long poll holds no database connection while it waits."""
+    with state.sessions() as session:
+        found = _job_or_404(session, job, user)
+        view = state.loop.view
+        out = JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions,
+                        view.waiting, state.site.policy.grow)
+    body = out.model_dump_json().encode()
+    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+
+
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
-def get_job(job: str, session: SessionDep, state: StateDep, who: IdentityDep):
-    found = _job_or_404(session, job, who.user)
-    view = state.loop.view
-    return JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions, view.waiting,
-                     state.site.policy.grow)
+async def get_job(job: str, state: StateDep, who: IdentityDep, request: Request,
+                  wait: Annotated[float, Query(ge=0, le=WAIT_MAX_S, description=(
+                      "A long poll: with `If-None-Match` set to the `ETag` of the job as last seen, answer once "
+                      "it differs, or as it is after this many seconds (a blocking query, as Consul's)"))] = 0):
+    """The job with its tasks and replicas; its ``ETag`` changes whenever what is shown does."""
+    seen = request.headers.get("if-none-match")
+    deadline = time.monotonic() + wait
+    while True:
+        cycles = state.loop.view.cycles
+        body, tag = await run_in_threadpool(_job_body, state, job, who.user)
+        if not wait or seen is None or tag != seen or time.monotonic() >= deadline:
+            return Response(body, media_type="application/json", headers={"ETag": tag})
+        # A job changes in a control cycle (the loop is its only writer but for its submission):
+        # read it again after the next one, or after a second at the latest.
+        look = min(deadline, time.monotonic() + WAIT_LOOK_S)
+        while state.loop.view.cycles == cycles and time.monotonic() < look:
+            await asyncio.sleep(0.02)
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))

@@ -1,0 +1,96 @@
+"""A job's long poll: ``GET /v1/jobs/{job}?wait=S`` with ``If-None-Match`` answers once the
+job differs from the one last seen (its ``ETag``), or as it is after ``S`` seconds; the SDK's
+``wait`` and ``corral launch`` use it instead of polling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import kill_leftovers, submit, wait_state
+
+from corral.client import Client
+
+
+def test_an_unchanged_job_is_answered_after_the_wait_a_changed_one_at_once(server) -> None:
+    job = submit(server, "name: done\nrun: 'true'\n")
+    wait_state(server, job["id"], "SUCCEEDED")
+    first = server.get(f"/v1/jobs/{job['id']}")
+    tag = first.headers["etag"]
+    assert first.json()["state"] == "SUCCEEDED" and tag.startswith('"')
+    again = server.get(f"/v1/jobs/{job['id']}")
+    assert again.headers["etag"] == tag  # the same job, the same tag
+    began = time.monotonic()
+    held = server.get(f"/v1/jobs/{job['id']}", params={"wait": 0.6}, headers={"If-None-Match": tag})
+    assert held.status_code == 200 and held.json() == first.json() and held.headers["etag"] == tag
+    assert time.monotonic() - began >= 0.55  # nothing changed: held for the whole wait
+    began = time.monotonic()
+    stale = server.get(f"/v1/jobs/{job['id']}", params={"wait": 30}, headers={"If-None-Match": '"older"'})
+    assert stale.json()["state"] == "SUCCEEDED" and time.monotonic() - began < 5  # it differs: at once
+    began = time.monotonic()
+    plain = server.get(f"/v1/jobs/{job['id']}", params={"wait": 30})  # nothing seen yet: at once
+    assert plain.status_code == 200 and time.monotonic() - began < 5
+
+
+def test_a_long_poll_answers_when_the_job_changes(server) -> None:
+    job = submit(server, "name: slow\nrun: sleep 30\n")
+    seen = server.get(f"/v1/jobs/{job['id']}")
+    answered: dict = {}
+
+    def poll() -> None:
+        began = time.monotonic()
+        response = server.get(f"/v1/jobs/{job['id']}", params={"wait": 40},
+                              headers={"If-None-Match": seen.headers["etag"]})
+        answered.update(response=response, after=time.monotonic() - began)
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.3)
+    assert server.post(f"/v1/jobs/{job['id']}/cancel").status_code == 200
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert answered["after"] < 20, answered["after"]  # not the 40 s wait: the change ended it
+    assert answered["response"].headers["etag"] != seen.headers["etag"]
+    assert answered["response"].json() != seen.json()
+
+
+@pytest.mark.parametrize("wait", ["-1", "61", "soon"])
+def test_a_bad_wait_is_refused_naming_it(server, wait: str) -> None:
+    job = submit(server, "name: w\nrun: 'true'\n")
+    response = server.get(f"/v1/jobs/{job['id']}", params={"wait": wait}, headers={"If-None-Match": '"x"'})
+    assert response.status_code == 422, response.text
+    assert "wait" in response.text
+
+
+def test_a_long_poll_of_no_job_is_refused_at_once(server) -> None:
+    began = time.monotonic()
+    response = server.get("/v1/jobs/999999", params={"wait": 30}, headers={"If-None-Match": '"x"'})
+    assert response.status_code == 404 and "no job" in response.text
+    assert time.monotonic() - began < 5
+
+
+def test_the_sdk_s_wait_answers_when_the_job_changes_not_at_its_next_poll(corral_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_HOME"] = str(corral_home)
+    cli = [sys.executable, "-m", "corral.cli.main"]
+    subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        from corral.credentials import read_local_token
+
+        url = json.loads((corral_home / "server.json").read_text())["url"]
+        with Client(url, read_local_token(corral_home)) as client:
+            job = client.submit("name: nap\nrun: sleep 2\n")["job"]
+            began = time.monotonic()
+            # polled every 60 s this would answer after a minute; the long poll answers at the end
+            done = client.wait(job["id"], timeout=50, interval=60)
+            assert done["state"] == "SUCCEEDED"
+            assert time.monotonic() - began < 20, time.monotonic() - began
+    finally:
+        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
+        kill_leftovers(corral_home)
