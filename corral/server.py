@@ -116,6 +116,19 @@ def _exit_on_term(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the API's long polls that it stops: they answer at once
+    instead of being cut off (500) when its graceful shutdown ends."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState):
+        super().__init__(config)
+        self._state = state
+
+    async def shutdown(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's
+        self._state.waits.stop()
+        await super().shutdown(sockets)
+
+
 def main(argv: list[str] | None = None) -> int:
     # Everything the server writes (database, logs, server.json) is private to its owner;
     # replicas start with the umask the server was started with (see LocalExecutor).
@@ -178,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     _tune_gc()
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                             ssl_certfile=tls[0] if tls else None, ssl_keyfile=tls[1] if tls else None)
-    server = uvicorn.Server(config)
+    server = _Server(config, state)
     info = {"url": _url("https" if tls else "http", host, port), "pid": os.getpid(), "home": str(settings.home),
             "db": settings.db_url.split("://", 1)[0], "started_at": time.time(), "host": host,
             "tls_cert": tls[0] if tls else None}

@@ -94,3 +94,48 @@ def test_the_sdk_s_wait_answers_when_the_job_changes_not_at_its_next_poll(corral
     finally:
         subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
         kill_leftovers(corral_home)
+
+
+def test_a_server_stopping_answers_its_long_polls_at_once(corral_home: Path) -> None:
+    """They are answered (200, the job as it is), not cut off with a 500 when uvicorn's
+    graceful shutdown ends, and the stop does not wait for them."""
+    import httpx
+
+    from corral.credentials import read_local_token
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
+    env["CORRAL_HOME"] = str(corral_home)
+    cli = [sys.executable, "-m", "corral.cli.main"]
+    subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        url = json.loads((corral_home / "server.json").read_text())["url"]
+        auth = {"Authorization": f"Bearer {read_local_token(corral_home)}"}
+        with Client(url, read_local_token(corral_home)) as client:
+            job = client.submit("name: long\nrun: sleep 120\n")["job"]
+            client.wait(job["id"], states=("RUNNING",), timeout=60)
+        tag = httpx.get(f"{url}/v1/jobs/{job['id']}", headers=auth).headers["etag"]
+        answers: list = []
+
+        def poll() -> None:
+            began = time.monotonic()
+            response = httpx.get(f"{url}/v1/jobs/{job['id']}", params={"wait": 60},
+                                 headers={**auth, "If-None-Match": tag}, timeout=90)
+            answers.append((response.status_code, response.json()["state"], time.monotonic() - began))
+
+        pollers = [threading.Thread(target=poll) for _ in range(20)]
+        for p in pollers:
+            p.start()
+        time.sleep(1.5)
+        assert answers == []  # the job runs on, unchanged: they wait
+        began = time.monotonic()
+        subprocess.run(cli + ["server", "stop"], env=env, check=True, capture_output=True, timeout=120)
+        for p in pollers:
+            p.join(timeout=30)
+        assert time.monotonic() - began < 10
+        assert len(answers) == 20 and {(status, state) for status, state, _ in answers} == {(200, "RUNNING")}
+        assert "Traceback" not in (corral_home / "server.log").read_text()
+    finally:
+        subprocess.run(cli + ["server", "start"], env=env, capture_output=True, timeout=120)
+        subprocess.run(cli + ["cancel", "-n", "long"], env=env, capture_output=True, timeout=60)
+        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
+        kill_leftovers(corral_home)

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from corral.admission import Admission
 from corral.api.intake import Intake
 from corral.api.streams import Streams
+from corral.api.waits import CycleWaits
 from corral.auth.accounts import Accounts
 from corral.auth.audit import Auditor
 from corral.auth.roles import Identity, Role, configured_role
@@ -51,6 +52,7 @@ class ServerState:
     auditor: Auditor = field(init=False)
     streams: Streams = field(init=False)
     accounts: Accounts = field(init=False)
+    waits: CycleWaits = field(init=False)
 
     def __post_init__(self) -> None:
         self.intake = Intake(self.sessions, self.clock, self.loop.submitted, arriving=self.loop.arriving)
@@ -62,6 +64,7 @@ class ServerState:
         self.loop.commands.audit = self.auditor.add
         self.streams = Streams(self.site.api.max_streams_per_user)
         self.accounts = Accounts(self.site.identity)
+        self.waits = CycleWaits(lambda: self.loop.view.cycles)
 
     def run_as(self, user: str, partition: str) -> str:
         """The Unix account ``user``'s job on ``partition`` runs as; ``AccountRefusal`` (one

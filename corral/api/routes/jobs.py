@@ -285,7 +285,6 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
 
 
 WAIT_MAX_S = 60.0  # a long poll's longest wait; clients ask again
-WAIT_LOOK_S = 1.0  # looked at again at least this often while waiting (a change outside a cycle)
 
 
 def _job_body(state, job: str, user: str | None) -> tuple[bytes, str]:  # noqa: ANN001 - a ServerState
@@ -307,17 +306,19 @@ async def get_job(job: str, state: StateDep, who: IdentityDep, request: Request,
                       "it differs, or as it is after this many seconds (a blocking query, as Consul's)"))] = 0):
     """The job with its tasks and replicas; its ``ETag`` changes whenever what is shown does."""
     seen = request.headers.get("if-none-match")
+    waits = state.waits
     deadline = time.monotonic() + wait
-    while True:
-        cycles = state.loop.view.cycles
-        body, tag = await run_in_threadpool(_job_body, state, job, who.user)
-        if not wait or seen is None or tag != seen or time.monotonic() >= deadline:
-            return Response(body, media_type="application/json", headers={"ETag": tag})
-        # A job changes in a control cycle (the loop is its only writer but for its submission):
-        # read it again after the next one, or after a second at the latest.
-        look = min(deadline, time.monotonic() + WAIT_LOOK_S)
-        while state.loop.view.cycles == cycles and time.monotonic() < look:
-            await asyncio.sleep(0.02)
+    cycle = state.loop.view.cycles
+    body, tag = await run_in_threadpool(_job_body, state, job, who.user)  # a plain read: never shared
+    while wait and seen is not None and tag == seen and not waits.stopping:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        await waits.after(cycle, left)  # a job changes in a control cycle: read again after the next one
+        cycle = state.loop.view.cycles
+        body, tag = await waits.read((job, who.user), cycle,
+                                     lambda: run_in_threadpool(_job_body, state, job, who.user))
+    return Response(body, media_type="application/json", headers={"ETag": tag})
 
 
 @router.post("/{job}/cancel", response_model=CancelResponse, responses=documented(403, 404))
