@@ -335,8 +335,9 @@ class Client:
             if deadline is not None and time.monotonic() >= deadline:
                 what = "every replica ready" if ready else " or ".join(states)
                 raise TimeoutError(f"job {job['id']} is {job['state']} after {timeout:g}s, not {what}")
-            if tag is None or (unchanged and time.monotonic() - asked < interval):
-                time.sleep(interval)  # a server that cannot wait for a change (or no time to wait): polled
+            if tag is None or (unchanged and time.monotonic() - asked < 0.05):
+                # a server that cannot wait for a change, or no time left to wait in: polled
+                time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
 
     def status(self, ident: str | int) -> dict[str, Any]:
         """The job with its tasks and replicas (same as ``job``)."""

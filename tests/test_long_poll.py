@@ -60,6 +60,55 @@ def test_a_long_poll_answers_when_the_job_changes(server) -> None:
     assert answered["response"].json() != seen.json()
 
 
+def test_polls_waiting_on_quiet_jobs_do_not_read_them_every_cycle(server, monkeypatch) -> None:
+    """Only a cycle that wrote a waiter's job makes it read the job again: twenty polls on five
+    ended jobs read each once in their three seconds, while the loop cycles on (a poll per
+    cycle each was ~1 CPU-s a second for 300 of them)."""
+    from corral.api.routes import jobs as routes
+
+    ids = [submit(server, f"name: q{i}\nrun: 'true'\n")["id"] for i in range(5)]
+    for job_id in ids:
+        wait_state(server, job_id, "SUCCEEDED")
+    tags = {job_id: server.get(f"/v1/jobs/{job_id}").headers["etag"] for job_id in ids}
+    reads: list[str] = []
+    real = routes._job_body
+    monkeypatch.setattr(routes, "_job_body", lambda state, job, user: (reads.append(job), real(state, job, user))[1])
+    busy = submit(server, "name: busy\nrun: 'for i in $(seq 30); do sleep 0.1; done'\n")  # cycles go on meanwhile
+    began = time.monotonic()
+    threads = [threading.Thread(target=lambda j=job_id: server.get(
+        f"/v1/jobs/{j}", params={"wait": 3}, headers={"If-None-Match": tags[j]})) for job_id in ids for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert time.monotonic() - began >= 2.9
+    assert sorted(reads) == sorted(str(j) for j in ids for _ in range(4)), reads  # each poll's first read only
+    server.post(f"/v1/jobs/{busy['id']}/cancel")
+
+
+def test_a_poll_by_name_stays_on_its_job_and_takes_weak_and_listed_tags(server) -> None:
+    first = submit(server, "name: twin\nrun: sleep 30\n")
+    wait_state(server, first["id"], "RUNNING")
+    seen = server.get("/v1/jobs/twin")
+    assert seen.json()["id"] == first["id"]
+    answered: dict = {}
+
+    def poll() -> None:
+        began = time.monotonic()
+        response = server.get("/v1/jobs/twin", params={"wait": 2},
+                              headers={"If-None-Match": f'"other", W/{seen.headers["etag"]}'})
+        answered.update(id=response.json()["id"], after=time.monotonic() - began)
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.3)
+    second = submit(server, "name: twin\nrun: sleep 30\n")  # the name now finds this one first
+    waiter.join(timeout=20)
+    assert answered["id"] == first["id"] and answered["after"] >= 1.9, answered
+    for job in (first, second):
+        server.post(f"/v1/jobs/{job['id']}/cancel")
+
+
 @pytest.mark.parametrize("wait", ["-1", "61", "soon"])
 def test_a_bad_wait_is_refused_naming_it(server, wait: str) -> None:
     job = submit(server, "name: w\nrun: 'true'\n")

@@ -18,9 +18,17 @@ class Journal:
     def __init__(self) -> None:
         self._rows: dict[type, dict[int, dict[str, Any]]] = {Job: {}, Task: {}, Replica: {}}
         self._events: list[dict[str, Any]] = []
+        # jobs whose row or story changed since the last ``take_touched``: the loop publishes
+        # them with its view, so the API's long polls re-read only those
+        self.touched: set[int] = set()
+
+    def take_touched(self) -> frozenset[int]:
+        touched, self.touched = frozenset(self.touched), set()
+        return touched
 
     def job(self, job_id: int, **values: Any) -> None:
         self._rows[Job].setdefault(job_id, {}).update(values)
+        self.touched.add(job_id)
 
     def task(self, task_id: int, **values: Any) -> None:
         self._rows[Task].setdefault(task_id, {}).update(values)
@@ -32,6 +40,7 @@ class Journal:
               to_state: str | None = None, message: str | None = None) -> None:
         self._events.append({"job_id": job_id, "ts": ts, "subject": subject, "cause": cause,
                              "from_state": from_state, "to_state": to_state, "message": message})
+        self.touched.add(job_id)
 
     def clear(self) -> None:
         """Drop what was journalled and not flushed (the cycle that wrote it failed)."""

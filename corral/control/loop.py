@@ -62,7 +62,7 @@ from corral.control.scaling import Scaling
 from corral.control.scheduling import Scheduling
 from corral.control.supervisor import ProbeAnswered, Supervisor
 from corral.control.transitions import Transitions
-from corral.control.view import LoopView, Reads
+from corral.control.view import CHANGES_KEPT, LoopView, Reads
 from corral.executors.contract import Anticipating
 from corral.scheduler.durations import DurationModel
 from corral.metrics import Metrics
@@ -382,10 +382,12 @@ class ControlLoop:
         if inv.unreachable != unreachable:  # copied once per change
             unreachable = MappingProxyType(dict(inv.unreachable))
             partitions = MappingProxyType(dict(inv.down_partitions))
+        changes = (view.changes + ((self.cycles, self.journal.take_touched()),))[-CHANGES_KEPT:]
         self.view = LoopView(self.cycles, self.failing_cycles, self.last_error, nodes, infra, down,
                              MappingProxyType(self.scheduling.expected_starts), unreachable, partitions,
                              MappingProxyType(self.runtimes.predictions),
-                             MappingProxyType(self.book.growth_reasons))  # a new dict each pass, never changed
+                             MappingProxyType(self.book.growth_reasons),  # a new dict each pass, never changed
+                             changes)
 
     def ask(self, read: Callable[[], object]) -> Future:
         """An answer computed on the loop's thread between cycles (reads of its memory, never

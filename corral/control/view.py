@@ -40,6 +40,11 @@ class LoopView:
     predictions: Mapping[int, float] = field(default_factory=lambda: _EMPTY)  # pending job -> predicted run time (s)
     # a running job's replica waiting for a place (grown, or placed again) -> the scheduler's reason
     waiting: Mapping[int, str] = field(default_factory=lambda: _EMPTY)
+    # the last CHANGES_KEPT publications: (cycle, the jobs whose row or events it wrote), oldest first
+    changes: tuple[tuple[int, frozenset[int]], ...] = ()
+
+
+CHANGES_KEPT = 256  # publications a long poll's watcher may fall behind by before it wakes every waiter
 
 
 @dataclass(frozen=True)

@@ -285,18 +285,25 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
 
 
 WAIT_MAX_S = 60.0  # a long poll's longest wait; clients ask again
+WAIT_LOOK_S = 5.0  # a waiting poll reads its job again at least this often (what the view adds)
 
 
-def _job_body(state, job: str, user: str | None) -> tuple[bytes, str]:  # noqa: ANN001 - a ServerState
-    """The job as JSON and its entity tag (a digest of exactly those bytes), read with a
-    session of its own: a long poll holds no database connection while it waits."""
+def _job_body(state, job: str, user: str | None) -> tuple[bytes, str, int]:  # noqa: ANN001 - a ServerState
+    """The job as JSON, its entity tag (a digest of exactly those bytes) and its id, read with
+    a session of its own: a long poll holds no database connection while it waits."""
     with state.sessions() as session:
         found = _job_or_404(session, job, user)
         view = state.loop.view
         out = JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions,
                         view.waiting, state.site.policy.grow)
     body = out.model_dump_json().encode()
-    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"', found.id
+
+
+def _matches(if_none_match: str, tag: str) -> bool:
+    """RFC 9110's weak comparison of ``If-None-Match`` (a list, ``W/`` tags, ``*``) with ``tag``."""
+    candidates = [t.strip() for t in if_none_match.split(",")]
+    return any(t == "*" or t.removeprefix("W/") == tag for t in candidates)
 
 
 @router.get("/{job}", response_model=JobOut, responses=documented(404))
@@ -309,15 +316,20 @@ async def get_job(job: str, state: StateDep, who: IdentityDep, request: Request,
     waits = state.waits
     deadline = time.monotonic() + wait
     cycle = state.loop.view.cycles
-    body, tag = await run_in_threadpool(_job_body, state, job, who.user)  # a plain read: never shared
-    while wait and seen is not None and tag == seen and not waits.stopping:
+    body, tag, job_id = await run_in_threadpool(_job_body, state, job, who.user)  # a plain read: never shared
+    ident = str(job_id)  # a name is resolved once: the poll stays on this job
+    while wait and seen is not None and _matches(seen, tag) and not waits.stopping:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        await waits.after(cycle, left)  # a job changes in a control cycle: read again after the next one
+        changed = await waits.after(job_id, cycle, min(left, WAIT_LOOK_S))
+        if not changed and time.monotonic() >= deadline:
+            break  # unchanged all along: answered as it was read
+        if await request.is_disconnected():  # nobody to answer: stop reading for them
+            break
         cycle = state.loop.view.cycles
-        body, tag = await waits.read((job, who.user), cycle,
-                                     lambda: run_in_threadpool(_job_body, state, job, who.user))
+        body, tag, _ = await waits.read((job_id, who.user), cycle,
+                                        lambda: run_in_threadpool(_job_body, state, ident, who.user))
     return Response(body, media_type="application/json", headers={"ETag": tag})
 
 
