@@ -285,19 +285,20 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
 
 
 WAIT_MAX_S = 60.0  # a long poll's longest wait; clients ask again
+_ENDED = {s.value for s in JobState if s.terminal}
 WAIT_LOOK_S = 5.0  # a waiting poll reads its job again at least this often (what the view adds)
 
 
-def _job_body(state, job: str, user: str | None) -> tuple[bytes, str, int]:  # noqa: ANN001 - a ServerState
-    """The job as JSON, its entity tag (a digest of exactly those bytes) and its id, read with
-    a session of its own: a long poll holds no database connection while it waits."""
+def _job_body(state, job: str, user: str | None) -> tuple[bytes, str, int, bool]:  # noqa: ANN001 - a ServerState
+    """The job as JSON, its entity tag (a digest of exactly those bytes), its id and whether it
+    has ended, read with a session of its own: a long poll holds no connection while it waits."""
     with state.sessions() as session:
         found = _job_or_404(session, job, user)
         view = state.loop.view
         out = JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions,
                         view.waiting, state.site.policy.grow)
     body = out.model_dump_json().encode()
-    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"', found.id
+    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"', found.id, out.state in _ENDED
 
 
 def _matches(if_none_match: str, tag: str) -> bool:
@@ -316,20 +317,23 @@ async def get_job(job: str, state: StateDep, who: IdentityDep, request: Request,
     waits = state.waits
     deadline = time.monotonic() + wait
     cycle = state.loop.view.cycles
-    body, tag, job_id = await run_in_threadpool(_job_body, state, job, who.user)  # a plain read: never shared
+    body, tag, job_id, ended = await run_in_threadpool(_job_body, state, job, who.user)  # a plain read: not shared
     ident = str(job_id)  # a name is resolved once: the poll stays on this job
     while wait and seen is not None and _matches(seen, tag) and not waits.stopping:
         left = deadline - time.monotonic()
         if left <= 0:
             break
-        changed = await waits.after(job_id, cycle, min(left, WAIT_LOOK_S))
+        # What the view adds (an expected start, a reason to wait) is looked at every few
+        # seconds, on the same beat for every waiter so they share the read; an ended job has none.
+        look = left if ended else min(left, WAIT_LOOK_S - time.monotonic() % WAIT_LOOK_S)
+        changed = await waits.after(job_id, cycle, look)
         if not changed and time.monotonic() >= deadline:
             break  # unchanged all along: answered as it was read
         if await request.is_disconnected():  # nobody to answer: stop reading for them
             break
         cycle = state.loop.view.cycles
-        body, tag, _ = await waits.read((job_id, who.user), cycle,
-                                        lambda: run_in_threadpool(_job_body, state, ident, who.user))
+        body, tag, _, ended = await waits.read((job_id, who.user), cycle,
+                                               lambda: run_in_threadpool(_job_body, state, ident, who.user))
     return Response(body, media_type="application/json", headers={"ETag": tag})
 
 
