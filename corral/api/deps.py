@@ -64,7 +64,7 @@ class ServerState:
         self.loop.commands.audit = self.auditor.add
         self.streams = Streams(self.site.api.max_streams_per_user)
         self.accounts = Accounts(self.site.identity)
-        self.waits = CycleWaits(lambda: self.loop.view.cycles)
+        self.waits = CycleWaits(lambda: self.loop.view)
 
     def run_as(self, user: str, partition: str) -> str:
         """The Unix account ``user``'s job on ``partition`` runs as; ``AccountRefusal`` (one
