@@ -465,7 +465,11 @@ def test_a_cancel_while_slurm_s_controller_does_not_answer_leaves_no_step_runnin
         back, back_said, back_id = launch("back", "60s")
         assert steps(silent_id) and steps(back_id)
         copy.silence()
+        silenced = time.monotonic()
         wait_for(lambda: "is DOWN" in corral("nodes").stderr, timeout=90, interval=1)
+        # asked every 5 s on a thread of its own, not behind the watcher's squeue, which retries
+        # a silent controller (the partition was seen DOWN only after ~20 s that way)
+        assert time.monotonic() - silenced < 14, time.monotonic() - silenced
         corral("cancel", silent, back)
         # the silent one's grace period over: its step is ended through its srun client, while
         # corral, unable to learn its exit from Slurm, does not yet call it ended

@@ -7,8 +7,9 @@ server's environment, or naming no file), the commands missing from PATH, or the
 not answering at the address the configuration gives. While Slurm answers it is asked again
 every few seconds; while it does not, with a growing pause, so a controller that comes back
 is noticed within half a minute and one that stays down costs one cheap call now and then.
-Every check runs on the executor's watcher thread (or once while it is built), never on the
-control loop's."""
+Checks run on the executor's own threads (its watcher until the server has connected, then a
+pinger of their own, so a watcher waiting on a retrying ``squeue`` never delays one), never on
+the control loop's."""
 
 from __future__ import annotations
 

@@ -115,6 +115,11 @@ class SrunExecutor(EventStream):
         self._connect()
         self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
         self._thread.start()
+        # The controller is asked on a thread of its own once connected: the watcher's squeue
+        # retries a silent controller for a minute, and behind it a controller gone silent was
+        # seen DOWN only ~20 s later (the check itself answers within its timeout either way).
+        self._pinger = threading.Thread(target=self._ping, name="corral-slurm-ping", daemon=True)
+        self._pinger.start()
 
     # -- reachability (Reachability) ---------------------------------------------------------
     def unreachable(self) -> str | None:
@@ -154,18 +159,24 @@ class SrunExecutor(EventStream):
             self.controller.failed(f"Slurm's controller answers but its steps cannot be read: {exc}")
 
     def _reached(self) -> bool:
-        """Whether Slurm answers, asking it when due (every few seconds while it does, with a
-        growing pause while it does not)."""
-        if self._connected and self.controller.why is None and not self.controller.due():
-            return True
-        if not self.controller.due():
-            return False
+        """Whether Slurm answers. Until this server has connected, the watcher asks (when due);
+        after that the pinger does, and the watcher reads its answer."""
         if not self._connected:
-            return self._connect()
-        if not self.controller.check():
+            return self.controller.due() and self._connect()
+        if self.controller.why is not None:
             return False
         self._adopt_deferred()  # (what a resync asked while it did not answer)
         return True
+
+    def _ping(self) -> None:
+        """Ask the controller when due (every few seconds while it answers, with a growing
+        pause while it does not), once connected; a change wakes the loop."""
+        while not self._closed.wait(POLL_S):
+            try:
+                if self._connected and self.controller.due():
+                    self.controller.check()
+            except Exception:  # the pinger must outlive a flaky call to Slurm
+                log.exception("Slurm controller check failed")
 
     # -- inventory ---------------------------------------------------------------------------
     def nodes(self) -> list[NodeSpec]:
@@ -496,6 +507,7 @@ class SrunExecutor(EventStream):
         # steps and allocations outlive the server: the next one adopts them
         self._closed.set()
         self._thread.join(timeout=5)
+        self._pinger.join(timeout=5)
 
     # -- the watcher thread -------------------------------------------------------------------------
     def _watch(self) -> None:
