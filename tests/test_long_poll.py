@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -124,32 +125,10 @@ def test_a_long_poll_of_no_job_is_refused_at_once(server) -> None:
     assert time.monotonic() - began < 5
 
 
-def test_the_sdk_s_wait_answers_when_the_job_changes_not_at_its_next_poll(corral_home: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
-    env["CORRAL_HOME"] = str(corral_home)
-    cli = [sys.executable, "-m", "corral.cli.main"]
-    subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
-    try:
-        from corral.credentials import read_local_token
-
-        url = json.loads((corral_home / "server.json").read_text())["url"]
-        with Client(url, read_local_token(corral_home)) as client:
-            job = client.submit("name: nap\nrun: sleep 2\n")["job"]
-            began = time.monotonic()
-            # polled every 60 s this would answer after a minute; the long poll answers at the end
-            done = client.wait(job["id"], timeout=50, interval=60)
-            assert done["state"] == "SUCCEEDED"
-            assert time.monotonic() - began < 20, time.monotonic() - began
-    finally:
-        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
-        kill_leftovers(corral_home)
-
-
-def test_a_server_stopping_answers_its_long_polls_at_once(corral_home: Path) -> None:
-    """They are answered (200, the job as it is), not cut off with a 500 when uvicorn's
-    graceful shutdown ends, and the stop does not wait for them."""
-    import httpx
-
+@pytest.fixture
+def real_server(corral_home: Path) -> Iterator[tuple]:
+    """A corral server process of ``corral_home``: (the CLI's argv, its environment, its URL,
+    the owner's token); stopped, and its leftovers killed, at the end."""
     from corral.credentials import read_local_token
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORRAL_")}
@@ -158,8 +137,32 @@ def test_a_server_stopping_answers_its_long_polls_at_once(corral_home: Path) -> 
     subprocess.run(cli + ["server", "start"], env=env, check=True, capture_output=True, timeout=120)
     try:
         url = json.loads((corral_home / "server.json").read_text())["url"]
-        auth = {"Authorization": f"Bearer {read_local_token(corral_home)}"}
-        with Client(url, read_local_token(corral_home)) as client:
+        yield cli, env, url, read_local_token(corral_home)
+    finally:
+        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
+        kill_leftovers(corral_home)
+
+
+def test_the_sdk_s_wait_answers_when_the_job_changes_not_at_its_next_poll(real_server) -> None:
+    _, _, url, token = real_server
+    with Client(url, token) as client:
+        job = client.submit("name: nap\nrun: sleep 2\n")["job"]
+        began = time.monotonic()
+        # polled every 60 s this would answer after a minute; the long poll answers at the end
+        done = client.wait(job["id"], timeout=50, interval=60)
+        assert done["state"] == "SUCCEEDED"
+        assert time.monotonic() - began < 20, time.monotonic() - began
+
+
+def test_a_server_stopping_answers_its_long_polls_at_once(real_server, corral_home: Path) -> None:
+    """They are answered (200, the job as it is), not cut off with a 500 when uvicorn's
+    graceful shutdown ends, and the stop does not wait for them."""
+    import httpx
+
+    cli, env, url, token = real_server
+    auth = {"Authorization": f"Bearer {token}"}
+    try:
+        with Client(url, token) as client:
             job = client.submit("name: long\nrun: sleep 120\n")["job"]
             client.wait(job["id"], states=("RUNNING",), timeout=60)
         tag = httpx.get(f"{url}/v1/jobs/{job['id']}", headers=auth).headers["etag"]
@@ -183,8 +186,6 @@ def test_a_server_stopping_answers_its_long_polls_at_once(corral_home: Path) -> 
         assert time.monotonic() - began < 10
         assert len(answers) == 20 and {(status, state) for status, state, _ in answers} == {(200, "RUNNING")}
         assert "Traceback" not in (corral_home / "server.log").read_text()
-    finally:
+    finally:  # its job ended before the fixture stops the server again
         subprocess.run(cli + ["server", "start"], env=env, capture_output=True, timeout=120)
         subprocess.run(cli + ["cancel", "-n", "long"], env=env, capture_output=True, timeout=60)
-        subprocess.run(cli + ["server", "stop"], env=env, capture_output=True, timeout=120)
-        kill_leftovers(corral_home)
