@@ -33,61 +33,13 @@ from typing import Any, Mapping
 from urllib.parse import quote, urlencode, urlsplit
 
 from corral import http1
+from corral.apierrors import (BY_STATUS, Conflict, CorralError, Forbidden, InvalidRequest, NotFound, Unauthorized,  # noqa: F401
+                              Unavailable, check as _check)
 from corral.states import TERMINAL_JOB_STATES
 
 
 TERMINAL = tuple(s.value for s in TERMINAL_JOB_STATES)
 LONG_POLL_S = 25.0  # the longest a request waits for a job to change (the server's bound is 60 s)
-
-
-class CorralError(RuntimeError):
-    """A refusal or failure, with the server's message, its HTTP status and (for an invalid
-    job file) every issue with its field and line."""
-
-    def __init__(self, message: str, status: int | None = None, errors: list[dict[str, Any]] | None = None):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.errors = errors or []
-
-    def __str__(self) -> str:
-        """The message and, for an invalid job file, one line per issue with its line and field
-        (what a script's traceback or log shows)."""
-        lines = [self.message]
-        for issue in self.errors:
-            where = f"line {issue['line']}: " if issue.get("line") else ""
-            field = f"{issue['field']}: " if issue.get("field") else ""
-            document = f"{issue['document']}: " if issue.get("document") else ""
-            lines.append(f"  {where}{document}{field}{issue.get('message', '')}")
-        return "\n".join(lines)
-
-
-class InvalidRequest(CorralError):
-    """400/413/422: the request or the job file is invalid (``errors`` lists why)."""
-
-
-class Unauthorized(CorralError):
-    """401: no valid token (missing, unknown, revoked or expired)."""
-
-
-class Forbidden(CorralError):
-    """403: the caller's role may not do this (the message names the role needed)."""
-
-
-class NotFound(CorralError):
-    """404: no such job, task or replica."""
-
-
-class Conflict(CorralError):
-    """409: the job's state does not allow it."""
-
-
-class Unavailable(CorralError):
-    """The server cannot be reached, broke off, or its control loop keeps failing (503)."""
-
-
-_BY_STATUS: dict[int, type[CorralError]] = {400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,
-                                             413: InvalidRequest, 422: InvalidRequest, 503: Unavailable}
 
 
 class Client:
@@ -227,13 +179,8 @@ class Client:
                 self.close()
                 raise Unavailable(f"the corral server at {self.url} broke off its answer: {exc}") from None
         _check(response.status, data, self.url)
-        return self._json(response, data), response.headers.get("etag")
-
-    def _json(self, response: http1.Response, data: bytes) -> Any:
-        if not data:
-            return None
         try:
-            return json.loads(data)
+            return (json.loads(data) if data else None), response.headers.get("etag")
         except ValueError:
             raise Unavailable(f"{self.url} did not answer as a corral server does (HTTP {response.status}, "
                               f"{response.headers.get('content-type') or 'no content type'}, not JSON): is it "
@@ -317,8 +264,9 @@ class Client:
 
     def wait(self, ident: str | int, *, states: tuple[str, ...] = TERMINAL, ready: bool = False,
              timeout: float | None = None, interval: float = 0.5) -> dict[str, Any]:
-        """Poll until the job is in one of ``states`` (default: ended), or with ``ready`` until
-        it runs with every replica READY (a job that ends first is returned as it ended).
+        """Wait until the job is in one of ``states`` (default: ended), or with ``ready`` until
+        it runs with every replica READY (a job that ends first is returned as it ended), by
+        long polls (``job_change``; a server without them is polled every ``interval`` s).
         Raises ``TimeoutError`` after ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         tag = None
@@ -399,9 +347,8 @@ class Client:
         return self._call("GET", f"/v1/jobs/{_segment(ident)}")
 
     def job_change(self, ident: str | int, seen: str | None, wait: float) -> tuple[dict[str, Any], str | None]:
-        """The job and its tag once it differs from the one tagged ``seen`` (a ``job_change``
-        or ``ETag`` answer), or as it is after ``wait`` seconds: one request where a poll would
-        send many. A server that cannot wait answers at once, with no tag."""
+        """The job and its tag once it differs from the one tagged ``seen``, or as it is after
+        ``wait`` seconds (a long poll). A server that cannot wait answers at once, with no tag."""
         wait = max(0.0, min(wait, LONG_POLL_S, self.timeout - 5.0))
         params, headers = ({"wait": round(wait, 3)}, {"If-None-Match": seen}) if seen and wait > 0 else (None, None)
         return self._tagged("GET", f"/v1/jobs/{_segment(ident)}", params, headers=headers)
@@ -565,7 +512,7 @@ class ShellSession:
             return message[0], message[1:]
         said = json.loads(message)
         if "error" in said:
-            raise _BY_STATUS.get(said.get("status"), CorralError)(said["error"], said.get("status"))
+            raise BY_STATUS.get(said.get("status"), CorralError)(said["error"], said.get("status"))
         if "exit" in said:
             self.code = int(said["exit"])
             return "exit", self.code
@@ -592,27 +539,3 @@ def _segment(value: object) -> str:
 
 def _wire(value: Any) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
-
-
-def _check(status: int, data: bytes, url: str = "the server") -> None:
-    if 200 <= status < 300:
-        return
-    if status < 400:  # corral's server never redirects: another server (a proxy, a login page) does
-        raise Unavailable(f"{url} answered HTTP {status} (a redirect), which a corral server never does: is it "
-                          "one, at its own address? (CORRAL_SERVER, corral login)", status)
-    try:
-        detail = json.loads(data)["detail"]
-    except (ValueError, TypeError, KeyError):  # not corral's own error (its answers all say "detail")
-        text = " ".join(data.decode(errors="replace").split())[:200]
-        if status >= 500:
-            raise Unavailable(f"the server at {url} failed (HTTP {status}){': ' + text if text else ''}",
-                              status) from None
-        raise Unavailable(f"{url} answered HTTP {status} without a corral error: is it a corral server? "
-                          "(CORRAL_SERVER, corral login)", status) from None
-    kind = _BY_STATUS.get(status, CorralError)
-    if isinstance(detail, dict):
-        raise kind(detail.get("message", "request failed"), status, detail.get("errors"))
-    if isinstance(detail, list):  # FastAPI request validation
-        msgs = [f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}" for d in detail]
-        raise kind("; ".join(msgs), status)
-    raise kind(str(detail), status)

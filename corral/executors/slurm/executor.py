@@ -115,9 +115,8 @@ class SrunExecutor(EventStream):
         self._connect()
         self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
         self._thread.start()
-        # The controller is asked on a thread of its own once connected: the watcher's squeue
-        # retries a silent controller for a minute, and behind it a controller gone silent was
-        # seen DOWN only ~20 s later (the check itself answers within its timeout either way).
+        # Once connected, the controller is asked on a thread of its own: behind the watcher's
+        # squeue (which retries a silent controller) a silent one was seen DOWN only ~20 s later.
         self._pinger = threading.Thread(target=self._ping, name="corral-slurm-ping", daemon=True)
         self._pinger.start()
 
@@ -169,8 +168,7 @@ class SrunExecutor(EventStream):
         return True
 
     def _ping(self) -> None:
-        """Ask the controller when due (every few seconds while it answers, with a growing
-        pause while it does not), once connected; a change wakes the loop."""
+        """Once connected, ask the controller when due; a change of answer wakes the loop."""
         while not self._closed.wait(POLL_S):
             try:
                 if self._connected and self.controller.due():
