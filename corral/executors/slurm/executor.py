@@ -115,8 +115,7 @@ class SrunExecutor(EventStream):
         self._connect()
         self._thread = threading.Thread(target=self._watch, name="corral-srun-watcher", daemon=True)
         self._thread.start()
-        # Once connected, the controller is asked on a thread of its own: behind the watcher's
-        # squeue (which retries a silent controller) a silent one was seen DOWN only ~20 s later.
+        # once connected, its controller is asked apart from the watcher, whose squeue retries a silent one
         self._pinger = threading.Thread(target=self._ping, name="corral-slurm-ping", daemon=True)
         self._pinger.start()
 
@@ -162,10 +161,9 @@ class SrunExecutor(EventStream):
         after that the pinger does, and the watcher reads its answer."""
         if not self._connected:
             return self.controller.due() and self._connect()
-        if self.controller.why is not None:
-            return False
-        self._adopt_deferred()  # (what a resync asked while it did not answer)
-        return True
+        if self.controller.why is None:
+            self._adopt_deferred()  # (what a resync asked while it did not answer)
+        return self.controller.why is None
 
     def _ping(self) -> None:
         """Once connected, ask the controller when due; a change of answer wakes the loop."""
