@@ -21,7 +21,6 @@ class CycleWaits:
     def __init__(self, view: Callable[[], object]):
         self._view = view  # () -> the loop's LoopView (its ``cycles`` and ``changes``)
         self._waiting: dict[int, asyncio.Event] = {}  # job id -> the event its waiters await
-        self._count = 0
         self._on: dict[int, int] = {}  # job id -> how many wait on it
         self._watcher: asyncio.Task | None = None
         self._seen = -1  # the last cycle the watcher handled
@@ -48,7 +47,6 @@ class CycleWaits:
         if self._watcher is None or self._watcher.done():
             self._seen = self._view().cycles
             self._watcher = asyncio.get_running_loop().create_task(self._watch())
-        self._count += 1
         self._on[job_id] = self._on.get(job_id, 0) + 1
         try:
             await asyncio.wait_for(event.wait(), timeout)
@@ -56,7 +54,6 @@ class CycleWaits:
         except TimeoutError:
             return False
         finally:
-            self._count -= 1
             self._on[job_id] -= 1
             if not self._on[job_id]:  # its last waiter: nothing kept for the job
                 del self._on[job_id]
@@ -74,7 +71,7 @@ class CycleWaits:
                 event.set()
 
     async def _watch(self) -> None:
-        while self._count:
+        while self._on:
             await asyncio.sleep(LOOK_S)
             view = self._view()
             if view.cycles == self._seen:

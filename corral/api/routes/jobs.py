@@ -285,7 +285,6 @@ def list_jobs(session: SessionDep, state_: StateDep, response: Response, all: bo
 
 
 WAIT_MAX_S = 60.0  # a long poll's longest wait; clients ask again
-_ENDED = {s.value for s in JobState if s.terminal}
 WAIT_LOOK_S = 5.0  # a waiting poll reads its job again at least this often (what the view adds)
 
 
@@ -298,7 +297,7 @@ def _job_body(state, job: str, user: str | None) -> tuple[bytes, str, int, bool]
         out = JobOut.of(found, view.expected_starts.get(found.id), view.down_partitions, view.predictions,
                         view.waiting, state.site.policy.grow)
     body = out.model_dump_json().encode()
-    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"', found.id, out.state in _ENDED
+    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"', found.id, JobState(out.state).terminal
 
 
 def _matches(if_none_match: str, tag: str) -> bool:
